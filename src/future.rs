@@ -1,0 +1,166 @@
+//! [`ResponseFuture`]: checking → inner service → done.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::{BoxError, Service};
+
+use crate::policy::StorageKey;
+use crate::response::LimitHeaders;
+use crate::service::{Limiter, Verdict};
+use crate::store::CheckFuture;
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // Waiting for a store that answers asynchronously.
+        Checking {
+            check: CheckFuture,
+            waiting: Option<Waiting<S, ReqBody>>,
+        },
+        // Admitted: the inner service runs; its response gets these headers.
+        Inner {
+            #[pin]
+            future: S::Future,
+            headers: Option<LimitHeaders>,
+        },
+        // Answered without the inner service (429, 503, missing key).
+        Done {
+            response: Option<Response<Body>>,
+        },
+    }
+}
+
+/// What a request needs once its check completes.
+struct Waiting<S, ReqBody> {
+    service: S,
+    request: Request<ReqBody>,
+    limiter: Arc<Limiter>,
+    key: StorageKey,
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn inner(future: S::Future, headers: Option<LimitHeaders>) -> Self {
+        ResponseFuture {
+            state: State::Inner { future, headers },
+        }
+    }
+
+    pub(crate) fn respond(response: Response<Body>) -> Self {
+        ResponseFuture {
+            state: State::Done {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn checking(
+        check: CheckFuture,
+        service: S,
+        request: Request<ReqBody>,
+        limiter: Arc<Limiter>,
+        key: StorageKey,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Checking {
+                check,
+                waiting: Some(Waiting {
+                    service,
+                    request,
+                    limiter,
+                    key,
+                }),
+            },
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response<Body>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.project().state;
+        loop {
+            match state.as_mut().project() {
+                StateProj::Checking { check, waiting } => {
+                    let result = ready!(Pin::new(check).poll(cx));
+                    let Waiting {
+                        mut service,
+                        request,
+                        limiter,
+                        key,
+                    } = waiting
+                        .take()
+                        .expect("ResponseFuture polled after it completed");
+                    let next = match limiter.settle(result, &key) {
+                        Verdict::Admit(headers) => State::Inner {
+                            future: service.call(request),
+                            headers,
+                        },
+                        Verdict::Respond(response) => State::Done {
+                            response: Some(response),
+                        },
+                    };
+                    state.set(next);
+                }
+                StateProj::Inner { future, headers } => {
+                    let mut response = ready!(future.poll(cx))?.map(Body::new);
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Done { response } => {
+                    return Poll::Ready(Ok(response
+                        .take()
+                        .expect("ResponseFuture polled after it completed")));
+                }
+            }
+        }
+    }
+}
+
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Checking { .. } => "Checking",
+            State::Inner { .. } => "Inner",
+            State::Done { .. } => "Done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,387 @@
+//! Who a request counts against: the [`Key`] kinds, the [`KeyExtractor`] trait for your own, and the
+//! [`Identity`] they produce.
+//!
+//! An identity ends up inside a store key and in log lines, and most identities are user input (a
+//! user id, an API key). So an [`Identity`] is always *safe*: short, printable, free of the
+//! characters that separate or tag store keys (`:` inside a value, `{`, `}`), and never a raw
+//! secret. Values that are long or contain anything unusual are replaced by a hash.
+
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+
+use http::HeaderName;
+use http::request::Parts;
+use sha2::{Digest, Sha256};
+
+use crate::client_ip::ClientIp;
+
+/// Longest value kept verbatim in an identity; longer values are hashed.
+const MAX_VERBATIM_LEN: usize = 64;
+
+/// The bucket a request counts against, in a form that is safe for store keys and logs.
+///
+/// Identities look like `ip:203.0.113.7`, `ip:2001:db8:1:2::/64`, `user:42`, `header#<hash>` or
+/// `global`. Build your own with [`Identity::new`] (hashed only when odd or long) or
+/// [`Identity::secret`] (always hashed, for API keys and tokens).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity(String);
+
+impl Identity {
+    /// An identity of `kind` (for example `"tenant"`) for `value`. Values of up to 64 characters made
+    /// of letters, digits and `-._~@+=!*(),/` are kept as they are (`tenant:acme`); anything else is
+    /// replaced by a hash (`tenant#3f1c…`), so no user-supplied byte can break the key layout.
+    pub fn new(kind: &str, value: &str) -> Self {
+        let mut out = String::with_capacity(kind.len() + 1 + value.len().min(33));
+        push_component(&mut out, kind);
+        if is_verbatim(value) {
+            out.push(':');
+            out.push_str(value);
+        } else {
+            push_hash(&mut out, value.as_bytes());
+        }
+        Identity(out)
+    }
+
+    /// An identity of `kind` for a secret `value` (an API key, a token): always stored and logged as
+    /// a hash (`header#<32 hex digits>`), never as the value itself.
+    pub fn secret(kind: &str, value: &[u8]) -> Self {
+        let mut out = String::with_capacity(kind.len() + 33);
+        push_component(&mut out, kind);
+        push_hash(&mut out, value);
+        Identity(out)
+    }
+
+    /// The one identity shared by every request.
+    pub fn global() -> Self {
+        Identity("global".to_owned())
+    }
+
+    /// The identity of a client network: `ip:` and the address, with `/len` when the network is
+    /// wider than one address (IPv6 clients are grouped by /64 by default).
+    pub fn ip(net: ipnet::IpNet) -> Self {
+        let mut out = String::with_capacity(48);
+        out.push_str("ip:");
+        if net.prefix_len() == net.max_prefix_len() {
+            let _ = write!(out, "{}", net.addr());
+        } else {
+            let _ = write!(out, "{net}");
+        }
+        Identity(out)
+    }
+
+    /// The identity as it appears in store keys and logs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Characters that may appear verbatim in a key component: nothing that separates (`:`), tags
+/// (`{`, `}`), marks a hash (`#`), escapes (`%`) or spaces.
+fn is_safe_byte(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"-._~@+=!*(),/".contains(&byte)
+}
+
+/// Whether `value` can go into a key as it is.
+pub(crate) fn is_verbatim(value: &str) -> bool {
+    !value.is_empty() && value.len() <= MAX_VERBATIM_LEN && value.bytes().all(is_safe_byte)
+}
+
+/// Pushes `value` verbatim when safe, else as `#` and a hash. The `#` can't appear in a verbatim
+/// value, so the two forms never collide.
+pub(crate) fn push_component(out: &mut String, value: &str) {
+    if is_verbatim(value) {
+        out.push_str(value);
+    } else {
+        push_hash(out, value.as_bytes());
+    }
+}
+
+/// `#` and the first 128 bits of SHA-256 in hex: short, stable across processes and versions (app
+/// instances must agree on keys), and not reversible for secrets with real entropy.
+fn push_hash(out: &mut String, value: &[u8]) {
+    let digest = Sha256::digest(value);
+    out.push('#');
+    for byte in &digest[..16] {
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
+/// A user id that an authentication layer put into the request extensions, read by [`Key::user`].
+///
+/// ```
+/// use tower_redis_ratelimit::UserId;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(UserId::new("42"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UserId(pub String);
+
+impl UserId {
+    /// Wraps a user id.
+    pub fn new(id: impl Into<String>) -> Self {
+        UserId(id.into())
+    }
+}
+
+/// Your own way to pick the bucket of a request.
+///
+/// Return `None` when the request carries no key; the policy's
+/// [`MissingKey`](crate::MissingKey) setting decides what happens then. Closures of the right shape
+/// implement this trait.
+///
+/// ```
+/// use http::request::Parts;
+/// use tower_redis_ratelimit::{Identity, Key};
+///
+/// // One bucket per tenant, from a subdomain.
+/// let key = Key::custom(|parts: &Parts| {
+///     let host = parts.headers.get(http::header::HOST)?.to_str().ok()?;
+///     let tenant = host.split('.').next()?;
+///     Some(Identity::new("tenant", tenant))
+/// });
+/// assert_eq!(key.kind(), "custom");
+/// ```
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The identity of this request, or `None` when it has none.
+    fn extract(&self, parts: &Parts) -> Option<Identity>;
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<Identity> + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &Parts) -> Option<Identity> {
+        self(parts)
+    }
+}
+
+type UserFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+
+/// What a policy keys its limits by.
+#[derive(Clone)]
+pub struct Key(Source);
+
+#[derive(Clone)]
+enum Source {
+    Ip,
+    Global,
+    Header(HeaderName),
+    UserExtension,
+    UserFn(Arc<UserFn>),
+    Custom(Arc<dyn KeyExtractor>),
+}
+
+impl Key {
+    /// The client IP address, found by the policy's [`ClientIp`] settings (peer address, trusted
+    /// proxies, IPv6 grouping).
+    pub fn ip() -> Self {
+        Key(Source::Ip)
+    }
+
+    /// One bucket for all requests.
+    pub fn global() -> Self {
+        Key(Source::Global)
+    }
+
+    /// The value of a request header, such as an API key. The value is hashed before it reaches a
+    /// store key or a log line; an absent or empty header is a missing key.
+    pub fn header(name: HeaderName) -> Self {
+        Key(Source::Header(name))
+    }
+
+    /// The [`UserId`] an authentication layer inserted into the request extensions.
+    pub fn user() -> Self {
+        Key(Source::UserExtension)
+    }
+
+    /// A user id computed from the request parts, for example from your own auth extension:
+    /// `Key::user_from_fn(|parts| parts.extensions.get::<Session>().map(|s| s.user_id.to_string()))`.
+    pub fn user_from_fn<F>(user_id: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        Key(Source::UserFn(Arc::new(user_id)))
+    }
+
+    /// Your own [`KeyExtractor`].
+    pub fn custom(extractor: impl KeyExtractor) -> Self {
+        Key(Source::Custom(Arc::new(extractor)))
+    }
+
+    /// A short name of the key kind for logs: `ip`, `global`, `header`, `user` or `custom`.
+    pub fn kind(&self) -> &'static str {
+        match self.0 {
+            Source::Ip => "ip",
+            Source::Global => "global",
+            Source::Header(_) => "header",
+            Source::UserExtension | Source::UserFn(_) => "user",
+            Source::Custom(_) => "custom",
+        }
+    }
+
+    /// Whether this key is the client IP (then there is nothing to fall back to).
+    pub(crate) fn is_ip(&self) -> bool {
+        matches!(self.0, Source::Ip)
+    }
+
+    /// The identity of a request under this key, or `None` when the request has none.
+    pub fn extract(&self, parts: &Parts, client_ip: &ClientIp) -> Option<Identity> {
+        match &self.0 {
+            Source::Ip => client_ip.client_net(parts).map(Identity::ip),
+            Source::Global => Some(Identity::global()),
+            Source::Header(name) => parts
+                .headers
+                .get(name)
+                .filter(|value| !value.is_empty())
+                .map(|value| Identity::secret("header", value.as_bytes())),
+            Source::UserExtension => parts
+                .extensions
+                .get::<UserId>()
+                .filter(|user| !user.0.is_empty())
+                .map(|user| Identity::new("user", &user.0)),
+            Source::UserFn(user_id) => user_id(parts)
+                .filter(|id| !id.is_empty())
+                .map(|id| Identity::new("user", &id)),
+            Source::Custom(extractor) => extractor.extract(parts),
+        }
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Source::Header(name) => f.debug_tuple("Key::header").field(name).finish(),
+            _ => write!(f, "Key::{}", self.kind()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    use axum::extract::ConnectInfo;
+
+    fn parts(build: impl FnOnce(http::request::Builder) -> http::request::Builder) -> Parts {
+        build(http::Request::builder())
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn plain_values_stay_readable() {
+        assert_eq!(Identity::new("user", "42").as_str(), "user:42");
+        assert_eq!(
+            Identity::new("user", "alice@example.com").as_str(),
+            "user:alice@example.com"
+        );
+    }
+
+    #[test]
+    fn separators_braces_and_long_values_are_hashed() {
+        for odd in ["a:b", "x}{y", "{tag}", "with space", "", "#abc", "100%", "é"] {
+            let identity = Identity::new("user", odd);
+            let text = identity.as_str();
+            assert!(text.starts_with("user#"), "{odd:?} gave {text}");
+            assert_eq!(text.len(), "user#".len() + 32);
+            assert!(!text.contains(['{', '}']));
+        }
+        let long = "a".repeat(MAX_VERBATIM_LEN + 1);
+        assert!(Identity::new("user", &long).as_str().starts_with("user#"));
+        let limit = "a".repeat(MAX_VERBATIM_LEN);
+        assert_eq!(Identity::new("user", &limit).as_str(), format!("user:{limit}"));
+    }
+
+    #[test]
+    fn hashing_is_stable_and_distinguishes_values() {
+        let a = Identity::new("user", "a:b");
+        assert_eq!(a, Identity::new("user", "a:b"));
+        assert_ne!(a, Identity::new("user", "a:c"));
+        // Known SHA-256 prefix, so keys agree across processes and versions.
+        assert_eq!(
+            Identity::secret("header", b"abc").as_str(),
+            "header#ba7816bf8f01cfea414140de5dae2223"
+        );
+    }
+
+    #[test]
+    fn secrets_never_appear_verbatim() {
+        let identity = Identity::secret("header", b"sk_live_123");
+        assert!(!identity.as_str().contains("sk_live_123"));
+    }
+
+    #[test]
+    fn an_odd_kind_is_hashed_too() {
+        assert!(Identity::new("a:b", "x").as_str().starts_with('#'));
+    }
+
+    #[test]
+    fn ip_identity_shows_the_group() {
+        let v4: ipnet::IpNet = "203.0.113.7/32".parse().unwrap();
+        assert_eq!(Identity::ip(v4).as_str(), "ip:203.0.113.7");
+        let v6: ipnet::IpNet = "2001:db8:1:2::/64".parse().unwrap();
+        assert_eq!(Identity::ip(v6).as_str(), "ip:2001:db8:1:2::/64");
+    }
+
+    #[test]
+    fn each_kind_extracts_its_identity() {
+        let client_ip = ClientIp::new();
+        let peer: SocketAddr = "198.51.100.9:5000".parse().unwrap();
+        let parts = parts(|b| {
+            b.header("x-api-key", "secret-key")
+                .extension(ConnectInfo(peer))
+                .extension(UserId::new("7"))
+        });
+
+        let ip = Key::ip().extract(&parts, &client_ip).unwrap();
+        assert_eq!(ip.as_str(), "ip:198.51.100.9");
+        assert_eq!(
+            Key::global().extract(&parts, &client_ip).unwrap().as_str(),
+            "global"
+        );
+        let header = Key::header(HeaderName::from_static("x-api-key"))
+            .extract(&parts, &client_ip)
+            .unwrap();
+        assert!(header.as_str().starts_with("header#"));
+        assert_eq!(
+            Key::user().extract(&parts, &client_ip).unwrap().as_str(),
+            "user:7"
+        );
+        let from_fn = Key::user_from_fn(|p| {
+            p.headers
+                .get("x-api-key")
+                .map(|v| v.to_str().unwrap().len().to_string())
+        });
+        assert_eq!(
+            from_fn.extract(&parts, &client_ip).unwrap().as_str(),
+            "user:10"
+        );
+    }
+
+    #[test]
+    fn absent_or_empty_values_are_missing() {
+        let client_ip = ClientIp::new();
+        let empty = parts(|b| b.header("x-api-key", "").extension(UserId::new("")));
+        assert_eq!(
+            Key::header(HeaderName::from_static("x-api-key")).extract(&empty, &client_ip),
+            None
+        );
+        assert_eq!(Key::user().extract(&empty, &client_ip), None);
+        // No ConnectInfo: no peer address.
+        assert_eq!(Key::ip().extract(&empty, &client_ip), None);
+        assert_eq!(
+            Key::user_from_fn(|_| Some(String::new())).extract(&empty, &client_ip),
+            None
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! [`RateLimitLayer`]: the one line users add.
+
+use std::fmt;
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::Response;
+use tower::Layer;
+
+use crate::policy::Policy;
+use crate::response::Rejected;
+use crate::service::{Limiter, RateLimit};
+use crate::store::Store;
+
+/// Applies a rate-limit [`Policy`] to every request of the wrapped service, counting in a [`Store`].
+///
+/// Admitted requests reach the inner service and their responses get the `RateLimit-Policy` and
+/// `RateLimit` headers; refused requests get a 429 at once. The service never fails because of a
+/// limit, so no `HandleErrorLayer` is needed.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule};
+///
+/// let policy = Policy::builder("api")
+///     .key(Key::ip())
+///     .rule(Rule::per_minute(10))
+///     .rule(Rule::per_hour(100))
+///     .build()
+///     .unwrap();
+/// let app: Router = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(RateLimitLayer::new(policy, MemoryStore::new()).legacy_headers(true));
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    limiter: Arc<Limiter>,
+}
+
+impl RateLimitLayer {
+    /// Limits by `policy`, counting in `store`. Clone a store (they share their counts) or wrap it
+    /// in an `Arc` to use it for several layers.
+    pub fn new(policy: Policy, store: impl Store) -> Self {
+        RateLimitLayer {
+            limiter: Arc::new(Limiter::new(policy, Arc::new(store))),
+        }
+    }
+
+    /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (the Unix
+    /// time of the reset, in seconds) for the rule closest to running out, as GitHub does.
+    pub fn legacy_headers(mut self, enabled: bool) -> Self {
+        Arc::make_mut(&mut self.limiter).legacy_headers = enabled;
+        self
+    }
+
+    /// Replaces the default 429 body. The layer still adds `Retry-After` and the rate-limit headers
+    /// to the response you return.
+    ///
+    /// ```
+    /// use axum::body::Body;
+    /// use http::{Response, StatusCode};
+    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, Rule};
+    ///
+    /// let policy = Policy::builder("otp").rule(Rule::per_minute(3)).build().unwrap();
+    /// let layer = RateLimitLayer::new(policy, MemoryStore::new()).on_rejected(|rejected| {
+    ///     let text = format!("slow down, retry in {}s", rejected.retry_after_secs());
+    ///     let mut response = Response::new(Body::from(text));
+    ///     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    ///     response
+    /// });
+    /// ```
+    pub fn on_rejected<F>(mut self, respond: F) -> Self
+    where
+        F: Fn(&Rejected) -> Response<Body> + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.limiter).on_rejected = Some(Arc::new(respond));
+        self
+    }
+
+    /// The policy this layer applies.
+    pub fn policy(&self) -> &Policy {
+        &self.limiter.policy
+    }
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("limiter", &self.limiter)
+            .finish()
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::from_parts(inner, self.limiter.clone())
+    }
+}

@@ -1,0 +1,91 @@
+//! Declarative multi-rule rate limiting for [axum] and [tower] services.
+//!
+//! Declare a [`Policy`]: a key (client IP, user id, API key, global or your own), one or more
+//! [`Rule`]s that must all pass (10 per minute *and* 100 per hour) and an [`Algorithm`]. Add it with
+//! one line, `.layer(RateLimitLayer::new(policy, store))`. Refused requests get a `429 Too Many
+//! Requests` with `Retry-After` and an RFC 9457 problem body; every response of a limited route
+//! carries the IETF `RateLimit-Policy` and `RateLimit` headers (read them back with
+//! [`headers::parse`]).
+//!
+//! The [`MemoryStore`] keeps counts in-process; a store checks and records every rule of a request in
+//! one atomic step, so a refused request consumes nothing.
+//!
+//! # Example
+//!
+//! ```
+//! use axum::{Router, body::Body, routing::get};
+//! use http::{Request, StatusCode};
+//! use tower::ServiceExt;
+//! use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule, UserId, headers};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let policy = Policy::builder("otp")
+//!     .key(Key::user())
+//!     .rule(Rule::per_minute(2))
+//!     .rule(Rule::per_hour(10))
+//!     .message("Too many codes requested.")
+//!     .build()
+//!     .expect("a valid policy");
+//! let app = Router::new()
+//!     .route("/otp", get(|| async { "code sent" }))
+//!     .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+//!
+//! let request = || {
+//!     let mut request = Request::get("/otp").body(Body::empty()).unwrap();
+//!     request.extensions_mut().insert(UserId::new("alice"));
+//!     request
+//! };
+//! for _ in 0..2 {
+//!     let response = app.clone().oneshot(request()).await.unwrap();
+//!     assert_eq!(response.status(), StatusCode::OK);
+//! }
+//! let refused = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+//!
+//! let limits = headers::parse(refused.headers()).unwrap();
+//! let minute = limits.status("2-per-60s").unwrap();
+//! assert_eq!(minute.remaining, 0);
+//! let retry = limits.retry_after.unwrap().delay_from(std::time::SystemTime::now());
+//! assert!(retry.as_secs() >= 1 && retry.as_secs() <= 60);
+//! # }
+//! ```
+//!
+//! # Keys
+//!
+//! | [`Key`] | bucket | when it is missing |
+//! |---|---|---|
+//! | [`Key::ip`] | the client address (IPv6 grouped by /64), see [`ClientIp`] | no `ConnectInfo`: 500 |
+//! | [`Key::user`], [`Key::user_from_fn`] | a [`UserId`] extension or your closure | [`MissingKey`] |
+//! | [`Key::header`] | a header value such as an API key, hashed | [`MissingKey`] |
+//! | [`Key::global`] | one bucket for everyone | never |
+//! | [`Key::custom`] | your [`KeyExtractor`] | [`MissingKey`] |
+//!
+//! Forwarding headers (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`) are believed only from peers in
+//! the trusted-proxy list of [`ClientIp`], and then the rightmost address that is not a trusted proxy
+//! is the client.
+//!
+//! [axum]: https://docs.rs/axum
+//! [tower]: https://docs.rs/tower
+#![warn(missing_docs)]
+
+pub mod client_ip;
+pub mod decision;
+mod future;
+pub mod headers;
+mod key;
+mod layer;
+pub mod policy;
+pub mod response;
+mod service;
+pub mod store;
+
+pub use client_ip::{ClientIp, ForwardedHeader};
+pub use decision::{Decision, RuleState};
+pub use future::ResponseFuture;
+pub use key::{Identity, Key, KeyExtractor, UserId};
+pub use layer::RateLimitLayer;
+pub use policy::{Algorithm, MissingKey, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule, Scope};
+pub use response::Rejected;
+pub use service::RateLimit;
+pub use store::{MemoryStore, Store, StoreError};

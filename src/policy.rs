@@ -1,0 +1,891 @@
+//! Policies and rules: what is limited, by which key, and how much.
+//!
+//! A [`Policy`] is the counterpart of a `@RateLimiter` annotation: a name, a [`Key`], a key prefix, one
+//! or more [`Rule`]s (each a `@RateRule`: a limit per period), an [`Algorithm`] and the message for
+//! refused requests. Every rule of a policy must pass for a request to be admitted. A policy that
+//! can't work is refused by [`PolicyBuilder::build`] with a [`PolicyError`] naming the bad rule.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{HeaderValue, StatusCode};
+
+use crate::client_ip::ClientIp;
+use crate::headers::{self, PolicyItem};
+use crate::key::{self, Identity, Key};
+
+/// One limit: at most `limit` units per `period`.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::Rule;
+///
+/// assert_eq!(Rule::per_minute(20).name(), "20-per-60s");
+/// assert_eq!(Rule::new(5, Duration::from_millis(1500)).name(), "5-per-1500ms");
+/// assert_eq!(Rule::per_hour(100).named("hourly").name(), "hourly");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Rule {
+    limit: u64,
+    period: Duration,
+    name: Option<Cow<'static, str>>,
+}
+
+impl Rule {
+    /// At most `limit` units per `period`. Checked when the policy is built: the limit must be at
+    /// least 1 and the period a whole, non-zero number of milliseconds.
+    pub const fn new(limit: u64, period: Duration) -> Self {
+        Rule {
+            limit,
+            period,
+            name: None,
+        }
+    }
+
+    /// `limit` per second.
+    pub const fn per_second(limit: u64) -> Self {
+        Rule::new(limit, Duration::from_secs(1))
+    }
+
+    /// `limit` per minute.
+    pub const fn per_minute(limit: u64) -> Self {
+        Rule::new(limit, Duration::from_secs(60))
+    }
+
+    /// `limit` per hour.
+    pub const fn per_hour(limit: u64) -> Self {
+        Rule::new(limit, Duration::from_secs(3600))
+    }
+
+    /// `limit` per day (86 400 s; a sliding or fixed period, not a calendar day).
+    pub const fn per_day(limit: u64) -> Self {
+        Rule::new(limit, Duration::from_secs(86_400))
+    }
+
+    /// Names the rule in headers and 429 bodies instead of the default `<limit>-per-<period>`. Useful
+    /// when two nested layers would otherwise send rules of the same name.
+    pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The rule's limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The rule's period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The period in whole milliseconds, the unit stores work in.
+    pub fn period_ms(&self) -> u64 {
+        u64::try_from(self.period.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The name clients see: the one given to [`Rule::named`], else `<limit>-per-<period>` such as
+    /// `20-per-60s` or `5-per-1500ms`.
+    pub fn name(&self) -> Cow<'_, str> {
+        match &self.name {
+            Some(name) => Cow::Borrowed(name),
+            None => Cow::Owned(format!("{}-per-{}", self.limit, PeriodText(self.period))),
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} per {}", self.limit, PeriodText(self.period))
+    }
+}
+
+/// A period as `60s` when it is whole seconds, else `1500ms` (or `1.5µs`-free debug form).
+struct PeriodText(Duration);
+
+impl fmt::Display for PeriodText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let period = self.0;
+        if period.subsec_nanos() == 0 {
+            write!(f, "{}s", period.as_secs())
+        } else if period.subsec_nanos() % 1_000_000 == 0 {
+            write!(f, "{}ms", period.as_millis())
+        } else {
+            write!(f, "{period:?}")
+        }
+    }
+}
+
+/// How a policy counts requests. Every algorithm checks all rules first and records the request in
+/// all of them only if all pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// One counter per rule and window; windows are aligned to the epoch. Cheapest, but a client can
+    /// get up to twice the limit across a window edge.
+    FixedWindow,
+    /// The timestamps of admitted requests; a request is admitted when fewer than `limit` fall in the
+    /// last `period`. Exact at any instant; memory grows with the limit.
+    #[default]
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// The name used in config files: `fixed_window` or `sliding_log`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error of parsing an unknown algorithm name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown algorithm {0:?}: expected \"fixed_window\" or \"sliding_log\"")]
+pub struct UnknownAlgorithm(pub String);
+
+impl FromStr for Algorithm {
+    type Err = UnknownAlgorithm;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "fixed_window" => Ok(Algorithm::FixedWindow),
+            "sliding_log" => Ok(Algorithm::SlidingLog),
+            other => Err(UnknownAlgorithm(other.to_owned())),
+        }
+    }
+}
+
+/// Which requests share a bucket, besides having the same identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Scope {
+    /// One bucket per identity for every route the layer covers.
+    #[default]
+    Policy,
+    /// One bucket per identity, method and route: the seed's `class-method` suffix. The route is
+    /// axum's `MatchedPath` (so `/users/{id}` is one route); without it (a layer outside the router)
+    /// the request path is used.
+    Route,
+}
+
+/// What happens when a request has no key (no user id, no header) or no client IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Count the request against its client IP instead (default). When even the client IP is unknown
+    /// (the server was not started with `into_make_service_with_connect_info`), the request is
+    /// refused with 500 and an error is logged: a limiter that silently stops limiting is worse.
+    #[default]
+    ClientIp,
+    /// Let the request through without limiting it.
+    Allow,
+    /// Refuse the request with this status (for example 401 for a missing user).
+    Reject(StatusCode),
+}
+
+/// What happens when the store fails (Redis down, a timeout). Never a 429: a store error is not a
+/// rate limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Let the request through and log a warning (fail open, default).
+    #[default]
+    Allow,
+    /// Refuse the request with 503 and a problem+json body (fail closed).
+    Deny,
+}
+
+/// Why a policy was refused when it was built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The policy has no rules.
+    #[error("policy {policy:?} has no rules")]
+    NoRules {
+        /// The policy's name.
+        policy: String,
+    },
+    /// A rule's limit is zero.
+    #[error("policy {policy:?}, rules[{index}] ({rule}): the limit must be at least 1")]
+    ZeroLimit {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's period is zero.
+    #[error("policy {policy:?}, rules[{index}] ({rule}): the period must be longer than zero")]
+    ZeroPeriod {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's period is not a whole number of milliseconds.
+    #[error(
+        "policy {policy:?}, rules[{index}] ({rule}): the period must be a whole number of milliseconds"
+    )]
+    SubMillisecondPeriod {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// Two rules have the same limit and period.
+    #[error("policy {policy:?}, rules[{index}] ({rule}) is the same rule as rules[{first}]")]
+    DuplicateRule {
+        /// The policy's name.
+        policy: String,
+        /// The duplicate's position (from 0).
+        index: usize,
+        /// The position of the rule it repeats.
+        first: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// Two rules have the same name, so clients couldn't tell them apart.
+    #[error("policy {policy:?}, rules[{index}] has the name {name:?} of rules[{first}]")]
+    DuplicateRuleName {
+        /// The policy's name.
+        policy: String,
+        /// The duplicate's position (from 0).
+        index: usize,
+        /// The position of the rule whose name it repeats.
+        first: usize,
+        /// The shared name.
+        name: String,
+    },
+    /// A rule name that can't be sent in a header.
+    #[error("policy {policy:?}, rules[{index}]: {source}")]
+    InvalidRuleName {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// What is wrong with the name.
+        source: headers::InvalidRuleName,
+    },
+    /// A policy name or key prefix that would break the store key layout.
+    #[error(
+        "{what} {value:?} must be 1 to 64 characters of letters, digits and -._~@+=!*(),/ (it is part of every store key)"
+    )]
+    InvalidName {
+        /// `"policy name"` or `"key prefix"`.
+        what: &'static str,
+        /// The refused value.
+        value: String,
+    },
+}
+
+/// A rate-limit policy: build one with [`Policy::builder`]. Cheap to clone.
+///
+/// ```
+/// use tower_redis_ratelimit::{Algorithm, Key, Policy, Rule};
+///
+/// let policy = Policy::builder("login")
+///     .key(Key::ip())
+///     .rule(Rule::per_minute(10))
+///     .rule(Rule::per_hour(100))
+///     .algorithm(Algorithm::SlidingLog)
+///     .message("Too many login attempts, try again later.")
+///     .build()
+///     .expect("a valid policy");
+/// assert_eq!(policy.rules().len(), 2);
+///
+/// // A policy that can't work is refused, naming the rule.
+/// let error = Policy::builder("bad").rule(Rule::per_minute(0)).build().unwrap_err();
+/// assert!(error.to_string().contains("rules[0] (0 per 60s)"));
+/// ```
+#[derive(Clone)]
+pub struct Policy(Arc<Inner>);
+
+struct Inner {
+    name: String,
+    prefix: String,
+    key: Key,
+    rules: Box<[Rule]>,
+    rule_names: Box<[Box<str>]>,
+    algorithm: Algorithm,
+    message: String,
+    scope: Scope,
+    missing_key: MissingKey,
+    on_store_error: OnStoreError,
+    client_ip: ClientIp,
+    /// `prefix:name:`, the start of every store key of this policy, built once.
+    key_base: String,
+    /// The `RateLimit-Policy` header value, built once.
+    policy_header: HeaderValue,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.0.name)
+            .field("prefix", &self.0.prefix)
+            .field("key", &self.0.key)
+            .field("rules", &self.0.rules)
+            .field("algorithm", &self.0.algorithm)
+            .field("scope", &self.0.scope)
+            .field("missing_key", &self.0.missing_key)
+            .field("on_store_error", &self.0.on_store_error)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The store key of one request and who it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageKey {
+    key: String,
+    identity_at: usize,
+    kind: &'static str,
+}
+
+impl StorageKey {
+    /// The whole key: `prefix:policy:identity`, or `prefix:policy:route:identity` for a route-scoped
+    /// policy. It contains no braces, so a store may wrap it in a hash tag.
+    pub fn as_str(&self) -> &str {
+        &self.key
+    }
+
+    /// The identity part, safe to log.
+    pub fn identity(&self) -> &str {
+        &self.key[self.identity_at..]
+    }
+
+    /// The kind of key that produced it (`ip`, `user`, …): the policy's, or `ip` after a fallback.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+}
+
+/// The result of looking up a request's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyLookup {
+    /// Count the request against this key.
+    Found(StorageKey),
+    /// No key: let the request through unlimited ([`MissingKey::Allow`]).
+    Unlimited,
+    /// No key: refuse the request with this status.
+    Refuse(StatusCode),
+}
+
+impl Policy {
+    /// Starts a policy named `name`. The name is part of every store key, so two policies never
+    /// share a bucket; it must be 1 to 64 characters of letters, digits and `-._~@+=!*(),/`.
+    pub fn builder(name: impl Into<String>) -> PolicyBuilder {
+        PolicyBuilder {
+            name: name.into(),
+            prefix: "rl".to_owned(),
+            key: Key::ip(),
+            rules: Vec::new(),
+            algorithm: Algorithm::default(),
+            message: "Too many requests, please try again later.".to_owned(),
+            scope: Scope::default(),
+            missing_key: MissingKey::default(),
+            on_store_error: OnStoreError::default(),
+            client_ip: ClientIp::default(),
+        }
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// The prefix of every store key of this policy.
+    pub fn prefix(&self) -> &str {
+        &self.0.prefix
+    }
+
+    /// What the policy is keyed by.
+    pub fn key(&self) -> &Key {
+        &self.0.key
+    }
+
+    /// The rules, all of which must pass.
+    pub fn rules(&self) -> &[Rule] {
+        &self.0.rules
+    }
+
+    /// The rule names as clients see them, in rule order.
+    pub fn rule_names(&self) -> &[Box<str>] {
+        &self.0.rule_names
+    }
+
+    /// The counting algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.0.algorithm
+    }
+
+    /// The message for refused requests (the `detail` of the 429 body).
+    pub fn message(&self) -> &str {
+        &self.0.message
+    }
+
+    /// Which requests share a bucket.
+    pub fn scope(&self) -> Scope {
+        self.0.scope
+    }
+
+    /// What happens to requests without a key.
+    pub fn missing_key(&self) -> MissingKey {
+        self.0.missing_key
+    }
+
+    /// What happens when the store fails.
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.0.on_store_error
+    }
+
+    /// How the client IP is found.
+    pub fn client_ip(&self) -> &ClientIp {
+        &self.0.client_ip
+    }
+
+    /// The `RateLimit-Policy` header value of this policy.
+    pub fn policy_header(&self) -> &HeaderValue {
+        &self.0.policy_header
+    }
+
+    /// The store key of a request, or what to do when it has none.
+    pub fn storage_key(&self, parts: &Parts) -> KeyLookup {
+        let inner = &self.0;
+        let (identity, kind) = match inner.key.extract(parts, &inner.client_ip) {
+            Some(identity) => (identity, inner.key.kind()),
+            None => match inner.missing_key {
+                MissingKey::Allow => return KeyLookup::Unlimited,
+                MissingKey::Reject(status) => return KeyLookup::Refuse(status),
+                MissingKey::ClientIp => {
+                    let fallback = if inner.key.is_ip() {
+                        None
+                    } else {
+                        inner.client_ip.client_net(parts).map(Identity::ip)
+                    };
+                    match fallback {
+                        Some(identity) => (identity, "ip"),
+                        None => return KeyLookup::Refuse(StatusCode::INTERNAL_SERVER_ERROR),
+                    }
+                }
+            },
+        };
+        let mut key = String::with_capacity(inner.key_base.len() + 48 + identity.as_str().len());
+        key.push_str(&inner.key_base);
+        if inner.scope == Scope::Route {
+            push_route(&mut key, parts);
+            key.push(':');
+        }
+        let identity_at = key.len();
+        key.push_str(identity.as_str());
+        KeyLookup::Found(StorageKey {
+            key,
+            identity_at,
+            kind,
+        })
+    }
+}
+
+/// Appends the route component: method and matched path, hashed when odd (paths with `{param}`).
+fn push_route(key: &mut String, parts: &Parts) {
+    let path = parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| parts.uri.path(), |matched| matched.as_str());
+    let mut route = String::with_capacity(parts.method.as_str().len() + path.len());
+    route.push_str(parts.method.as_str());
+    route.push_str(path);
+    key::push_component(key, &route);
+}
+
+/// Builds a [`Policy`]; see [`Policy::builder`].
+#[derive(Debug)]
+#[must_use = "call .build() to get the policy"]
+pub struct PolicyBuilder {
+    name: String,
+    prefix: String,
+    key: Key,
+    rules: Vec<Rule>,
+    algorithm: Algorithm,
+    message: String,
+    scope: Scope,
+    missing_key: MissingKey,
+    on_store_error: OnStoreError,
+    client_ip: ClientIp,
+}
+
+impl PolicyBuilder {
+    /// What to key the limit by (default: the client IP).
+    pub fn key(mut self, key: Key) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// The prefix of every store key (default `rl`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Adds a rule.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Adds several rules.
+    pub fn rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+
+    /// The counting algorithm (default: [`Algorithm::SlidingLog`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The message for refused requests, sent as the `detail` of the 429 body.
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
+    }
+
+    /// Which requests share a bucket (default: [`Scope::Policy`]).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// What happens to requests without a key (default: [`MissingKey::ClientIp`]).
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// What happens when the store fails (default: [`OnStoreError::Allow`]).
+    pub fn on_store_error(mut self, on_store_error: OnStoreError) -> Self {
+        self.on_store_error = on_store_error;
+        self
+    }
+
+    /// How the client IP is found: trusted proxies, IPv6 grouping.
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = client_ip;
+        self
+    }
+
+    /// Checks the policy and builds it.
+    pub fn build(self) -> Result<Policy, PolicyError> {
+        for (what, value) in [("policy name", &self.name), ("key prefix", &self.prefix)] {
+            if !key::is_verbatim(value) {
+                return Err(PolicyError::InvalidName {
+                    what,
+                    value: value.clone(),
+                });
+            }
+        }
+        let policy = || self.name.clone();
+        if self.rules.is_empty() {
+            return Err(PolicyError::NoRules { policy: policy() });
+        }
+        let mut rule_names: Vec<Box<str>> = Vec::with_capacity(self.rules.len());
+        for (index, rule) in self.rules.iter().enumerate() {
+            let text = || rule.to_string();
+            if rule.limit == 0 {
+                return Err(PolicyError::ZeroLimit {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if rule.period.is_zero() {
+                return Err(PolicyError::ZeroPeriod {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if rule.period.subsec_nanos() % 1_000_000 != 0 {
+                return Err(PolicyError::SubMillisecondPeriod {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if let Some(first) = self.rules[..index]
+                .iter()
+                .position(|earlier| earlier.limit == rule.limit && earlier.period == rule.period)
+            {
+                return Err(PolicyError::DuplicateRule {
+                    policy: policy(),
+                    index,
+                    first,
+                    rule: text(),
+                });
+            }
+            let name = rule.name();
+            if let Some(first) = rule_names.iter().position(|earlier| **earlier == *name) {
+                return Err(PolicyError::DuplicateRuleName {
+                    policy: policy(),
+                    index,
+                    first,
+                    name: name.into_owned(),
+                });
+            }
+            rule_names.push(name.into());
+        }
+        let items: Vec<PolicyItem<'_>> = self
+            .rules
+            .iter()
+            .zip(&rule_names)
+            .map(|(rule, name)| PolicyItem {
+                name,
+                quota: rule.limit,
+                window_secs: crate::decision::ceil_secs(rule.period),
+            })
+            .collect();
+        let policy_header = headers::policy_header_value(&items).map_err(|source| {
+            let index = rule_names
+                .iter()
+                .position(|name| **name == *source.name)
+                .unwrap_or(0);
+            PolicyError::InvalidRuleName {
+                policy: policy(),
+                index,
+                source,
+            }
+        })?;
+        let key_base = format!("{}:{}:", self.prefix, self.name);
+        Ok(Policy(Arc::new(Inner {
+            name: self.name,
+            prefix: self.prefix,
+            key: self.key,
+            rules: self.rules.into(),
+            rule_names: rule_names.into(),
+            algorithm: self.algorithm,
+            message: self.message,
+            scope: self.scope,
+            missing_key: self.missing_key,
+            on_store_error: self.on_store_error,
+            client_ip: self.client_ip,
+            key_base,
+            policy_header,
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    use axum::extract::ConnectInfo;
+
+    fn build(rules: Vec<Rule>) -> Result<Policy, PolicyError> {
+        Policy::builder("p").rules(rules).build()
+    }
+
+    #[test]
+    fn rule_constructors_and_names() {
+        assert_eq!(Rule::per_second(2).period(), Duration::from_secs(1));
+        assert_eq!(Rule::per_minute(10).name(), "10-per-60s");
+        assert_eq!(Rule::per_hour(100).name(), "100-per-3600s");
+        assert_eq!(Rule::per_day(1).name(), "1-per-86400s");
+        assert_eq!(
+            Rule::new(20, Duration::from_secs(120)).to_string(),
+            "20 per 120s"
+        );
+        assert_eq!(Rule::new(3, Duration::from_millis(250)).period_ms(), 250);
+    }
+
+    #[test]
+    fn bad_rules_are_refused_with_their_position() {
+        assert_eq!(
+            build(vec![]).unwrap_err(),
+            PolicyError::NoRules { policy: "p".into() }
+        );
+        assert!(matches!(
+            build(vec![Rule::per_minute(5), Rule::per_second(0)]).unwrap_err(),
+            PolicyError::ZeroLimit { index: 1, .. }
+        ));
+        assert!(matches!(
+            build(vec![Rule::new(5, Duration::ZERO)]).unwrap_err(),
+            PolicyError::ZeroPeriod { index: 0, .. }
+        ));
+        let error = build(vec![Rule::new(5, Duration::from_micros(1500))]).unwrap_err();
+        assert!(matches!(
+            error,
+            PolicyError::SubMillisecondPeriod { index: 0, .. }
+        ));
+        assert!(matches!(
+            build(vec![Rule::new(5, Duration::from_nanos(10))]).unwrap_err(),
+            PolicyError::SubMillisecondPeriod { .. }
+        ));
+        let error = build(vec![
+            Rule::per_minute(10),
+            Rule::per_hour(5),
+            Rule::new(10, Duration::from_secs(60)),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "policy \"p\", rules[2] (10 per 60s) is the same rule as rules[0]"
+        );
+        assert!(matches!(
+            build(vec![
+                Rule::per_minute(10).named("x"),
+                Rule::per_hour(5).named("x")
+            ])
+            .unwrap_err(),
+            PolicyError::DuplicateRuleName {
+                index: 1,
+                first: 0,
+                ..
+            }
+        ));
+        assert!(matches!(
+            build(vec![Rule::per_minute(10).named("tab\there")]).unwrap_err(),
+            PolicyError::InvalidRuleName { index: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn names_that_break_keys_are_refused() {
+        for bad in ["", "a:b", "{x}", "with space"] {
+            let error = Policy::builder(bad)
+                .rule(Rule::per_second(1))
+                .build()
+                .unwrap_err();
+            assert!(matches!(
+                error,
+                PolicyError::InvalidName {
+                    what: "policy name",
+                    ..
+                }
+            ));
+            let error = Policy::builder("ok")
+                .prefix(bad)
+                .rule(Rule::per_second(1))
+                .build()
+                .unwrap_err();
+            assert!(matches!(
+                error,
+                PolicyError::InvalidName {
+                    what: "key prefix",
+                    ..
+                }
+            ));
+        }
+    }
+
+    #[test]
+    fn policy_header_lists_every_rule() {
+        let policy = build(vec![Rule::per_minute(20), Rule::per_hour(100)]).unwrap();
+        assert_eq!(
+            policy.policy_header(),
+            "\"20-per-60s\";q=20;w=60, \"100-per-3600s\";q=100;w=3600"
+        );
+        // A sub-second window is sent as one whole second.
+        let policy = build(vec![Rule::new(5, Duration::from_millis(1500))]).unwrap();
+        assert_eq!(policy.policy_header(), "\"5-per-1500ms\";q=5;w=2");
+    }
+
+    fn request(path: &str, method: http::Method, peer: Option<&str>) -> Parts {
+        let mut builder = http::Request::builder().uri(path).method(method);
+        if let Some(peer) = peer {
+            let peer: SocketAddr = peer.parse().unwrap();
+            builder = builder.extension(ConnectInfo(peer));
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    fn found(lookup: KeyLookup) -> StorageKey {
+        match lookup {
+            KeyLookup::Found(key) => key,
+            other => panic!("expected a key, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn storage_keys_separate_policies_and_routes() {
+        let peer = Some("192.0.2.1:1000");
+        let a = Policy::builder("a")
+            .prefix("demo")
+            .rule(Rule::per_second(1))
+            .build()
+            .unwrap();
+        let key = found(a.storage_key(&request("/x", http::Method::GET, peer)));
+        assert_eq!(key.as_str(), "demo:a:ip:192.0.2.1");
+        assert_eq!(key.identity(), "ip:192.0.2.1");
+        assert_eq!(key.kind(), "ip");
+
+        let routed = Policy::builder("a")
+            .prefix("demo")
+            .scope(Scope::Route)
+            .rule(Rule::per_second(1))
+            .build()
+            .unwrap();
+        let get = found(routed.storage_key(&request("/x", http::Method::GET, peer)));
+        let post = found(routed.storage_key(&request("/x", http::Method::POST, peer)));
+        assert_eq!(get.as_str(), "demo:a:GET/x:ip:192.0.2.1");
+        assert_ne!(get, post);
+        assert_eq!(get.identity(), post.identity());
+    }
+
+    #[test]
+    fn missing_keys_follow_the_policy() {
+        let user = |missing| {
+            Policy::builder("u")
+                .key(Key::user())
+                .on_missing_key(missing)
+                .rule(Rule::per_second(1))
+                .build()
+                .unwrap()
+        };
+        let anonymous = request("/", http::Method::GET, Some("192.0.2.1:1"));
+        let fallback = found(user(MissingKey::ClientIp).storage_key(&anonymous));
+        assert_eq!(fallback.as_str(), "rl:u:ip:192.0.2.1");
+        assert_eq!(fallback.kind(), "ip");
+        assert_eq!(
+            user(MissingKey::Allow).storage_key(&anonymous),
+            KeyLookup::Unlimited
+        );
+        assert_eq!(
+            user(MissingKey::Reject(StatusCode::UNAUTHORIZED)).storage_key(&anonymous),
+            KeyLookup::Refuse(StatusCode::UNAUTHORIZED)
+        );
+        let no_peer = request("/", http::Method::GET, None);
+        assert_eq!(
+            user(MissingKey::ClientIp).storage_key(&no_peer),
+            KeyLookup::Refuse(StatusCode::INTERNAL_SERVER_ERROR)
+        );
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+            assert_eq!(algorithm.as_str().parse::<Algorithm>(), Ok(algorithm));
+        }
+        assert_eq!(
+            "token".parse::<Algorithm>(),
+            Err(UnknownAlgorithm("token".into()))
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! What clients get: the 429 for a refused request (RFC 9457 problem details), the 503 when a
+//! fail-closed store is down, and the rate-limit headers on every response of a limited route.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use serde::Serialize;
+
+use crate::decision::{Decision, ceil_secs};
+use crate::headers::{self, RateLimitItem};
+use crate::policy::Policy;
+
+/// The media type of problem details (RFC 9457).
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The problem type the ratelimit-headers draft registers for refused requests.
+pub const QUOTA_EXCEEDED_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The title the draft gives that problem type.
+pub const QUOTA_EXCEEDED_TITLE: &str =
+    "Request cannot be satisfied as assigned quota has been exceeded";
+
+/// A refused request: everything a custom 429 needs.
+///
+/// Pass a function of `&Rejected` to
+/// [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected) to replace the default
+/// response; [`Rejected::problem_response`] is the default.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    policy: Policy,
+    decision: Decision,
+}
+
+impl Rejected {
+    pub(crate) fn new(policy: Policy, decision: Decision) -> Self {
+        Rejected { policy, decision }
+    }
+
+    /// The policy that refused the request.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The store's decision, with the state of every rule.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The names of the rules that refused the request, as in the `RateLimit` header.
+    pub fn violated_rules(&self) -> impl Iterator<Item = &str> + '_ {
+        self.decision
+            .violated()
+            .map(|index| &*self.policy.rule_names()[index])
+    }
+
+    /// The exact time until every refusing rule admits the request.
+    pub fn retry_after(&self) -> Duration {
+        self.decision.retry_after().unwrap_or_default()
+    }
+
+    /// [`Rejected::retry_after`] in whole seconds as `Retry-After` carries it: rounded up, at least 1.
+    pub fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after()).max(1)
+    }
+
+    /// The default response: `429 Too Many Requests` with an `application/problem+json` body naming
+    /// the policy's message and the violated rules. (The layer adds `Retry-After` and the
+    /// rate-limit headers to whatever response is used.)
+    pub fn problem_response(&self) -> Response<Body> {
+        let violated: Vec<&str> = self.violated_rules().collect();
+        problem(&Problem {
+            kind: QUOTA_EXCEEDED_TYPE,
+            title: QUOTA_EXCEEDED_TITLE,
+            status: StatusCode::TOO_MANY_REQUESTS.as_u16(),
+            detail: self.policy.message(),
+            violated_policies: Some(&violated),
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    #[serde(rename = "violated-policies", skip_serializing_if = "Option::is_none")]
+    violated_policies: Option<&'a [&'a str]>,
+}
+
+fn problem(problem: &Problem<'_>) -> Response<Body> {
+    // Serialising plain strings and numbers can't fail.
+    let body = serde_json::to_vec(problem).unwrap_or_default();
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() =
+        StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+/// The 503 of a fail-closed policy whose store is down.
+pub(crate) fn store_unavailable() -> Response<Body> {
+    problem(&Problem {
+        kind: "about:blank",
+        title: "Service Unavailable",
+        status: StatusCode::SERVICE_UNAVAILABLE.as_u16(),
+        detail: "The rate limiter cannot reach its store.",
+        violated_policies: None,
+    })
+}
+
+/// The response for a request whose rate-limit key can't be found.
+pub(crate) fn key_unavailable(status: StatusCode) -> Response<Body> {
+    problem(&Problem {
+        kind: "about:blank",
+        title: status.canonical_reason().unwrap_or("Error"),
+        status: status.as_u16(),
+        detail: "The request carries no rate-limit key.",
+        violated_policies: None,
+    })
+}
+
+/// The rate-limit headers of one decision, built before the inner service runs and added to its
+/// response.
+#[derive(Debug, Clone)]
+pub(crate) struct LimitHeaders {
+    policy: HeaderValue,
+    status: HeaderValue,
+    legacy: Option<Legacy>,
+}
+
+#[derive(Debug, Clone)]
+struct Legacy {
+    limit: HeaderValue,
+    remaining: u64,
+    reset_unix_secs: HeaderValue,
+}
+
+impl LimitHeaders {
+    pub(crate) fn new(policy: &Policy, decision: &Decision, legacy: bool) -> Self {
+        let items = policy
+            .rule_names()
+            .iter()
+            .zip(&decision.rules)
+            .map(|(name, state)| RateLimitItem {
+                name,
+                remaining: state.remaining,
+                reset_secs: ceil_secs(state.reset),
+            });
+        let legacy = legacy
+            .then(|| decision.most_limiting())
+            .flatten()
+            .map(|index| {
+                let state = &decision.rules[index];
+                let now = Duration::from_millis(decision.now_unix_ms);
+                Legacy {
+                    limit: HeaderValue::from(state.limit),
+                    remaining: state.remaining,
+                    reset_unix_secs: HeaderValue::from(ceil_secs(now + state.reset)),
+                }
+            });
+        LimitHeaders {
+            policy: policy.policy_header().clone(),
+            status: headers::ratelimit_header_value(items),
+            legacy,
+        }
+    }
+
+    /// Adds the headers. `RateLimit-Policy` and `RateLimit` are lists, so nested limiters append
+    /// their items; the single-rule legacy headers keep whichever limiter has less remaining.
+    pub(crate) fn apply(self, map: &mut HeaderMap) {
+        map.append(headers::RATELIMIT_POLICY, self.policy);
+        map.append(headers::RATELIMIT, self.status);
+        if let Some(legacy) = self.legacy {
+            let existing = map
+                .get(headers::X_RATELIMIT_REMAINING)
+                .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+            if existing.is_none_or(|remaining| legacy.remaining < remaining) {
+                map.insert(headers::X_RATELIMIT_LIMIT, legacy.limit);
+                map.insert(
+                    headers::X_RATELIMIT_REMAINING,
+                    HeaderValue::from(legacy.remaining),
+                );
+                map.insert(headers::X_RATELIMIT_RESET, legacy.reset_unix_secs);
+            }
+        }
+    }
+}
+
+/// Finishes a refusal: the chosen response plus `Retry-After` and the rate-limit headers.
+pub(crate) fn finish_rejection(
+    mut response: Response<Body>,
+    rejected: &Rejected,
+    headers: LimitHeaders,
+) -> Response<Body> {
+    let map = response.headers_mut();
+    map.insert(RETRY_AFTER, HeaderValue::from(rejected.retry_after_secs()));
+    headers.apply(map);
+    response
+}

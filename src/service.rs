@@ -1,0 +1,203 @@
+//! [`RateLimit`]: the service, where a request, a store and a response meet.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use tower::{BoxError, Service};
+
+use crate::decision::ceil_secs;
+use crate::future::ResponseFuture;
+use crate::policy::{KeyLookup, OnStoreError, Policy, StorageKey};
+use crate::response::{self, LimitHeaders, Rejected};
+use crate::store::{CheckRequest, Store, StoreError};
+use crate::decision::Decision;
+
+type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
+
+/// Everything a layer decides with, shared by all its services.
+#[derive(Clone)]
+pub(crate) struct Limiter {
+    pub(crate) policy: Policy,
+    store: Arc<dyn Store>,
+    pub(crate) legacy_headers: bool,
+    pub(crate) on_rejected: Option<RejectHandler>,
+}
+
+/// What to do with a request once its check is known.
+pub(crate) enum Verdict {
+    /// Call the inner service, then add these headers (none when the store failed open).
+    Admit(Option<LimitHeaders>),
+    /// Answer at once.
+    Respond(Response<Body>),
+}
+
+impl Limiter {
+    pub(crate) fn new(policy: Policy, store: Arc<dyn Store>) -> Self {
+        Limiter {
+            policy,
+            store,
+            legacy_headers: false,
+            on_rejected: None,
+        }
+    }
+
+    pub(crate) fn settle(&self, result: Result<Decision, StoreError>, key: &StorageKey) -> Verdict {
+        match result {
+            Ok(decision) => {
+                let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                if decision.allowed {
+                    return Verdict::Admit(Some(headers));
+                }
+                let rejected = Rejected::new(self.policy.clone(), decision);
+                self.log_rejection(&rejected, key);
+                let response = match &self.on_rejected {
+                    Some(respond) => respond(&rejected),
+                    None => rejected.problem_response(),
+                };
+                Verdict::Respond(response::finish_rejection(response, &rejected, headers))
+            }
+            Err(error) => match self.policy.on_store_error() {
+                OnStoreError::Allow => {
+                    tracing::warn!(
+                        policy = self.policy.name(),
+                        %error,
+                        "rate-limit store failed; letting the request through"
+                    );
+                    Verdict::Admit(None)
+                }
+                OnStoreError::Deny => {
+                    tracing::warn!(
+                        policy = self.policy.name(),
+                        %error,
+                        "rate-limit store failed; refusing the request"
+                    );
+                    Verdict::Respond(response::store_unavailable())
+                }
+            },
+        }
+    }
+
+    fn log_rejection(&self, rejected: &Rejected, key: &StorageKey) {
+        let rules: Vec<&str> = rejected.violated_rules().collect();
+        tracing::info!(
+            policy = self.policy.name(),
+            rule = %rules.join(", "),
+            key_kind = key.kind(),
+            key = key.identity(),
+            retry_after_s = ceil_secs(rejected.retry_after()),
+            "request rate limited"
+        );
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("policy", &self.policy)
+            .field("legacy_headers", &self.legacy_headers)
+            .field("custom_rejection", &self.on_rejected.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    limiter: Arc<Limiter>,
+}
+
+impl<S> RateLimit<S> {
+    /// Wraps `inner`, limiting by `policy` and counting in `store`.
+    pub fn new(inner: S, policy: Policy, store: impl Store) -> Self {
+        RateLimit::from_parts(inner, Arc::new(Limiter::new(policy, Arc::new(store))))
+    }
+
+    pub(crate) fn from_parts(inner: S, limiter: Arc<Limiter>) -> Self {
+        RateLimit { inner, limiter }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("limiter", &self.limiter)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let limiter = &self.limiter;
+        let policy = &limiter.policy;
+        let (parts, body) = request.into_parts();
+        let lookup = policy.storage_key(&parts);
+        let request = Request::from_parts(parts, body);
+        let key = match lookup {
+            KeyLookup::Found(key) => key,
+            KeyLookup::Unlimited => return ResponseFuture::inner(self.inner.call(request), None),
+            KeyLookup::Refuse(status) => {
+                if status == StatusCode::INTERNAL_SERVER_ERROR {
+                    tracing::error!(
+                        policy = policy.name(),
+                        "no client IP to rate-limit by: serve with \
+                         `into_make_service_with_connect_info::<SocketAddr>()`"
+                    );
+                }
+                return ResponseFuture::respond(response::key_unavailable(status));
+            }
+        };
+        let mut check = limiter.store.check(&CheckRequest {
+            key: key.as_str(),
+            rules: policy.rules(),
+            algorithm: policy.algorithm(),
+            cost: 1,
+        });
+        match check.take_ready() {
+            // In-process stores answer at once: no clone of the inner service, no extra state.
+            Some(result) => match limiter.settle(result, &key) {
+                Verdict::Admit(headers) => ResponseFuture::inner(self.inner.call(request), headers),
+                Verdict::Respond(response) => ResponseFuture::respond(response),
+            },
+            None => {
+                // The service that was polled ready goes with the request; keep a fresh clone.
+                let fresh = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, fresh);
+                ResponseFuture::checking(check, ready, request, self.limiter.clone(), key)
+            }
+        }
+    }
+}

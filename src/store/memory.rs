@@ -1,0 +1,737 @@
+//! The in-process store: the embedded default.
+//!
+//! Keys are spread over shards, each a `Mutex<HashMap>`; a check locks one shard for a few hundred
+//! nanoseconds, which makes check-and-record atomic without a global lock. Memory stays bounded
+//! without a background task: each shard drops its expired entries when it is touched after a sweep
+//! interval, and a cap on distinct keys evicts the entry closest to expiry when a shard is full.
+
+use std::collections::hash_map::{Entry as MapEntry, RandomState};
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::{CheckFuture, CheckRequest, Store};
+use crate::decision::{Decision, RuleState};
+use crate::policy::{Algorithm, Rule};
+
+/// How often (at most) a shard scans for expired entries.
+const SWEEP_INTERVAL_MS: u64 = 1_000;
+
+/// The time source of a [`MemoryStore`], in milliseconds since the Unix epoch.
+///
+/// Tests use [`ManualClock`]; the default is [`SystemClock`].
+pub trait Clock: Send + Sync + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now_unix_ms(&self) -> u64;
+}
+
+/// Wall-clock time that never goes backwards: the system time when the clock was made, plus a
+/// monotonic `Instant` since then. A system clock stepped back by NTP can't reopen a window.
+#[derive(Debug, Clone)]
+pub struct SystemClock {
+    anchor_unix_ms: u64,
+    anchor: Instant,
+}
+
+impl SystemClock {
+    /// Anchors the clock at the current system time.
+    pub fn new() -> Self {
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        SystemClock {
+            anchor_unix_ms: millis(since_epoch),
+            anchor: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now_unix_ms(&self) -> u64 {
+        self.anchor_unix_ms + millis(self.anchor.elapsed())
+    }
+}
+
+/// A clock that moves only when told to, for tests. Clones share the same time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::store::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new(1_000);
+/// clock.advance(Duration::from_millis(250));
+/// assert_eq!(clock.now_unix_ms(), 1_250);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock(Arc<AtomicU64>);
+
+impl ManualClock {
+    /// A clock showing `unix_ms`.
+    pub fn new(unix_ms: u64) -> Self {
+        ManualClock(Arc::new(AtomicU64::new(unix_ms)))
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.0.fetch_add(millis(by), Ordering::SeqCst);
+    }
+
+    /// Sets the clock.
+    pub fn set(&self, unix_ms: u64) {
+        self.0.store(unix_ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_unix_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The in-process store. Cheap to clone; clones share their counts.
+///
+/// ```
+/// use tower_redis_ratelimit::MemoryStore;
+///
+/// let store = MemoryStore::builder().max_keys(10_000).build();
+/// assert_eq!(store.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore(Arc<Shared>);
+
+struct Shared {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Box<dyn Clock>,
+    max_keys_per_shard: usize,
+    evictions: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<Box<str>, Entry>,
+    next_sweep_ms: u64,
+}
+
+/// The counters of one key: one per rule, in rule order.
+struct Entry {
+    algorithm: Algorithm,
+    counters: Vec<Counter>,
+    /// When every counter is empty again and the entry can go.
+    expires_at_ms: u64,
+}
+
+enum Counter {
+    Window {
+        period_ms: u64,
+        start_ms: u64,
+        count: u64,
+    },
+    Log {
+        period_ms: u64,
+        /// Admission times, oldest first; one per unit of cost.
+        stamps: VecDeque<u64>,
+    },
+}
+
+impl MemoryStore {
+    /// A store with the default settings: at most 100 000 keys, the system clock.
+    pub fn new() -> Self {
+        MemoryStore::builder().build()
+    }
+
+    /// Settings for a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_keys: 100_000,
+            shards: 64,
+            clock: None,
+        }
+    }
+
+    /// How many keys the store holds now (expired ones included until they are swept).
+    pub fn len(&self) -> usize {
+        self.0
+            .shards
+            .iter()
+            .map(|shard| lock(shard).entries.len())
+            .sum()
+    }
+
+    /// Whether the store holds no keys.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many live keys were evicted so far because the store was full.
+    pub fn evictions(&self) -> u64 {
+        self.0.evictions.load(Ordering::Relaxed)
+    }
+
+    fn check_now(&self, request: &CheckRequest<'_>) -> Decision {
+        let shared = &*self.0;
+        let now = shared.clock.now_unix_ms();
+        let index = shared.hasher.hash_one(request.key) as usize % shared.shards.len();
+        let mut shard = lock(&shared.shards[index]);
+        if now >= shard.next_sweep_ms {
+            shard.sweep(now);
+        }
+        if let Some(entry) = shard.entries.get_mut(request.key)
+            && entry.fits(request)
+        {
+            return entry.check(request, now);
+        }
+        let mut entry = Entry::new(request);
+        let decision = entry.check(request, now);
+        if decision.allowed {
+            shard.insert(request.key, entry, now, shared);
+        }
+        decision
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.0.shards.len())
+            .field("max_keys_per_shard", &self.0.max_keys_per_shard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for MemoryStore {
+    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        CheckFuture::ready(Ok(self.check_now(request)))
+    }
+}
+
+/// A poisoned shard only means another thread panicked mid-check; its counters are still whole
+/// numbers, so keep serving rather than poisoning every later request.
+fn lock(shard: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Settings for a [`MemoryStore`].
+#[must_use = "call .build() to get the store"]
+pub struct MemoryStoreBuilder {
+    max_keys: usize,
+    shards: usize,
+    clock: Option<Box<dyn Clock>>,
+}
+
+impl MemoryStoreBuilder {
+    /// The most distinct keys kept (default 100 000; at least one per shard). When full, the entry
+    /// closest to expiry is evicted to make room, and [`MemoryStore::evictions`] counts it.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// How many independently locked shards to spread keys over (default 64, at least 1).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The time source (default: [`SystemClock`]).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Box::new(clock));
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let shards = self.shards.max(1);
+        let max_keys_per_shard = self.max_keys.div_ceil(shards).max(1);
+        MemoryStore(Arc::new(Shared {
+            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            clock: self
+                .clock
+                .unwrap_or_else(|| Box::new(SystemClock::new())),
+            max_keys_per_shard,
+            evictions: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl fmt::Debug for MemoryStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStoreBuilder")
+            .field("max_keys", &self.max_keys)
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shard {
+    fn sweep(&mut self, now: u64) {
+        self.entries.retain(|_, entry| entry.expires_at_ms > now);
+        self.next_sweep_ms = now + SWEEP_INTERVAL_MS;
+    }
+
+    fn insert(&mut self, key: &str, entry: Entry, now: u64, shared: &Shared) {
+        if self.entries.len() >= shared.max_keys_per_shard && !self.entries.contains_key(key) {
+            self.sweep(now);
+            if self.entries.len() >= shared.max_keys_per_shard {
+                // Losing the entry nearest its expiry forgets the least state.
+                let victim = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, entry)| entry.expires_at_ms)
+                    .map(|(key, _)| key.clone());
+                if let Some(victim) = victim {
+                    self.entries.remove(&victim);
+                    shared.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        match self.entries.entry(key.into()) {
+            MapEntry::Occupied(mut slot) => {
+                slot.insert(entry);
+            }
+            MapEntry::Vacant(slot) => {
+                slot.insert(entry);
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn new(request: &CheckRequest<'_>) -> Self {
+        let counters = request
+            .rules
+            .iter()
+            .map(|rule| Counter::new(request.algorithm, rule))
+            .collect();
+        Entry {
+            algorithm: request.algorithm,
+            counters,
+            expires_at_ms: 0,
+        }
+    }
+
+    /// Whether this entry was made for the same algorithm and periods (a redeployed policy with
+    /// other rules starts afresh rather than misreading old counters).
+    fn fits(&self, request: &CheckRequest<'_>) -> bool {
+        self.algorithm == request.algorithm
+            && self.counters.len() == request.rules.len()
+            && self
+                .counters
+                .iter()
+                .zip(request.rules)
+                .all(|(counter, rule)| counter.period_ms() == rule.period_ms())
+    }
+
+    /// Checks every rule, then records in all of them only if all admit the request.
+    fn check(&mut self, request: &CheckRequest<'_>, now: u64) -> Decision {
+        let cost = request.cost;
+        let mut allowed = true;
+        for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
+            counter.forget_before(now);
+            if counter.used().saturating_add(cost) > rule.limit() {
+                allowed = false;
+            }
+        }
+        let mut rules = Vec::with_capacity(self.counters.len());
+        let mut expires_at_ms = 0;
+        for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
+            let limit = rule.limit();
+            let retry_after = if allowed {
+                counter.record(now, cost);
+                None
+            } else if counter.used().saturating_add(cost) > limit {
+                Some(Duration::from_millis(counter.admits_after(now, cost, limit)))
+            } else {
+                None
+            };
+            rules.push(RuleState {
+                limit,
+                remaining: limit.saturating_sub(counter.used()),
+                reset: Duration::from_millis(counter.frees_after(now)),
+                retry_after,
+            });
+            expires_at_ms = expires_at_ms.max(counter.expires_at());
+        }
+        self.expires_at_ms = expires_at_ms;
+        Decision {
+            allowed,
+            rules,
+            now_unix_ms: now,
+        }
+    }
+}
+
+impl Counter {
+    fn new(algorithm: Algorithm, rule: &Rule) -> Self {
+        let period_ms = rule.period_ms();
+        match algorithm {
+            Algorithm::FixedWindow => Counter::Window {
+                period_ms,
+                start_ms: 0,
+                count: 0,
+            },
+            Algorithm::SlidingLog => Counter::Log {
+                period_ms,
+                stamps: VecDeque::new(),
+            },
+        }
+    }
+
+    fn period_ms(&self) -> u64 {
+        match self {
+            Counter::Window { period_ms, .. } | Counter::Log { period_ms, .. } => *period_ms,
+        }
+    }
+
+    /// Drops what no longer counts at `now`: a past window, or admissions older than the period.
+    fn forget_before(&mut self, now: u64) {
+        match self {
+            Counter::Window {
+                period_ms,
+                start_ms,
+                count,
+            } => {
+                // Windows are aligned to the epoch, so every store agrees where they start.
+                let current = now - now % *period_ms;
+                if *start_ms != current {
+                    *start_ms = current;
+                    *count = 0;
+                }
+            }
+            Counter::Log { period_ms, stamps } => {
+                while stamps
+                    .front()
+                    .is_some_and(|&stamp| stamp.saturating_add(*period_ms) <= now)
+                {
+                    stamps.pop_front();
+                }
+            }
+        }
+    }
+
+    fn used(&self) -> u64 {
+        match self {
+            Counter::Window { count, .. } => *count,
+            Counter::Log { stamps, .. } => stamps.len() as u64,
+        }
+    }
+
+    fn record(&mut self, now: u64, cost: u64) {
+        match self {
+            Counter::Window { count, .. } => *count += cost,
+            Counter::Log { stamps, .. } => {
+                stamps.extend(std::iter::repeat_n(now, cost as usize));
+            }
+        }
+    }
+
+    /// Milliseconds until a request of `cost` fits (the counter is full now).
+    fn admits_after(&self, now: u64, cost: u64, limit: u64) -> u64 {
+        match self {
+            Counter::Window {
+                period_ms,
+                start_ms,
+                ..
+            } => (start_ms + period_ms).saturating_sub(now),
+            Counter::Log { period_ms, stamps } => {
+                // The request fits once `used + cost - limit` of the oldest admissions expire.
+                let must_expire = (stamps.len() as u64 + cost).saturating_sub(limit);
+                match usize::try_from(must_expire)
+                    .ok()
+                    .and_then(|n| stamps.get(n.checked_sub(1)?))
+                {
+                    Some(stamp) => (stamp + period_ms).saturating_sub(now),
+                    // Costs more than the limit: it never fits; say one period.
+                    None => *period_ms,
+                }
+            }
+        }
+    }
+
+    /// Milliseconds until some quota frees up (0 when nothing is used).
+    fn frees_after(&self, now: u64) -> u64 {
+        match self {
+            Counter::Window {
+                period_ms,
+                start_ms,
+                count,
+            } => {
+                if *count == 0 {
+                    0
+                } else {
+                    (start_ms + period_ms).saturating_sub(now)
+                }
+            }
+            Counter::Log { period_ms, stamps } => stamps
+                .front()
+                .map_or(0, |oldest| (oldest + period_ms).saturating_sub(now)),
+        }
+    }
+
+    /// When this counter holds nothing any more.
+    fn expires_at(&self) -> u64 {
+        match self {
+            Counter::Window {
+                period_ms,
+                start_ms,
+                count,
+            } => {
+                if *count == 0 {
+                    0
+                } else {
+                    start_ms + period_ms
+                }
+            }
+            Counter::Log { period_ms, stamps } => {
+                stamps.back().map_or(0, |newest| newest + period_ms)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(clock: &ManualClock) -> MemoryStore {
+        MemoryStore::builder().clock(clock.clone()).build()
+    }
+
+    fn check(store: &MemoryStore, algorithm: Algorithm, rules: &[Rule]) -> Decision {
+        store.check_now(&CheckRequest {
+            key: "k",
+            rules,
+            algorithm,
+            cost: 1,
+        })
+    }
+
+    const BOTH: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingLog];
+
+    #[test]
+    fn admits_the_limit_then_refuses_with_the_time_left() {
+        for algorithm in BOTH {
+            // Start 10 s into a minute, so the fixed window has 50 s left.
+            let clock = ManualClock::new(1_000_000 * 60_000 + 10_000);
+            let store = store(&clock);
+            let rules = [Rule::per_minute(3)];
+            for expected_remaining in [2, 1, 0] {
+                let decision = check(&store, algorithm, &rules);
+                assert!(decision.allowed, "{algorithm}");
+                assert_eq!(decision.rules[0].remaining, expected_remaining);
+                clock.advance(Duration::from_secs(1));
+            }
+            let refused = check(&store, algorithm, &rules);
+            assert!(!refused.allowed);
+            assert_eq!(refused.rules[0].remaining, 0);
+            let expected = match algorithm {
+                // The window ends 50 s after the first request; 3 s have passed.
+                Algorithm::FixedWindow => Duration::from_secs(47),
+                // The first admission (3 s ago) leaves the log in 57 s.
+                Algorithm::SlidingLog => Duration::from_secs(57),
+            };
+            assert_eq!(refused.retry_after(), Some(expected), "{algorithm}");
+            assert_eq!(refused.rules[0].reset, expected, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn a_refused_request_consumes_nothing_in_any_rule() {
+        for algorithm in BOTH {
+            let clock = ManualClock::new(0);
+            let store = store(&clock);
+            let rules = [Rule::per_second(2), Rule::per_minute(10)];
+            assert!(check(&store, algorithm, &rules).allowed);
+            assert!(check(&store, algorithm, &rules).allowed);
+            for _ in 0..5 {
+                let refused = check(&store, algorithm, &rules);
+                assert!(!refused.allowed);
+                // The per-second rule refused; the per-minute rule was not charged.
+                assert!(refused.rules[0].refused());
+                assert!(!refused.rules[1].refused());
+                assert_eq!(refused.rules[1].remaining, 8, "{algorithm}");
+            }
+            clock.advance(Duration::from_secs(1));
+            let next = check(&store, algorithm, &rules);
+            assert!(next.allowed);
+            assert_eq!(next.rules[1].remaining, 7, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn fixed_window_lets_twice_the_limit_through_at_an_edge_sliding_log_does_not() {
+        let rules = [Rule::per_second(5)];
+        let admitted = |algorithm| {
+            let clock = ManualClock::new(10_900);
+            let store = store(&clock);
+            let mut admitted = 0;
+            for _ in 0..5 {
+                admitted += u32::from(check(&store, algorithm, &rules).allowed);
+            }
+            clock.set(11_000);
+            for _ in 0..5 {
+                admitted += u32::from(check(&store, algorithm, &rules).allowed);
+            }
+            admitted
+        };
+        assert_eq!(admitted(Algorithm::FixedWindow), 10);
+        assert_eq!(admitted(Algorithm::SlidingLog), 5);
+    }
+
+    #[test]
+    fn sliding_log_retry_waits_only_for_the_oldest_needed_admission() {
+        let clock = ManualClock::new(0);
+        let store = store(&clock);
+        let rules = [Rule::new(2, Duration::from_secs(10))];
+        assert!(check(&store, Algorithm::SlidingLog, &rules).allowed);
+        clock.advance(Duration::from_secs(4));
+        assert!(check(&store, Algorithm::SlidingLog, &rules).allowed);
+        clock.advance(Duration::from_millis(1_500));
+        let refused = check(&store, Algorithm::SlidingLog, &rules);
+        // The admission at 0 s expires at 10 s; now is 5.5 s.
+        assert_eq!(refused.retry_after(), Some(Duration::from_millis(4_500)));
+        clock.set(10_000);
+        assert!(check(&store, Algorithm::SlidingLog, &rules).allowed);
+    }
+
+    #[test]
+    fn costs_count_as_several_units() {
+        for algorithm in BOTH {
+            let clock = ManualClock::new(0);
+            let store = store(&clock);
+            let rules = [Rule::per_minute(5)];
+            let weighted = |cost| {
+                store.check_now(&CheckRequest {
+                    key: "k",
+                    rules: &rules,
+                    algorithm,
+                    cost,
+                })
+            };
+            assert_eq!(weighted(3).rules[0].remaining, 2);
+            let refused = weighted(3);
+            assert!(!refused.allowed);
+            assert_eq!(refused.rules[0].remaining, 2);
+            assert!(weighted(2).allowed);
+        }
+    }
+
+    #[test]
+    fn keys_are_independent() {
+        let clock = ManualClock::new(0);
+        let store = store(&clock);
+        let rules = [Rule::per_minute(1)];
+        for key in ["a", "b", "c"] {
+            let decision = store.check_now(&CheckRequest {
+                key,
+                rules: &rules,
+                algorithm: Algorithm::FixedWindow,
+                cost: 1,
+            });
+            assert!(decision.allowed, "{key}");
+        }
+        assert_eq!(store.len(), 3);
+    }
+
+    #[test]
+    fn expired_entries_are_swept_and_refusals_store_nothing() {
+        let clock = ManualClock::new(0);
+        let store = MemoryStore::builder()
+            .shards(1)
+            .clock(clock.clone())
+            .build();
+        let rules = [Rule::per_second(1)];
+        for key in 0..100 {
+            let key = key.to_string();
+            store.check_now(&CheckRequest {
+                key: &key,
+                rules: &rules,
+                algorithm: Algorithm::SlidingLog,
+                cost: 1,
+            });
+        }
+        assert_eq!(store.len(), 100);
+        // A request that costs more than the limit is refused and leaves no entry behind.
+        store.check_now(&CheckRequest {
+            key: "heavy",
+            rules: &rules,
+            algorithm: Algorithm::SlidingLog,
+            cost: 2,
+        });
+        assert_eq!(store.len(), 100);
+        clock.advance(Duration::from_secs(2));
+        check(&store, Algorithm::SlidingLog, &rules);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn a_full_store_evicts_the_entry_nearest_expiry() {
+        let clock = ManualClock::new(0);
+        let store = MemoryStore::builder()
+            .shards(1)
+            .max_keys(3)
+            .clock(clock.clone())
+            .build();
+        let request = |key: &str, rules: &[Rule]| {
+            store
+                .check_now(&CheckRequest {
+                    key,
+                    rules,
+                    algorithm: Algorithm::SlidingLog,
+                    cost: 1,
+                })
+                .allowed
+        };
+        let hour = [Rule::per_hour(1)];
+        let second = [Rule::per_second(1)];
+        assert!(request("long-1", &hour));
+        assert!(request("short", &second));
+        assert!(request("long-2", &hour));
+        assert!(request("new", &hour));
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.evictions(), 1);
+        // The hour-long entries survived: they still refuse.
+        assert!(!request("long-1", &hour));
+        assert!(!request("long-2", &hour));
+    }
+
+    #[test]
+    fn changed_rules_start_afresh() {
+        let clock = ManualClock::new(0);
+        let store = store(&clock);
+        assert!(check(&store, Algorithm::SlidingLog, &[Rule::per_minute(1)]).allowed);
+        assert!(!check(&store, Algorithm::SlidingLog, &[Rule::per_minute(1)]).allowed);
+        assert!(check(&store, Algorithm::SlidingLog, &[Rule::per_hour(1)]).allowed);
+        assert!(check(&store, Algorithm::FixedWindow, &[Rule::per_hour(1)]).allowed);
+    }
+
+    #[test]
+    fn system_clock_does_not_go_backwards() {
+        let clock = SystemClock::new();
+        let first = clock.now_unix_ms();
+        let second = clock.now_unix_ms();
+        assert!(second >= first);
+        // 2020-01-01 as a sanity floor: the anchor really is Unix time.
+        assert!(first > 1_577_836_800_000);
+    }
+}
