@@ -55,7 +55,10 @@ impl Decision {
     /// The time until every rule that refused the request would admit it: the longest of their
     /// retry times. `None` when the request was allowed.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.rules.iter().filter_map(|state| state.retry_after).max()
+        self.rules
+            .iter()
+            .filter_map(|state| state.retry_after)
+            .max()
     }
 
     /// The index of the rule closest to running out: least remaining, and of those the one that
@@ -127,7 +130,11 @@ mod tests {
     fn most_limiting_prefers_least_remaining_then_longest_reset() {
         let decision = Decision {
             allowed: true,
-            rules: vec![state(5, 1_000, None), state(2, 500, None), state(2, 7_000, None)],
+            rules: vec![
+                state(5, 1_000, None),
+                state(2, 500, None),
+                state(2, 7_000, None),
+            ],
             now_unix_ms: 0,
         };
         assert_eq!(decision.most_limiting(), Some(2));

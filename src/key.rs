@@ -289,7 +289,16 @@ mod tests {
 
     #[test]
     fn separators_braces_and_long_values_are_hashed() {
-        for odd in ["a:b", "x}{y", "{tag}", "with space", "", "#abc", "100%", "é"] {
+        for odd in [
+            "a:b",
+            "x}{y",
+            "{tag}",
+            "with space",
+            "",
+            "#abc",
+            "100%",
+            "é",
+        ] {
             let identity = Identity::new("user", odd);
             let text = identity.as_str();
             assert!(text.starts_with("user#"), "{odd:?} gave {text}");
@@ -299,7 +308,10 @@ mod tests {
         let long = "a".repeat(MAX_VERBATIM_LEN + 1);
         assert!(Identity::new("user", &long).as_str().starts_with("user#"));
         let limit = "a".repeat(MAX_VERBATIM_LEN);
-        assert_eq!(Identity::new("user", &limit).as_str(), format!("user:{limit}"));
+        assert_eq!(
+            Identity::new("user", &limit).as_str(),
+            format!("user:{limit}")
+        );
     }
 
     #[test]

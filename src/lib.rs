@@ -85,7 +85,9 @@ pub use decision::{Decision, RuleState};
 pub use future::ResponseFuture;
 pub use key::{Identity, Key, KeyExtractor, UserId};
 pub use layer::RateLimitLayer;
-pub use policy::{Algorithm, MissingKey, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule, Scope};
+pub use policy::{
+    Algorithm, MissingKey, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule, Scope,
+};
 pub use response::Rejected;
 pub use service::RateLimit;
 pub use store::{MemoryStore, Store, StoreError};

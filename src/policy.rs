@@ -112,7 +112,7 @@ impl fmt::Display for PeriodText {
         let period = self.0;
         if period.subsec_nanos() == 0 {
             write!(f, "{}s", period.as_secs())
-        } else if period.subsec_nanos() % 1_000_000 == 0 {
+        } else if period.subsec_nanos().is_multiple_of(1_000_000) {
             write!(f, "{}ms", period.as_millis())
         } else {
             write!(f, "{period:?}")
@@ -622,7 +622,7 @@ impl PolicyBuilder {
                     rule: text(),
                 });
             }
-            if rule.period.subsec_nanos() % 1_000_000 != 0 {
+            if !rule.period.subsec_nanos().is_multiple_of(1_000_000) {
                 return Err(PolicyError::SubMillisecondPeriod {
                     policy: policy(),
                     index,

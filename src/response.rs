@@ -16,7 +16,8 @@ use crate::policy::Policy;
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The problem type the ratelimit-headers draft registers for refused requests.
-pub const QUOTA_EXCEEDED_TYPE: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+pub const QUOTA_EXCEEDED_TYPE: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// The title the draft gives that problem type.
 pub const QUOTA_EXCEEDED_TITLE: &str =

@@ -9,12 +9,12 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tower::{BoxError, Service};
 
+use crate::decision::Decision;
 use crate::decision::ceil_secs;
 use crate::future::ResponseFuture;
 use crate::policy::{KeyLookup, OnStoreError, Policy, StorageKey};
 use crate::response::{self, LimitHeaders, Rejected};
 use crate::store::{CheckRequest, Store, StoreError};
-use crate::decision::Decision;
 
 type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
 

@@ -265,9 +265,7 @@ impl MemoryStoreBuilder {
         MemoryStore(Arc::new(Shared {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
             hasher: RandomState::new(),
-            clock: self
-                .clock
-                .unwrap_or_else(|| Box::new(SystemClock::new())),
+            clock: self.clock.unwrap_or_else(|| Box::new(SystemClock::new())),
             max_keys_per_shard,
             evictions: AtomicU64::new(0),
         }))
@@ -360,7 +358,9 @@ impl Entry {
                 counter.record(now, cost);
                 None
             } else if counter.used().saturating_add(cost) > limit {
-                Some(Duration::from_millis(counter.admits_after(now, cost, limit)))
+                Some(Duration::from_millis(
+                    counter.admits_after(now, cost, limit),
+                ))
             } else {
                 None
             };
