@@ -91,3 +91,8 @@ pub use policy::{
 pub use response::Rejected;
 pub use service::RateLimit;
 pub use store::{MemoryStore, Store, StoreError};
+
+// The README's examples are compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
