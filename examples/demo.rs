@@ -1,1 +1,1239 @@
-fn main() {}
+//! A runnable rate-limited server, configured from a small TOML file.
+//!
+//! ```text
+//! cargo run --example demo                                   # the built-in config: examples/demo.toml
+//! cargo run --example demo -- --config path/to/my.toml       # your own
+//! RUST_LOG=debug cargo run --example demo                    # more logging (default: info)
+//! ```
+//!
+//! With no arguments the demo listens on `127.0.0.1:3000`, counts in the in-memory store and limits
+//! `GET`/`POST /api/ping` to 20 requests a minute and 100 an hour per client IP. It prints a `curl`
+//! loop to try: requests 1 to 20 get `200 PONG`, the next ones `429 Too Many Requests` with
+//! `Retry-After` and the `RateLimit` headers, and each refusal is logged. `GET /healthz` is never
+//! limited. Ctrl-C stops the server gracefully.
+//!
+//! # The config file
+//!
+//! `examples/demo.toml` is both the documentation of the format and the built-in default (it is
+//! embedded with `include_str!`, so the two can't drift). Every field in it is required; unknown
+//! fields are errors. One optional field may be added at the top level:
+//! `forwarded_header = "x-forwarded-for" | "forwarded" | "x-real-ip"` pins the proxy header read
+//! from `trusted_proxies` (absent: the first present of the three).
+//!
+//! - `listen`: an IP address and port (no host names).
+//! - `store`: only `"memory"` for now; a `redis://` URL is refused until the Redis store lands.
+//! - `prefix`: the start of every store key; 1 to 64 letters, digits and `-._~@+=!*(),/`.
+//! - `trusted_proxies`: CIDRs such as `"10.0.0.0/8"`; a bare address means that one address.
+//! - `routes[].path`: a literal path (no `{captures}` or wildcards); `/healthz` is taken.
+//! - `routes[].key`: `ip`, `user` (read from the `x-user-id` header), `global` or `header:<name>`.
+//!   A request without the key (no `x-user-id`, no such header) counts against its client IP.
+//! - `routes[].rules`: `{ limit, period }` pairs that must all pass; a period is a positive whole
+//!   number and a unit, `ms`, `s`, `m`, `h` or `d` (`"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`).
+//!
+//! Each route is its own [`Policy`], so it counts apart from other routes; `GET` and `POST` on a
+//! route share its budget. The policy is named after the path (`/api/ping`, as the
+//! logs show it); a path longer than the 64 characters a policy name may have gives `route-<index>`
+//! instead.
+//!
+//! A bad file makes the demo exit with status 2 and a message naming the field, such as
+//! `demo.toml: routes[0].rules[1].limit: must be at least 1`.
+
+use std::fmt;
+use std::io::{self, IsTerminal};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use http::HeaderName;
+use ipnet::IpNet;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tower_redis_ratelimit::{
+    Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, Policy, PolicyError, RateLimitLayer,
+    Rule, Scope,
+};
+use tracing_subscriber::EnvFilter;
+
+/// The built-in config, also shipped as `examples/demo.toml`.
+const DEFAULT_CONFIG: &str = include_str!("demo.toml");
+
+/// Where `key = "user"` reads the user id from. A real app would take it from its authentication
+/// layer (a session, a verified token); a plain header keeps the demo testable with curl.
+const USER_ID_HEADER: &str = "x-user-id";
+
+/// The unlimited health-check route.
+const HEALTHZ: &str = "/healthz";
+
+const USAGE: &str = "\
+usage: cargo run --example demo [-- --config PATH]
+
+Serves a rate-limited sample route. Without --config the built-in examples/demo.toml is used.
+RUST_LOG sets the log filter (default: info).";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let (source, text) = match read_config_text(std::env::args().skip(1)) {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = match load_config(&text) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("{source}: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing();
+    let listener = match TcpListener::bind(config.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!(
+                "{source}: listen: cannot listen on {}: {error}",
+                config.listen
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Ok(addr) = listener.local_addr() {
+        print!("{}", banner(&config, addr));
+    }
+    match run(config, listener).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("server error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reads the command line: `Ok(None)` for `--help`, else the config's name (for error messages) and
+/// text.
+fn read_config_text(
+    mut args: impl Iterator<Item = String>,
+) -> Result<Option<(String, String)>, String> {
+    let path = match (args.next().as_deref(), args.next(), args.next()) {
+        (None, ..) => {
+            return Ok(Some((
+                "demo.toml (built in)".to_owned(),
+                DEFAULT_CONFIG.to_owned(),
+            )));
+        }
+        (Some("-h" | "--help"), None, _) => return Ok(None),
+        (Some("--config"), Some(path), None) => path,
+        (Some(arg), None, _) if arg.starts_with("--config=") => arg["--config=".len()..].to_owned(),
+        _ => return Err(USAGE.to_owned()),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some((path, text))),
+        Err(error) => Err(format!("{path}: cannot read the config file: {error}")),
+    }
+}
+
+/// Logs go to stderr, so stdout holds only the banner; colours only on a terminal.
+fn init_tracing() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(io::stderr)
+        .with_ansi(io::stderr().is_terminal())
+        .init();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The config file as written: raw strings, checked by `load_config`.
+// ---------------------------------------------------------------------------------------------
+
+/// The TOML file as serde sees it. Values stay strings here so that `load_config` can say which
+/// field is wrong and why, in words, instead of a generic "invalid value".
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    listen: String,
+    store: String,
+    prefix: String,
+    trusted_proxies: Vec<String>,
+    legacy_headers: bool,
+    /// The one optional field: pins the proxy header (absent: the library's default order).
+    #[serde(default)]
+    forwarded_header: Option<String>,
+    routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteConfig {
+    path: String,
+    key: String,
+    algorithm: String,
+    rules: Vec<RuleConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleConfig {
+    limit: u64,
+    period: String,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The checked config.
+// ---------------------------------------------------------------------------------------------
+
+/// A config that passed every check: the server can be built from it without further errors.
+#[derive(Debug, Clone)]
+struct DemoConfig {
+    listen: SocketAddr,
+    store: StoreKind,
+    prefix: String,
+    trusted_proxies: Vec<IpNet>,
+    forwarded_header: Option<ForwardedHeader>,
+    legacy_headers: bool,
+    routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreKind {
+    Memory,
+}
+
+impl StoreKind {
+    /// The name as written in the config file.
+    fn as_str(self) -> &'static str {
+        match self {
+            StoreKind::Memory => "memory",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Route {
+    path: String,
+    key: KeyKind,
+    /// Built (and so checked) while loading, with the config's prefix and client-IP settings.
+    policy: Policy,
+}
+
+/// The `key` of a route, kept besides the [`Key`] it becomes because a `Key` can't be compared or
+/// printed in full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum KeyKind {
+    Ip,
+    User,
+    Global,
+    Header(HeaderName),
+}
+
+impl KeyKind {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "ip" => Ok(KeyKind::Ip),
+            "user" => Ok(KeyKind::User),
+            "global" => Ok(KeyKind::Global),
+            _ => match text.strip_prefix("header:") {
+                Some(name) => name
+                    .parse()
+                    .map(KeyKind::Header)
+                    .map_err(|_| format!("{name:?} is not a valid header name (in {text:?})")),
+                None => Err(format!(
+                    "unknown key {text:?}: expected \"ip\", \"user\", \"global\" or \"header:<name>\""
+                )),
+            },
+        }
+    }
+
+    fn to_key(&self) -> Key {
+        match self {
+            KeyKind::Ip => Key::ip(),
+            KeyKind::User => Key::user_from_fn(|parts| {
+                let id = parts.headers.get(USER_ID_HEADER)?.to_str().ok()?;
+                Some(id.to_owned())
+            }),
+            KeyKind::Global => Key::global(),
+            KeyKind::Header(name) => Key::header(name.clone()),
+        }
+    }
+}
+
+impl fmt::Display for KeyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyKind::Ip => f.write_str("client IP"),
+            KeyKind::User => write!(f, "user ({USER_ID_HEADER} header)"),
+            KeyKind::Global => f.write_str("global"),
+            KeyKind::Header(name) => write!(f, "header {name}"),
+        }
+    }
+}
+
+/// Why a config file was refused. The `Display` text is what the user sees after the file name.
+#[derive(Debug)]
+enum ConfigError {
+    /// Syntax, unknown or missing field, wrong type: toml's message already names the key and line.
+    Toml(toml::de::Error),
+    /// A value that parsed but makes no sense; `field` is its path, such as `routes[0].rules[1].limit`.
+    Field { field: String, message: String },
+}
+
+impl ConfigError {
+    fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Field {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Toml(error) => write!(f, "{}", error.to_string().trim_end()),
+            ConfigError::Field { field, message } => write!(f, "{field}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Parses and checks a config file.
+fn load_config(text: &str) -> Result<DemoConfig, ConfigError> {
+    let raw: Config = toml::from_str(text).map_err(ConfigError::Toml)?;
+    check_config(raw)
+}
+
+/// Turns the raw config into a checked one, naming the first bad field.
+fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
+    let listen: SocketAddr = raw.listen.parse().map_err(|_| {
+        ConfigError::field(
+            "listen",
+            format!(
+                "{:?} is not an IP address and port such as \"127.0.0.1:3000\"",
+                raw.listen
+            ),
+        )
+    })?;
+    let store = parse_store(&raw.store).map_err(|message| ConfigError::field("store", message))?;
+    if !is_store_name(&raw.prefix) {
+        return Err(ConfigError::field(
+            "prefix",
+            format!(
+                "{:?} must be 1 to 64 letters, digits and -._~@+=!*(),/ (it starts every store key)",
+                raw.prefix
+            ),
+        ));
+    }
+    let mut trusted_proxies = Vec::with_capacity(raw.trusted_proxies.len());
+    for (index, text) in raw.trusted_proxies.iter().enumerate() {
+        let net = parse_cidr(text).ok_or_else(|| {
+            ConfigError::field(
+                format!("trusted_proxies[{index}]"),
+                format!("{text:?} is not a CIDR such as \"10.0.0.0/8\" or \"fd00::/8\""),
+            )
+        })?;
+        trusted_proxies.push(net);
+    }
+    let forwarded_header = raw
+        .forwarded_header
+        .as_deref()
+        .map(str::parse::<ForwardedHeader>)
+        .transpose()
+        .map_err(|error| ConfigError::field("forwarded_header", error.to_string()))?;
+
+    let mut client_ip = ClientIp::new().trust_proxies(trusted_proxies.iter().copied());
+    if let Some(header) = forwarded_header {
+        client_ip = client_ip.forwarded_header(header);
+    }
+    if raw.routes.is_empty() {
+        return Err(ConfigError::field("routes", "must list at least one route"));
+    }
+    let mut routes: Vec<Route> = Vec::with_capacity(raw.routes.len());
+    for (index, route) in raw.routes.into_iter().enumerate() {
+        let route = check_route(index, route, &raw.prefix, &client_ip)?;
+        if let Some(first) = routes.iter().position(|earlier| earlier.path == route.path) {
+            return Err(ConfigError::field(
+                format!("routes[{index}].path"),
+                format!("{:?} is already used by routes[{first}]", route.path),
+            ));
+        }
+        routes.push(route);
+    }
+    Ok(DemoConfig {
+        listen,
+        store,
+        prefix: raw.prefix,
+        trusted_proxies,
+        forwarded_header,
+        legacy_headers: raw.legacy_headers,
+        routes,
+    })
+}
+
+fn check_route(
+    index: usize,
+    raw: RouteConfig,
+    prefix: &str,
+    client_ip: &ClientIp,
+) -> Result<Route, ConfigError> {
+    let field = |name: &str| format!("routes[{index}].{name}");
+    check_path(&raw.path).map_err(|message| ConfigError::field(field("path"), message))?;
+    let key =
+        KeyKind::parse(&raw.key).map_err(|message| ConfigError::field(field("key"), message))?;
+    let algorithm: Algorithm = raw.algorithm.parse().map_err(
+        |error: tower_redis_ratelimit::policy::UnknownAlgorithm| {
+            ConfigError::field(field("algorithm"), error.to_string())
+        },
+    )?;
+    if raw.rules.is_empty() {
+        return Err(ConfigError::field(
+            field("rules"),
+            "must list at least one rule",
+        ));
+    }
+    let mut rules = Vec::with_capacity(raw.rules.len());
+    for (i, rule) in raw.rules.iter().enumerate() {
+        // Checked here rather than left to `PolicyBuilder::build` so the message names the field.
+        if rule.limit == 0 {
+            return Err(ConfigError::field(
+                field(&format!("rules[{i}].limit")),
+                "must be at least 1",
+            ));
+        }
+        let period = parse_period(&rule.period)
+            .map_err(|message| ConfigError::field(field(&format!("rules[{i}].period")), message))?;
+        rules.push(Rule::new(rule.limit, period));
+    }
+    let policy = Policy::builder(policy_name(&raw.path, index))
+        .prefix(prefix)
+        .key(key.to_key())
+        .rules(rules)
+        .algorithm(algorithm)
+        // A policy per route already keeps routes apart; GET and POST share the route's budget.
+        .scope(Scope::Policy)
+        .client_ip(client_ip.clone())
+        .build()
+        .map_err(|error| policy_error(index, error))?;
+    Ok(Route {
+        path: raw.path,
+        key,
+        policy,
+    })
+}
+
+/// Rephrases an error of `PolicyBuilder::build` for route `index` so it names the field. The rules
+/// the demo can't produce (zero limits and periods, rule names) keep the library's wording.
+fn policy_error(index: usize, error: PolicyError) -> ConfigError {
+    match error {
+        PolicyError::DuplicateRule {
+            index: rule,
+            first,
+            rule: text,
+            ..
+        } => ConfigError::field(
+            format!("routes[{index}].rules[{rule}]"),
+            format!("{text} is the same rule as rules[{first}]"),
+        ),
+        PolicyError::InvalidName {
+            what: "key prefix", ..
+        } => ConfigError::field("prefix", error.to_string()),
+        other => ConfigError::field(format!("routes[{index}]"), other.to_string()),
+    }
+}
+
+fn parse_store(text: &str) -> Result<StoreKind, String> {
+    if text == "memory" {
+        Ok(StoreKind::Memory)
+    } else if text.starts_with("redis://") || text.starts_with("rediss://") {
+        Err(format!(
+            "the Redis store is not available yet ({text:?}); use store = \"memory\""
+        ))
+    } else {
+        Err(format!(
+            "unknown store {text:?}: expected \"memory\" (a redis:// URL comes with the Redis store)"
+        ))
+    }
+}
+
+/// A CIDR, or a bare address meaning just that address.
+fn parse_cidr(text: &str) -> Option<IpNet> {
+    text.parse::<IpNet>()
+        .ok()
+        .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
+}
+
+/// The rule the library applies to policy names and key prefixes (both are part of every store
+/// key): 1 to 64 characters of letters, digits and `-._~@+=!*(),/`.
+fn is_store_name(text: &str) -> bool {
+    (1..=64).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~@+=!*(),/".contains(&b))
+}
+
+/// A route's policy name: its path, which reads well in logs, when that passes the
+/// policy-name rule; else `route-<index>` (paths start with `/`, so the two forms never clash).
+fn policy_name(path: &str, index: usize) -> String {
+    if is_store_name(path) {
+        path.to_owned()
+    } else {
+        format!("route-{index}")
+    }
+}
+
+/// Paths are literal: axum would panic on a malformed `{capture}` or `*wildcard`, and a literal path
+/// is all a ping route needs. The allowed characters are those of a policy name minus `*`.
+fn check_path(path: &str) -> Result<(), String> {
+    let literal = path.starts_with('/')
+        && path
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~@+=!(),/".contains(&b));
+    if !literal {
+        return Err(format!(
+            "{path:?} must be a literal path: \"/\" then letters, digits and -._~@+=!(),/"
+        ));
+    }
+    if path == HEALTHZ {
+        return Err(format!(
+            "{path:?} is the demo's health check, which is never limited"
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a period: a positive whole number, then `ms`, `s`, `m`, `h` or `d`, nothing else.
+fn parse_period(text: &str) -> Result<Duration, String> {
+    let invalid = || {
+        format!(
+            "invalid period {text:?}: expected a positive whole number and a unit (ms, s, m, h or d), such as \"500ms\", \"10s\" or \"1m\""
+        )
+    };
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(digits_end);
+    let unit_ms: u64 = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(invalid()),
+    };
+    let count: u64 = digits.parse().map_err(|_| invalid())?;
+    if count == 0 {
+        return Err(invalid());
+    }
+    let ms = count
+        .checked_mul(unit_ms)
+        .ok_or_else(|| format!("period {text:?} is too long"))?;
+    Ok(Duration::from_millis(ms))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server.
+// ---------------------------------------------------------------------------------------------
+
+/// The app: every configured route answers `GET` and `POST` with `200 PONG` behind its own limit,
+/// and `/healthz` answers `200 ok`, unlimited. All routes count in one shared store.
+fn build_app(config: &DemoConfig) -> Router {
+    let store = match config.store {
+        StoreKind::Memory => MemoryStore::new(),
+    };
+    let mut app = Router::new().route(HEALTHZ, get(|| async { "ok" }));
+    for route in &config.routes {
+        let limit = RateLimitLayer::new(route.policy.clone(), store.clone())
+            .legacy_headers(config.legacy_headers);
+        // The layer sits on the route's method router, so it covers this route only.
+        app = app.route(&route.path, get(pong).post(pong).layer(limit));
+    }
+    app
+}
+
+async fn pong() -> &'static str {
+    "PONG"
+}
+
+/// Serves `config` on `listener` until Ctrl-C, then finishes the requests in flight.
+async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
+    for route in &config.routes {
+        tracing::info!(
+            path = %route.path,
+            policy = route.policy.name(),
+            key = %route.key,
+            algorithm = %route.policy.algorithm(),
+            rules = %rules_text(&route.policy),
+            "route limited"
+        );
+    }
+    tracing::info!(
+        store = config.store.as_str(),
+        prefix = %config.prefix,
+        trusted_proxies = ?config.trusted_proxies,
+        forwarded_header = ?config.forwarded_header,
+        legacy_headers = config.legacy_headers,
+        "serving"
+    );
+    let app = build_app(&config);
+    // The client IP key needs the peer address, which only this kind of make-service provides.
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await
+}
+
+async fn shutdown_signal() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        // No signal handler: run until killed rather than stop at once.
+        std::future::pending::<()>().await;
+    }
+    tracing::info!("Ctrl-C received, shutting down");
+}
+
+fn rules_text(policy: &Policy) -> String {
+    let rules: Vec<String> = policy.rules().iter().map(Rule::to_string).collect();
+    rules.join(" and ")
+}
+
+/// What the demo prints at start: where it listens, the routes, and curl commands to try against
+/// the first route (one loop that goes two requests past its smallest limit).
+fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
+    // A wildcard listen address can't be connected to; curl the loopback instead.
+    let host = match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), addr.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    };
+    let mut text = format!(
+        "tower-redis-ratelimit demo listening on http://{addr} (store: {}, key prefix \"{}\")\n",
+        config.store.as_str(),
+        config.prefix
+    );
+    for route in &config.routes {
+        text += &format!(
+            "  GET|POST {} -> 200 \"PONG\"; per {}, {}: {}\n",
+            route.path,
+            route.key,
+            route.policy.algorithm(),
+            rules_text(&route.policy)
+        );
+    }
+    text += &format!("  GET {HEALTHZ} -> 200 \"ok\", never limited\n");
+
+    let first = &config.routes[0];
+    let limit = first
+        .policy
+        .rules()
+        .iter()
+        .map(Rule::limit)
+        .min()
+        .unwrap_or(1);
+    let header = match &first.key {
+        KeyKind::User => format!("-H \"{USER_ID_HEADER}: alice\" "),
+        KeyKind::Header(name) => format!("-H \"{name}: demo-key\" "),
+        KeyKind::Ip | KeyKind::Global => String::new(),
+    };
+    let url = format!("http://{host}{}", first.path);
+    text += &format!(
+        "\nTry it: requests 1-{limit} get 200, the next ones 429 (each refusal is logged):\n  \
+         for i in $(seq 1 {}); do curl -s -o /dev/null -w \"%{{http_code}}\\n\" {header}{url}; done\n\
+         See the headers:\n  curl -i {header}{url}\n\
+         Ctrl-C stops the server.\n",
+        limit.saturating_add(2)
+    );
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use axum::Extension;
+    use axum::body::Body;
+    use axum::extract::ConnectInfo;
+    use http::{HeaderMap, Method, Request, StatusCode};
+    use tower::ServiceExt;
+
+    /// The default config with `from` (which must occur exactly once) replaced by `to`.
+    fn edited(from: &str, to: &str) -> String {
+        assert_eq!(DEFAULT_CONFIG.matches(from).count(), 1, "{from:?}");
+        DEFAULT_CONFIG.replacen(from, to, 1)
+    }
+
+    fn error_of(text: &str) -> String {
+        load_config(text)
+            .expect_err("the config should be refused")
+            .to_string()
+    }
+
+    fn route_config(key: &str, rules: &str) -> String {
+        edited("key = \"ip\"", &format!("key = \"{key}\"")).replacen(
+            "rules = [{ limit = 20, period = \"1m\" }, { limit = 100, period = \"1h\" }]",
+            &format!("rules = {rules}"),
+            1,
+        )
+    }
+
+    #[test]
+    fn shipped_config_parses_to_the_expected_values() {
+        let config = load_config(DEFAULT_CONFIG).unwrap();
+        assert_eq!(config.listen, SocketAddr::from(([127, 0, 0, 1], 3000)));
+        assert_eq!(config.store, StoreKind::Memory);
+        assert_eq!(config.prefix, "demo");
+        assert_eq!(config.trusted_proxies, Vec::<IpNet>::new());
+        assert_eq!(config.forwarded_header, None);
+        assert!(!config.legacy_headers);
+        assert_eq!(config.routes.len(), 1);
+        let route = &config.routes[0];
+        assert_eq!(route.path, "/api/ping");
+        assert_eq!(route.key, KeyKind::Ip);
+        let policy = &route.policy;
+        assert_eq!(policy.name(), "/api/ping");
+        assert_eq!(policy.prefix(), "demo");
+        assert_eq!(policy.key().kind(), "ip");
+        assert_eq!(policy.algorithm(), Algorithm::SlidingLog);
+        assert_eq!(policy.scope(), Scope::Policy);
+        assert_eq!(policy.rules(), [Rule::per_minute(20), Rule::per_hour(100)]);
+        assert_eq!(policy.client_ip().trusted_proxies(), &[] as &[IpNet]);
+    }
+
+    #[test]
+    fn optional_and_alternative_values_are_accepted() {
+        let text = edited(
+            "trusted_proxies = []",
+            "trusted_proxies = [\"127.0.0.0/8\", \"::1\"]\nforwarded_header = \"X-Real-IP\"",
+        )
+        .replacen("legacy_headers = false", "legacy_headers = true", 1)
+        .replacen("listen = \"127.0.0.1:3000\"", "listen = \"[::1]:0\"", 1)
+        .replacen(
+            "algorithm = \"sliding_log\"",
+            "algorithm = \"fixed_window\"",
+            1,
+        )
+        .replacen("key = \"ip\"", "key = \"header:X-Api-Key\"", 1)
+            + "\n[[routes]]\npath = \"/user\"\nkey = \"user\"\nalgorithm = \"sliding_log\"\n\
+           rules = [{ limit = 5, period = \"500ms\" }, { limit = 5, period = \"1d\" }]\n"
+            + &format!(
+                "\n[[routes]]\npath = \"/{}\"\nkey = \"global\"\nalgorithm = \"sliding_log\"\n\
+             rules = [{{ limit = 1, period = \"10s\" }}]\n",
+                "x".repeat(64)
+            );
+        let config = load_config(&text).unwrap();
+        assert_eq!(config.listen, "[::1]:0".parse::<SocketAddr>().unwrap());
+        let proxies: Vec<IpNet> = vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        assert_eq!(config.trusted_proxies, proxies);
+        assert_eq!(config.forwarded_header, Some(ForwardedHeader::XRealIp));
+        assert!(config.legacy_headers);
+        let [api, user, long] = &config.routes[..] else {
+            panic!("three routes expected, got {}", config.routes.len());
+        };
+        assert_eq!(
+            api.key,
+            KeyKind::Header(HeaderName::from_static("x-api-key"))
+        );
+        assert_eq!(api.policy.key().kind(), "header");
+        assert_eq!(api.policy.algorithm(), Algorithm::FixedWindow);
+        assert_eq!(api.policy.client_ip().trusted_proxies(), &proxies[..]);
+        assert_eq!(user.key, KeyKind::User);
+        assert_eq!(user.policy.key().kind(), "user");
+        assert_eq!(user.policy.name(), "/user");
+        assert_eq!(
+            user.policy.rules(),
+            [Rule::new(5, Duration::from_millis(500)), Rule::per_day(5)]
+        );
+        // 65 characters: too long to be a policy name, so the route's index names it.
+        assert_eq!(long.key, KeyKind::Global);
+        assert_eq!(long.policy.name(), "route-2");
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_field() {
+        let rules = |rules: &str| route_config("ip", rules);
+        let cases: Vec<(String, &str)> = vec![
+            (
+                rules(r#"[{ limit = 20, period = "1m" }, { limit = 0, period = "1h" }]"#),
+                "routes[0].rules[1].limit: must be at least 1",
+            ),
+            (
+                rules(r#"[{ limit = 20, period = "1 m" }]"#),
+                r#"routes[0].rules[0].period: invalid period "1 m": expected a positive whole number and a unit (ms, s, m, h or d), such as "500ms", "10s" or "1m""#,
+            ),
+            (
+                rules(r#"[{ limit = 20, period = "99999999999999999d" }]"#),
+                r#"routes[0].rules[0].period: period "99999999999999999d" is too long"#,
+            ),
+            (
+                rules(r#"[{ limit = 20, period = "1m" }, { limit = 20, period = "60s" }]"#),
+                "routes[0].rules[1]: 20 per 60s is the same rule as rules[0]",
+            ),
+            (rules("[]"), "routes[0].rules: must list at least one rule"),
+            (
+                edited("algorithm = \"sliding_log\"", "algorithm = \"token\""),
+                r#"routes[0].algorithm: unknown algorithm "token": expected "fixed_window" or "sliding_log""#,
+            ),
+            (
+                route_config("cookie", "[{ limit = 1, period = \"1s\" }]"),
+                r#"routes[0].key: unknown key "cookie": expected "ip", "user", "global" or "header:<name>""#,
+            ),
+            (
+                route_config("header:x api", "[{ limit = 1, period = \"1s\" }]"),
+                r#"routes[0].key: "x api" is not a valid header name (in "header:x api")"#,
+            ),
+            (
+                route_config("header:", "[{ limit = 1, period = \"1s\" }]"),
+                r#"routes[0].key: "" is not a valid header name (in "header:")"#,
+            ),
+            (
+                edited(
+                    "trusted_proxies = []",
+                    r#"trusted_proxies = ["10.0.0.0/8", "10.0.0.0/33"]"#,
+                ),
+                r#"trusted_proxies[1]: "10.0.0.0/33" is not a CIDR such as "10.0.0.0/8" or "fd00::/8""#,
+            ),
+            (
+                edited(
+                    "trusted_proxies = []",
+                    r#"trusted_proxies = ["proxy.local"]"#,
+                ),
+                r#"trusted_proxies[0]: "proxy.local" is not a CIDR such as "10.0.0.0/8" or "fd00::/8""#,
+            ),
+            (
+                edited("\"127.0.0.1:3000\"", "\"localhost:3000\""),
+                r#"listen: "localhost:3000" is not an IP address and port such as "127.0.0.1:3000""#,
+            ),
+            (
+                edited("\"127.0.0.1:3000\"", "\"127.0.0.1\""),
+                r#"listen: "127.0.0.1" is not an IP address and port such as "127.0.0.1:3000""#,
+            ),
+            (
+                edited("store = \"memory\"", "store = \"redis://127.0.0.1:6379/0\""),
+                r#"store: the Redis store is not available yet ("redis://127.0.0.1:6379/0"); use store = "memory""#,
+            ),
+            (
+                edited("store = \"memory\"", "store = \"disk\""),
+                r#"store: unknown store "disk": expected "memory" (a redis:// URL comes with the Redis store)"#,
+            ),
+            (
+                edited("prefix = \"demo\"", "prefix = \"my app\""),
+                r#"prefix: "my app" must be 1 to 64 letters, digits and -._~@+=!*(),/ (it starts every store key)"#,
+            ),
+            (
+                edited("prefix = \"demo\"", "prefix = \"\""),
+                r#"prefix: "" must be 1 to 64 letters, digits and -._~@+=!*(),/ (it starts every store key)"#,
+            ),
+            (
+                edited(
+                    "trusted_proxies = []",
+                    "trusted_proxies = []\nforwarded_header = \"x-forwarded\"",
+                ),
+                r#"forwarded_header: unknown forwarded header "x-forwarded": expected "x-forwarded-for", "forwarded" or "x-real-ip""#,
+            ),
+            (
+                format!(
+                    "{DEFAULT_CONFIG}\n[[routes]]\npath = \"/api/ping\"\nkey = \"ip\"\nalgorithm = \"sliding_log\"\nrules = [{{ limit = 1, period = \"1s\" }}]\n"
+                ),
+                r#"routes[1].path: "/api/ping" is already used by routes[0]"#,
+            ),
+            (
+                edited("path = \"/api/ping\"", "path = \"/healthz\""),
+                r#"routes[0].path: "/healthz" is the demo's health check, which is never limited"#,
+            ),
+            (
+                edited("path = \"/api/ping\"", "path = \"api/ping\""),
+                r#"routes[0].path: "api/ping" must be a literal path: "/" then letters, digits and -._~@+=!(),/"#,
+            ),
+            (
+                edited("path = \"/api/ping\"", "path = \"/users/{id}\""),
+                r#"routes[0].path: "/users/{id}" must be a literal path: "/" then letters, digits and -._~@+=!(),/"#,
+            ),
+            (
+                format!(
+                    "{}routes = []\n",
+                    DEFAULT_CONFIG.split("[[routes]]").next().unwrap()
+                ),
+                "routes: must list at least one route",
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(error_of(&text), expected, "config:\n{text}");
+        }
+    }
+
+    #[test]
+    fn toml_errors_name_the_field_and_line() {
+        // (config, where toml points, toml's last line: the field and what is wrong with it)
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                format!("colour = \"blue\"\n{DEFAULT_CONFIG}"),
+                "line 1, column 1",
+                "unknown field `colour`, expected one of `listen`, `store`, `prefix`, \
+                 `trusted_proxies`, `legacy_headers`, `forwarded_header`, `routes`",
+            ),
+            (
+                edited("key = \"ip\"", "methods = [\"GET\"]"),
+                "line 9, column 1",
+                "unknown field `methods`, expected one of `path`, `key`, `algorithm`, `rules`",
+            ),
+            (
+                edited(
+                    "{ limit = 100, period = \"1h\" }",
+                    "{ limit = 100, period = \"1h\", burst = 5 }",
+                ),
+                "line 11, column 71",
+                "unknown field `burst`, expected `limit` or `period`",
+            ),
+            (
+                edited("listen = \"127.0.0.1:3000\"\n", ""),
+                "line 1, column 1",
+                "missing field `listen`",
+            ),
+            (
+                edited("path = \"/api/ping\" ", "# no path "),
+                "line 7, column 1",
+                "missing field `path`",
+            ),
+            (
+                edited("{ limit = 100, period = \"1h\" }", "{ limit = 100 }"),
+                "line 11, column 41",
+                "missing field `period`",
+            ),
+            (
+                edited("limit = 20,", "limit = \"20\","),
+                "line 11, column 20",
+                "invalid type: string \"20\", expected u64",
+            ),
+            (
+                edited("limit = 20,", "limit = -1,"),
+                "line 11, column 20",
+                "invalid value: integer `-1`, expected u64",
+            ),
+            (
+                edited("legacy_headers = false", "legacy_headers = \"no\""),
+                "line 5, column 18",
+                "invalid type: string \"no\", expected a boolean",
+            ),
+            (
+                edited("prefix = \"demo\"", "prefix = demo"),
+                "line 3, column 10",
+                "string values must be quoted, expected literal string",
+            ),
+        ];
+        for (text, position, problem) in cases {
+            let message = error_of(&text);
+            assert!(
+                message.starts_with(&format!("TOML parse error at {position}\n")),
+                "{message}"
+            );
+            assert_eq!(message.lines().last(), Some(problem), "{message}");
+        }
+    }
+
+    #[test]
+    fn periods_are_a_positive_integer_and_a_unit() {
+        for (text, expected) in [
+            ("500ms", Duration::from_millis(500)),
+            ("1ms", Duration::from_millis(1)),
+            ("10s", Duration::from_secs(10)),
+            ("1m", Duration::from_secs(60)),
+            ("1h", Duration::from_secs(3_600)),
+            ("1d", Duration::from_secs(86_400)),
+            ("90m", Duration::from_secs(5_400)),
+        ] {
+            assert_eq!(parse_period(text), Ok(expected), "{text:?}");
+        }
+        for bad in [
+            "", "0s", "0ms", "1.5s", "10", "5w", "-1s", "+1s", "s", " 1s", "1s ", "1 s", "1S",
+            "1sec", "1m1s", "١s",
+        ] {
+            let error = parse_period(bad).expect_err(bad);
+            assert_eq!(
+                error,
+                format!(
+                    "invalid period {bad:?}: expected a positive whole number and a unit (ms, s, m, h or d), such as \"500ms\", \"10s\" or \"1m\""
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn policy_names_follow_the_store_key_rule() {
+        assert_eq!(policy_name("/api/ping", 0), "/api/ping");
+        let longest = format!("/{}", "a".repeat(63));
+        assert_eq!(policy_name(&longest, 3), longest);
+        assert_eq!(policy_name(&format!("/{}", "a".repeat(64)), 3), "route-3");
+        assert!(is_store_name("a-Z_0.~@+=!*(),/"));
+        for bad in ["", "a:b", "a b", "{x}", "é"] {
+            assert!(!is_store_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn command_line() {
+        let args = |list: &[&str]| {
+            list.iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(
+            read_config_text(args(&[])),
+            Ok(Some((
+                "demo.toml (built in)".to_owned(),
+                DEFAULT_CONFIG.to_owned()
+            )))
+        );
+        assert_eq!(read_config_text(args(&["--help"])), Ok(None));
+        let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.toml");
+        let expected = Ok(Some((shipped.to_owned(), DEFAULT_CONFIG.to_owned())));
+        assert_eq!(read_config_text(args(&["--config", shipped])), expected);
+        assert_eq!(
+            read_config_text(args(&[&format!("--config={shipped}")])),
+            expected
+        );
+        for wrong in [
+            &["--config"][..],
+            &["--port", "3000"],
+            &["--config", shipped, "extra"],
+        ] {
+            assert_eq!(
+                read_config_text(args(wrong)),
+                Err(USAGE.to_owned()),
+                "{wrong:?}"
+            );
+        }
+        let missing = "/nonexistent/demo.toml";
+        let error = read_config_text(args(&["--config", missing])).unwrap_err();
+        assert!(
+            error.starts_with("/nonexistent/demo.toml: cannot read the config file: "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn banner_shows_the_routes_and_the_curl_commands() {
+        let config = load_config(DEFAULT_CONFIG).unwrap();
+        assert_eq!(
+            banner(&config, config.listen),
+            "tower-redis-ratelimit demo listening on http://127.0.0.1:3000 (store: memory, key prefix \"demo\")\n\
+             \x20 GET|POST /api/ping -> 200 \"PONG\"; per client IP, sliding_log: 20 per 60s and 100 per 3600s\n\
+             \x20 GET /healthz -> 200 \"ok\", never limited\n\
+             \n\
+             Try it: requests 1-20 get 200, the next ones 429 (each refusal is logged):\n\
+             \x20 for i in $(seq 1 22); do curl -s -o /dev/null -w \"%{http_code}\\n\" http://127.0.0.1:3000/api/ping; done\n\
+             See the headers:\n\
+             \x20 curl -i http://127.0.0.1:3000/api/ping\n\
+             Ctrl-C stops the server.\n"
+        );
+        // A wildcard address is curled on loopback; a user key needs its header.
+        let config = load_config(
+            &route_config("user", "[{ limit = 3, period = \"1m\" }]").replacen(
+                "127.0.0.1:3000",
+                "0.0.0.0:8080",
+                1,
+            ),
+        )
+        .unwrap();
+        let text = banner(&config, config.listen);
+        assert!(text.starts_with("tower-redis-ratelimit demo listening on http://0.0.0.0:8080 "));
+        assert!(text.contains(
+            "  for i in $(seq 1 5); do curl -s -o /dev/null -w \"%{http_code}\\n\" -H \"x-user-id: alice\" http://127.0.0.1:8080/api/ping; done\n"
+        ), "{text}");
+    }
+
+    const PEER: ([u8; 4], u16) = ([127, 0, 0, 1], 40_000);
+
+    /// The app of config `text`, its requests coming from `PEER`. Not axum's `MockConnectInfo`: only
+    /// the `ConnectInfo` extractor consults that, while the limiter reads the `ConnectInfo`
+    /// extension that `into_make_service_with_connect_info` inserts, so insert that instead.
+    fn app_for(text: &str) -> Router {
+        let config = load_config(text).unwrap();
+        build_app(&config).layer(Extension(ConnectInfo(SocketAddr::from(PEER))))
+    }
+
+    async fn send(
+        app: &Router,
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, HeaderMap, String) {
+        let mut request = Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = app
+            .clone()
+            .oneshot(request.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = response.into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        (
+            parts.status,
+            parts.headers,
+            String::from_utf8(body.to_vec()).unwrap(),
+        )
+    }
+
+    fn retry_after(headers: &HeaderMap) -> u64 {
+        headers["retry-after"].to_str().unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_default_app_limits_ping_but_not_healthz() {
+        let app = app_for(DEFAULT_CONFIG);
+        for i in 1..=20 {
+            let (status, headers, body) = send(&app, Method::GET, "/api/ping", &[]).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (StatusCode::OK, "PONG"),
+                "request {i}"
+            );
+            assert!(headers.contains_key("ratelimit"), "request {i}");
+            assert!(!headers.contains_key("x-ratelimit-limit"), "request {i}");
+        }
+        let (status, headers, body) = send(&app, Method::GET, "/api/ping", &[]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!((59..=60).contains(&retry_after(&headers)), "{headers:?}");
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert!(
+            body.contains(r#""violated-policies":["20-per-60s"]"#),
+            "{body}"
+        );
+
+        for _ in 0..3 {
+            let (status, headers, body) = send(&app, Method::GET, "/healthz", &[]).await;
+            assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+            assert!(!headers.contains_key("ratelimit"));
+        }
+        // GET and POST share the route's budget.
+        let (status, _, _) = send(&app, Method::POST, "/api/ping", &[]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        let (status, _, _) = send(&app, Method::GET, "/nowhere", &[]).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn user_keys_fall_back_to_the_client_ip() {
+        let app = app_for(&route_config("user", "[{ limit = 2, period = \"1m\" }]"));
+        let alice = [(USER_ID_HEADER, "alice")];
+        let bob = [(USER_ID_HEADER, "bob")];
+        let expected = [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+        ];
+        for who in [&alice[..], &bob[..], &[]] {
+            for (i, want) in expected.iter().enumerate() {
+                let (status, _, _) = send(&app, Method::GET, "/api/ping", who).await;
+                assert_eq!(status, *want, "{who:?} request {}", i + 1);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn header_and_global_keys_and_legacy_headers() {
+        let text = route_config("header:x-api-key", "[{ limit = 1, period = \"1m\" }]").replacen(
+            "legacy_headers = false",
+            "legacy_headers = true",
+            1,
+        ) + "\n[[routes]]\npath = \"/global\"\nkey = \"global\"\nalgorithm = \"fixed_window\"\n\
+               rules = [{ limit = 1, period = \"1h\" }]\n";
+        let app = app_for(&text);
+        let (status, headers, _) =
+            send(&app, Method::GET, "/api/ping", &[("x-api-key", "k1")]).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["x-ratelimit-limit"], "1");
+        assert_eq!(headers["x-ratelimit-remaining"], "0");
+        let (status, _, _) = send(&app, Method::GET, "/api/ping", &[("x-api-key", "k1")]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        let (status, _, _) = send(&app, Method::GET, "/api/ping", &[("x-api-key", "k2")]).await;
+        assert_eq!(status, StatusCode::OK);
+
+        let (status, _, _) = send(&app, Method::GET, "/global", &[("x-api-key", "k3")]).await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, _, _) = send(&app, Method::GET, "/global", &[(USER_ID_HEADER, "x")]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[tokio::test]
+    async fn trusted_proxies_make_forwarded_clients_count_apart() {
+        let one_per_minute = route_config("ip", "[{ limit = 1, period = \"1m\" }]");
+        let forwarded = |client| [("x-forwarded-for", client)];
+        let expected_behind_proxy = [
+            ("127.0.0.2", StatusCode::OK),
+            ("127.0.0.3", StatusCode::OK),
+            ("127.0.0.2", StatusCode::TOO_MANY_REQUESTS),
+        ];
+        let app = app_for(&one_per_minute.replacen(
+            "trusted_proxies = []",
+            "trusted_proxies = [\"127.0.0.1/32\"]\nforwarded_header = \"x-forwarded-for\"",
+            1,
+        ));
+        for (client, want) in expected_behind_proxy {
+            let (status, _, _) = send(&app, Method::GET, "/api/ping", &forwarded(client)).await;
+            assert_eq!(status, want, "{client}");
+        }
+        // Without trusted proxies the header is ignored: both are the peer, 127.0.0.1.
+        let app = app_for(&one_per_minute);
+        let (status, _, _) = send(&app, Method::GET, "/api/ping", &forwarded("127.0.0.2")).await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, _, _) = send(&app, Method::GET, "/api/ping", &forwarded("127.0.0.3")).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[tokio::test]
+    async fn run_serves_the_curl_loop_over_tcp() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(run(load_config(DEFAULT_CONFIG).unwrap(), listener));
+        // Proxy settings from the environment must not divert loopback requests.
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let url = format!("http://{addr}/api/ping");
+        for i in 1..=22 {
+            let response = client.get(&url).send().await.unwrap();
+            let status = response.status();
+            if i <= 20 {
+                assert_eq!(status, reqwest::StatusCode::OK, "request {i}");
+                assert_eq!(response.text().await.unwrap(), "PONG", "request {i}");
+            } else {
+                assert_eq!(
+                    status,
+                    reqwest::StatusCode::TOO_MANY_REQUESTS,
+                    "request {i}"
+                );
+                let retry: u64 = response.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!(
+                    (1..=60).contains(&retry),
+                    "request {i}: Retry-After {retry}"
+                );
+            }
+        }
+        let health = client
+            .get(format!("http://{addr}/healthz"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(health.status(), reqwest::StatusCode::OK);
+        assert_eq!(health.text().await.unwrap(), "ok");
+
+        assert!(!server.is_finished());
+        server.abort();
+        assert!(server.await.unwrap_err().is_cancelled());
+    }
+}

@@ -75,9 +75,20 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
+use axum::extract::connect_info::MockConnectInfo;
 use http::HeaderMap;
 use http::header::FORWARDED;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+/// The peer address as axum's `ConnectInfo` extractor finds it: the real
+/// `ConnectInfo`, else the `MockConnectInfo` a test router installed.
+fn peer_addr(parts: &http::request::Parts) -> Option<SocketAddr> {
+    if let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+        return Some(*peer);
+    }
+    let MockConnectInfo(peer) = parts.extensions.get::<MockConnectInfo<SocketAddr>>()?;
+    Some(*peer)
+}
 
 /// The most chain entries (the peer included) looked at for one request.
 ///
@@ -304,10 +315,10 @@ impl ClientIp {
     }
 
     /// The client address (not grouped) from the peer and headers; `None`
-    /// when the request has no `ConnectInfo<SocketAddr>` extension.
+    /// when the request has neither a `ConnectInfo<SocketAddr>` nor a
+    /// `MockConnectInfo<SocketAddr>` extension.
     pub fn client_addr(&self, parts: &http::request::Parts) -> Option<IpAddr> {
-        let ConnectInfo(peer) = parts.extensions.get::<ConnectInfo<SocketAddr>>()?;
-        Some(self.client_addr_from(peer.ip(), &parts.headers))
+        Some(self.client_addr_from(peer_addr(parts)?.ip(), &parts.headers))
     }
 
     /// Lower-level: the client address from an explicit peer address and

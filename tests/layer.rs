@@ -709,3 +709,23 @@ async fn headers_name_the_same_items_in_policy_and_status() {
         assert!(state.policy(&item.name).is_some(), "{}", item.name);
     }
 }
+
+#[tokio::test]
+async fn axums_mock_connect_info_is_the_peer_in_tests() {
+    use axum::extract::connect_info::MockConnectInfo;
+
+    let peer: std::net::SocketAddr = "192.0.2.44:1234".parse().unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(
+            policy([Rule::per_hour(1)]).build().unwrap(),
+            MemoryStore::new(),
+        ))
+        .layer(MockConnectInfo(peer));
+    let request = || Request::get("/").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, request()).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&app, request()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
