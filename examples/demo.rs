@@ -67,15 +67,20 @@ const USER_ID_HEADER: &str = "x-user-id";
 const HEALTHZ: &str = "/healthz";
 
 const USAGE: &str = "\
-usage: cargo run --example demo [-- --config PATH]
+usage: cargo run --example demo [-- [--config PATH] [--no-limiter]]
 
 Serves a rate-limited sample route. Without --config the built-in examples/demo.toml is used.
+--no-limiter serves the same routes without any limiter (the baseline of a load run).
 RUST_LOG sets the log filter (default: info).";
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let (source, text) = match read_config_text(std::env::args().skip(1)) {
-        Ok(Some(found)) => found,
+    let CommandLine {
+        source,
+        text,
+        no_limiter,
+    } = match read_command_line(std::env::args().skip(1)) {
+        Ok(Some(command_line)) => command_line,
         Ok(None) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -85,13 +90,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let config = match load_config(&text) {
+    let mut config = match load_config(&text) {
         Ok(config) => config,
         Err(error) => {
             eprintln!("{source}: {error}");
             return ExitCode::from(2);
         }
     };
+    config.no_limiter = no_limiter;
     init_tracing();
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
@@ -115,27 +121,44 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Reads the command line: `Ok(None)` for `--help`, else the config's name (for error messages) and
-/// text.
-fn read_config_text(
-    mut args: impl Iterator<Item = String>,
-) -> Result<Option<(String, String)>, String> {
-    let path = match (args.next().as_deref(), args.next(), args.next()) {
-        (None, ..) => {
-            return Ok(Some((
-                "demo.toml (built in)".to_owned(),
-                DEFAULT_CONFIG.to_owned(),
-            )));
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+struct CommandLine {
+    /// The config's name (for error messages) and text.
+    source: String,
+    text: String,
+    /// Serve the same routes without any limiter: the baseline of a load run.
+    no_limiter: bool,
+}
+
+/// Reads the command line: `Ok(None)` for `--help`.
+fn read_command_line(args: impl Iterator<Item = String>) -> Result<Option<CommandLine>, String> {
+    let mut path = None;
+    let mut no_limiter = false;
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--no-limiter" => no_limiter = true,
+            "--config" if path.is_none() => path = Some(args.next().ok_or(USAGE)?),
+            _ if arg.starts_with("--config=") && path.is_none() => {
+                path = Some(arg["--config=".len()..].to_owned());
+            }
+            _ => return Err(USAGE.to_owned()),
         }
-        (Some("-h" | "--help"), None, _) => return Ok(None),
-        (Some("--config"), Some(path), None) => path,
-        (Some(arg), None, _) if arg.starts_with("--config=") => arg["--config=".len()..].to_owned(),
-        _ => return Err(USAGE.to_owned()),
-    };
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(Some((path, text))),
-        Err(error) => Err(format!("{path}: cannot read the config file: {error}")),
     }
+    let (source, text) = match path {
+        None => ("demo.toml (built in)".to_owned(), DEFAULT_CONFIG.to_owned()),
+        Some(path) => match std::fs::read_to_string(&path) {
+            Ok(text) => (path, text),
+            Err(error) => return Err(format!("{path}: cannot read the config file: {error}")),
+        },
+    };
+    Ok(Some(CommandLine {
+        source,
+        text,
+        no_limiter,
+    }))
 }
 
 /// Logs go to stderr, so stdout holds only the banner; colours only on a terminal.
@@ -198,6 +221,8 @@ struct DemoConfig {
     forwarded_header: Option<ForwardedHeader>,
     legacy_headers: bool,
     routes: Vec<Route>,
+    /// Set by `--no-limiter`, not by the file: serve the routes without any limiter.
+    no_limiter: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,6 +398,7 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
         forwarded_header,
         legacy_headers: raw.legacy_headers,
         routes,
+        no_limiter: false,
     })
 }
 
@@ -548,10 +574,15 @@ fn build_app(config: &DemoConfig) -> Router {
     };
     let mut app = Router::new().route(HEALTHZ, get(|| async { "ok" }));
     for route in &config.routes {
+        let handler = get(pong).post(pong);
+        if config.no_limiter {
+            app = app.route(&route.path, handler);
+            continue;
+        }
         let limit = RateLimitLayer::new(route.policy.clone(), store.clone())
             .legacy_headers(config.legacy_headers);
         // The layer sits on the route's method router, so it covers this route only.
-        app = app.route(&route.path, get(pong).post(pong).layer(limit));
+        app = app.route(&route.path, handler.layer(limit));
     }
     app
 }
@@ -621,6 +652,9 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
         config.store.as_str(),
         config.prefix
     );
+    if config.no_limiter {
+        text += "  --no-limiter: the routes below are served WITHOUT rate limiting (a load-run baseline)\n";
+    }
     for route in &config.routes {
         text += &format!(
             "  GET|POST {} -> 200 \"PONG\"; per {}, {}: {}\n",
@@ -979,42 +1013,60 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn no_limiter_serves_the_routes_unlimited() {
+        let mut config = load_config(DEFAULT_CONFIG).unwrap();
+        config.no_limiter = true;
+        assert!(banner(&config, config.listen).contains("WITHOUT rate limiting"));
+        let app = build_app(&config).layer(Extension(ConnectInfo(SocketAddr::from(PEER))));
+        for _ in 0..25 {
+            let response = app
+                .clone()
+                .oneshot(Request::get("/api/ping").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            assert!(!response.headers().contains_key("ratelimit"));
+        }
+    }
+
     #[test]
     fn command_line() {
-        let args = |list: &[&str]| {
-            list.iter()
-                .map(|a| a.to_string())
-                .collect::<Vec<_>>()
-                .into_iter()
+        let read = |list: &[&str]| read_command_line(list.iter().map(|a| a.to_string()));
+        let built_in = |no_limiter| {
+            Ok(Some(CommandLine {
+                source: "demo.toml (built in)".to_owned(),
+                text: DEFAULT_CONFIG.to_owned(),
+                no_limiter,
+            }))
         };
-        assert_eq!(
-            read_config_text(args(&[])),
-            Ok(Some((
-                "demo.toml (built in)".to_owned(),
-                DEFAULT_CONFIG.to_owned()
-            )))
-        );
-        assert_eq!(read_config_text(args(&["--help"])), Ok(None));
+        assert_eq!(read(&[]), built_in(false));
+        assert_eq!(read(&["--no-limiter"]), built_in(true));
+        assert_eq!(read(&["--help"]), Ok(None));
         let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.toml");
-        let expected = Ok(Some((shipped.to_owned(), DEFAULT_CONFIG.to_owned())));
-        assert_eq!(read_config_text(args(&["--config", shipped])), expected);
+        let from_file = |no_limiter| {
+            Ok(Some(CommandLine {
+                source: shipped.to_owned(),
+                text: DEFAULT_CONFIG.to_owned(),
+                no_limiter,
+            }))
+        };
+        assert_eq!(read(&["--config", shipped]), from_file(false));
+        assert_eq!(read(&[&format!("--config={shipped}")]), from_file(false));
         assert_eq!(
-            read_config_text(args(&[&format!("--config={shipped}")])),
-            expected
+            read(&["--no-limiter", "--config", shipped]),
+            from_file(true)
         );
         for wrong in [
             &["--config"][..],
             &["--port", "3000"],
             &["--config", shipped, "extra"],
+            &["--config", shipped, "--config", shipped],
         ] {
-            assert_eq!(
-                read_config_text(args(wrong)),
-                Err(USAGE.to_owned()),
-                "{wrong:?}"
-            );
+            assert_eq!(read(wrong), Err(USAGE.to_owned()), "{wrong:?}");
         }
         let missing = "/nonexistent/demo.toml";
-        let error = read_config_text(args(&["--config", missing])).unwrap_err();
+        let error = read(&["--config", missing]).unwrap_err();
         assert!(
             error.starts_with("/nonexistent/demo.toml: cannot read the config file: "),
             "{error}"
