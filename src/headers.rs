@@ -60,7 +60,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use sfv::{BareItem, Integer, KeyRef, ListEntry, ListSerializer, Parameters, Parser, StringRef};
+use sfv::{
+    BareItem, Integer, ItemSerializer, KeyRef, ListEntry, ListSerializer, Parameters, Parser,
+    StringRef,
+};
 
 /// `RateLimit-Policy`: the quota policies of the rules that apply to a request.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -83,8 +86,6 @@ pub(crate) const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 const KEY_QUOTA: &KeyRef = KeyRef::constant("q");
 const KEY_WINDOW: &KeyRef = KeyRef::constant("w");
-const KEY_REMAINING: &KeyRef = KeyRef::constant("r");
-const KEY_RESET: &KeyRef = KeyRef::constant("t");
 
 /// Optional whitespace (RFC 9110): never part of a field value proper.
 const OWS: &[char] = &[' ', '\t'];
@@ -104,11 +105,32 @@ pub(crate) struct PolicyItem<'a> {
     pub window_secs: u64,
 }
 
+/// A rule name serialised once as an sf-string (quotes and escapes included), so that the
+/// per-response `RateLimit` value only has to append it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SfName(Box<str>);
+
+impl SfName {
+    /// Serialises `name` with sfv.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidRuleName`] if `name` contains anything but printable ASCII.
+    pub(crate) fn new(name: &str) -> Result<Self, InvalidRuleName> {
+        let string = StringRef::from_str(name).map_err(|_| InvalidRuleName {
+            name: name.to_owned(),
+        })?;
+        Ok(SfName(
+            ItemSerializer::new().bare_item(string).finish().into(),
+        ))
+    }
+}
+
 /// One rule's entry in `RateLimit`, as passed to [`ratelimit_header_value`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RateLimitItem<'a> {
-    /// Rule name, already validated by [`policy_header_value`].
-    pub name: &'a str,
+    /// Rule name, serialised when the policy was built.
+    pub name: &'a SfName,
     /// Requests still allowed in the current window (`r`).
     pub remaining: u64,
     /// Seconds until more quota becomes available (`t`).
@@ -156,31 +178,46 @@ pub(crate) fn policy_header_value(
 /// Serialises the `RateLimit` value for `items`, e.g.
 /// `"20-per-60s";r=7;t=42, "100-per-3600s";r=87;t=3000`.
 ///
-/// Runs per response, so it writes everything into a single `String`. Names are
-/// taken as `&str` and must already have been accepted by [`policy_header_value`];
-/// re-checking them here is a cheap byte scan. An item whose name is not printable
-/// ASCII is a bug in the caller: it trips a debug assertion and is skipped in
-/// release builds. Numbers above [`SF_INTEGER_MAX`] are clamped.
-pub(crate) fn ratelimit_header_value<'a>(
-    items: impl IntoIterator<Item = RateLimitItem<'a>>,
-) -> HeaderValue {
-    let mut out = String::with_capacity(64);
-    {
-        let mut list = ListSerializer::with_buffer(&mut out);
-        for item in items {
-            let name = StringRef::from_str(item.name);
-            debug_assert!(
-                name.is_ok(),
-                "rule name {:?} was not validated by policy_header_value",
-                item.name
-            );
-            let Ok(name) = name else { continue };
-            list.bare_item(name)
-                .parameter(KEY_REMAINING, sf_integer(item.remaining))
-                .parameter(KEY_RESET, sf_integer(item.reset_secs));
+/// Runs per response, so it only appends: the names were serialised by sfv when the policy was
+/// built, and the parameters are non-negative integers, whose sf form is plain decimal digits.
+/// Numbers above [`SF_INTEGER_MAX`] are clamped.
+pub(crate) fn ratelimit_header_value<'a, I>(items: I) -> HeaderValue
+where
+    I: IntoIterator<Item = RateLimitItem<'a>>,
+    I::IntoIter: Clone,
+{
+    // Sized exactly, so the HeaderValue takes the buffer over without a second allocation.
+    let items = items.into_iter();
+    let mut count = 0usize;
+    let len = items
+        .clone()
+        .map(|item| {
+            count += 1;
+            item.name.0.len()
+                + ";r=;t=".len()
+                + decimal_len(item.remaining.min(SF_INTEGER_MAX))
+                + decimal_len(item.reset_secs.min(SF_INTEGER_MAX))
+        })
+        .sum::<usize>()
+        + ", ".len() * count.saturating_sub(1);
+    let mut out = String::with_capacity(len);
+    let mut digits = itoa::Buffer::new();
+    for (index, item) in items.enumerate() {
+        if index > 0 {
+            out.push_str(", ");
         }
+        out.push_str(&item.name.0);
+        out.push_str(";r=");
+        out.push_str(digits.format(item.remaining.min(SF_INTEGER_MAX)));
+        out.push_str(";t=");
+        out.push_str(digits.format(item.reset_secs.min(SF_INTEGER_MAX)));
     }
     header_value(out)
+}
+
+/// How many decimal digits `value` has.
+fn decimal_len(value: u64) -> usize {
+    value.checked_ilog10().map_or(1, |log| log as usize + 1)
 }
 
 fn sf_integer(value: u64) -> Integer {
@@ -664,12 +701,12 @@ mod tests {
     fn ratelimit_value_matches_example_byte_for_byte() {
         let value = ratelimit_header_value([
             RateLimitItem {
-                name: "20-per-60s",
+                name: &SfName::new("20-per-60s").unwrap(),
                 remaining: 7,
                 reset_secs: 42,
             },
             RateLimitItem {
-                name: "100-per-3600s",
+                name: &SfName::new("100-per-3600s").unwrap(),
                 remaining: 87,
                 reset_secs: 3000,
             },
@@ -720,7 +757,7 @@ mod tests {
         .unwrap();
         assert_eq!(value.to_str().unwrap(), r#""a \"quoted\" \\ name";q=5;w=1"#);
         let status_value = ratelimit_header_value([RateLimitItem {
-            name,
+            name: &SfName::new(name).unwrap(),
             remaining: 0,
             reset_secs: 0,
         }]);
@@ -746,7 +783,7 @@ mod tests {
             r#""big";q=999999999999999;w=999999999999999"#
         );
         let status_value = ratelimit_header_value([RateLimitItem {
-            name: "big",
+            name: &SfName::new("big").unwrap(),
             remaining: SF_INTEGER_MAX,
             reset_secs: u64::MAX,
         }]);
@@ -805,17 +842,6 @@ mod tests {
             .to_string(),
             r#"rule name "a\nb" is not a valid structured-field string (printable ASCII only)"#
         );
-    }
-
-    #[test]
-    #[cfg(debug_assertions)]
-    #[should_panic(expected = "was not validated by policy_header_value")]
-    fn unvalidated_status_name_trips_debug_assertion() {
-        let _ = ratelimit_header_value([RateLimitItem {
-            name: "caf\u{e9}",
-            remaining: 1,
-            reset_secs: 1,
-        }]);
     }
 
     #[test]
@@ -1346,9 +1372,14 @@ mod tests {
                     window_secs: *window_secs,
                 })
                 .collect();
+            let sf_names: Vec<SfName> = rules
+                .iter()
+                .map(|(name, ..)| SfName::new(name).unwrap())
+                .collect();
             let status_items: Vec<_> = rules
                 .iter()
-                .map(|(name, _, _, remaining, reset_secs)| RateLimitItem {
+                .zip(&sf_names)
+                .map(|((_, _, _, remaining, reset_secs), name)| RateLimitItem {
                     name,
                     remaining: *remaining,
                     reset_secs: *reset_secs,

@@ -32,13 +32,7 @@ impl Identity {
     /// replaced by a hash (`tenant#3f1c…`), so no user-supplied byte can break the key layout.
     pub fn new(kind: &str, value: &str) -> Self {
         let mut out = String::with_capacity(kind.len() + 1 + value.len().min(33));
-        push_component(&mut out, kind);
-        if is_verbatim(value) {
-            out.push(':');
-            out.push_str(value);
-        } else {
-            push_hash(&mut out, value.as_bytes());
-        }
+        push_value(&mut out, kind, value);
         Identity(out)
     }
 
@@ -46,8 +40,7 @@ impl Identity {
     /// a hash (`header#<32 hex digits>`), never as the value itself.
     pub fn secret(kind: &str, value: &[u8]) -> Self {
         let mut out = String::with_capacity(kind.len() + 33);
-        push_component(&mut out, kind);
-        push_hash(&mut out, value);
+        push_secret(&mut out, kind, value);
         Identity(out)
     }
 
@@ -60,12 +53,7 @@ impl Identity {
     /// wider than one address (IPv6 clients are grouped by /64 by default).
     pub fn ip(net: ipnet::IpNet) -> Self {
         let mut out = String::with_capacity(48);
-        out.push_str("ip:");
-        if net.prefix_len() == net.max_prefix_len() {
-            let _ = write!(out, "{}", net.addr());
-        } else {
-            let _ = write!(out, "{net}");
-        }
+        push_ip(&mut out, net);
         Identity(out)
     }
 
@@ -78,6 +66,52 @@ impl Identity {
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// Appends `kind:value`, or `kind#hash` when the value is odd or long.
+fn push_value(out: &mut String, kind: &str, value: &str) {
+    push_component(out, kind);
+    if is_verbatim(value) {
+        out.push(':');
+        out.push_str(value);
+    } else {
+        push_hash(out, value.as_bytes());
+    }
+}
+
+/// Appends `kind#hash`.
+fn push_secret(out: &mut String, kind: &str, value: &[u8]) {
+    push_component(out, kind);
+    push_hash(out, value);
+}
+
+/// Appends `ip:` and the address, with `/len` when the network is wider than one address. IPv4 is
+/// written digit by digit: `Display` for addresses pads through a scratch buffer, and this runs on
+/// every request.
+fn push_ip(out: &mut String, net: ipnet::IpNet) {
+    out.push_str("ip:");
+    match net {
+        ipnet::IpNet::V4(v4) if v4.prefix_len() == 32 => {
+            for (index, octet) in v4.addr().octets().into_iter().enumerate() {
+                if index > 0 {
+                    out.push('.');
+                }
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
+                }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
+            }
+        }
+        net if net.prefix_len() == net.max_prefix_len() => {
+            let _ = write!(out, "{}", net.addr());
+        }
+        net => {
+            let _ = write!(out, "{net}");
+        }
     }
 }
 
@@ -233,24 +267,43 @@ impl Key {
 
     /// The identity of a request under this key, or `None` when the request has none.
     pub fn extract(&self, parts: &Parts, client_ip: &ClientIp) -> Option<Identity> {
+        let mut out = String::new();
+        self.push_identity(parts, client_ip, &mut out)
+            .then_some(Identity(out))
+    }
+
+    /// Appends the identity of a request to `out` (a store key being built, so the hot path
+    /// allocates once); `false`, with `out` unchanged, when the request has none.
+    pub(crate) fn push_identity(
+        &self,
+        parts: &Parts,
+        client_ip: &ClientIp,
+        out: &mut String,
+    ) -> bool {
         match &self.0 {
-            Source::Ip => client_ip.client_net(parts).map(Identity::ip),
-            Source::Global => Some(Identity::global()),
-            Source::Header(name) => parts
-                .headers
-                .get(name)
-                .filter(|value| !value.is_empty())
-                .map(|value| Identity::secret("header", value.as_bytes())),
-            Source::UserExtension => parts
-                .extensions
-                .get::<UserId>()
-                .filter(|user| !user.0.is_empty())
-                .map(|user| Identity::new("user", &user.0)),
-            Source::UserFn(user_id) => user_id(parts)
-                .filter(|id| !id.is_empty())
-                .map(|id| Identity::new("user", &id)),
-            Source::Custom(extractor) => extractor.extract(parts),
+            Source::Ip => match client_ip.client_net(parts) {
+                Some(net) => push_ip(out, net),
+                None => return false,
+            },
+            Source::Global => out.push_str("global"),
+            Source::Header(name) => match parts.headers.get(name) {
+                Some(value) if !value.is_empty() => push_secret(out, "header", value.as_bytes()),
+                _ => return false,
+            },
+            Source::UserExtension => match parts.extensions.get::<UserId>() {
+                Some(user) if !user.0.is_empty() => push_value(out, "user", &user.0),
+                _ => return false,
+            },
+            Source::UserFn(user_id) => match user_id(parts) {
+                Some(id) if !id.is_empty() => push_value(out, "user", &id),
+                _ => return false,
+            },
+            Source::Custom(extractor) => match extractor.extract(parts) {
+                Some(identity) => out.push_str(identity.as_str()),
+                None => return false,
+            },
         }
+        true
     }
 }
 
@@ -339,8 +392,12 @@ mod tests {
 
     #[test]
     fn ip_identity_shows_the_group() {
-        let v4: ipnet::IpNet = "203.0.113.7/32".parse().unwrap();
-        assert_eq!(Identity::ip(v4).as_str(), "ip:203.0.113.7");
+        for address in ["203.0.113.7", "0.10.100.255", "1.2.3.4", "99.100.199.200"] {
+            let net: ipnet::IpNet = format!("{address}/32").parse().unwrap();
+            assert_eq!(Identity::ip(net).as_str(), format!("ip:{address}"));
+        }
+        let v4: ipnet::IpNet = "203.0.113.0/24".parse().unwrap();
+        assert_eq!(Identity::ip(v4).as_str(), "ip:203.0.113.0/24");
         let v6: ipnet::IpNet = "2001:db8:1:2::/64".parse().unwrap();
         assert_eq!(Identity::ip(v6).as_str(), "ip:2001:db8:1:2::/64");
     }

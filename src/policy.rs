@@ -15,8 +15,8 @@ use http::request::Parts;
 use http::{HeaderValue, StatusCode};
 
 use crate::client_ip::ClientIp;
-use crate::headers::{self, PolicyItem};
-use crate::key::{self, Identity, Key};
+use crate::headers::{self, PolicyItem, SfName};
+use crate::key::{self, Key};
 
 /// One limit: at most `limit` units per `period`.
 ///
@@ -323,6 +323,8 @@ struct Inner {
     key: Key,
     rules: Box<[Rule]>,
     rule_names: Box<[Box<str>]>,
+    /// The rule names serialised for headers, built once.
+    sf_names: Box<[SfName]>,
     algorithm: Algorithm,
     message: String,
     scope: Scope,
@@ -460,6 +462,11 @@ impl Policy {
         &self.0.client_ip
     }
 
+    /// The rule names serialised as structured-field strings, in rule order.
+    pub(crate) fn sf_names(&self) -> &[SfName] {
+        &self.0.sf_names
+    }
+
     /// The `RateLimit-Policy` header value of this policy.
     pub fn policy_header(&self) -> &HeaderValue {
         &self.0.policy_header
@@ -468,32 +475,30 @@ impl Policy {
     /// The store key of a request, or what to do when it has none.
     pub fn storage_key(&self, parts: &Parts) -> KeyLookup {
         let inner = &self.0;
-        let (identity, kind) = match inner.key.extract(parts, &inner.client_ip) {
-            Some(identity) => (identity, inner.key.kind()),
-            None => match inner.missing_key {
-                MissingKey::Allow => return KeyLookup::Unlimited,
-                MissingKey::Reject(status) => return KeyLookup::Refuse(status),
-                MissingKey::ClientIp => {
-                    let fallback = if inner.key.is_ip() {
-                        None
-                    } else {
-                        inner.client_ip.client_net(parts).map(Identity::ip)
-                    };
-                    match fallback {
-                        Some(identity) => (identity, "ip"),
-                        None => return KeyLookup::Refuse(StatusCode::INTERNAL_SERVER_ERROR),
-                    }
-                }
-            },
-        };
-        let mut key = String::with_capacity(inner.key_base.len() + 48 + identity.as_str().len());
+        let mut key = String::with_capacity(inner.key_base.len() + 64);
         key.push_str(&inner.key_base);
         if inner.scope == Scope::Route {
             push_route(&mut key, parts);
             key.push(':');
         }
         let identity_at = key.len();
-        key.push_str(identity.as_str());
+        let kind = if inner.key.push_identity(parts, &inner.client_ip, &mut key) {
+            inner.key.kind()
+        } else {
+            match inner.missing_key {
+                MissingKey::Allow => return KeyLookup::Unlimited,
+                MissingKey::Reject(status) => return KeyLookup::Refuse(status),
+                MissingKey::ClientIp => {
+                    // The client IP is the fallback, so an IP key has nothing to fall back to.
+                    if inner.key.is_ip()
+                        || !Key::ip().push_identity(parts, &inner.client_ip, &mut key)
+                    {
+                        return KeyLookup::Refuse(StatusCode::INTERNAL_SERVER_ERROR);
+                    }
+                    "ip"
+                }
+            }
+        };
         KeyLookup::Found(StorageKey {
             key,
             identity_at,
@@ -606,6 +611,7 @@ impl PolicyBuilder {
             return Err(PolicyError::NoRules { policy: policy() });
         }
         let mut rule_names: Vec<Box<str>> = Vec::with_capacity(self.rules.len());
+        let mut sf_names = Vec::with_capacity(self.rules.len());
         for (index, rule) in self.rules.iter().enumerate() {
             let text = || rule.to_string();
             if rule.limit == 0 {
@@ -649,6 +655,12 @@ impl PolicyBuilder {
                     name: name.into_owned(),
                 });
             }
+            let sf_name = SfName::new(&name).map_err(|source| PolicyError::InvalidRuleName {
+                policy: policy(),
+                index,
+                source,
+            })?;
+            sf_names.push(sf_name);
             rule_names.push(name.into());
         }
         let items: Vec<PolicyItem<'_>> = self
@@ -661,14 +673,11 @@ impl PolicyBuilder {
                 window_secs: crate::decision::ceil_secs(rule.period),
             })
             .collect();
+        // Every name was accepted by SfName::new above, so this can't fail.
         let policy_header = headers::policy_header_value(&items).map_err(|source| {
-            let index = rule_names
-                .iter()
-                .position(|name| **name == *source.name)
-                .unwrap_or(0);
             PolicyError::InvalidRuleName {
                 policy: policy(),
-                index,
+                index: 0,
                 source,
             }
         })?;
@@ -679,6 +688,7 @@ impl PolicyBuilder {
             key: self.key,
             rules: self.rules.into(),
             rule_names: rule_names.into(),
+            sf_names: sf_names.into(),
             algorithm: self.algorithm,
             message: self.message,
             scope: self.scope,

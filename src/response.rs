@@ -145,7 +145,7 @@ struct Legacy {
 impl LimitHeaders {
     pub(crate) fn new(policy: &Policy, decision: &Decision, legacy: bool) -> Self {
         let items = policy
-            .rule_names()
+            .sf_names()
             .iter()
             .zip(&decision.rules)
             .map(|(name, state)| RateLimitItem {

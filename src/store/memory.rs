@@ -5,13 +5,15 @@
 //! without a background task: each shard drops its expired entries when it is touched after a sweep
 //! interval, and a cap on distinct keys evicts the entry closest to expiry when a shard is full.
 
-use std::collections::hash_map::{Entry as MapEntry, RandomState};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use hashbrown::HashTable;
 
 use super::{CheckFuture, CheckRequest, Store};
 use crate::decision::{Decision, RuleState};
@@ -120,14 +122,19 @@ struct Shared {
     evictions: AtomicU64,
 }
 
+/// The keys of one shard. A `HashTable` rather than a `HashMap`, so that the one keyed hash that
+/// picked the shard also finds the entry: a key is hashed once per check.
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<Box<str>, Entry>,
+    entries: HashTable<Entry>,
     next_sweep_ms: u64,
 }
 
 /// The counters of one key: one per rule, in rule order.
 struct Entry {
+    key: Box<str>,
+    /// The key's hash, kept for growing the table.
+    hash: u64,
     algorithm: Algorithm,
     counters: Vec<Counter>,
     /// When every counter is empty again and the entry can go.
@@ -184,20 +191,26 @@ impl MemoryStore {
     fn check_now(&self, request: &CheckRequest<'_>) -> Decision {
         let shared = &*self.0;
         let now = shared.clock.now_unix_ms();
-        let index = shared.hasher.hash_one(request.key) as usize % shared.shards.len();
+        let hash = shared.hasher.hash_one(request.key);
+        // Bits 32..48 pick the shard: the table inside indexes by the low bits and tags by the top 7.
+        let index = usize::from((hash >> 32) as u16) % shared.shards.len();
         let mut shard = lock(&shared.shards[index]);
         if now >= shard.next_sweep_ms {
             shard.sweep(now);
         }
-        if let Some(entry) = shard.entries.get_mut(request.key)
-            && entry.fits(request)
+        if let Some(entry) = shard
+            .entries
+            .find_mut(hash, |entry| *entry.key == *request.key)
         {
+            if !entry.fits(request) {
+                *entry = Entry::new(request, hash);
+            }
             return entry.check(request, now);
         }
-        let mut entry = Entry::new(request);
+        let mut entry = Entry::new(request, hash);
         let decision = entry.check(request, now);
         if decision.allowed {
-            shard.insert(request.key, entry, now, shared);
+            shard.insert(entry, now, shared);
         }
         decision
     }
@@ -283,45 +296,44 @@ impl fmt::Debug for MemoryStoreBuilder {
 
 impl Shard {
     fn sweep(&mut self, now: u64) {
-        self.entries.retain(|_, entry| entry.expires_at_ms > now);
+        self.entries.retain(|entry| entry.expires_at_ms > now);
         self.next_sweep_ms = now + SWEEP_INTERVAL_MS;
     }
 
-    fn insert(&mut self, key: &str, entry: Entry, now: u64, shared: &Shared) {
-        if self.entries.len() >= shared.max_keys_per_shard && !self.entries.contains_key(key) {
+    /// Inserts an entry whose key is not in the shard yet, making room first when it is full.
+    fn insert(&mut self, entry: Entry, now: u64, shared: &Shared) {
+        if self.entries.len() >= shared.max_keys_per_shard {
             self.sweep(now);
             if self.entries.len() >= shared.max_keys_per_shard {
                 // Losing the entry nearest its expiry forgets the least state.
                 let victim = self
                     .entries
                     .iter()
-                    .min_by_key(|(_, entry)| entry.expires_at_ms)
-                    .map(|(key, _)| key.clone());
-                if let Some(victim) = victim {
-                    self.entries.remove(&victim);
+                    .min_by_key(|entry| entry.expires_at_ms)
+                    .map(|entry| (entry.hash, entry.key.clone()));
+                if let Some((hash, key)) = victim
+                    && let Ok(found) = self.entries.find_entry(hash, |entry| entry.key == key)
+                {
+                    found.remove();
                     shared.evictions.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
-        match self.entries.entry(key.into()) {
-            MapEntry::Occupied(mut slot) => {
-                slot.insert(entry);
-            }
-            MapEntry::Vacant(slot) => {
-                slot.insert(entry);
-            }
-        }
+        self.entries
+            .insert_unique(entry.hash, entry, |entry| entry.hash);
     }
 }
 
 impl Entry {
-    fn new(request: &CheckRequest<'_>) -> Self {
+    fn new(request: &CheckRequest<'_>, hash: u64) -> Self {
         let counters = request
             .rules
             .iter()
             .map(|rule| Counter::new(request.algorithm, rule))
             .collect();
         Entry {
+            key: request.key.into(),
+            hash,
             algorithm: request.algorithm,
             counters,
             expires_at_ms: 0,
