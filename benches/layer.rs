@@ -1,1 +1,242 @@
-fn main() {}
+//! What the rate-limit layer adds to one request, next to a bare router and to `tower_governor`.
+//!
+//! Every function sends one `GET /` through the same axum router (one route answering `"hello"`),
+//! in-process with `oneshot` (no network, no hyper), on a current-thread tokio runtime. The service is
+//! built once; each iteration clones it, builds the same request (empty body, a `ConnectInfo` peer
+//! address, always the same client IP so the same bucket is hit) and awaits the response.
+//!
+//! Group `one_request` (admitted requests; the limits are huge so nothing is ever refused):
+//! - `no_limiter`: the bare router, the baseline;
+//! - `memory_fixed_1_rule`: [`RateLimitLayer`] keyed by client IP with a [`MemoryStore`], one rule,
+//!   fixed window (O(1) state per rule, like governor's GCRA);
+//! - `memory_fixed_3_rules`: the same with three rules (per second, per minute, per hour);
+//! - `memory_sliding_1_rule`: the sliding log (the default algorithm) with one per-second rule. The
+//!   log keeps one timestamp per admitted request, so a billion-per-hour rule would measure a deque
+//!   growing to millions of entries rather than the layer; real sliding-log limits are small.
+//! - `tower_governor_1_rule`: `tower_governor`'s `GovernorLayer`, peer-IP key, one quota.
+//!
+//! Group `refused` (the flood case: the client's bucket is already used up):
+//! - `memory_1_rule`: our layer refusing with 429 (1 per hour, already used, sliding log);
+//! - `tower_governor_1_rule`: `tower_governor` refusing with 429 (burst 1, one per hour), for scale.
+//!
+//! Each service is checked once before it is measured (status, and our `RateLimit` header; a request
+//! without `ConnectInfo` must get a 500, which shows the limiter really sits in the path), and every
+//! measured response's status is asserted, so a misconfigured bench panics instead of measuring an
+//! error path.
+//!
+//! Run with:
+//!
+//! ```text
+//! cargo bench --bench layer
+//! cargo bench --bench layer -- --warm-up-time 2 --measurement-time 5   # quicker
+//! cargo bench --bench layer -- one_request/memory                      # a subset
+//! cargo bench --bench layer -- '^one_request/no_limiter$'               # one function
+//! ```
+//!
+//! Differences are a few hundred nanoseconds to a couple of microseconds, so on a shared or virtual
+//! machine compare several runs; running each function alone (as in the last line) and taking the
+//! median over repeats keeps one function's heap and cache state from affecting the next.
+
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, StatusCode};
+use axum::routing::get;
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
+use tokio::runtime::Runtime;
+use tower::ServiceExt;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_redis_ratelimit::{Algorithm, Key, MemoryStore, Policy, RateLimitLayer, Rule, headers};
+
+/// The one client every request comes from, so every request hits the same bucket.
+const CLIENT: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)), 40_000);
+
+/// A limit no benchmark run comes near: a billion requests (per second, minute or hour).
+const HUGE: u64 = 1_000_000_000;
+
+/// The same billion as `tower_governor`'s burst size.
+const HUGE_BURST: u32 = 1_000_000_000;
+
+/// The router every function measures: one route, no other middleware.
+fn router() -> Router {
+    Router::new().route("/", get(|| async { "hello" }))
+}
+
+/// The request every function sends, built the same way in every iteration.
+fn request() -> Request<Body> {
+    let mut request = Request::get("/")
+        .body(Body::empty())
+        .expect("a valid request");
+    request.extensions_mut().insert(ConnectInfo(CLIENT));
+    request
+}
+
+/// The router behind our layer: client-IP key, these rules, a fresh memory store.
+fn ours(algorithm: Algorithm, rules: impl IntoIterator<Item = Rule>) -> Router {
+    let policy = Policy::builder("bench")
+        .key(Key::ip())
+        .algorithm(algorithm)
+        .rules(rules)
+        .build()
+        .expect("a valid policy");
+    router().layer(RateLimitLayer::new(policy, MemoryStore::new()))
+}
+
+/// The router behind `tower_governor`: peer-IP key, one quota of `burst` replenished one per
+/// `period`.
+fn governor(period: Duration, burst: u32) -> Router {
+    let config = GovernorConfigBuilder::default()
+        .period(period)
+        .burst_size(burst)
+        .finish()
+        .expect("a valid governor config");
+    router().layer(GovernorLayer::new(config))
+}
+
+/// Which headers a checked response must carry.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Limiter {
+    None,
+    Ours,
+    Governor,
+}
+
+/// Sends one request outside any timing and panics unless the service answers `expected`, carries
+/// our `RateLimit` header exactly when it is ours, and (for a limiter) refuses a request without a
+/// client address, which shows the limiter is really in the path.
+fn verify(rt: &Runtime, name: &str, app: &Router, limiter: Limiter, expected: StatusCode) {
+    let response = rt
+        .block_on(app.clone().oneshot(request()))
+        .unwrap_or_else(|never| match never {});
+    assert_eq!(response.status(), expected, "{name}: unexpected status");
+    assert_eq!(
+        response.headers().contains_key(headers::RATELIMIT),
+        limiter == Limiter::Ours,
+        "{name}: the RateLimit header should be there exactly for our layer: {:?}",
+        response.headers()
+    );
+    let anonymous = Request::get("/")
+        .body(Body::empty())
+        .expect("a valid request");
+    let response = rt
+        .block_on(app.clone().oneshot(anonymous))
+        .unwrap_or_else(|never| match never {});
+    let without_peer = if limiter == Limiter::None {
+        StatusCode::OK
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    assert_eq!(
+        response.status(),
+        without_peer,
+        "{name}: a request without ConnectInfo"
+    );
+}
+
+/// Measures one request through `app`, asserting every response's status.
+fn bench(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    rt: &Runtime,
+    name: &str,
+    app: Router,
+    expected: StatusCode,
+) {
+    group.bench_function(name, |b| {
+        b.to_async(rt).iter(|| {
+            let app = app.clone();
+            async move {
+                let response = app
+                    .oneshot(black_box(request()))
+                    .await
+                    .unwrap_or_else(|never| match never {});
+                assert_eq!(response.status(), expected, "{name}: status changed");
+                response
+            }
+        });
+    });
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn one_request(c: &mut Criterion) {
+    let rt = runtime();
+    let services = [
+        ("no_limiter", Limiter::None, router()),
+        (
+            "memory_fixed_1_rule",
+            Limiter::Ours,
+            ours(Algorithm::FixedWindow, [Rule::per_second(HUGE)]),
+        ),
+        (
+            "memory_fixed_3_rules",
+            Limiter::Ours,
+            ours(
+                Algorithm::FixedWindow,
+                [
+                    Rule::per_second(HUGE),
+                    Rule::per_minute(HUGE),
+                    Rule::per_hour(HUGE),
+                ],
+            ),
+        ),
+        (
+            "memory_sliding_1_rule",
+            Limiter::Ours,
+            ours(Algorithm::SlidingLog, [Rule::per_second(HUGE)]),
+        ),
+        (
+            "tower_governor_1_rule",
+            Limiter::Governor,
+            // One cell per nanosecond, a billion of burst: a billion per second.
+            governor(Duration::from_nanos(1), HUGE_BURST),
+        ),
+    ];
+    for (name, limiter, app) in &services {
+        verify(&rt, name, app, *limiter, StatusCode::OK);
+    }
+    let mut group = c.benchmark_group("one_request");
+    for (name, _, app) in services {
+        bench(&mut group, &rt, name, app, StatusCode::OK);
+    }
+    group.finish();
+}
+
+fn refused(c: &mut Criterion) {
+    let rt = runtime();
+    let services = [
+        (
+            "memory_1_rule",
+            Limiter::Ours,
+            ours(Algorithm::SlidingLog, [Rule::per_hour(1)]),
+        ),
+        (
+            "tower_governor_1_rule",
+            Limiter::Governor,
+            governor(Duration::from_secs(3600), 1),
+        ),
+    ];
+    for (name, limiter, app) in &services {
+        // The first request uses the bucket up; from then on the client is refused.
+        verify(&rt, name, app, *limiter, StatusCode::OK);
+        verify(&rt, name, app, *limiter, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let mut group = c.benchmark_group("refused");
+    for (name, _, app) in services {
+        bench(&mut group, &rt, name, app, StatusCode::TOO_MANY_REQUESTS);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, one_request, refused);
+criterion_main!(benches);
