@@ -694,9 +694,8 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
 mod tests {
     use super::*;
 
-    use axum::Extension;
     use axum::body::Body;
-    use axum::extract::ConnectInfo;
+    use axum::extract::connect_info::MockConnectInfo;
     use http::{HeaderMap, Method, Request, StatusCode};
     use tower::ServiceExt;
 
@@ -1018,7 +1017,7 @@ mod tests {
         let mut config = load_config(DEFAULT_CONFIG).unwrap();
         config.no_limiter = true;
         assert!(banner(&config, config.listen).contains("WITHOUT rate limiting"));
-        let app = build_app(&config).layer(Extension(ConnectInfo(SocketAddr::from(PEER))));
+        let app = build_app(&config).layer(MockConnectInfo(SocketAddr::from(PEER)));
         for _ in 0..25 {
             let response = app
                 .clone()
@@ -1106,12 +1105,11 @@ mod tests {
 
     const PEER: ([u8; 4], u16) = ([127, 0, 0, 1], 40_000);
 
-    /// The app of config `text`, its requests coming from `PEER`. Not axum's `MockConnectInfo`: only
-    /// the `ConnectInfo` extractor consults that, while the limiter reads the `ConnectInfo`
-    /// extension that `into_make_service_with_connect_info` inserts, so insert that instead.
+    /// The app of config `text`, its requests coming from `PEER` (axum's `MockConnectInfo`, which
+    /// the limiter reads as the peer address, as the `ConnectInfo` extractor does).
     fn app_for(text: &str) -> Router {
         let config = load_config(text).unwrap();
-        build_app(&config).layer(Extension(ConnectInfo(SocketAddr::from(PEER))))
+        build_app(&config).layer(MockConnectInfo(SocketAddr::from(PEER)))
     }
 
     async fn send(

@@ -81,7 +81,7 @@ impl Decision {
 pub fn ceil_secs(duration: Duration) -> u64 {
     let secs = duration.as_secs();
     if duration.subsec_nanos() > 0 {
-        secs + 1
+        secs.saturating_add(1)
     } else {
         secs
     }

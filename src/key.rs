@@ -3,8 +3,10 @@
 //!
 //! An identity ends up inside a store key and in log lines, and most identities are user input (a
 //! user id, an API key). So an [`Identity`] is always *safe*: short, printable, free of the
-//! characters that separate or tag store keys (`:` inside a value, `{`, `}`), and never a raw
-//! secret. Values that are long or contain anything unusual are replaced by a hash.
+//! characters that tag store keys (`{`, `}`), and never a raw secret. Values that are long or contain
+//! anything unusual (a `:` among them) are replaced by a hash. The identity is the last part of a
+//! store key, so the colons of the `kind:` prefix and of an IPv6 address can't be mistaken for
+//! separators.
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;

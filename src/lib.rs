@@ -4,8 +4,8 @@
 //! [`Rule`]s that must all pass (10 per minute *and* 100 per hour) and an [`Algorithm`]. Add it with
 //! one line, `.layer(RateLimitLayer::new(policy, store))`. Refused requests get a `429 Too Many
 //! Requests` with `Retry-After` and an RFC 9457 problem body; every response of a limited route
-//! carries the IETF `RateLimit-Policy` and `RateLimit` headers (read them back with
-//! [`headers::parse`]).
+//! that the store answered carries the IETF `RateLimit-Policy` and `RateLimit` headers (read them
+//! back with [`headers::parse`]).
 //!
 //! The [`MemoryStore`] keeps counts in-process; a store checks and records every rule of a request in
 //! one atomic step, so a refused request consumes nothing.
@@ -55,9 +55,9 @@
 //!
 //! | [`Key`] | bucket | when it is missing |
 //! |---|---|---|
-//! | [`Key::ip`] | the client address (IPv6 grouped by /64), see [`ClientIp`] | no `ConnectInfo`: 500 |
+//! | [`Key::ip`] | the client address (IPv6 grouped by /64), see [`ClientIp`] | no `ConnectInfo`: 500 (or as [`MissingKey`] says) |
 //! | [`Key::user`], [`Key::user_from_fn`] | a [`UserId`] extension or your closure | [`MissingKey`] |
-//! | [`Key::header`] | a header value such as an API key, hashed | [`MissingKey`] |
+//! | [`Key::header`] | a header value such as an API key, hashed; check it before the limiter | [`MissingKey`] |
 //! | [`Key::global`] | one bucket for everyone | never |
 //! | [`Key::custom`] | your [`KeyExtractor`] | [`MissingKey`] |
 //!

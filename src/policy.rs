@@ -12,11 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{HeaderValue, StatusCode};
+use http::{HeaderValue, Method, StatusCode};
 
 use crate::client_ip::ClientIp;
 use crate::headers::{self, PolicyItem, SfName};
 use crate::key::{self, Key};
+
+/// The longest period a rule may have: 366 days, enough for yearly quotas, short enough that no
+/// store arithmetic on it can overflow.
+pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 86_400);
 
 /// One limit: at most `limit` units per `period`.
 ///
@@ -37,7 +41,7 @@ pub struct Rule {
 
 impl Rule {
     /// At most `limit` units per `period`. Checked when the policy is built: the limit must be at
-    /// least 1 and the period a whole, non-zero number of milliseconds.
+    /// least 1 and the period a whole, non-zero number of milliseconds, at most [`MAX_PERIOD`].
     pub const fn new(limit: u64, period: Duration) -> Self {
         Rule {
             limit,
@@ -175,8 +179,10 @@ pub enum Scope {
     #[default]
     Policy,
     /// One bucket per identity, method and route: the seed's `class-method` suffix. The route is
-    /// axum's `MatchedPath` (so `/users/{id}` is one route); without it (a layer outside the router)
-    /// the request path is used.
+    /// axum's `MatchedPath` (so `/users/{id}` is one route), which is set when the layer is added
+    /// with `Router::layer` or `route_layer`. Requests without it (a 404, a layer outside the router)
+    /// share one `unmatched` route, so made-up paths can't mint fresh buckets; so do methods other
+    /// than the standard nine.
     Route,
 }
 
@@ -242,6 +248,16 @@ pub enum PolicyError {
         "policy {policy:?}, rules[{index}] ({rule}): the period must be a whole number of milliseconds"
     )]
     SubMillisecondPeriod {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's period is longer than [`MAX_PERIOD`].
+    #[error("policy {policy:?}, rules[{index}] ({rule}): the period must be at most 366 days")]
+    PeriodTooLong {
         /// The policy's name.
         policy: String,
         /// The rule's position (from 0).
@@ -354,7 +370,7 @@ impl fmt::Debug for Policy {
 
 /// The store key of one request and who it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StorageKey {
+pub(crate) struct StorageKey {
     key: String,
     identity_at: usize,
     kind: &'static str,
@@ -363,30 +379,32 @@ pub struct StorageKey {
 impl StorageKey {
     /// The whole key: `prefix:policy:identity`, or `prefix:policy:route:identity` for a route-scoped
     /// policy. It contains no braces, so a store may wrap it in a hash tag.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         &self.key
     }
 
     /// The identity part, safe to log.
-    pub fn identity(&self) -> &str {
+    pub(crate) fn identity(&self) -> &str {
         &self.key[self.identity_at..]
     }
 
     /// The kind of key that produced it (`ip`, `user`, …): the policy's, or `ip` after a fallback.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         self.kind
     }
 }
 
 /// The result of looking up a request's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyLookup {
+pub(crate) enum KeyLookup {
     /// Count the request against this key.
     Found(StorageKey),
     /// No key: let the request through unlimited ([`MissingKey::Allow`]).
     Unlimited,
-    /// No key: refuse the request with this status.
+    /// No key: refuse the request with this status ([`MissingKey::Reject`]).
     Refuse(StatusCode),
+    /// Neither a key nor a client IP to fall back to: the server lacks `ConnectInfo`.
+    NoClientIp,
 }
 
 impl Policy {
@@ -473,7 +491,7 @@ impl Policy {
     }
 
     /// The store key of a request, or what to do when it has none.
-    pub fn storage_key(&self, parts: &Parts) -> KeyLookup {
+    pub(crate) fn storage_key(&self, parts: &Parts) -> KeyLookup {
         let inner = &self.0;
         let mut key = String::with_capacity(inner.key_base.len() + 64);
         key.push_str(&inner.key_base);
@@ -493,7 +511,7 @@ impl Policy {
                     if inner.key.is_ip()
                         || !Key::ip().push_identity(parts, &inner.client_ip, &mut key)
                     {
-                        return KeyLookup::Refuse(StatusCode::INTERNAL_SERVER_ERROR);
+                        return KeyLookup::NoClientIp;
                     }
                     "ip"
                 }
@@ -508,13 +526,27 @@ impl Policy {
 }
 
 /// Appends the route component: method and matched path, hashed when odd (paths with `{param}`).
+/// Only values the app defines get through: unmatched paths and non-standard methods, which a
+/// client can make up at will, collapse into one bucket each.
 fn push_route(key: &mut String, parts: &Parts) {
     let path = parts
         .extensions
         .get::<axum::extract::MatchedPath>()
-        .map_or_else(|| parts.uri.path(), |matched| matched.as_str());
-    let mut route = String::with_capacity(parts.method.as_str().len() + path.len());
-    route.push_str(parts.method.as_str());
+        .map_or("unmatched", |matched| matched.as_str());
+    let method = match parts.method {
+        Method::GET
+        | Method::POST
+        | Method::PUT
+        | Method::DELETE
+        | Method::PATCH
+        | Method::HEAD
+        | Method::OPTIONS
+        | Method::CONNECT
+        | Method::TRACE => parts.method.as_str(),
+        _ => "OTHER",
+    };
+    let mut route = String::with_capacity(method.len() + path.len());
+    route.push_str(method);
     route.push_str(path);
     key::push_component(key, &route);
 }
@@ -635,6 +667,13 @@ impl PolicyBuilder {
                     rule: text(),
                 });
             }
+            if rule.period > MAX_PERIOD {
+                return Err(PolicyError::PeriodTooLong {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
             if let Some(first) = self.rules[..index]
                 .iter()
                 .position(|earlier| earlier.limit == rule.limit && earlier.period == rule.period)
@@ -748,6 +787,11 @@ mod tests {
             build(vec![Rule::new(5, Duration::from_nanos(10))]).unwrap_err(),
             PolicyError::SubMillisecondPeriod { .. }
         ));
+        assert!(build(vec![Rule::new(5, MAX_PERIOD)]).is_ok());
+        assert!(matches!(
+            build(vec![Rule::new(5, MAX_PERIOD + Duration::from_millis(1))]).unwrap_err(),
+            PolicyError::PeriodTooLong { index: 0, .. }
+        ));
         let error = build(vec![
             Rule::per_minute(10),
             Rule::per_hour(5),
@@ -852,11 +896,22 @@ mod tests {
             .rule(Rule::per_second(1))
             .build()
             .unwrap();
+        // Without axum's MatchedPath (tested through a router in tests/layer.rs) paths are made up
+        // by the client, so they share one bucket rather than minting new ones.
         let get = found(routed.storage_key(&request("/x", http::Method::GET, peer)));
+        let other_path = found(routed.storage_key(&request("/y", http::Method::GET, peer)));
         let post = found(routed.storage_key(&request("/x", http::Method::POST, peer)));
-        assert_eq!(get.as_str(), "demo:a:GET/x:ip:192.0.2.1");
+        assert_eq!(get.as_str(), "demo:a:GETunmatched:ip:192.0.2.1");
+        assert_eq!(get, other_path);
         assert_ne!(get, post);
         assert_eq!(get.identity(), post.identity());
+        let made_up =
+            |method: &str| found(routed.storage_key(&request("/x", method.parse().unwrap(), peer)));
+        assert_eq!(made_up("FOO"), made_up("BAR"));
+        assert_eq!(
+            made_up("FOO").as_str(),
+            "demo:a:OTHERunmatched:ip:192.0.2.1"
+        );
     }
 
     #[test]
@@ -884,7 +939,7 @@ mod tests {
         let no_peer = request("/", http::Method::GET, None);
         assert_eq!(
             user(MissingKey::ClientIp).storage_key(&no_peer),
-            KeyLookup::Refuse(StatusCode::INTERNAL_SERVER_ERROR)
+            KeyLookup::NoClientIp
         );
     }
 

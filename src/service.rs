@@ -10,7 +10,6 @@ use http::{Request, Response, StatusCode};
 use tower::{BoxError, Service};
 
 use crate::decision::Decision;
-use crate::decision::ceil_secs;
 use crate::future::ResponseFuture;
 use crate::policy::{KeyLookup, OnStoreError, Policy, StorageKey};
 use crate::response::{self, LimitHeaders, Rejected};
@@ -46,6 +45,18 @@ impl Limiter {
     }
 
     pub(crate) fn settle(&self, result: Result<Decision, StoreError>, key: &StorageKey) -> Verdict {
+        // A store must answer for every rule; anything else is a broken store, not a decision.
+        let result = result.and_then(|decision| {
+            if decision.rules.len() == self.policy.rules().len() {
+                Ok(decision)
+            } else {
+                Err(StoreError::Protocol(format!(
+                    "{} rule states for a policy of {} rules",
+                    decision.rules.len(),
+                    self.policy.rules().len()
+                )))
+            }
+        });
         match result {
             Ok(decision) => {
                 let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
@@ -88,7 +99,7 @@ impl Limiter {
             rule = %rules.join(", "),
             key_kind = key.kind(),
             key = key.identity(),
-            retry_after_s = ceil_secs(rejected.retry_after()),
+            retry_after_s = rejected.retry_after_secs(),
             "request rate limited"
         );
     }
@@ -170,14 +181,17 @@ where
             KeyLookup::Found(key) => key,
             KeyLookup::Unlimited => return ResponseFuture::inner(self.inner.call(request), None),
             KeyLookup::Refuse(status) => {
-                if status == StatusCode::INTERNAL_SERVER_ERROR {
-                    tracing::error!(
-                        policy = policy.name(),
-                        "no client IP to rate-limit by: serve with \
-                         `into_make_service_with_connect_info::<SocketAddr>()`"
-                    );
-                }
                 return ResponseFuture::respond(response::key_unavailable(status));
+            }
+            KeyLookup::NoClientIp => {
+                tracing::error!(
+                    policy = policy.name(),
+                    "no client IP to rate-limit by: serve with \
+                     `into_make_service_with_connect_info::<SocketAddr>()`"
+                );
+                return ResponseFuture::respond(response::key_unavailable(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                ));
             }
         };
         let mut check = limiter.store.check(&CheckRequest {

@@ -37,12 +37,15 @@ fn store_at(clock: &ManualClock) -> MemoryStore {
 #[tokio::test]
 async fn seed_curl_loop_twenty_per_minute() {
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        // Half a minute into a window, so a real minute boundary can't fall inside the loop.
+        let clock = clock();
+        clock.advance(Duration::from_secs(30));
         let app = app(
             policy([Rule::per_minute(20)])
                 .algorithm(algorithm)
                 .build()
                 .unwrap(),
-            MemoryStore::new(),
+            store_at(&clock),
         );
         for n in 1..=20u64 {
             let response = send(&app, request_from(PEER, "/")).await;
@@ -61,7 +64,12 @@ async fn seed_curl_loop_twenty_per_minute() {
                 "request {n}"
             );
             let retry = retry_after_secs(&response);
-            assert!((1..=60).contains(&retry), "Retry-After {retry}");
+            // The window ends (fixed) or the first request leaves (log) 30 s or 60 s from now.
+            let expected = match algorithm {
+                Algorithm::FixedWindow => 30,
+                _ => 60,
+            };
+            assert_eq!(retry, expected, "{algorithm}");
             let limits = limits(&response);
             assert_eq!(limits.status("20-per-60s").unwrap().remaining, 0);
             assert_refused(response, &["20-per-60s"]).await;
@@ -503,7 +511,7 @@ struct DownStore;
 
 impl Store for DownStore {
     fn check(&self, _: &CheckRequest<'_>) -> CheckFuture {
-        CheckFuture::new(async { Err(StoreError::Timeout(Duration::from_millis(250))) })
+        CheckFuture::from_future(async { Err(StoreError::Timeout(Duration::from_millis(250))) })
     }
 }
 
@@ -527,6 +535,36 @@ async fn store_errors_fail_open_or_closed_never_429() {
     assert_eq!(json(response).await["status"], 503);
 }
 
+/// A store that answers for fewer rules than the policy has.
+struct BrokenStore;
+
+impl Store for BrokenStore {
+    fn check(&self, _: &CheckRequest<'_>) -> CheckFuture {
+        CheckFuture::ready(Ok(tower_redis_ratelimit::Decision {
+            allowed: false,
+            rules: Vec::new(),
+            now_unix_ms: 0,
+        }))
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_store_answer_is_a_store_error_not_a_panic() {
+    let open = app(policy([Rule::per_second(1)]).build().unwrap(), BrokenStore);
+    let response = send(&open, request_from(PEER, "/")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers().get("ratelimit").is_none());
+    let closed = app(
+        policy([Rule::per_second(1)])
+            .on_store_error(OnStoreError::Deny)
+            .build()
+            .unwrap(),
+        BrokenStore,
+    );
+    let response = send(&closed, request_from(PEER, "/")).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
 /// The memory store answering asynchronously, to drive the future's checking state.
 #[derive(Clone)]
 struct SlowStore(MemoryStore);
@@ -537,7 +575,7 @@ impl Store for SlowStore {
         let result = answer
             .take_ready()
             .expect("the memory store answers at once");
-        CheckFuture::new(async move {
+        CheckFuture::from_future(async move {
             tokio::task::yield_now().await;
             result
         })
@@ -591,6 +629,12 @@ async fn route_scope_gives_each_route_its_own_bucket() {
     assert_eq!(call("GET", "/users/1").await.status(), StatusCode::OK);
     assert_eq!(
         call("GET", "/users/2").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Made-up paths share one bucket: a client can't mint fresh buckets with them.
+    assert_eq!(call("GET", "/nope-1").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        call("GET", "/nope-2").await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
 }

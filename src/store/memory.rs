@@ -1,9 +1,12 @@
 //! The in-process store: the embedded default.
 //!
-//! Keys are spread over shards, each a `Mutex<HashMap>`; a check locks one shard for a few hundred
+//! Keys are spread over shards, each a locked hash table; a check locks one shard for a few hundred
 //! nanoseconds, which makes check-and-record atomic without a global lock. Memory stays bounded
 //! without a background task: each shard drops its expired entries when it is touched after a sweep
-//! interval, and a cap on distinct keys evicts the entry closest to expiry when a shard is full.
+//! interval, and a cap on distinct keys evicts the least recently checked key when a shard is full.
+//!
+//! The cap counts keys, not bytes: a fixed window keeps one counter per rule, a sliding log one
+//! timestamp per admitted unit, so a sliding-log key can take up to `8 × limit` bytes per rule.
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
@@ -30,8 +33,10 @@ pub trait Clock: Send + Sync + 'static {
     fn now_unix_ms(&self) -> u64;
 }
 
-/// Wall-clock time that never goes backwards: the system time when the clock was made, plus a
-/// monotonic `Instant` since then. A system clock stepped back by NTP can't reopen a window.
+/// Unix time that never goes backwards: the system time when the clock was made, plus a monotonic
+/// `Instant` since then. A system clock stepped back by NTP can't reopen a window; in exchange the
+/// clock drifts from the wall clock by whatever steps the system clock takes later (small, and
+/// only visible in `X-RateLimit-Reset`).
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     anchor_unix_ms: u64,
@@ -128,17 +133,25 @@ struct Shared {
 struct Shard {
     entries: HashTable<Entry>,
     next_sweep_ms: u64,
+    /// The latest time this shard has seen: a clock that steps back (a custom or manual clock) must
+    /// not reopen a window or misorder a log, so time never goes backwards inside a shard.
+    latest_ms: u64,
 }
 
-/// The counters of one key: one per rule, in rule order.
+/// The counters of one key.
 struct Entry {
     key: Box<str>,
     /// The key's hash, kept for growing the table.
     hash: u64,
-    algorithm: Algorithm,
+    /// One counter per (algorithm, period). The first ones match the rules of the latest check, in
+    /// rule order; counters of other rules on the same key (two policies of one name, a policy
+    /// redeployed with new rules) follow, kept until they expire rather than wiped.
     counters: Vec<Counter>,
     /// When every counter is empty again and the entry can go.
     expires_at_ms: u64,
+    /// The latest check of this key, admitted or refused: eviction takes the least recent, so a
+    /// client that keeps knocking while refused is not evicted by a flood of new keys.
+    last_seen_ms: u64,
 }
 
 enum Counter {
@@ -195,6 +208,8 @@ impl MemoryStore {
         // Bits 32..48 pick the shard: the table inside indexes by the low bits and tags by the top 7.
         let index = usize::from((hash >> 32) as u16) % shared.shards.len();
         let mut shard = lock(&shared.shards[index]);
+        shard.latest_ms = shard.latest_ms.max(now);
+        let now = shard.latest_ms;
         if now >= shard.next_sweep_ms {
             shard.sweep(now);
         }
@@ -202,9 +217,7 @@ impl MemoryStore {
             .entries
             .find_mut(hash, |entry| *entry.key == *request.key)
         {
-            if !entry.fits(request) {
-                *entry = Entry::new(request, hash);
-            }
+            entry.arrange(request);
             return entry.check(request, now);
         }
         let mut entry = Entry::new(request, hash);
@@ -259,7 +272,7 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// How many independently locked shards to spread keys over (default 64, at least 1).
+    /// How many independently locked shards to spread keys over (default 64; 1 to 65 536).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards;
         self
@@ -273,7 +286,7 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let shards = self.shards.max(1);
+        let shards = self.shards.clamp(1, 1 << 16);
         let max_keys_per_shard = self.max_keys.div_ceil(shards).max(1);
         MemoryStore(Arc::new(Shared {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
@@ -297,7 +310,7 @@ impl fmt::Debug for MemoryStoreBuilder {
 impl Shard {
     fn sweep(&mut self, now: u64) {
         self.entries.retain(|entry| entry.expires_at_ms > now);
-        self.next_sweep_ms = now + SWEEP_INTERVAL_MS;
+        self.next_sweep_ms = now.saturating_add(SWEEP_INTERVAL_MS);
     }
 
     /// Inserts an entry whose key is not in the shard yet, making room first when it is full.
@@ -305,11 +318,11 @@ impl Shard {
         if self.entries.len() >= shared.max_keys_per_shard {
             self.sweep(now);
             if self.entries.len() >= shared.max_keys_per_shard {
-                // Losing the entry nearest its expiry forgets the least state.
+                // The least recently checked key: not one that is being refused right now.
                 let victim = self
                     .entries
                     .iter()
-                    .min_by_key(|entry| entry.expires_at_ms)
+                    .min_by_key(|entry| entry.last_seen_ms)
                     .map(|entry| (entry.hash, entry.key.clone()));
                 if let Some((hash, key)) = victim
                     && let Ok(found) = self.entries.find_entry(hash, |entry| entry.key == key)
@@ -334,22 +347,30 @@ impl Entry {
         Entry {
             key: request.key.into(),
             hash,
-            algorithm: request.algorithm,
             counters,
             expires_at_ms: 0,
+            last_seen_ms: 0,
         }
     }
 
-    /// Whether this entry was made for the same algorithm and periods (a redeployed policy with
-    /// other rules starts afresh rather than misreading old counters).
-    fn fits(&self, request: &CheckRequest<'_>) -> bool {
-        self.algorithm == request.algorithm
-            && self.counters.len() == request.rules.len()
-            && self
-                .counters
+    /// Puts the counters of the request's rules first, in rule order, creating missing ones. Almost
+    /// always a no-op: only a key shared by different rule sets moves anything.
+    fn arrange(&mut self, request: &CheckRequest<'_>) {
+        for (index, rule) in request.rules.iter().enumerate() {
+            let (algorithm, period_ms) = (request.algorithm, rule.period_ms());
+            let found = self.counters[index.min(self.counters.len())..]
                 .iter()
-                .zip(request.rules)
-                .all(|(counter, rule)| counter.period_ms() == rule.period_ms())
+                .position(|counter| counter.counts(algorithm, period_ms));
+            match found {
+                Some(0) => {}
+                Some(offset) => self.counters.swap(index, index + offset),
+                None => {
+                    self.counters.push(Counter::new(algorithm, rule));
+                    let last = self.counters.len() - 1;
+                    self.counters.swap(index, last);
+                }
+            }
+        }
     }
 
     /// Checks every rule, then records in all of them only if all admit the request.
@@ -362,8 +383,7 @@ impl Entry {
                 allowed = false;
             }
         }
-        let mut rules = Vec::with_capacity(self.counters.len());
-        let mut expires_at_ms = 0;
+        let mut rules = Vec::with_capacity(request.rules.len());
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             let limit = rule.limit();
             let retry_after = if allowed {
@@ -382,9 +402,26 @@ impl Entry {
                 reset: Duration::from_millis(counter.frees_after(now)),
                 retry_after,
             });
-            expires_at_ms = expires_at_ms.max(counter.expires_at());
         }
-        self.expires_at_ms = expires_at_ms;
+        let rule_count = request.rules.len();
+        if self.counters.len() > rule_count {
+            // Counters of other rule sets stay only while they still hold something.
+            let mut index = rule_count;
+            while index < self.counters.len() {
+                if self.counters[index].expires_at() <= now {
+                    self.counters.swap_remove(index);
+                } else {
+                    index += 1;
+                }
+            }
+        }
+        self.expires_at_ms = self
+            .counters
+            .iter()
+            .map(Counter::expires_at)
+            .max()
+            .unwrap_or(0);
+        self.last_seen_ms = now;
         Decision {
             allowed,
             rules,
@@ -395,7 +432,8 @@ impl Entry {
 
 impl Counter {
     fn new(algorithm: Algorithm, rule: &Rule) -> Self {
-        let period_ms = rule.period_ms();
+        // Policies refuse zero periods; a rule passed to a store directly must not divide by zero.
+        let period_ms = rule.period_ms().max(1);
         match algorithm {
             Algorithm::FixedWindow => Counter::Window {
                 period_ms,
@@ -409,9 +447,14 @@ impl Counter {
         }
     }
 
-    fn period_ms(&self) -> u64 {
-        match self {
-            Counter::Window { period_ms, .. } | Counter::Log { period_ms, .. } => *period_ms,
+    /// Whether this counter keeps the count of a rule of `period_ms` under `algorithm`.
+    fn counts(&self, algorithm: Algorithm, period_ms: u64) -> bool {
+        match (self, algorithm) {
+            (Counter::Window { period_ms: own, .. }, Algorithm::FixedWindow)
+            | (Counter::Log { period_ms: own, .. }, Algorithm::SlidingLog) => {
+                *own == period_ms.max(1)
+            }
+            _ => false,
         }
     }
 
@@ -425,7 +468,7 @@ impl Counter {
             } => {
                 // Windows are aligned to the epoch, so every store agrees where they start.
                 let current = now - now % *period_ms;
-                if *start_ms != current {
+                if current > *start_ms {
                     *start_ms = current;
                     *count = 0;
                 }
@@ -464,7 +507,7 @@ impl Counter {
                 period_ms,
                 start_ms,
                 ..
-            } => (start_ms + period_ms).saturating_sub(now),
+            } => start_ms.saturating_add(*period_ms).saturating_sub(now),
             Counter::Log { period_ms, stamps } => {
                 // The request fits once `used + cost - limit` of the oldest admissions expire.
                 let must_expire = (stamps.len() as u64 + cost).saturating_sub(limit);
@@ -472,7 +515,7 @@ impl Counter {
                     .ok()
                     .and_then(|n| stamps.get(n.checked_sub(1)?))
                 {
-                    Some(stamp) => (stamp + period_ms).saturating_sub(now),
+                    Some(stamp) => stamp.saturating_add(*period_ms).saturating_sub(now),
                     // Costs more than the limit: it never fits; say one period.
                     None => *period_ms,
                 }
@@ -491,12 +534,12 @@ impl Counter {
                 if *count == 0 {
                     0
                 } else {
-                    (start_ms + period_ms).saturating_sub(now)
+                    start_ms.saturating_add(*period_ms).saturating_sub(now)
                 }
             }
-            Counter::Log { period_ms, stamps } => stamps
-                .front()
-                .map_or(0, |oldest| (oldest + period_ms).saturating_sub(now)),
+            Counter::Log { period_ms, stamps } => stamps.front().map_or(0, |oldest| {
+                oldest.saturating_add(*period_ms).saturating_sub(now)
+            }),
         }
     }
 
@@ -511,12 +554,12 @@ impl Counter {
                 if *count == 0 {
                     0
                 } else {
-                    start_ms + period_ms
+                    start_ms.saturating_add(*period_ms)
                 }
             }
-            Counter::Log { period_ms, stamps } => {
-                stamps.back().map_or(0, |newest| newest + period_ms)
-            }
+            Counter::Log { period_ms, stamps } => stamps
+                .back()
+                .map_or(0, |newest| newest.saturating_add(*period_ms)),
         }
     }
 }
@@ -697,44 +740,101 @@ mod tests {
     }
 
     #[test]
-    fn a_full_store_evicts_the_entry_nearest_expiry() {
+    fn a_full_store_evicts_the_least_recently_checked_key() {
         let clock = ManualClock::new(0);
         let store = MemoryStore::builder()
             .shards(1)
             .max_keys(3)
             .clock(clock.clone())
             .build();
-        let request = |key: &str, rules: &[Rule]| {
+        let request = |key: &str| {
+            clock.advance(Duration::from_millis(1));
             store
                 .check_now(&CheckRequest {
                     key,
-                    rules,
+                    rules: &[Rule::per_hour(1)],
                     algorithm: Algorithm::SlidingLog,
                     cost: 1,
                 })
                 .allowed
         };
-        let hour = [Rule::per_hour(1)];
-        let second = [Rule::per_second(1)];
-        assert!(request("long-1", &hour));
-        assert!(request("short", &second));
-        assert!(request("long-2", &hour));
-        assert!(request("new", &hour));
+        assert!(request("blocked"));
+        assert!(request("a"));
+        assert!(request("b"));
+        // The blocked client keeps knocking: refused, but recently seen.
+        assert!(!request("blocked"));
+        // A flood of new keys evicts the idle ones, never the client being refused.
+        assert!(request("c"));
+        assert!(request("d"));
         assert_eq!(store.len(), 3);
-        assert_eq!(store.evictions(), 1);
-        // The hour-long entries survived: they still refuse.
-        assert!(!request("long-1", &hour));
-        assert!(!request("long-2", &hour));
+        assert_eq!(store.evictions(), 2);
+        assert!(!request("blocked"));
+        assert!(request("a"), "the idle key was evicted and starts afresh");
     }
 
     #[test]
-    fn changed_rules_start_afresh() {
+    fn two_rule_sets_on_one_key_keep_their_own_counters() {
+        let clock = ManualClock::new(0);
+        let store = store(&clock);
+        let minute = [Rule::per_minute(2)];
+        let hour = [Rule::per_hour(3)];
+        // Alternating requests of two policies that ended up on the same key.
+        for _ in 0..2 {
+            assert!(check(&store, Algorithm::SlidingLog, &minute).allowed);
+            assert!(check(&store, Algorithm::SlidingLog, &hour).allowed);
+        }
+        assert!(!check(&store, Algorithm::SlidingLog, &minute).allowed);
+        assert!(check(&store, Algorithm::SlidingLog, &hour).allowed);
+        assert!(!check(&store, Algorithm::SlidingLog, &hour).allowed);
+        // Same period, other algorithm: a counter of its own too.
+        assert!(check(&store, Algorithm::FixedWindow, &minute).allowed);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_reopens_nothing() {
+        for algorithm in BOTH {
+            let clock = ManualClock::new(120_000);
+            let store = store(&clock);
+            let rules = [Rule::per_minute(1)];
+            assert!(check(&store, algorithm, &rules).allowed);
+            // Back into the previous window: still the same limit, not a fresh count.
+            clock.set(90_000);
+            let refused = check(&store, algorithm, &rules);
+            assert!(!refused.allowed, "{algorithm}");
+            assert_eq!(refused.retry_after(), Some(Duration::from_secs(60)));
+            clock.set(180_000);
+            assert!(check(&store, algorithm, &rules).allowed, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn huge_periods_saturate_instead_of_overflowing() {
+        let clock = ManualClock::new(1_000);
+        let store = store(&clock);
+        let rules = [Rule::new(1, Duration::from_millis(u64::MAX))];
+        for algorithm in BOTH {
+            let key = algorithm.as_str();
+            let request = CheckRequest {
+                key,
+                rules: &rules,
+                algorithm,
+                cost: 1,
+            };
+            assert!(store.check_now(&request).allowed);
+            assert!(!store.check_now(&request).allowed, "{algorithm}");
+        }
+    }
+
+    #[test]
+    fn changed_rules_count_apart_from_the_old_ones() {
         let clock = ManualClock::new(0);
         let store = store(&clock);
         assert!(check(&store, Algorithm::SlidingLog, &[Rule::per_minute(1)]).allowed);
         assert!(!check(&store, Algorithm::SlidingLog, &[Rule::per_minute(1)]).allowed);
         assert!(check(&store, Algorithm::SlidingLog, &[Rule::per_hour(1)]).allowed);
         assert!(check(&store, Algorithm::FixedWindow, &[Rule::per_hour(1)]).allowed);
+        // The old per-minute count was kept, not wiped.
+        assert!(!check(&store, Algorithm::SlidingLog, &[Rule::per_minute(1)]).allowed);
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub struct CheckRequest<'a> {
 /// `check` must be atomic: it checks every rule and records the request in all of them only if all
 /// admit it; a refused request changes nothing. It returns a [`CheckFuture`]: an in-process store
 /// answers with [`CheckFuture::ready`] (no allocation, no task switch), a networked one with
-/// [`CheckFuture::new`].
+/// [`CheckFuture::from_future`].
 ///
 /// The trait is object safe, so stores can be shared as `Arc<dyn Store>`.
 pub trait Store: Send + Sync + 'static {
@@ -71,7 +71,7 @@ impl CheckFuture {
     }
 
     /// An answer that still has to be waited for (networked stores).
-    pub fn new<F>(future: F) -> Self
+    pub fn from_future<F>(future: F) -> Self
     where
         F: Future<Output = Result<Decision, StoreError>> + Send + 'static,
     {
