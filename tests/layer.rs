@@ -237,16 +237,7 @@ async fn two_hundred_racing_tasks_get_exactly_fifty() {
             })
         })
         .collect();
-    let mut admitted = 0;
-    let mut refused = 0;
-    for task in tasks {
-        match task.await.unwrap() {
-            StatusCode::OK => admitted += 1,
-            StatusCode::TOO_MANY_REQUESTS => refused += 1,
-            other => panic!("unexpected {other}"),
-        }
-    }
-    assert_eq!((admitted, refused), (50, 150));
+    assert_eq!(common::admitted_and_refused(tasks).await, (50, 150));
 }
 
 #[tokio::test]
@@ -507,6 +498,7 @@ async fn the_429_can_be_replaced() {
 }
 
 /// A store that fails every check.
+#[derive(Clone)]
 struct DownStore;
 
 impl Store for DownStore {
@@ -515,27 +507,8 @@ impl Store for DownStore {
     }
 }
 
-#[tokio::test]
-async fn store_errors_fail_open_or_closed_never_429() {
-    let open = app(policy([Rule::per_second(1)]).build().unwrap(), DownStore);
-    for _ in 0..3 {
-        let response = send(&open, request_from(PEER, "/")).await;
-        assert_eq!(response.status(), StatusCode::OK);
-        assert!(response.headers().get("ratelimit").is_none());
-    }
-    let closed = app(
-        policy([Rule::per_second(1)])
-            .on_store_error(OnStoreError::Deny)
-            .build()
-            .unwrap(),
-        DownStore,
-    );
-    let response = send(&closed, request_from(PEER, "/")).await;
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(json(response).await["status"], 503);
-}
-
 /// A store that answers for fewer rules than the policy has.
+#[derive(Clone)]
 struct BrokenStore;
 
 impl Store for BrokenStore {
@@ -548,21 +521,38 @@ impl Store for BrokenStore {
     }
 }
 
-#[tokio::test]
-async fn a_malformed_store_answer_is_a_store_error_not_a_panic() {
-    let open = app(policy([Rule::per_second(1)]).build().unwrap(), BrokenStore);
-    let response = send(&open, request_from(PEER, "/")).await;
-    assert_eq!(response.status(), StatusCode::OK);
-    assert!(response.headers().get("ratelimit").is_none());
+/// A failing store lets requests through without headers by default and gets a 503 problem when
+/// the policy fails closed; never a 429.
+async fn assert_fails_open_or_closed(store: impl Store + Clone) {
+    let open = app(
+        policy([Rule::per_second(1)]).build().unwrap(),
+        store.clone(),
+    );
+    for _ in 0..3 {
+        let response = send(&open, request_from(PEER, "/")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get("ratelimit").is_none());
+    }
     let closed = app(
         policy([Rule::per_second(1)])
             .on_store_error(OnStoreError::Deny)
             .build()
             .unwrap(),
-        BrokenStore,
+        store,
     );
     let response = send(&closed, request_from(PEER, "/")).await;
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json(response).await["status"], 503);
+}
+
+#[tokio::test]
+async fn store_errors_fail_open_or_closed_never_429() {
+    assert_fails_open_or_closed(DownStore).await;
+}
+
+#[tokio::test]
+async fn a_malformed_store_answer_is_a_store_error_not_a_panic() {
+    assert_fails_open_or_closed(BrokenStore).await;
 }
 
 /// The memory store answering asynchronously, to drive the future's checking state.

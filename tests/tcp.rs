@@ -1,5 +1,7 @@
 //! The layer behind a real TCP socket on loopback, driven by an HTTP client, in real time.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -176,16 +178,7 @@ async fn two_hundred_concurrent_clients_get_exactly_fifty() {
             })
         })
         .collect();
-    let mut admitted = 0;
-    let mut refused = 0;
-    for task in tasks {
-        match task.await.unwrap() {
-            StatusCode::OK => admitted += 1,
-            StatusCode::TOO_MANY_REQUESTS => refused += 1,
-            other => panic!("unexpected {other}"),
-        }
-    }
-    assert_eq!((admitted, refused), (50, 150));
+    assert_eq!(common::admitted_and_refused(tasks).await, (50, 150));
 }
 
 #[tokio::test]

@@ -71,3 +71,19 @@ pub async fn assert_refused(response: Response<Body>, violated: &[&str]) {
     let body = json(response).await;
     assert_eq!(body["violated-policies"], serde_json::json!(violated));
 }
+
+/// Awaits racing tasks and counts their 200s and 429s; any other status fails the test.
+pub async fn admitted_and_refused(
+    tasks: Vec<tokio::task::JoinHandle<StatusCode>>,
+) -> (usize, usize) {
+    let mut admitted = 0;
+    let mut refused = 0;
+    for task in tasks {
+        match task.await.expect("the task finishes") {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    (admitted, refused)
+}
