@@ -90,7 +90,7 @@ pub use policy::{
 };
 pub use response::Rejected;
 pub use service::RateLimit;
-pub use store::{MemoryStore, Store, StoreError};
+pub use store::{MemoryStore, RedisStore, Store, StoreError};
 
 // The README's examples are compiled and run as doctests.
 #[cfg(doctest)]

@@ -17,8 +17,10 @@ use crate::decision::Decision;
 use crate::policy::{Algorithm, Rule};
 
 mod memory;
+mod redis;
 
-pub use memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
+pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
+pub use self::redis::{DEFAULT_TIMEOUT, RedisStore};
 
 /// One request to check: the key, the rules (all must pass), the algorithm and the request's cost.
 #[derive(Debug, Clone, Copy)]

@@ -87,3 +87,5 @@ pub async fn admitted_and_refused(
     }
     (admitted, refused)
 }
+
+pub mod redis_server;

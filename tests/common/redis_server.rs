@@ -1,0 +1,113 @@
+//! A Redis for the tests: `REDIS_URL` when set, else a `redis-server` of the test's own on a free
+//! loopback port, stopped when dropped. Without either the test fails and says how to get one; it
+//! never skips.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// A Redis server the test can use.
+pub struct TestRedis {
+    /// `redis://127.0.0.1:<port>/0` or `REDIS_URL`.
+    pub url: String,
+    port: Option<u16>,
+    child: Option<Child>,
+}
+
+impl TestRedis {
+    /// `REDIS_URL` if set, else a server of our own.
+    pub fn shared() -> TestRedis {
+        match std::env::var("REDIS_URL") {
+            Ok(url) if !url.is_empty() => TestRedis {
+                url,
+                port: None,
+                child: None,
+            },
+            _ => TestRedis::own(),
+        }
+    }
+
+    /// Always a server of our own, for tests that stop or flush it.
+    pub fn own() -> TestRedis {
+        let port = free_port();
+        let mut server = TestRedis {
+            url: format!("redis://127.0.0.1:{port}/0"),
+            port: Some(port),
+            child: None,
+        };
+        server.start();
+        server
+    }
+
+    /// Starts (again) our own server on its port.
+    pub fn start(&mut self) {
+        let port = self.port.expect("only a server of our own can be started");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(std::env::temp_dir())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot start redis-server ({error}). Install it (`apt-get install redis-server`) \
+                     or point REDIS_URL at a running Redis, e.g. REDIS_URL=redis://127.0.0.1:6379/0"
+                )
+            });
+        self.child = Some(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not listen on {addr} within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stops our own server (as a crash would: no shutdown handshake with clients).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A synchronous client for assertions about the server's state.
+    pub fn client(&self) -> redis::Connection {
+        redis::Client::open(self.url.as_str())
+            .and_then(|client| client.get_connection())
+            .unwrap_or_else(|error| panic!("cannot connect to {}: {error}", self.url))
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free loopback port")
+}
+
+/// A key prefix no other test (or earlier run against a shared `REDIS_URL`) uses.
+pub fn unique_prefix(test: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    format!(
+        "t-{test}-{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,366 @@
+//! The Redis store against a real Redis (see `common::redis_server`): same answers as the in-memory
+//! store, one round trip per request, every key with a TTL, NOSCRIPT recovery, and outages that are
+//! store errors, never 429s.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use common::redis_server::{TestRedis, unique_prefix};
+use common::{admitted_and_refused, assert_refused, limits, request_from, retry_after_secs, send};
+use http::StatusCode;
+use proptest::prelude::*;
+use redis::Commands;
+use tower_redis_ratelimit::store::{CheckRequest, RedisStore};
+use tower_redis_ratelimit::{
+    Algorithm, MemoryStore, OnStoreError, Policy, RateLimitLayer, Rule, Store,
+};
+
+const PEER: &str = "203.0.113.10:4000";
+
+fn store(redis: &TestRedis) -> RedisStore {
+    RedisStore::from_url(&redis.url).expect("a valid Redis URL")
+}
+
+fn app(policy: Policy, store: RedisStore) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(policy, store))
+}
+
+/// Every key under `prefix` has a TTL: none is immortal.
+fn assert_every_key_expires(redis: &TestRedis, prefix: &str) -> usize {
+    let mut client = redis.client();
+    let keys: Vec<String> = client
+        .scan_match::<_, String>(format!("{{{prefix}:*"))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut client).unwrap();
+        assert!(ttl > 0, "{key} has PTTL {ttl}");
+    }
+    keys.len()
+}
+
+/// The calls per command, from `INFO commandstats`.
+fn command_calls(redis: &TestRedis) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.client())
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.split(',').find_map(|s| s.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn seed_curl_loop_on_redis() {
+    let redis = TestRedis::shared();
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let prefix = unique_prefix("curl");
+        let policy = Policy::builder("curl")
+            .prefix(&prefix)
+            .algorithm(algorithm)
+            .rule(Rule::per_minute(20))
+            .build()
+            .unwrap();
+        let app = app(policy, store(&redis));
+        for n in 1..=20u64 {
+            let response = send(&app, request_from(PEER, "/")).await;
+            assert_eq!(response.status(), StatusCode::OK, "{algorithm} request {n}");
+            assert_eq!(
+                limits(&response).status("20-per-60s").unwrap().remaining,
+                20 - n
+            );
+        }
+        for _ in 21..=22 {
+            let refused = send(&app, request_from(PEER, "/")).await;
+            let retry = retry_after_secs(&refused);
+            assert!(
+                (1..=60).contains(&retry),
+                "{algorithm}: Retry-After {retry}"
+            );
+            assert_refused(refused, &["20-per-60s"]).await;
+        }
+        assert_eq!(assert_every_key_expires(&redis, &prefix), 1);
+    }
+}
+
+/// 2 per second AND 5 per 10 seconds on Redis time, each phase waiting 1.2 s after the admissions
+/// it depends on.
+#[tokio::test]
+async fn two_rules_on_redis_time() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("two");
+    let app = app(
+        Policy::builder("two")
+            .prefix(&prefix)
+            .algorithm(Algorithm::SlidingLog)
+            .rule(Rule::per_second(2))
+            .rule(Rule::new(5, Duration::from_secs(10)))
+            .build()
+            .unwrap(),
+        store(&redis),
+    );
+    let get = || send(&app, request_from(PEER, "/"));
+    let settle = Duration::from_millis(1_200);
+
+    assert_eq!(get().await.status(), StatusCode::OK);
+    assert_eq!(get().await.status(), StatusCode::OK);
+    let after_second = Instant::now();
+    let refused = get().await;
+    assert_eq!(retry_after_secs(&refused), 1);
+    assert_eq!(limits(&refused).status("5-per-10s").unwrap().remaining, 3);
+    assert_refused(refused, &["2-per-1s"]).await;
+
+    tokio::time::sleep_until((after_second + settle).into()).await;
+    assert_eq!(get().await.status(), StatusCode::OK);
+    assert_eq!(get().await.status(), StatusCode::OK);
+    let after_fourth = Instant::now();
+    assert_refused(get().await, &["2-per-1s"]).await;
+
+    tokio::time::sleep_until((after_fourth + settle).into()).await;
+    let fifth = get().await;
+    assert_eq!(fifth.status(), StatusCode::OK);
+    assert_eq!(limits(&fifth).status("5-per-10s").unwrap().remaining, 0);
+    let refused = get().await;
+    // The first admission is about 2.4 s old: it leaves the 10-second window in about 7.6 s.
+    let retry = retry_after_secs(&refused);
+    assert!((6..=8).contains(&retry), "Retry-After {retry}");
+    assert_eq!(limits(&refused).status("2-per-1s").unwrap().remaining, 1);
+    assert_refused(refused, &["5-per-10s"]).await;
+    assert_eq!(assert_every_key_expires(&redis, &prefix), 2);
+}
+
+/// Two app instances (two layers, each with its own pool) share one limit exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_share_one_limit_exactly() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("shared");
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let policy = Policy::builder(algorithm.as_str())
+            .prefix(&prefix)
+            .algorithm(algorithm)
+            .rule(Rule::per_hour(100))
+            .build()
+            .unwrap();
+        let instances = [
+            app(
+                policy.clone(),
+                store(&redis).timeout(Duration::from_secs(5)),
+            ),
+            app(policy, store(&redis).timeout(Duration::from_secs(5))),
+        ];
+        let barrier = Arc::new(tokio::sync::Barrier::new(400));
+        let tasks = (0..400)
+            .map(|n| {
+                let app = instances[n % 2].clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    send(&app, request_from(PEER, "/")).await.status()
+                })
+            })
+            .collect();
+        assert_eq!(admitted_and_refused(tasks).await, (100, 300), "{algorithm}");
+    }
+    assert_eq!(assert_every_key_expires(&redis, &prefix), 2);
+}
+
+#[tokio::test]
+async fn one_round_trip_per_request_whatever_the_rules() {
+    // A server of our own, so no other test's commands are counted.
+    let redis = TestRedis::own();
+    let prefix = unique_prefix("trips");
+    let policy = Policy::builder("trips")
+        .prefix(&prefix)
+        .rule(Rule::per_second(1_000))
+        .rule(Rule::per_minute(10_000))
+        .rule(Rule::per_hour(100_000))
+        .build()
+        .unwrap();
+    let app = app(policy, store(&redis));
+    // The first request loads the script (EVALSHA, NOSCRIPT, SCRIPT LOAD, EVALSHA).
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    let before = command_calls(&redis);
+    for _ in 0..50 {
+        assert_eq!(
+            send(&app, request_from(PEER, "/")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let after = command_calls(&redis);
+    let sent: HashMap<&str, u64> = after
+        .iter()
+        .map(|(name, calls)| {
+            (
+                name.as_str(),
+                calls - before.get(name).copied().unwrap_or(0),
+            )
+        })
+        .filter(|(name, calls)| *calls > 0 && *name != "info")
+        .collect();
+    // Redis counts the commands a script runs too: one TIME per script run, and per rule the
+    // sliding log's trim, count, add, expiry and oldest-entry read. Anything the client sent besides
+    // EVALSHA (a pool health check's PING, a second read) would show up or change these counts.
+    let rules = 3;
+    assert_eq!(
+        sent,
+        HashMap::from([
+            ("evalsha", 50),
+            ("time", 50),
+            ("zremrangebyscore", 50 * rules),
+            ("zcard", 50 * rules),
+            ("zadd", 50 * rules),
+            ("pexpire", 50 * rules),
+            ("zrange", 50 * rules),
+        ])
+    );
+}
+
+#[tokio::test]
+async fn script_flush_between_requests_is_recovered_in_the_request() {
+    let redis = TestRedis::own();
+    let prefix = unique_prefix("flush");
+    let app = app(
+        Policy::builder("flush")
+            .prefix(&prefix)
+            .rule(Rule::per_hour(3))
+            .build()
+            .unwrap(),
+        store(&redis),
+    );
+    let first = send(&app, request_from(PEER, "/")).await;
+    assert_eq!(limits(&first).status("3-per-3600s").unwrap().remaining, 2);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut redis.client())
+        .unwrap();
+    let second = send(&app, request_from(PEER, "/")).await;
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(limits(&second).status("3-per-3600s").unwrap().remaining, 1);
+    let calls = command_calls(&redis);
+    assert_eq!(calls.get("script|load").copied(), Some(2), "{calls:?}");
+}
+
+#[tokio::test]
+async fn an_outage_fails_open_or_closed_and_limiting_resumes() {
+    let mut redis = TestRedis::own();
+    let prefix = unique_prefix("outage");
+    let timeout = Duration::from_millis(250);
+    let policy = |on_error| {
+        Policy::builder("outage")
+            .prefix(&prefix)
+            .rule(Rule::per_hour(2))
+            .on_store_error(on_error)
+            .build()
+            .unwrap()
+    };
+    let open = app(policy(OnStoreError::Allow), store(&redis).timeout(timeout));
+    let closed = app(policy(OnStoreError::Deny), store(&redis).timeout(timeout));
+    assert_eq!(
+        send(&open, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&closed, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+
+    redis.stop();
+    for _ in 0..3 {
+        for (app, expected) in [
+            (&open, StatusCode::OK),
+            (&closed, StatusCode::SERVICE_UNAVAILABLE),
+        ] {
+            let started = Instant::now();
+            let response = send(app, request_from(PEER, "/")).await;
+            assert_eq!(response.status(), expected);
+            assert!(response.headers().get("ratelimit").is_none());
+            let took = started.elapsed();
+            assert!(took < timeout + Duration::from_millis(500), "took {took:?}");
+        }
+    }
+
+    // Back up (empty: the server keeps nothing): limiting resumes without a restart of the app.
+    redis.start();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let response = send(&closed, request_from(PEER, "/")).await;
+        if response.status() == StatusCode::OK {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Redis came back but requests still fail"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        send(&open, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    let refused = send(&open, request_from(PEER, "/")).await;
+    assert_refused(refused, &["2-per-3600s"]).await;
+}
+
+/// One step of a request sequence: which of three identities, and how much it costs.
+fn sequences() -> impl Strategy<Value = (Algorithm, Vec<(u64, u64)>, Vec<usize>)> {
+    let algorithm = prop_oneof![Just(Algorithm::FixedWindow), Just(Algorithm::SlidingLog)];
+    // Periods of an hour or more, so no window edge falls inside a case.
+    let rule = (
+        1u64..6,
+        prop_oneof![Just(3_600_000u64), Just(7_200_000), Just(86_400_000)],
+    );
+    let rules = prop::collection::vec(rule, 1..4).prop_filter("distinct rules", |rules| {
+        let mut seen = rules.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len() == rules.len()
+    });
+    (algorithm, rules, prop::collection::vec(0usize..3, 1..25))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// The same requests through the in-memory store and the Redis store get the same answers.
+    #[test]
+    fn memory_and_redis_agree((algorithm, rules, requests) in sequences()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let redis = TestRedis::shared();
+        let rules: Vec<Rule> = rules
+            .into_iter()
+            .map(|(limit, period)| Rule::new(limit, Duration::from_millis(period)))
+            .collect();
+        let prefix = unique_prefix("agree");
+        let redis_store = store(&redis);
+        let memory_store = MemoryStore::new();
+        runtime.block_on(async {
+            for who in requests {
+                let key = format!("{prefix}:p:user:{who}");
+                let request = CheckRequest { key: &key, rules: &rules, algorithm, cost: 1 };
+                let in_memory = memory_store.check(&request).await.unwrap();
+                let in_redis = redis_store.check(&request).await.unwrap();
+                prop_assert_eq!(in_memory.allowed, in_redis.allowed);
+                let remaining = |d: &tower_redis_ratelimit::Decision| {
+                    d.rules.iter().map(|r| (r.remaining, r.retry_after.is_some())).collect::<Vec<_>>()
+                };
+                prop_assert_eq!(remaining(&in_memory), remaining(&in_redis));
+            }
+            Ok(())
+        })?;
+    }
+}
