@@ -36,7 +36,7 @@ fn app(policy: Policy, store: RedisStore) -> Router {
 fn assert_every_key_expires(redis: &TestRedis, prefix: &str) -> usize {
     let mut client = redis.client();
     let keys: Vec<String> = client
-        .scan_match::<_, String>(format!("{{{prefix}:*"))
+        .scan_match::<_, String>(format!("{prefix}:*"))
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();

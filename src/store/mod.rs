@@ -25,8 +25,8 @@ pub use self::redis::{DEFAULT_TIMEOUT, RedisStore};
 /// One request to check: the key, the rules (all must pass), the algorithm and the request's cost.
 #[derive(Debug, Clone, Copy)]
 pub struct CheckRequest<'a> {
-    /// The key of the bucket, as built by the policy (`prefix:policy:identity`); it has no braces,
-    /// so a store may wrap it in a hash tag.
+    /// The key of the bucket, as built by the policy (`prefix:policy:identity`): it starts with the
+    /// policy's prefix and a colon, and has no braces, so a store may wrap it in a hash tag.
     pub key: &'a str,
     /// The rules, every one of which must admit the request.
     pub rules: &'a [Rule],

@@ -118,18 +118,24 @@ impl Store for RedisStore {
     }
 }
 
-/// The keys of a request's rules: `{<key>}:<algorithm>:<period ms>`. The braces make the whole
-/// policy key the hash tag, so every key of one identity lands on one Redis Cluster slot; a counter
-/// per algorithm and period keeps rule sets that share a key apart, as in the in-memory store.
+/// The keys of a request's rules: `<prefix>:{<prefix>:<policy>:<identity>}:<algorithm>:<period ms>`.
+/// Every key starts with the prefix, so `SCAN MATCH <prefix>:*` finds them all; the braces make the
+/// whole policy key the hash tag, so every key of one identity lands on one Redis Cluster slot; a
+/// counter per algorithm and period keeps rule sets that share a key apart, as in the memory store.
 fn rule_keys(request: &CheckRequest<'_>) -> Vec<String> {
     let code = match request.algorithm {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingLog => "sl",
     };
+    // A prefix can't contain ':' (policies refuse it), so the key's first part is the prefix.
+    let prefix = request
+        .key
+        .split_once(':')
+        .map_or(request.key, |(prefix, _)| prefix);
     request
         .rules
         .iter()
-        .map(|rule| format!("{{{}}}:{code}:{}", request.key, rule.period_ms()))
+        .map(|rule| format!("{prefix}:{{{}}}:{code}:{}", request.key, rule.period_ms()))
         .collect()
 }
 
@@ -262,8 +268,8 @@ mod tests {
         assert_eq!(
             rule_keys(&request),
             [
-                "{rl:login:ip:2001:db8::/64}:sl:60000",
-                "{rl:login:ip:2001:db8::/64}:sl:3600000"
+                "rl:{rl:login:ip:2001:db8::/64}:sl:60000",
+                "rl:{rl:login:ip:2001:db8::/64}:sl:3600000"
             ]
         );
     }
