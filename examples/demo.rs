@@ -15,13 +15,17 @@
 //! # The config file
 //!
 //! `examples/demo.toml` is both the documentation of the format and the built-in default (it is
-//! embedded with `include_str!`, so the two can't drift). Every field in it is required; unknown
-//! fields are errors. One optional field may be added at the top level:
+//! embedded with `include_str!`, so the two can't drift). Its fields are required, but for
+//! `on_store_error` and `store_timeout`, which default to `"allow"` and `"250ms"`; unknown fields
+//! are errors. One more optional field may be added at the top level:
 //! `forwarded_header = "x-forwarded-for" | "forwarded" | "x-real-ip"` pins the proxy header read
 //! from `trusted_proxies` (absent: the first present of the three).
 //!
 //! - `listen`: an IP address and port (no host names).
-//! - `store`: only `"memory"` for now; a `redis://` URL is refused until the Redis store lands.
+//! - `store`: `"memory"`, or a `redis://host:port/db` URL so that several demo instances share one
+//!   limit (nothing connects at start: a Redis that is down is a store failure per request).
+//! - `on_store_error`: `"allow"` lets requests through when the store fails, `"deny"` answers 503.
+//! - `store_timeout`: how long a store answer may take, as a period (`"250ms"`).
 //! - `prefix`: the start of every store key; 1 to 64 letters, digits and `-._~@+=!*(),/`.
 //! - `trusted_proxies`: CIDRs such as `"10.0.0.0/8"`; a bare address means that one address.
 //! - `routes[].path`: a literal path (no `{captures}` or wildcards); `/healthz` is taken.
@@ -42,6 +46,7 @@ use std::fmt;
 use std::io::{self, IsTerminal};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -51,8 +56,8 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::{
-    Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, Policy, PolicyError, RateLimitLayer,
-    Rule, Scope,
+    Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, OnStoreError, Policy, PolicyError,
+    RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -185,9 +190,15 @@ struct Config {
     prefix: String,
     trusted_proxies: Vec<String>,
     legacy_headers: bool,
-    /// The one optional field: pins the proxy header (absent: the library's default order).
+    /// Optional: pins the proxy header (absent: the library's default order).
     #[serde(default)]
     forwarded_header: Option<String>,
+    /// Optional: "allow" (default) or "deny".
+    #[serde(default)]
+    on_store_error: Option<String>,
+    /// Optional: a period such as "250ms" (default).
+    #[serde(default)]
+    store_timeout: Option<String>,
     routes: Vec<RouteConfig>,
 }
 
@@ -225,16 +236,22 @@ struct DemoConfig {
     no_limiter: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum StoreKind {
     Memory,
+    /// A `redis://` URL and the store timeout.
+    Redis {
+        url: String,
+        timeout: Duration,
+    },
 }
 
 impl StoreKind {
     /// The name as written in the config file.
-    fn as_str(self) -> &'static str {
+    fn as_str(&self) -> &str {
         match self {
             StoreKind::Memory => "memory",
+            StoreKind::Redis { url, .. } => url,
         }
     }
 }
@@ -345,7 +362,24 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
             ),
         )
     })?;
-    let store = parse_store(&raw.store).map_err(|message| ConfigError::field("store", message))?;
+    let store_timeout = match raw.store_timeout.as_deref() {
+        None => tower_redis_ratelimit::store::DEFAULT_TIMEOUT,
+        Some(text) => {
+            parse_period(text).map_err(|message| ConfigError::field("store_timeout", message))?
+        }
+    };
+    let store = parse_store(&raw.store, store_timeout)
+        .map_err(|message| ConfigError::field("store", message))?;
+    let on_store_error = match raw.on_store_error.as_deref() {
+        None | Some("allow") => OnStoreError::Allow,
+        Some("deny") => OnStoreError::Deny,
+        Some(other) => {
+            return Err(ConfigError::field(
+                "on_store_error",
+                format!("unknown value {other:?}: expected \"allow\" or \"deny\""),
+            ));
+        }
+    };
     if !is_store_name(&raw.prefix) {
         return Err(ConfigError::field(
             "prefix",
@@ -381,7 +415,7 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
     }
     let mut routes: Vec<Route> = Vec::with_capacity(raw.routes.len());
     for (index, route) in raw.routes.into_iter().enumerate() {
-        let route = check_route(index, route, &raw.prefix, &client_ip)?;
+        let route = check_route(index, route, &raw.prefix, &client_ip, on_store_error)?;
         if let Some(first) = routes.iter().position(|earlier| earlier.path == route.path) {
             return Err(ConfigError::field(
                 format!("routes[{index}].path"),
@@ -407,6 +441,7 @@ fn check_route(
     raw: RouteConfig,
     prefix: &str,
     client_ip: &ClientIp,
+    on_store_error: OnStoreError,
 ) -> Result<Route, ConfigError> {
     let field = |name: &str| format!("routes[{index}].{name}");
     check_path(&raw.path).map_err(|message| ConfigError::field(field("path"), message))?;
@@ -444,6 +479,7 @@ fn check_route(
         // A policy per route already keeps routes apart; GET and POST share the route's budget.
         .scope(Scope::Policy)
         .client_ip(client_ip.clone())
+        .on_store_error(on_store_error)
         .build()
         .map_err(|error| policy_error(index, error))?;
     Ok(Route {
@@ -473,16 +509,19 @@ fn policy_error(index: usize, error: PolicyError) -> ConfigError {
     }
 }
 
-fn parse_store(text: &str) -> Result<StoreKind, String> {
+fn parse_store(text: &str, timeout: Duration) -> Result<StoreKind, String> {
     if text == "memory" {
         Ok(StoreKind::Memory)
     } else if text.starts_with("redis://") || text.starts_with("rediss://") {
-        Err(format!(
-            "the Redis store is not available yet ({text:?}); use store = \"memory\""
-        ))
+        // Checks the URL without connecting: a Redis that is down is a store failure per request.
+        RedisStore::from_url(text).map_err(|error| format!("{text:?}: {error}"))?;
+        Ok(StoreKind::Redis {
+            url: text.to_owned(),
+            timeout,
+        })
     } else {
         Err(format!(
-            "unknown store {text:?}: expected \"memory\" (a redis:// URL comes with the Redis store)"
+            "unknown store {text:?}: expected \"memory\" or a URL such as \"redis://127.0.0.1:6379/0\""
         ))
     }
 }
@@ -568,9 +607,11 @@ fn parse_period(text: &str) -> Result<Duration, String> {
 
 /// The app: every configured route answers `GET` and `POST` with `200 PONG` behind its own limit,
 /// and `/healthz` answers `200 ok`, unlimited. All routes count in one shared store.
-fn build_app(config: &DemoConfig) -> Router {
-    let store = match config.store {
-        StoreKind::Memory => MemoryStore::new(),
+fn build_app(config: &DemoConfig) -> Result<Router, StoreError> {
+    // One store for every route, as one app would share it.
+    let store: Arc<dyn Store> = match &config.store {
+        StoreKind::Memory => Arc::new(MemoryStore::new()),
+        StoreKind::Redis { url, timeout } => Arc::new(RedisStore::from_url(url)?.timeout(*timeout)),
     };
     let mut app = Router::new().route(HEALTHZ, get(|| async { "ok" }));
     for route in &config.routes {
@@ -584,7 +625,7 @@ fn build_app(config: &DemoConfig) -> Router {
         // The layer sits on the route's method router, so it covers this route only.
         app = app.route(&route.path, handler.layer(limit));
     }
-    app
+    Ok(app)
 }
 
 async fn pong() -> &'static str {
@@ -611,7 +652,7 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
         legacy_headers = config.legacy_headers,
         "serving"
     );
-    let app = build_app(&config);
+    let app = build_app(&config).map_err(io::Error::other)?;
     // The client IP key needs the peer address, which only this kind of make-service provides.
     axum::serve(
         listener,
@@ -689,6 +730,12 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
     );
     text
 }
+
+/// The tests' Redis harness: REDIS_URL, or a redis-server of the test's own.
+#[cfg(test)]
+#[path = "../tests/common/redis_server.rs"]
+#[allow(dead_code)]
+mod redis_server;
 
 #[cfg(test)]
 mod tests {
@@ -851,12 +898,16 @@ mod tests {
                 r#"listen: "127.0.0.1" is not an IP address and port such as "127.0.0.1:3000""#,
             ),
             (
-                edited("store = \"memory\"", "store = \"redis://127.0.0.1:6379/0\""),
-                r#"store: the Redis store is not available yet ("redis://127.0.0.1:6379/0"); use store = "memory""#,
+                edited("store = \"memory\"", "store = \"disk\""),
+                r#"store: unknown store "disk": expected "memory" or a URL such as "redis://127.0.0.1:6379/0""#,
             ),
             (
-                edited("store = \"memory\"", "store = \"disk\""),
-                r#"store: unknown store "disk": expected "memory" (a redis:// URL comes with the Redis store)"#,
+                edited("on_store_error = \"allow\"", "on_store_error = \"maybe\""),
+                r#"on_store_error: unknown value "maybe": expected "allow" or "deny""#,
+            ),
+            (
+                edited("store_timeout = \"250ms\"", "store_timeout = \"fast\""),
+                r#"store_timeout: invalid period "fast": expected a positive whole number and a unit (ms, s, m, h or d), such as "500ms", "10s" or "1m""#,
             ),
             (
                 edited("prefix = \"demo\"", "prefix = \"my app\""),
@@ -912,11 +963,12 @@ mod tests {
                 format!("colour = \"blue\"\n{DEFAULT_CONFIG}"),
                 "line 1, column 1",
                 "unknown field `colour`, expected one of `listen`, `store`, `prefix`, \
-                 `trusted_proxies`, `legacy_headers`, `forwarded_header`, `routes`",
+                 `trusted_proxies`, `legacy_headers`, `forwarded_header`, `on_store_error`, \
+                 `store_timeout`, `routes`",
             ),
             (
                 edited("key = \"ip\"", "methods = [\"GET\"]"),
-                "line 9, column 1",
+                "line 11, column 1",
                 "unknown field `methods`, expected one of `path`, `key`, `algorithm`, `rules`",
             ),
             (
@@ -924,7 +976,7 @@ mod tests {
                     "{ limit = 100, period = \"1h\" }",
                     "{ limit = 100, period = \"1h\", burst = 5 }",
                 ),
-                "line 11, column 71",
+                "line 13, column 71",
                 "unknown field `burst`, expected `limit` or `period`",
             ),
             (
@@ -934,27 +986,27 @@ mod tests {
             ),
             (
                 edited("path = \"/api/ping\" ", "# no path "),
-                "line 7, column 1",
+                "line 9, column 1",
                 "missing field `path`",
             ),
             (
                 edited("{ limit = 100, period = \"1h\" }", "{ limit = 100 }"),
-                "line 11, column 41",
+                "line 13, column 41",
                 "missing field `period`",
             ),
             (
                 edited("limit = 20,", "limit = \"20\","),
-                "line 11, column 20",
+                "line 13, column 20",
                 "invalid type: string \"20\", expected u64",
             ),
             (
                 edited("limit = 20,", "limit = -1,"),
-                "line 11, column 20",
+                "line 13, column 20",
                 "invalid value: integer `-1`, expected u64",
             ),
             (
                 edited("legacy_headers = false", "legacy_headers = \"no\""),
-                "line 5, column 18",
+                "line 7, column 18",
                 "invalid type: string \"no\", expected a boolean",
             ),
             (
@@ -1017,7 +1069,9 @@ mod tests {
         let mut config = load_config(DEFAULT_CONFIG).unwrap();
         config.no_limiter = true;
         assert!(banner(&config, config.listen).contains("WITHOUT rate limiting"));
-        let app = build_app(&config).layer(MockConnectInfo(SocketAddr::from(PEER)));
+        let app = build_app(&config)
+            .unwrap()
+            .layer(MockConnectInfo(SocketAddr::from(PEER)));
         for _ in 0..25 {
             let response = app
                 .clone()
@@ -1109,7 +1163,9 @@ mod tests {
     /// the limiter reads as the peer address, as the `ConnectInfo` extractor does).
     fn app_for(text: &str) -> Router {
         let config = load_config(text).unwrap();
-        build_app(&config).layer(MockConnectInfo(SocketAddr::from(PEER)))
+        build_app(&config)
+            .unwrap()
+            .layer(MockConnectInfo(SocketAddr::from(PEER)))
     }
 
     async fn send(
@@ -1138,6 +1194,52 @@ mod tests {
 
     fn retry_after(headers: &HeaderMap) -> u64 {
         headers["retry-after"].to_str().unwrap().parse().unwrap()
+    }
+
+    use super::redis_server;
+
+    #[tokio::test]
+    async fn a_redis_store_limits_with_keys_under_the_prefix() {
+        let redis = redis_server::TestRedis::shared();
+        let prefix = redis_server::unique_prefix("demo");
+        let text = DEFAULT_CONFIG
+            .replace("store = \"memory\"", &format!("store = {:?}", redis.url))
+            .replace("prefix = \"demo\"", &format!("prefix = {prefix:?}"))
+            .replace("on_store_error = \"allow\"", "on_store_error = \"deny\"")
+            .replace("store_timeout = \"250ms\"", "store_timeout = \"2s\"");
+        let config = load_config(&text).unwrap();
+        assert_eq!(
+            config.store,
+            StoreKind::Redis {
+                url: redis.url.clone(),
+                timeout: Duration::from_secs(2),
+            }
+        );
+        assert_eq!(config.routes[0].policy.on_store_error(), OnStoreError::Deny);
+        let app = app_for(&text);
+        for i in 1..=20 {
+            let (status, _, body) = send(&app, Method::GET, "/api/ping", &[]).await;
+            assert_eq!(
+                (status, body.as_str()),
+                (StatusCode::OK, "PONG"),
+                "request {i}"
+            );
+        }
+        let (status, headers, _) = send(&app, Method::GET, "/api/ping", &[]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!((1..=60).contains(&retry_after(&headers)));
+
+        // Every key the demo wrote starts with the prefix and expires.
+        let mut client = redis.client();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}*"))
+            .query(&mut client)
+            .unwrap();
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        for key in keys {
+            let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut client).unwrap();
+            assert!(ttl > 0, "{key}: {ttl}");
+        }
     }
 
     #[tokio::test]
