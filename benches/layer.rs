@@ -15,6 +15,11 @@
 //!   growing to millions of entries rather than the layer; real sliding-log limits are small.
 //! - `tower_governor_1_rule`: `tower_governor`'s `GovernorLayer`, peer-IP key, one quota.
 //!
+//! Group `redis` (a local Redis: `REDIS_URL`, default `redis://127.0.0.1:6379/0`; skipped with a
+//! message when none answers), side by side with the memory store in the same run:
+//! - `memory_fixed_1_rule`, `redis_fixed_1_rule`, `redis_fixed_3_rules`: fixed window, huge limits;
+//!   one `EVALSHA` per request whatever the number of rules.
+//!
 //! Group `refused` (the flood case: the client's bucket is already used up):
 //! - `memory_1_rule`: our layer refusing with 429 (1 per hour, already used, sliding log);
 //! - `tower_governor_1_rule`: `tower_governor` refusing with 429 (burst 1, one per hour), for scale.
@@ -52,7 +57,9 @@ use tokio::runtime::Runtime;
 use tower::ServiceExt;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
-use tower_redis_ratelimit::{Algorithm, Key, MemoryStore, Policy, RateLimitLayer, Rule, headers};
+use tower_redis_ratelimit::{
+    Algorithm, Key, MemoryStore, Policy, RateLimitLayer, RedisStore, Rule, Store, headers,
+};
 
 /// The one client every request comes from, so every request hits the same bucket.
 const CLIENT: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)), 40_000);
@@ -79,13 +86,24 @@ fn request() -> Request<Body> {
 
 /// The router behind our layer: client-IP key, these rules, a fresh memory store.
 fn ours(algorithm: Algorithm, rules: impl IntoIterator<Item = Rule>) -> Router {
+    ours_in(MemoryStore::new(), "bench", algorithm, rules)
+}
+
+/// The router behind our layer with `store`, keys under `prefix`.
+fn ours_in(
+    store: impl Store,
+    prefix: &str,
+    algorithm: Algorithm,
+    rules: impl IntoIterator<Item = Rule>,
+) -> Router {
     let policy = Policy::builder("bench")
+        .prefix(prefix)
         .key(Key::ip())
         .algorithm(algorithm)
         .rules(rules)
         .build()
         .expect("a valid policy");
-    router().layer(RateLimitLayer::new(policy, MemoryStore::new()))
+    router().layer(RateLimitLayer::new(policy, store))
 }
 
 /// The router behind `tower_governor`: peer-IP key, one quota of `burst` replenished one per
@@ -238,5 +256,55 @@ fn refused(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_request, refused);
+fn redis(c: &mut Criterion) {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned());
+    let rt = runtime();
+    let store = RedisStore::from_url(&url)
+        .expect("a valid REDIS_URL")
+        .timeout(Duration::from_secs(2));
+    // Keys of this run only, and they expire with their windows.
+    let prefix = format!("bench-{}", std::process::id());
+    let three = [
+        Rule::per_second(HUGE),
+        Rule::per_minute(HUGE),
+        Rule::per_hour(HUGE),
+    ];
+    let services = [
+        (
+            "memory_fixed_1_rule",
+            ours(Algorithm::FixedWindow, [Rule::per_second(HUGE)]),
+        ),
+        (
+            "redis_fixed_1_rule",
+            ours_in(
+                store.clone(),
+                &prefix,
+                Algorithm::FixedWindow,
+                [Rule::per_second(HUGE)],
+            ),
+        ),
+        (
+            "redis_fixed_3_rules",
+            ours_in(store, &prefix, Algorithm::FixedWindow, three),
+        ),
+    ];
+    // A Redis that doesn't answer makes the layer fail open: 200 without a RateLimit header.
+    let probe = rt
+        .block_on(services[1].1.clone().oneshot(request()))
+        .unwrap_or_else(|never| match never {});
+    if !probe.headers().contains_key(headers::RATELIMIT) {
+        eprintln!("redis benches skipped: no Redis answered at {url} (set REDIS_URL)");
+        return;
+    }
+    for (name, app) in &services {
+        verify(&rt, name, app, Limiter::Ours, StatusCode::OK);
+    }
+    let mut group = c.benchmark_group("redis");
+    for (name, app) in services {
+        bench(&mut group, &rt, name, app, StatusCode::OK);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, one_request, refused, redis);
 criterion_main!(benches);

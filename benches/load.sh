@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Loopback load run of the demo server: the same routes with no limiter and with the in-memory store,
-# measured in the same run, alternating, with wrk. Prints requests per second, p50/p99 latency and the
-# ratio of each limited run to the no-limiter run of the same round.
+# Loopback load run of the demo server: the same routes with no limiter, with the in-memory store and
+# with the Redis store, measured in the same run, alternating, with wrk. Prints requests per second,
+# p50/p99 latency and the ratio of each limited run to the no-limiter run of the same round.
 #
 #   bash benches/load.sh [seconds per run, default 10] [rounds, default 2]
 #
-# Needs wrk (`apt-get install wrk`). Only 127.0.0.1 is targeted. Limits are set far above what a run
+# Needs wrk (`apt-get install wrk`) and a Redis: REDIS_URL, default redis://127.0.0.1:6379/0 (the Redis
+# runs fail closed, so a missing Redis shows as errors, not as fast fail-open answers). Only
+# loopback is targeted. Limits are set far above what a run
 # can reach, so every request is admitted: this measures the cost of the layer, not of refusals. The
 # period is one second so the sliding log holds one second of admissions, not minutes of them.
 set -euo pipefail
@@ -24,11 +26,14 @@ demo=target/release/examples/demo
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
-config() { # $1 port, $2 algorithm
+redis_url=${REDIS_URL:-redis://127.0.0.1:6379/0}
+
+config() { # $1 port, $2 algorithm, $3 store (default memory)
   cat <<TOML
 listen = "127.0.0.1:$1"
-store = "memory"
-prefix = "load"
+store = "${3:-memory}"
+on_store_error = "deny"
+prefix = "load-$$"
 trusted_proxies = []
 legacy_headers = false
 
@@ -67,9 +72,10 @@ for round in $(seq 1 "$rounds"); do
   config "$port_base" sliding_log >"$work/baseline.toml"
   config $((port_base + 1)) sliding_log >"$work/sliding.toml"
   config $((port_base + 2)) fixed_window >"$work/fixed.toml"
+  config $((port_base + 3)) fixed_window "$redis_url" >"$work/redis.toml"
   read -r _ base_rps base_p50 base_p99 < <(run baseline "$port_base" --config "$work/baseline.toml" --no-limiter)
   printf '%-6s %-22s %12s %9s %9s %9s\n' "$round" "no limiter" "$base_rps" "$base_p50" "$base_p99" "1.00"
-  for setup in "memory sliding_log:$((port_base + 1)):sliding" "memory fixed_window:$((port_base + 2)):fixed"; do
+  for setup in "memory sliding_log:$((port_base + 1)):sliding" "memory fixed_window:$((port_base + 2)):fixed" "redis fixed_window:$((port_base + 3)):redis"; do
     IFS=: read -r label port file <<<"$setup"
     read -r _ rps p50 p99 < <(run "${file}" "$port" --config "$work/$file.toml")
     ratio=$(awk -v a="$rps" -v b="$base_rps" 'BEGIN { printf "%.3f", a / b }')

@@ -7,8 +7,9 @@
 //! that the store answered carries the IETF `RateLimit-Policy` and `RateLimit` headers (read them
 //! back with [`headers::parse`]).
 //!
-//! The [`MemoryStore`] keeps counts in-process; a store checks and records every rule of a request in
-//! one atomic step, so a refused request consumes nothing.
+//! The [`MemoryStore`] keeps counts in-process; the [`RedisStore`] lets many app instances share one
+//! limit. Either checks and records every rule of a request in one atomic step (one `EVALSHA` on
+//! Redis), so a refused request consumes nothing.
 //!
 //! # Example
 //!
