@@ -143,8 +143,8 @@ struct Entry {
     key: Box<str>,
     /// The key's hash, kept for growing the table.
     hash: u64,
-    /// One counter per (algorithm, period). The first ones match the rules of the latest check, in
-    /// rule order; counters of other rules on the same key (two policies of one name, a policy
+    /// One counter per (algorithm, period, limit), so one per rule of a policy. The first ones match
+    /// the rules of the latest check, in rule order; counters of other rules on the same key (two policies of one name, a policy
     /// redeployed with new rules) follow, kept until they expire rather than wiped.
     counters: Vec<Counter>,
     /// When every counter is empty again and the entry can go.
@@ -156,11 +156,15 @@ struct Entry {
 
 enum Counter {
     Window {
+        /// The limit of the rule this counter counts for (part of its identity, with the period).
+        limit: u64,
         period_ms: u64,
         start_ms: u64,
         count: u64,
     },
     Log {
+        /// The limit of the rule this counter counts for (part of its identity, with the period).
+        limit: u64,
         period_ms: u64,
         /// Admission times, oldest first; one per unit of cost.
         stamps: VecDeque<u64>,
@@ -357,10 +361,10 @@ impl Entry {
     /// always a no-op: only a key shared by different rule sets moves anything.
     fn arrange(&mut self, request: &CheckRequest<'_>) {
         for (index, rule) in request.rules.iter().enumerate() {
-            let (algorithm, period_ms) = (request.algorithm, rule.period_ms());
+            let algorithm = request.algorithm;
             let found = self.counters[index.min(self.counters.len())..]
                 .iter()
-                .position(|counter| counter.counts(algorithm, period_ms));
+                .position(|counter| counter.counts(algorithm, rule));
             match found {
                 Some(0) => {}
                 Some(offset) => self.counters.swap(index, index + offset),
@@ -436,24 +440,34 @@ impl Counter {
         let period_ms = rule.period_ms().max(1);
         match algorithm {
             Algorithm::FixedWindow => Counter::Window {
+                limit: rule.limit(),
                 period_ms,
                 start_ms: 0,
                 count: 0,
             },
             Algorithm::SlidingLog => Counter::Log {
+                limit: rule.limit(),
                 period_ms,
                 stamps: VecDeque::new(),
             },
         }
     }
 
-    /// Whether this counter keeps the count of a rule of `period_ms` under `algorithm`.
-    fn counts(&self, algorithm: Algorithm, period_ms: u64) -> bool {
+    /// Whether this counter keeps the count of `rule` under `algorithm`.
+    fn counts(&self, algorithm: Algorithm, rule: &Rule) -> bool {
         match (self, algorithm) {
-            (Counter::Window { period_ms: own, .. }, Algorithm::FixedWindow)
-            | (Counter::Log { period_ms: own, .. }, Algorithm::SlidingLog) => {
-                *own == period_ms.max(1)
-            }
+            (
+                Counter::Window {
+                    limit, period_ms, ..
+                },
+                Algorithm::FixedWindow,
+            )
+            | (
+                Counter::Log {
+                    limit, period_ms, ..
+                },
+                Algorithm::SlidingLog,
+            ) => *limit == rule.limit() && *period_ms == rule.period_ms().max(1),
             _ => false,
         }
     }
@@ -465,6 +479,7 @@ impl Counter {
                 period_ms,
                 start_ms,
                 count,
+                ..
             } => {
                 // Windows are aligned to the epoch, so every store agrees where they start.
                 let current = now - now % *period_ms;
@@ -473,7 +488,9 @@ impl Counter {
                     *count = 0;
                 }
             }
-            Counter::Log { period_ms, stamps } => {
+            Counter::Log {
+                period_ms, stamps, ..
+            } => {
                 while stamps
                     .front()
                     .is_some_and(|&stamp| stamp.saturating_add(*period_ms) <= now)
@@ -508,7 +525,9 @@ impl Counter {
                 start_ms,
                 ..
             } => start_ms.saturating_add(*period_ms).saturating_sub(now),
-            Counter::Log { period_ms, stamps } => {
+            Counter::Log {
+                period_ms, stamps, ..
+            } => {
                 // The request fits once `used + cost - limit` of the oldest admissions expire.
                 let must_expire = (stamps.len() as u64 + cost).saturating_sub(limit);
                 match usize::try_from(must_expire)
@@ -530,6 +549,7 @@ impl Counter {
                 period_ms,
                 start_ms,
                 count,
+                ..
             } => {
                 if *count == 0 {
                     0
@@ -537,7 +557,9 @@ impl Counter {
                     start_ms.saturating_add(*period_ms).saturating_sub(now)
                 }
             }
-            Counter::Log { period_ms, stamps } => stamps.front().map_or(0, |oldest| {
+            Counter::Log {
+                period_ms, stamps, ..
+            } => stamps.front().map_or(0, |oldest| {
                 oldest.saturating_add(*period_ms).saturating_sub(now)
             }),
         }
@@ -550,6 +572,7 @@ impl Counter {
                 period_ms,
                 start_ms,
                 count,
+                ..
             } => {
                 if *count == 0 {
                     0
@@ -557,7 +580,9 @@ impl Counter {
                     start_ms.saturating_add(*period_ms)
                 }
             }
-            Counter::Log { period_ms, stamps } => stamps
+            Counter::Log {
+                period_ms, stamps, ..
+            } => stamps
                 .back()
                 .map_or(0, |newest| newest.saturating_add(*period_ms)),
         }
@@ -788,6 +813,22 @@ mod tests {
         assert!(!check(&store, Algorithm::SlidingLog, &hour).allowed);
         // Same period, other algorithm: a counter of its own too.
         assert!(check(&store, Algorithm::FixedWindow, &minute).allowed);
+    }
+
+    #[test]
+    fn rules_of_one_period_keep_their_own_counts() {
+        for algorithm in BOTH {
+            let clock = ManualClock::new(0);
+            let store = store(&clock);
+            let rules = [Rule::per_hour(1), Rule::per_hour(2)];
+            let first = check(&store, algorithm, &rules);
+            assert!(first.allowed);
+            assert_eq!((first.rules[0].remaining, first.rules[1].remaining), (0, 1));
+            let second = check(&store, algorithm, &rules);
+            assert!(!second.allowed);
+            assert!(second.rules[0].refused() && !second.rules[1].refused());
+            assert_eq!(second.rules[1].remaining, 1, "{algorithm}");
+        }
     }
 
     #[test]

@@ -118,10 +118,12 @@ impl Store for RedisStore {
     }
 }
 
-/// The keys of a request's rules: `<prefix>:{<prefix>:<policy>:<identity>}:<algorithm>:<period ms>`.
-/// Every key starts with the prefix, so `SCAN MATCH <prefix>:*` finds them all; the braces make the
-/// whole policy key the hash tag, so every key of one identity lands on one Redis Cluster slot; a
-/// counter per algorithm and period keeps rule sets that share a key apart, as in the memory store.
+/// The keys of a request's rules:
+/// `<prefix>:{<prefix>:<policy>:<identity>}:<algorithm>:<period ms>:<limit>`. Every key starts with
+/// the prefix, so `SCAN MATCH <prefix>:*` finds them all; the braces make the whole policy key the
+/// hash tag, so every key of one identity lands on one Redis Cluster slot; a counter per algorithm,
+/// period and limit gives every rule of a policy its own key (a policy can't hold the same rule
+/// twice) and keeps rule sets that share a key apart, as in the memory store.
 fn rule_keys(request: &CheckRequest<'_>) -> Vec<String> {
     let code = match request.algorithm {
         Algorithm::FixedWindow => "fw",
@@ -135,7 +137,14 @@ fn rule_keys(request: &CheckRequest<'_>) -> Vec<String> {
     request
         .rules
         .iter()
-        .map(|rule| format!("{prefix}:{{{}}}:{code}:{}", request.key, rule.period_ms()))
+        .map(|rule| {
+            format!(
+                "{prefix}:{{{}}}:{code}:{}:{}",
+                request.key,
+                rule.period_ms(),
+                rule.limit()
+            )
+        })
         .collect()
 }
 
@@ -268,8 +277,8 @@ mod tests {
         assert_eq!(
             rule_keys(&request),
             [
-                "rl:{rl:login:ip:2001:db8::/64}:sl:60000",
-                "rl:{rl:login:ip:2001:db8::/64}:sl:3600000"
+                "rl:{rl:login:ip:2001:db8::/64}:sl:60000:10",
+                "rl:{rl:login:ip:2001:db8::/64}:sl:3600000:100"
             ]
         );
     }
