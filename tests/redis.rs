@@ -316,6 +316,66 @@ async fn an_outage_fails_open_or_closed_and_limiting_resumes() {
     assert_refused(refused, &["2-per-3600s"]).await;
 }
 
+#[tokio::test]
+async fn a_reply_slower_than_the_timeout_is_a_store_error_not_a_429() {
+    let redis = TestRedis::own();
+    let prefix = unique_prefix("slow");
+    let timeout = Duration::from_millis(200);
+    let policy = |on_error| {
+        Policy::builder("slow")
+            .prefix(&prefix)
+            .rule(Rule::per_hour(1))
+            .on_store_error(on_error)
+            .build()
+            .unwrap()
+    };
+    let open = app(policy(OnStoreError::Allow), store(&redis).timeout(timeout));
+    let closed = app(policy(OnStoreError::Deny), store(&redis).timeout(timeout));
+    assert_eq!(
+        send(&open, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&closed, request_from(PEER, "/")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Frozen: the connection stays open but no reply comes. The limit is used up, yet a store
+    // that can't answer is never a 429.
+    redis.pause();
+    for (app, expected) in [
+        (&open, StatusCode::OK),
+        (&closed, StatusCode::SERVICE_UNAVAILABLE),
+    ] {
+        let started = Instant::now();
+        let response = send(app, request_from(PEER, "/")).await;
+        let took = started.elapsed();
+        assert_eq!(response.status(), expected);
+        assert!(took >= timeout, "answered before the timeout: {took:?}");
+        assert!(took < timeout + Duration::from_millis(500), "took {took:?}");
+    }
+
+    // Thawed: the limit that Redis kept applies again.
+    redis.resume();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = send(&open, request_from(PEER, "/")).await.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "only fail-open answers until Redis answers"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "Redis is back but limiting did not resume"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// One step of a request sequence: which of three identities, and how much it costs.
 fn sequences() -> impl Strategy<Value = (Algorithm, Vec<(u64, u64)>, Vec<usize>)> {
     let algorithm = prop_oneof![Just(Algorithm::FixedWindow), Just(Algorithm::SlidingLog)];

@@ -7,8 +7,8 @@
 //!
 //! Connections: the store checks one connection out of the `deadpool_redis::Pool` and shares it as
 //! a multiplexed connection (requests are pipelined on it). It goes back to the pool only when that
-//! connection fails, so no request pays for the pool's per-checkout health check (a `PING`, a
-//! second round trip).
+//! connection fails or a request times out, so no request pays for the pool's per-checkout health
+//! check (a `PING`, a second round trip).
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -112,7 +112,12 @@ impl Store for RedisStore {
         CheckFuture::from_future(async move {
             match tokio::time::timeout(timeout, shared.evaluate(algorithm, &keys, &args)).await {
                 Ok(result) => result,
-                Err(_elapsed) => Err(StoreError::Timeout(timeout)),
+                Err(_elapsed) => {
+                    // A connection that stopped answering without an error (a silently dropped
+                    // TCP connection) would time out forever: the next request takes a new one.
+                    shared.forget_connection();
+                    Err(StoreError::Timeout(timeout))
+                }
             }
         })
     }

@@ -77,6 +77,28 @@ impl TestRedis {
         }
     }
 
+    /// Freezes our own server (SIGSTOP): connections stay open, replies stop coming.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self
+            .child
+            .as_ref()
+            .expect("only a server of our own can be signalled");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("the kill command");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// A synchronous client for assertions about the server's state.
     pub fn client(&self) -> redis::Connection {
         redis::Client::open(self.url.as_str())
@@ -87,6 +109,10 @@ impl TestRedis {
 
 impl Drop for TestRedis {
     fn drop(&mut self) {
+        if self.child.is_some() {
+            // A paused server can't die of SIGKILL until it is resumed on some systems; be sure.
+            self.resume();
+        }
         self.stop();
     }
 }
