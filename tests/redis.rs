@@ -255,21 +255,33 @@ async fn script_flush_between_requests_is_recovered_in_the_request() {
     assert_eq!(calls.get("script|load").copied(), Some(2), "{calls:?}");
 }
 
-#[tokio::test]
-async fn an_outage_fails_open_or_closed_and_limiting_resumes() {
-    let mut redis = TestRedis::own();
-    let prefix = unique_prefix("outage");
-    let timeout = Duration::from_millis(250);
+/// Two apps limiting one key by `rule`: one fails open, one fails closed.
+fn failing_open_and_closed(
+    redis: &TestRedis,
+    name: &str,
+    rule: Rule,
+    timeout: Duration,
+) -> (Router, Router) {
+    let prefix = unique_prefix(name);
     let policy = |on_error| {
-        Policy::builder("outage")
+        Policy::builder(name)
             .prefix(&prefix)
-            .rule(Rule::per_hour(2))
+            .rule(rule.clone())
             .on_store_error(on_error)
             .build()
             .unwrap()
     };
-    let open = app(policy(OnStoreError::Allow), store(&redis).timeout(timeout));
-    let closed = app(policy(OnStoreError::Deny), store(&redis).timeout(timeout));
+    (
+        app(policy(OnStoreError::Allow), store(redis).timeout(timeout)),
+        app(policy(OnStoreError::Deny), store(redis).timeout(timeout)),
+    )
+}
+
+#[tokio::test]
+async fn an_outage_fails_open_or_closed_and_limiting_resumes() {
+    let mut redis = TestRedis::own();
+    let timeout = Duration::from_millis(250);
+    let (open, closed) = failing_open_and_closed(&redis, "outage", Rule::per_hour(2), timeout);
     assert_eq!(
         send(&open, request_from(PEER, "/")).await.status(),
         StatusCode::OK
@@ -319,18 +331,8 @@ async fn an_outage_fails_open_or_closed_and_limiting_resumes() {
 #[tokio::test]
 async fn a_reply_slower_than_the_timeout_is_a_store_error_not_a_429() {
     let redis = TestRedis::own();
-    let prefix = unique_prefix("slow");
     let timeout = Duration::from_millis(200);
-    let policy = |on_error| {
-        Policy::builder("slow")
-            .prefix(&prefix)
-            .rule(Rule::per_hour(1))
-            .on_store_error(on_error)
-            .build()
-            .unwrap()
-    };
-    let open = app(policy(OnStoreError::Allow), store(&redis).timeout(timeout));
-    let closed = app(policy(OnStoreError::Deny), store(&redis).timeout(timeout));
+    let (open, closed) = failing_open_and_closed(&redis, "slow", Rule::per_hour(1), timeout);
     assert_eq!(
         send(&open, request_from(PEER, "/")).await.status(),
         StatusCode::OK
