@@ -60,10 +60,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
-use sfv::{
-    BareItem, Integer, ItemSerializer, KeyRef, ListEntry, ListSerializer, Parameters, Parser,
-    StringRef,
-};
+use sfv::{BareItem, ItemSerializer, ListEntry, Parameters, Parser, StringRef};
 
 /// `RateLimit-Policy`: the quota policies of the rules that apply to a request.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -84,9 +81,6 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 /// clamped to it when written.
 pub(crate) const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
-const KEY_QUOTA: &KeyRef = KeyRef::constant("q");
-const KEY_WINDOW: &KeyRef = KeyRef::constant("w");
-
 /// Optional whitespace (RFC 9110): never part of a field value proper.
 const OWS: &[char] = &[' ', '\t'];
 
@@ -97,8 +91,8 @@ const OWS: &[char] = &[' ', '\t'];
 /// One rule's entry in `RateLimit-Policy`, as passed to [`policy_header_value`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PolicyItem<'a> {
-    /// Rule name; must be printable ASCII (an sf-string).
-    pub name: &'a str,
+    /// Rule name, serialised when the policy was built.
+    pub name: &'a SfName,
     /// Requests allowed per window (`q`).
     pub quota: u64,
     /// Window length in seconds (`w`).
@@ -146,71 +140,67 @@ pub struct InvalidRuleName {
 }
 
 /// Serialises the `RateLimit-Policy` value for `items`, e.g.
-/// `"20-per-60s";q=20;w=60, "100-per-3600s";q=100;w=3600`.
-///
-/// Meant to run once, when the layer is built, so the value can be cloned per
-/// response. Numbers above [`SF_INTEGER_MAX`] are clamped. An empty `items` gives an
-/// empty value, which callers should not send (RFC 9651 never serialises empty lists).
-///
-/// # Errors
-///
-/// [`InvalidRuleName`] if a name contains anything but printable ASCII (`0x20..=0x7E`).
-pub(crate) fn policy_header_value(
-    items: &[PolicyItem<'_>],
-) -> Result<HeaderValue, InvalidRuleName> {
-    let mut out = String::with_capacity(items.len() * 32);
-    {
-        let mut list = ListSerializer::with_buffer(&mut out);
-        for item in items {
-            let name = StringRef::from_str(item.name).map_err(|_| InvalidRuleName {
-                name: item.name.to_owned(),
-            })?;
-            list.bare_item(name)
-                .parameter(KEY_QUOTA, sf_integer(item.quota))
-                .parameter(KEY_WINDOW, sf_integer(item.window_secs));
-        }
-        // No `finish()`: it only reports whether anything was written, and the
-        // text is already in `out`.
-    }
-    Ok(header_value(out))
+/// `"20-per-60s";q=20;w=60, "100-per-3600s";q=100;w=3600`. Runs once, when the policy is built.
+/// Numbers above [`SF_INTEGER_MAX`] are clamped. An empty `items` gives an empty value, which
+/// callers should not send (RFC 9651 never serialises empty lists).
+pub(crate) fn policy_header_value(items: &[PolicyItem<'_>]) -> HeaderValue {
+    write_list(
+        items
+            .iter()
+            .map(|item| (item.name, item.quota, item.window_secs)),
+        "q",
+        "w",
+    )
 }
 
 /// Serialises the `RateLimit` value for `items`, e.g.
-/// `"20-per-60s";r=7;t=42, "100-per-3600s";r=87;t=3000`.
-///
-/// Runs per response, so it only appends: the names were serialised by sfv when the policy was
-/// built, and the parameters are non-negative integers, whose sf form is plain decimal digits.
-/// Numbers above [`SF_INTEGER_MAX`] are clamped.
+/// `"20-per-60s";r=7;t=42, "100-per-3600s";r=87;t=3000`. Runs per response. Numbers above
+/// [`SF_INTEGER_MAX`] are clamped.
 pub(crate) fn ratelimit_header_value<'a, I>(items: I) -> HeaderValue
 where
     I: IntoIterator<Item = RateLimitItem<'a>>,
     I::IntoIter: Clone,
 {
-    // Sized exactly, so the HeaderValue takes the buffer over without a second allocation.
-    let items = items.into_iter();
-    let mut count = 0usize;
+    write_list(
+        items
+            .into_iter()
+            .map(|item| (item.name, item.remaining, item.reset_secs)),
+        "r",
+        "t",
+    )
+}
+
+/// Writes a list of `name;<first>=a;<second>=b` items. The names were serialised by sfv when the
+/// policy was built and the parameters are non-negative integers, whose sf form is plain decimal
+/// digits, so this only appends; the buffer is sized exactly, so the `HeaderValue` takes it over
+/// without a second allocation.
+fn write_list<'a>(
+    items: impl Iterator<Item = (&'a SfName, u64, u64)> + Clone,
+    first: &str,
+    second: &str,
+) -> HeaderValue {
+    let items = items.map(|(name, a, b)| (name, a.min(SF_INTEGER_MAX), b.min(SF_INTEGER_MAX)));
+    let count = items.clone().count();
     let len = items
         .clone()
-        .map(|item| {
-            count += 1;
-            item.name.0.len()
-                + ";r=;t=".len()
-                + decimal_len(item.remaining.min(SF_INTEGER_MAX))
-                + decimal_len(item.reset_secs.min(SF_INTEGER_MAX))
+        .map(|(name, a, b)| {
+            name.0.len() + first.len() + second.len() + 4 + decimal_len(a) + decimal_len(b)
         })
         .sum::<usize>()
         + ", ".len() * count.saturating_sub(1);
     let mut out = String::with_capacity(len);
     let mut digits = itoa::Buffer::new();
-    for (index, item) in items.enumerate() {
+    for (index, (name, a, b)) in items.enumerate() {
         if index > 0 {
             out.push_str(", ");
         }
-        out.push_str(&item.name.0);
-        out.push_str(";r=");
-        out.push_str(digits.format(item.remaining.min(SF_INTEGER_MAX)));
-        out.push_str(";t=");
-        out.push_str(digits.format(item.reset_secs.min(SF_INTEGER_MAX)));
+        out.push_str(&name.0);
+        for (key, value) in [(first, a), (second, b)] {
+            out.push(';');
+            out.push_str(key);
+            out.push('=');
+            out.push_str(digits.format(value));
+        }
     }
     header_value(out)
 }
@@ -218,11 +208,6 @@ where
 /// How many decimal digits `value` has.
 fn decimal_len(value: u64) -> usize {
     value.checked_ilog10().map_or(1, |log| log as usize + 1)
-}
-
-fn sf_integer(value: u64) -> Integer {
-    // Cannot fail after clamping; the fallback keeps this path panic-free anyway.
-    Integer::try_from(value.min(SF_INTEGER_MAX)).unwrap_or(Integer::MAX)
 }
 
 fn header_value(serialised: String) -> HeaderValue {
@@ -622,6 +607,7 @@ fn ascii_digits(text: &str) -> Option<u64> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use sfv::Integer;
 
     const POLICY_EXAMPLE: &str = r#""20-per-60s";q=20;w=60, "100-per-3600s";q=100;w=3600"#;
     const RATELIMIT_EXAMPLE: &str = r#""20-per-60s";r=7;t=42, "100-per-3600s";r=87;t=3000"#;
@@ -683,17 +669,16 @@ mod tests {
     fn policy_value_matches_example_byte_for_byte() {
         let value = policy_header_value(&[
             PolicyItem {
-                name: "20-per-60s",
+                name: &SfName::new("20-per-60s").unwrap(),
                 quota: 20,
                 window_secs: 60,
             },
             PolicyItem {
-                name: "100-per-3600s",
+                name: &SfName::new("100-per-3600s").unwrap(),
                 quota: 100,
                 window_secs: 3600,
             },
-        ])
-        .unwrap();
+        ]);
         assert_eq!(value.as_bytes(), POLICY_EXAMPLE.as_bytes());
     }
 
@@ -750,11 +735,10 @@ mod tests {
     fn names_needing_escapes_round_trip() {
         let name = r#"a "quoted" \ name"#;
         let value = policy_header_value(&[PolicyItem {
-            name,
+            name: &SfName::new(name).unwrap(),
             quota: 5,
             window_secs: 1,
-        }])
-        .unwrap();
+        }]);
         assert_eq!(value.to_str().unwrap(), r#""a \"quoted\" \\ name";q=5;w=1"#);
         let status_value = ratelimit_header_value([RateLimitItem {
             name: &SfName::new(name).unwrap(),
@@ -773,11 +757,10 @@ mod tests {
     fn numbers_are_clamped_to_sf_integer_max() {
         assert_eq!(SF_INTEGER_MAX, u64::try_from(Integer::MAX).unwrap());
         let policy_value = policy_header_value(&[PolicyItem {
-            name: "big",
+            name: &SfName::new("big").unwrap(),
             quota: u64::MAX,
             window_secs: SF_INTEGER_MAX + 1,
-        }])
-        .unwrap();
+        }]);
         assert_eq!(
             policy_value.to_str().unwrap(),
             r#""big";q=999999999999999;w=999999999999999"#
@@ -808,26 +791,14 @@ mod tests {
 
     #[test]
     fn empty_item_lists_serialise_to_empty_values() {
-        assert_eq!(policy_header_value(&[]).unwrap().as_bytes(), b"");
+        assert_eq!(policy_header_value(&[]).as_bytes(), b"");
         assert_eq!(ratelimit_header_value([]).as_bytes(), b"");
     }
 
     #[test]
     fn invalid_rule_names_are_rejected_at_build_time() {
         for bad in ["caf\u{e9}", "tab\there", "new\nline", "\u{7f}"] {
-            let err = policy_header_value(&[
-                PolicyItem {
-                    name: "fine",
-                    quota: 1,
-                    window_secs: 1,
-                },
-                PolicyItem {
-                    name: bad,
-                    quota: 1,
-                    window_secs: 1,
-                },
-            ])
-            .unwrap_err();
+            let err = SfName::new(bad).unwrap_err();
             assert_eq!(
                 err,
                 InvalidRuleName {
@@ -1364,17 +1335,18 @@ mod tests {
             ),
             split in any::<prop::sample::Index>(),
         ) {
+            let sf_names: Vec<SfName> = rules
+                .iter()
+                .map(|(name, ..)| SfName::new(name).unwrap())
+                .collect();
             let policy_items: Vec<_> = rules
                 .iter()
-                .map(|(name, quota, window_secs, _, _)| PolicyItem {
+                .zip(&sf_names)
+                .map(|((_, quota, window_secs, _, _), name)| PolicyItem {
                     name,
                     quota: *quota,
                     window_secs: *window_secs,
                 })
-                .collect();
-            let sf_names: Vec<SfName> = rules
-                .iter()
-                .map(|(name, ..)| SfName::new(name).unwrap())
                 .collect();
             let status_items: Vec<_> = rules
                 .iter()
@@ -1388,7 +1360,7 @@ mod tests {
 
             // The policy as one field line, the status split over two (or one if the split is at 0).
             let mut headers = HeaderMap::new();
-            headers.insert(RATELIMIT_POLICY, policy_header_value(&policy_items).unwrap());
+            headers.insert(RATELIMIT_POLICY, policy_header_value(&policy_items));
             let (first, second) = status_items.split_at(split.index(status_items.len()));
             for part in [first, second] {
                 if !part.is_empty() {

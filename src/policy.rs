@@ -705,21 +705,14 @@ impl PolicyBuilder {
         let items: Vec<PolicyItem<'_>> = self
             .rules
             .iter()
-            .zip(&rule_names)
+            .zip(&sf_names)
             .map(|(rule, name)| PolicyItem {
                 name,
                 quota: rule.limit,
                 window_secs: crate::decision::ceil_secs(rule.period),
             })
             .collect();
-        // Every name was accepted by SfName::new above, so this can't fail.
-        let policy_header = headers::policy_header_value(&items).map_err(|source| {
-            PolicyError::InvalidRuleName {
-                policy: policy(),
-                index: 0,
-                source,
-            }
-        })?;
+        let policy_header = headers::policy_header_value(&items);
         let key_base = format!("{}:{}:", self.prefix, self.name);
         Ok(Policy(Arc::new(Inner {
             name: self.name,
