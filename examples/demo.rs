@@ -57,7 +57,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::{
     Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, OnStoreError, Policy, PolicyError,
-    RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError,
+    RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError, policy,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -380,7 +380,7 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
             ));
         }
     };
-    if !is_store_name(&raw.prefix) {
+    if !policy::is_valid_name(&raw.prefix) {
         return Err(ConfigError::field(
             "prefix",
             format!(
@@ -535,17 +535,10 @@ fn parse_cidr(text: &str) -> Option<IpNet> {
 
 /// The rule the library applies to policy names and key prefixes (both are part of every store
 /// key): 1 to 64 characters of letters, digits and `-._~@+=!*(),/`.
-fn is_store_name(text: &str) -> bool {
-    (1..=64).contains(&text.len())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-._~@+=!*(),/".contains(&b))
-}
-
 /// A route's policy name: its path, which reads well in logs, when that passes the
 /// policy-name rule; else `route-<index>` (paths start with `/`, so the two forms never clash).
 fn policy_name(path: &str, index: usize) -> String {
-    if is_store_name(path) {
+    if policy::is_valid_name(path) {
         path.to_owned()
     } else {
         format!("route-{index}")
@@ -1058,9 +1051,9 @@ mod tests {
         let longest = format!("/{}", "a".repeat(63));
         assert_eq!(policy_name(&longest, 3), longest);
         assert_eq!(policy_name(&format!("/{}", "a".repeat(64)), 3), "route-3");
-        assert!(is_store_name("a-Z_0.~@+=!*(),/"));
+        assert!(policy::is_valid_name("a-Z_0.~@+=!*(),/"));
         for bad in ["", "a:b", "a b", "{x}", "é"] {
-            assert!(!is_store_name(bad), "{bad:?}");
+            assert!(!policy::is_valid_name(bad), "{bad:?}");
         }
     }
 

@@ -551,6 +551,12 @@ fn push_route(key: &mut String, parts: &Parts) {
     key::push_component(key, &route);
 }
 
+/// Whether `name` may be a policy name or key prefix: 1 to 64 characters of letters, digits and
+/// `-._~@+=!*(),/`, the rule [`PolicyBuilder::build`] applies (names are part of every store key).
+pub fn is_valid_name(name: &str) -> bool {
+    key::is_verbatim(name)
+}
+
 /// Builds a [`Policy`]; see [`Policy::builder`].
 #[derive(Debug)]
 #[must_use = "call .build() to get the policy"]
@@ -631,7 +637,7 @@ impl PolicyBuilder {
     /// Checks the policy and builds it.
     pub fn build(self) -> Result<Policy, PolicyError> {
         for (what, value) in [("policy name", &self.name), ("key prefix", &self.prefix)] {
-            if !key::is_verbatim(value) {
+            if !is_valid_name(value) {
                 return Err(PolicyError::InvalidName {
                     what,
                     value: value.clone(),

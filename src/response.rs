@@ -74,7 +74,7 @@ impl Rejected {
         problem(&Problem {
             kind: QUOTA_EXCEEDED_TYPE,
             title: QUOTA_EXCEEDED_TITLE,
-            status: StatusCode::TOO_MANY_REQUESTS.as_u16(),
+            status: StatusCode::TOO_MANY_REQUESTS,
             detail: self.policy.message(),
             violated_policies: Some(&violated),
         })
@@ -86,18 +86,23 @@ struct Problem<'a> {
     #[serde(rename = "type")]
     kind: &'a str,
     title: &'a str,
-    status: u16,
+    #[serde(serialize_with = "status_number")]
+    status: StatusCode,
     detail: &'a str,
     #[serde(rename = "violated-policies", skip_serializing_if = "Option::is_none")]
     violated_policies: Option<&'a [&'a str]>,
+}
+
+/// Problem details carry the status as a JSON number.
+fn status_number<S: serde::Serializer>(status: &StatusCode, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_u16(status.as_u16())
 }
 
 fn problem(problem: &Problem<'_>) -> Response<Body> {
     // Serialising plain strings and numbers can't fail.
     let body = serde_json::to_vec(problem).unwrap_or_default();
     let mut response = Response::new(Body::from(body));
-    *response.status_mut() =
-        StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *response.status_mut() = problem.status;
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
@@ -109,7 +114,7 @@ pub(crate) fn store_unavailable() -> Response<Body> {
     problem(&Problem {
         kind: "about:blank",
         title: "Service Unavailable",
-        status: StatusCode::SERVICE_UNAVAILABLE.as_u16(),
+        status: StatusCode::SERVICE_UNAVAILABLE,
         detail: "The rate limiter cannot reach its store.",
         violated_policies: None,
     })
@@ -120,7 +125,7 @@ pub(crate) fn key_unavailable(status: StatusCode) -> Response<Body> {
     problem(&Problem {
         kind: "about:blank",
         title: status.canonical_reason().unwrap_or("Error"),
-        status: status.as_u16(),
+        status,
         detail: "The request carries no rate-limit key.",
         violated_policies: None,
     })
