@@ -14,13 +14,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ::redis::{RedisError, Script};
+use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::{Config, Pool, Runtime};
 
 use super::{CheckFuture, CheckRequest, Store, StoreError};
 use crate::decision::{Decision, RuleState};
-use crate::policy::Algorithm;
+use crate::policy::{Algorithm, Rule};
 
 /// How long a check may take by default before it counts as a store failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -99,18 +99,16 @@ impl fmt::Debug for RedisStore {
 
 impl Store for RedisStore {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        let keys = rule_keys(request);
-        let mut args = Vec::with_capacity(1 + 2 * request.rules.len());
-        args.push(request.cost);
-        for rule in request.rules {
-            args.push(rule.limit());
-            args.push(rule.period_ms());
-        }
+        // Everything that needs the request is done here, before the future: the future then owns
+        // one packed command and a few words, not the request's borrows.
         let algorithm = request.algorithm;
+        let command = evalsha_command(self.shared.script(algorithm).get_hash(), request);
+        let limits: Vec<u64> = request.rules.iter().map(|rule| rule.limit()).collect();
         let shared = self.shared.clone();
         let timeout = self.timeout;
         CheckFuture::from_future(async move {
-            match tokio::time::timeout(timeout, shared.evaluate(algorithm, &keys, &args)).await {
+            let evaluation = shared.evaluate(algorithm, &command, &limits);
+            match tokio::time::timeout(timeout, evaluation).await {
                 Ok(result) => result,
                 Err(_elapsed) => {
                     // A connection that stopped answering without an error (a silently dropped
@@ -123,13 +121,35 @@ impl Store for RedisStore {
     }
 }
 
-/// The keys of a request's rules:
+/// `EVALSHA <sha> <rules> <key per rule> <cost> <limit, period per rule>`, written straight into
+/// one command buffer.
+fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
+    let rules = request.rules.len();
+    let mut command = Cmd::with_capacity(
+        3 + 3 * rules + 1,
+        hash.len() + rules * (2 * request.key.len() + 80) + 32,
+    );
+    command.arg("EVALSHA").arg(hash).arg(rules);
+    let mut key = String::with_capacity(2 * request.key.len() + 48);
+    for rule in request.rules {
+        key.clear();
+        write_rule_key(&mut key, request, rule);
+        command.arg(key.as_str());
+    }
+    command.arg(request.cost);
+    for rule in request.rules {
+        command.arg(rule.limit()).arg(rule.period_ms());
+    }
+    command
+}
+
+/// The key of one rule:
 /// `<prefix>:{<prefix>:<policy>:<identity>}:<algorithm>:<period ms>:<limit>`. Every key starts with
 /// the prefix, so `SCAN MATCH <prefix>:*` finds them all; the braces make the whole policy key the
 /// hash tag, so every key of one identity lands on one Redis Cluster slot; a counter per algorithm,
 /// period and limit gives every rule of a policy its own key (a policy can't hold the same rule
 /// twice) and keeps rule sets that share a key apart, as in the memory store.
-fn rule_keys(request: &CheckRequest<'_>) -> Vec<String> {
+fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
     let code = match request.algorithm {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingLog => "sl",
@@ -139,51 +159,67 @@ fn rule_keys(request: &CheckRequest<'_>) -> Vec<String> {
         .key
         .split_once(':')
         .map_or(request.key, |(prefix, _)| prefix);
-    request
-        .rules
-        .iter()
-        .map(|rule| {
-            format!(
-                "{prefix}:{{{}}}:{code}:{}:{}",
-                request.key,
-                rule.period_ms(),
-                rule.limit()
-            )
-        })
-        .collect()
+    let mut number = itoa::Buffer::new();
+    key.push_str(prefix);
+    key.push_str(":{");
+    key.push_str(request.key);
+    key.push_str("}:");
+    key.push_str(code);
+    key.push(':');
+    key.push_str(number.format(rule.period_ms()));
+    key.push(':');
+    key.push_str(number.format(rule.limit()));
 }
 
 impl Shared {
+    fn script(&self, algorithm: Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::FixedWindow => &self.fixed_window,
+            Algorithm::SlidingLog => &self.sliding_log,
+        }
+    }
+
     async fn evaluate(
         &self,
         algorithm: Algorithm,
-        keys: &[String],
-        args: &[u64],
+        command: &Cmd,
+        limits: &[u64],
     ) -> Result<Decision, StoreError> {
-        let script = match algorithm {
-            Algorithm::FixedWindow => &self.fixed_window,
-            Algorithm::SlidingLog => &self.sliding_log,
-        };
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
         let mut connection = self.connection().await?;
-        // EVALSHA; on NOSCRIPT (a restart, SCRIPT FLUSH, a failover) it loads the script and
-        // retries once, within this request.
-        match invocation.invoke_async::<Vec<i64>>(&mut connection).await {
-            Ok(reply) => {
-                let limits: Vec<u64> = args[1..].iter().step_by(2).copied().collect();
-                decision_from(&reply, &limits)
-            }
+        let mut reply = self.send(&mut connection, command).await;
+        // NOSCRIPT (a restart, SCRIPT FLUSH, a failover): load the script and retry once, within
+        // this request.
+        if matches!(&reply, Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+        {
+            reply = match self.script(algorithm).load_async(&mut connection).await {
+                Ok(_hash) => self.send(&mut connection, command).await,
+                Err(error) => Err(error),
+            };
+        }
+        match reply {
+            Ok(Value::Array(items)) => decision_from(&items, limits),
+            Ok(other) => Err(StoreError::Protocol(format!(
+                "unexpected script reply {other:?}"
+            ))),
+            Err(error) => Err(StoreError::Unavailable(Box::new(error))),
+        }
+    }
+
+    /// Sends `command`; a server error answer becomes an `Err`, and a broken connection is dropped
+    /// so the next request takes a new one.
+    async fn send(
+        &self,
+        connection: &mut MultiplexedConnection,
+        command: &Cmd,
+    ) -> Result<Value, RedisError> {
+        match connection.send_packed_command(command).await {
+            Ok(Value::ServerError(error)) => Err(error.into()),
+            Ok(value) => Ok(value),
             Err(error) => {
                 if is_connection_failure(&error) {
                     self.forget_connection();
                 }
-                Err(StoreError::Unavailable(Box::new(error)))
+                Err(error)
             }
         }
     }
@@ -230,30 +266,34 @@ fn is_connection_failure(error: &RedisError) -> bool {
         || error.is_unrecoverable_error()
 }
 
-/// Reads the script's reply: `allowed, now, then remaining, reset, retry per rule`.
-fn decision_from(reply: &[i64], limits: &[u64]) -> Result<Decision, StoreError> {
+/// Reads the script's reply: `allowed, now, then remaining, reset, retry per rule`, all integers.
+fn decision_from(reply: &[Value], limits: &[u64]) -> Result<Decision, StoreError> {
     let malformed = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
     if reply.len() != 2 + 3 * limits.len() {
         return Err(malformed());
     }
-    let unsigned = |value: i64| u64::try_from(value).map_err(|_| malformed());
-    let allowed = match reply[0] {
+    let integer = |value: &Value| match value {
+        Value::Int(value) => Ok(*value),
+        _ => Err(malformed()),
+    };
+    let unsigned = |value: &Value| u64::try_from(integer(value)?).map_err(|_| malformed());
+    let allowed = match integer(&reply[0])? {
         1 => true,
         0 => false,
         _ => return Err(malformed()),
     };
-    let now_unix_ms = unsigned(reply[1])?;
+    let now_unix_ms = unsigned(&reply[1])?;
     let rules = reply[2..]
         .chunks_exact(3)
         .zip(limits)
         .map(|(state, &limit)| {
             Ok(RuleState {
                 limit,
-                remaining: unsigned(state[0])?,
-                reset: Duration::from_millis(unsigned(state[1])?),
-                retry_after: match state[2] {
+                remaining: unsigned(&state[0])?,
+                reset: Duration::from_millis(unsigned(&state[1])?),
+                retry_after: match integer(&state[2])? {
                     -1 => None,
-                    retry => Some(Duration::from_millis(unsigned(retry)?)),
+                    _ => Some(Duration::from_millis(unsigned(&state[2])?)),
                 },
             })
         })
@@ -268,7 +308,6 @@ fn decision_from(reply: &[i64], limits: &[u64]) -> Result<Decision, StoreError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Rule;
 
     #[test]
     fn keys_share_the_identity_hash_tag_and_name_algorithm_and_period() {
@@ -279,8 +318,16 @@ mod tests {
             algorithm: Algorithm::SlidingLog,
             cost: 1,
         };
+        let keys: Vec<String> = rules
+            .iter()
+            .map(|rule| {
+                let mut key = String::new();
+                write_rule_key(&mut key, &request, rule);
+                key
+            })
+            .collect();
         assert_eq!(
-            rule_keys(&request),
+            keys,
             [
                 "rl:{rl:login:ip:2001:db8::/64}:sl:60000:10",
                 "rl:{rl:login:ip:2001:db8::/64}:sl:3600000:100"
@@ -289,8 +336,43 @@ mod tests {
     }
 
     #[test]
+    fn one_evalsha_carries_keys_cost_limits_and_periods() {
+        let rules = [Rule::per_second(2), Rule::per_minute(30)];
+        let request = CheckRequest {
+            key: "rl:api:global",
+            rules: &rules,
+            algorithm: Algorithm::FixedWindow,
+            cost: 3,
+        };
+        let command = evalsha_command("abc123", &request);
+        let args: Vec<String> = command
+            .args_iter()
+            .map(|arg| match arg {
+                ::redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                other => panic!("EVALSHA has only plain arguments, not {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "EVALSHA",
+                "abc123",
+                "2",
+                "rl:{rl:api:global}:fw:1000:2",
+                "rl:{rl:api:global}:fw:60000:30",
+                "3",
+                "2",
+                "1000",
+                "30",
+                "60000"
+            ]
+        );
+    }
+
+    #[test]
     fn replies_become_decisions() {
-        let decision = decision_from(&[0, 1_000, 0, 500, 500, 7, 90_000, -1], &[5, 10]).unwrap();
+        let reply = ints(&[0, 1_000, 0, 500, 500, 7, 90_000, -1]);
+        let decision = decision_from(&reply, &[5, 10]).unwrap();
         assert!(!decision.allowed);
         assert_eq!(decision.now_unix_ms, 1_000);
         assert_eq!(
@@ -323,9 +405,26 @@ mod tests {
             &[0, 1_000, 1, 2, -7],
         ] {
             assert!(
-                matches!(decision_from(reply, &[5]), Err(StoreError::Protocol(_))),
+                matches!(
+                    decision_from(&ints(reply), &[5]),
+                    Err(StoreError::Protocol(_))
+                ),
                 "{reply:?}"
             );
         }
+    }
+
+    #[test]
+    fn replies_that_are_not_integers_are_protocol_errors() {
+        let mut reply = ints(&[1, 1_000, 4, 500, -1]);
+        reply[2] = Value::BulkString(b"4".to_vec());
+        assert!(matches!(
+            decision_from(&reply, &[5]),
+            Err(StoreError::Protocol(_))
+        ));
+    }
+
+    fn ints(values: &[i64]) -> Vec<Value> {
+        values.iter().copied().map(Value::Int).collect()
     }
 }
