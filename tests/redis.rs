@@ -330,6 +330,36 @@ async fn an_outage_fails_open_or_closed_and_limiting_resumes() {
     assert_refused(refused, &["2-per-3600s"]).await;
 }
 
+/// The store's timeout is the only one: redis-rs's own default response timeout (500 ms) must not
+/// cut a longer one short.
+#[tokio::test]
+async fn a_timeout_longer_than_half_a_second_is_waited_out() {
+    let redis = TestRedis::own();
+    let policy = Policy::builder("patient")
+        .prefix(unique_prefix("patient"))
+        .rule(Rule::per_hour(5))
+        .on_store_error(OnStoreError::Deny)
+        .build()
+        .unwrap();
+    let app = app(policy, store(&redis).timeout(Duration::from_secs(5)));
+    let first = send(&app, request_from(PEER, "/")).await;
+    assert_eq!(limits(&first).status("5-per-3600s").unwrap().remaining, 4);
+
+    redis.pause();
+    let started = Instant::now();
+    let pending = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request_from(PEER, "/")).await }
+    });
+    let frozen_for = Duration::from_millis(1200);
+    tokio::time::sleep(frozen_for).await;
+    redis.resume();
+    let second = pending.await.unwrap();
+    assert!(started.elapsed() >= frozen_for);
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(limits(&second).status("5-per-3600s").unwrap().remaining, 3);
+}
+
 #[tokio::test]
 async fn a_reply_slower_than_the_timeout_is_a_store_error_not_a_429() {
     let redis = TestRedis::own();

@@ -17,6 +17,7 @@ use std::time::Duration;
 use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::{Config, Pool, Runtime};
+use tokio::time::Instant;
 
 use super::{CheckFuture, CheckRequest, Store, StoreError};
 use crate::decision::{Decision, RuleState};
@@ -107,16 +108,10 @@ impl Store for RedisStore {
         let shared = self.shared.clone();
         let timeout = self.timeout;
         CheckFuture::from_future(async move {
-            let evaluation = shared.evaluate(algorithm, &command, &limits);
-            match tokio::time::timeout(timeout, evaluation).await {
-                Ok(result) => result,
-                Err(_elapsed) => {
-                    // A connection that stopped answering without an error (a silently dropped
-                    // TCP connection) would time out forever: the next request takes a new one.
-                    shared.forget_connection();
-                    Err(StoreError::Timeout(timeout))
-                }
-            }
+            shared
+                .evaluate(algorithm, &command, timeout)
+                .await
+                .and_then(|reply| decision_from(&reply, &limits))
         })
     }
 }
@@ -179,30 +174,77 @@ impl Shared {
         }
     }
 
+    /// Runs the check's `EVALSHA` and returns the script's reply, all within `timeout`.
+    ///
+    /// The common case, a connection at hand and the script cached in Redis, is one send bounded
+    /// by the connection's own response timeout, so a check arms one timer. Connecting and loading
+    /// the script after NOSCRIPT are rare: they run boxed, under a deadline for the whole check.
     async fn evaluate(
         &self,
         algorithm: Algorithm,
         command: &Cmd,
-        limits: &[u64],
-    ) -> Result<Decision, StoreError> {
-        let mut connection = self.connection().await?;
-        let mut reply = self.send(&mut connection, command).await;
-        // NOSCRIPT (a restart, SCRIPT FLUSH, a failover): load the script and retry once, within
-        // this request.
-        if matches!(&reply, Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
-        {
-            reply = match self.script(algorithm).load_async(&mut connection).await {
-                Ok(_hash) => self.send(&mut connection, command).await,
-                Err(error) => Err(error),
-            };
-        }
-        match reply {
-            Ok(Value::Array(items)) => decision_from(&items, limits),
-            Ok(other) => Err(StoreError::Protocol(format!(
+        timeout: Duration,
+    ) -> Result<Vec<Value>, StoreError> {
+        let started = Instant::now();
+        let reply = match self.cached() {
+            Some(mut connection) => {
+                connection.set_response_timeout(timeout);
+                match self.send(&mut connection, command).await {
+                    Err(error) if is_no_script(&error) => Err(Missing::Script),
+                    reply => Ok(reply),
+                }
+            }
+            None => Err(Missing::Connection),
+        };
+        let reply = match reply {
+            Ok(reply) => reply.map_err(|error| store_error(error, timeout)),
+            Err(missing) => {
+                let slow = self.connect_load_and_send(missing, algorithm, command, timeout);
+                match tokio::time::timeout_at(started + timeout, Box::pin(slow)).await {
+                    Ok(reply) => reply,
+                    Err(_elapsed) => {
+                        // A connection that stopped answering without an error (a silently dropped
+                        // TCP connection) would time out forever: the next request takes a new one.
+                        self.forget_connection();
+                        return Err(StoreError::Timeout(timeout));
+                    }
+                }
+            }
+        };
+        match reply? {
+            Value::Array(items) => Ok(items),
+            other => Err(StoreError::Protocol(format!(
                 "unexpected script reply {other:?}"
             ))),
-            Err(error) => Err(StoreError::Unavailable(Box::new(error))),
         }
+    }
+
+    /// The rare path: takes a connection (a new one if needed) and sends `command`; when Redis
+    /// lacks the script (a restart, `SCRIPT FLUSH`, a failover: NOSCRIPT) it loads it and sends the
+    /// command once more.
+    async fn connect_load_and_send(
+        &self,
+        missing: Missing,
+        algorithm: Algorithm,
+        command: &Cmd,
+        timeout: Duration,
+    ) -> Result<Value, StoreError> {
+        let mut connection = self.connection().await?;
+        connection.set_response_timeout(timeout);
+        let as_store_error = |error| store_error(error, timeout);
+        if let Missing::Connection = missing {
+            match self.send(&mut connection, command).await {
+                Err(error) if is_no_script(&error) => {}
+                reply => return reply.map_err(as_store_error),
+            }
+        }
+        self.script(algorithm)
+            .load_async(&mut connection)
+            .await
+            .map_err(as_store_error)?;
+        self.send(&mut connection, command)
+            .await
+            .map_err(as_store_error)
     }
 
     /// Sends `command`; a server error answer becomes an `Err`, and a broken connection is dropped
@@ -225,10 +267,8 @@ impl Shared {
     }
 
     async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        if let Some(connection) = self.cached() {
-            return Ok(connection);
-        }
         let _only_one = self.reconnecting.lock().await;
+        // Another request may have connected while this one waited for the lock.
         if let Some(connection) = self.cached() {
             return Ok(connection);
         }
@@ -255,6 +295,28 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A failed command as a store error: its own timeout (the connection's response timeout, set to the
+/// store's) is a [`StoreError::Timeout`] like the store's.
+fn store_error(error: RedisError, timeout: Duration) -> StoreError {
+    if error.is_timeout() {
+        StoreError::Timeout(timeout)
+    } else {
+        StoreError::Unavailable(Box::new(error))
+    }
+}
+
+/// What the fast path lacked.
+enum Missing {
+    /// No connection yet, or the last one failed.
+    Connection,
+    /// Redis answered NOSCRIPT.
+    Script,
+}
+
+fn is_no_script(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// Whether the connection itself is broken (so the next request should get a new one), as opposed
