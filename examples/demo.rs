@@ -854,7 +854,7 @@ mod tests {
             (rules("[]"), "routes[0].rules: must list at least one rule"),
             (
                 edited("algorithm = \"sliding_log\"", "algorithm = \"token\""),
-                r#"routes[0].algorithm: unknown algorithm "token": expected "fixed_window" or "sliding_log""#,
+                r#"routes[0].algorithm: unknown algorithm "token": expected "fixed_window", "sliding_log" or "sliding_counter""#,
             ),
             (
                 route_config("cookie", "[{ limit = 1, period = \"1s\" }]"),

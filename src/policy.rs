@@ -22,6 +22,11 @@ use crate::key::{self, Key};
 /// store arithmetic on it can overflow.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 86_400);
 
+/// The largest limit a rule may have: 2^35 (about 34 billion) units per period. Far above any real
+/// quota, and low enough that the Redis scripts, whose numbers are Lua doubles, compute every count
+/// exactly (the sliding counter multiplies counts by a 16-bit weight).
+pub const MAX_LIMIT: u64 = 1 << 35;
+
 /// One limit: at most `limit` units per `period`.
 ///
 /// ```
@@ -41,7 +46,8 @@ pub struct Rule {
 
 impl Rule {
     /// At most `limit` units per `period`. Checked when the policy is built: the limit must be at
-    /// least 1 and the period a whole, non-zero number of milliseconds, at most [`MAX_PERIOD`].
+    /// least 1 and at most [`MAX_LIMIT`], the period a whole, non-zero number of milliseconds, at
+    /// most [`MAX_PERIOD`].
     pub const fn new(limit: u64, period: Duration) -> Self {
         Rule {
             limit,
@@ -136,14 +142,19 @@ pub enum Algorithm {
     /// last `period`. Exact at any instant; memory grows with the limit.
     #[default]
     SlidingLog,
+    /// Two counters per rule, this window's and the last one's; the last one counts in proportion
+    /// to how much of it the sliding window still overlaps. Constant memory per key, no 2x burst at
+    /// window edges; an estimate that assumes the last window's requests were spread evenly.
+    SlidingCounter,
 }
 
 impl Algorithm {
-    /// The name used in config files: `fixed_window` or `sliding_log`.
+    /// The name used in config files: `fixed_window`, `sliding_log` or `sliding_counter`.
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingCounter => "sliding_counter",
         }
     }
 }
@@ -156,7 +167,9 @@ impl fmt::Display for Algorithm {
 
 /// The error of parsing an unknown algorithm name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown algorithm {0:?}: expected \"fixed_window\" or \"sliding_log\"")]
+#[error(
+    "unknown algorithm {0:?}: expected \"fixed_window\", \"sliding_log\" or \"sliding_counter\""
+)]
 pub struct UnknownAlgorithm(pub String);
 
 impl FromStr for Algorithm {
@@ -166,6 +179,7 @@ impl FromStr for Algorithm {
         match name {
             "fixed_window" => Ok(Algorithm::FixedWindow),
             "sliding_log" => Ok(Algorithm::SlidingLog),
+            "sliding_counter" => Ok(Algorithm::SlidingCounter),
             other => Err(UnknownAlgorithm(other.to_owned())),
         }
     }
@@ -226,6 +240,18 @@ pub enum PolicyError {
     /// A rule's limit is zero.
     #[error("policy {policy:?}, rules[{index}] ({rule}): the limit must be at least 1")]
     ZeroLimit {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's limit is above [`MAX_LIMIT`].
+    #[error(
+        "policy {policy:?}, rules[{index}] ({rule}): the limit must be at most 2^35 (34359738368)"
+    )]
+    LimitTooLarge {
         /// The policy's name.
         policy: String,
         /// The rule's position (from 0).
@@ -659,6 +685,13 @@ impl PolicyBuilder {
                     rule: text(),
                 });
             }
+            if rule.limit > MAX_LIMIT {
+                return Err(PolicyError::LimitTooLarge {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
             if rule.period.is_zero() {
                 return Err(PolicyError::ZeroPeriod {
                     policy: policy(),
@@ -785,6 +818,11 @@ mod tests {
         assert!(matches!(
             build(vec![Rule::new(5, Duration::from_nanos(10))]).unwrap_err(),
             PolicyError::SubMillisecondPeriod { .. }
+        ));
+        assert!(build(vec![Rule::per_second(MAX_LIMIT)]).is_ok());
+        assert!(matches!(
+            build(vec![Rule::per_second(1), Rule::per_minute(MAX_LIMIT + 1)]).unwrap_err(),
+            PolicyError::LimitTooLarge { index: 1, .. }
         ));
         assert!(build(vec![Rule::new(5, MAX_PERIOD)]).is_ok());
         assert!(matches!(

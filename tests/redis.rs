@@ -70,7 +70,11 @@ fn command_calls(redis: &TestRedis) -> HashMap<String, u64> {
 #[tokio::test]
 async fn seed_curl_loop_on_redis() {
     let redis = TestRedis::shared();
-    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+    ] {
         let prefix = unique_prefix("curl");
         let policy = Policy::builder("curl")
             .prefix(&prefix)
@@ -151,7 +155,11 @@ async fn two_rules_on_redis_time() {
 async fn two_instances_share_one_limit_exactly() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("shared");
-    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+    ] {
         let policy = Policy::builder(algorithm.as_str())
             .prefix(&prefix)
             .algorithm(algorithm)
@@ -175,7 +183,7 @@ async fn two_instances_share_one_limit_exactly() {
             .collect();
         assert_eq!(admitted_and_refused(tasks).await, (100, 300), "{algorithm}");
     }
-    assert_eq!(assert_every_key_expires(&redis, &prefix), 2);
+    assert_eq!(assert_every_key_expires(&redis, &prefix), 3);
 }
 
 #[tokio::test]
@@ -412,7 +420,11 @@ async fn a_reply_slower_than_the_timeout_is_a_store_error_not_a_429() {
 
 /// One step of a request sequence: which of three identities, and how much it costs.
 fn sequences() -> impl Strategy<Value = (Algorithm, Vec<(u64, u64)>, Vec<usize>)> {
-    let algorithm = prop_oneof![Just(Algorithm::FixedWindow), Just(Algorithm::SlidingLog)];
+    let algorithm = prop_oneof![
+        Just(Algorithm::FixedWindow),
+        Just(Algorithm::SlidingLog),
+        Just(Algorithm::SlidingCounter)
+    ];
     // Periods of an hour or more, so no window edge falls inside a case.
     let rule = (
         1u64..6,
@@ -457,4 +469,96 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// The sliding counter's waits as `lua/sliding_counter.lua` computes them (its helper functions
+/// run alone, on chosen counts and times), for one period.
+fn lua_sliding_counter_waits(
+    redis: &mut redis::Connection,
+    (previous, current, cost, limit, period, elapsed): (u64, u64, u64, u64, u64, u64),
+) -> (u64, u64) {
+    let script = include_str!("../lua/sliding_counter.lua");
+    let helpers = &script[script.find("local function weighted").unwrap()
+        ..script.find("local counters = {}").unwrap()];
+    let body = format!(
+        "local floor = math.floor\nlocal ONE = 65536\nlocal cost = tonumber(ARGV[1])\n{helpers}\n\
+         local a = {{}}\nfor i = 2, 6 do a[i] = tonumber(ARGV[i]) end\n\
+         return {{wait_until_fits(a[2], a[3], a[4], a[5], a[6]), wait_until_frees(a[2], a[3], a[5], a[6])}}"
+    );
+    let (fits, frees): (u64, u64) = redis::cmd("EVAL")
+        .arg(body)
+        .arg(0)
+        .arg(cost)
+        .arg(previous)
+        .arg(current)
+        .arg(limit)
+        .arg(period)
+        .arg(elapsed)
+        .query(redis)
+        .unwrap();
+    (fits, frees)
+}
+
+/// The script's waits are exact, checked against a millisecond-by-millisecond reading of the
+/// definition: a refused request fits at `elapsed + wait` and not a millisecond earlier, and the used
+/// count drops at `elapsed + reset` and not earlier.
+#[test]
+fn the_sliding_counter_script_waits_exactly() {
+    let redis = TestRedis::shared();
+    let client = std::cell::RefCell::new(redis.client());
+    let cases = (
+        1u64..400,
+        1u64..3_000,
+        0u64..=100,
+        0u64..=100,
+        1u64..20,
+        0u64..100,
+    );
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 200,
+        ..ProptestConfig::default()
+    });
+    runner
+        .run(
+            &cases,
+            |(limit, period, previous_share, current_share, cost, elapsed_share)| {
+                let previous = limit * previous_share / 100;
+                let current = limit * current_share / 100;
+                let elapsed = period * elapsed_share / 100;
+                // used = floor(previous * weight / 65536) + current,
+                // weight = floor((period - t) * 65536 / period)
+                let fade = |count: u64, t: u64| count * ((period - t) * 65_536 / period) / 65_536;
+                let used_at = |t: u64| -> u64 {
+                    if t < period {
+                        fade(previous, t) + current
+                    } else if t < 2 * period {
+                        fade(current, t - period)
+                    } else {
+                        0
+                    }
+                };
+                let first_after = |holds: &dyn Fn(u64) -> bool| {
+                    (elapsed..=3 * period).find(|&t| holds(t)).unwrap()
+                };
+                let (fits, frees) = lua_sliding_counter_waits(
+                    &mut client.borrow_mut(),
+                    (previous, current, cost, limit, period, elapsed),
+                );
+                if cost > limit {
+                    prop_assert_eq!(fits, period);
+                } else if used_at(elapsed) + cost > limit {
+                    let fits_at = first_after(&|t| used_at(t) + cost <= limit);
+                    prop_assert_eq!(fits, fits_at - elapsed);
+                }
+                let now = used_at(elapsed);
+                let frees_at = if now == 0 {
+                    elapsed
+                } else {
+                    first_after(&|t| used_at(t) < now)
+                };
+                prop_assert_eq!(frees, frees_at - elapsed);
+                Ok(())
+            },
+        )
+        .unwrap();
 }

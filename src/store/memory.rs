@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hashbrown::HashTable;
 
+use super::weighted;
 use super::{CheckFuture, CheckRequest, Store};
 use crate::decision::{Decision, RuleState};
 use crate::policy::{Algorithm, Rule};
@@ -168,6 +169,15 @@ enum Counter {
         period_ms: u64,
         /// Admission times, oldest first; one per unit of cost.
         stamps: VecDeque<u64>,
+    },
+    /// The sliding-window counter: see [`weighted`](super::weighted).
+    Weighted {
+        /// The limit of the rule this counter counts for (part of its identity, with the period).
+        limit: u64,
+        period_ms: u64,
+        start_ms: u64,
+        previous: u64,
+        current: u64,
     },
 }
 
@@ -383,7 +393,7 @@ impl Entry {
         let mut allowed = true;
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             counter.forget_before(now);
-            if counter.used().saturating_add(cost) > rule.limit() {
+            if counter.used(now).saturating_add(cost) > rule.limit() {
                 allowed = false;
             }
         }
@@ -393,7 +403,7 @@ impl Entry {
             let retry_after = if allowed {
                 counter.record(now, cost);
                 None
-            } else if counter.used().saturating_add(cost) > limit {
+            } else if counter.used(now).saturating_add(cost) > limit {
                 Some(Duration::from_millis(
                     counter.admits_after(now, cost, limit),
                 ))
@@ -402,7 +412,7 @@ impl Entry {
             };
             rules.push(RuleState {
                 limit,
-                remaining: limit.saturating_sub(counter.used()),
+                remaining: limit.saturating_sub(counter.used(now)),
                 reset: Duration::from_millis(counter.frees_after(now)),
                 retry_after,
             });
@@ -450,6 +460,13 @@ impl Counter {
                 period_ms,
                 stamps: VecDeque::new(),
             },
+            Algorithm::SlidingCounter => Counter::Weighted {
+                limit: rule.limit(),
+                period_ms,
+                start_ms: 0,
+                previous: 0,
+                current: 0,
+            },
         }
     }
 
@@ -467,6 +484,12 @@ impl Counter {
                     limit, period_ms, ..
                 },
                 Algorithm::SlidingLog,
+            )
+            | (
+                Counter::Weighted {
+                    limit, period_ms, ..
+                },
+                Algorithm::SlidingCounter,
             ) => *limit == rule.limit() && *period_ms == rule.period_ms().max(1),
             _ => false,
         }
@@ -488,6 +511,25 @@ impl Counter {
                     *count = 0;
                 }
             }
+            Counter::Weighted {
+                period_ms,
+                start_ms,
+                previous,
+                current,
+                ..
+            } => {
+                let window = now - now % *period_ms;
+                if window > *start_ms {
+                    // The window just ended becomes the previous one; older ones count for nothing.
+                    *previous = if window - *start_ms == *period_ms {
+                        *current
+                    } else {
+                        0
+                    };
+                    *current = 0;
+                    *start_ms = window;
+                }
+            }
             Counter::Log {
                 period_ms, stamps, ..
             } => {
@@ -501,16 +543,25 @@ impl Counter {
         }
     }
 
-    fn used(&self) -> u64 {
+    /// The units in use at `now` (after `forget_before(now)`).
+    fn used(&self, now: u64) -> u64 {
         match self {
             Counter::Window { count, .. } => *count,
             Counter::Log { stamps, .. } => stamps.len() as u64,
+            Counter::Weighted {
+                period_ms,
+                start_ms,
+                previous,
+                current,
+                ..
+            } => weighted::weighted(*previous, *period_ms, now - start_ms) + current,
         }
     }
 
     fn record(&mut self, now: u64, cost: u64) {
         match self {
             Counter::Window { count, .. } => *count += cost,
+            Counter::Weighted { current, .. } => *current += cost,
             Counter::Log { stamps, .. } => {
                 stamps.extend(std::iter::repeat_n(now, cost as usize));
             }
@@ -539,6 +590,20 @@ impl Counter {
                     None => *period_ms,
                 }
             }
+            Counter::Weighted {
+                period_ms,
+                start_ms,
+                previous,
+                current,
+                ..
+            } => weighted::wait_until_fits(
+                *previous,
+                *current,
+                cost,
+                limit,
+                *period_ms,
+                now - start_ms,
+            ),
         }
     }
 
@@ -562,6 +627,13 @@ impl Counter {
             } => stamps.front().map_or(0, |oldest| {
                 oldest.saturating_add(*period_ms).saturating_sub(now)
             }),
+            Counter::Weighted {
+                period_ms,
+                start_ms,
+                previous,
+                current,
+                ..
+            } => weighted::wait_until_frees(*previous, *current, *period_ms, now - start_ms),
         }
     }
 
@@ -585,6 +657,23 @@ impl Counter {
             } => stamps
                 .back()
                 .map_or(0, |newest| newest.saturating_add(*period_ms)),
+            // This window's count matters until the next window ends; the previous one's until
+            // this one ends.
+            Counter::Weighted {
+                period_ms,
+                start_ms,
+                previous,
+                current,
+                ..
+            } => {
+                if *current > 0 {
+                    start_ms.saturating_add(period_ms.saturating_mul(2))
+                } else if *previous > 0 {
+                    start_ms.saturating_add(*period_ms)
+                } else {
+                    0
+                }
+            }
         }
     }
 }
@@ -606,11 +695,15 @@ mod tests {
         })
     }
 
-    const BOTH: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingLog];
+    const ALL: [Algorithm; 3] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+    ];
 
     #[test]
     fn admits_the_limit_then_refuses_with_the_time_left() {
-        for algorithm in BOTH {
+        for algorithm in ALL {
             // Start 10 s into a minute, so the fixed window has 50 s left.
             let clock = ManualClock::new(1_000_000 * 60_000 + 10_000);
             let store = store(&clock);
@@ -629,6 +722,8 @@ mod tests {
                 Algorithm::FixedWindow => Duration::from_secs(47),
                 // The first admission (3 s ago) leaves the log in 57 s.
                 Algorithm::SlidingLog => Duration::from_secs(57),
+                // This window's 3 count in full when the next one starts, and fade 1 ms later.
+                Algorithm::SlidingCounter => Duration::from_millis(47_001),
             };
             assert_eq!(refused.retry_after(), Some(expected), "{algorithm}");
             assert_eq!(refused.rules[0].reset, expected, "{algorithm}");
@@ -637,12 +732,13 @@ mod tests {
 
     #[test]
     fn a_refused_request_consumes_nothing_in_any_rule() {
-        for algorithm in BOTH {
+        for algorithm in ALL {
             let clock = ManualClock::new(0);
             let store = store(&clock);
             let rules = [Rule::per_second(2), Rule::per_minute(10)];
             assert!(check(&store, algorithm, &rules).allowed);
             assert!(check(&store, algorithm, &rules).allowed);
+            let mut wait = Duration::ZERO;
             for _ in 0..5 {
                 let refused = check(&store, algorithm, &rules);
                 assert!(!refused.allowed);
@@ -650,8 +746,9 @@ mod tests {
                 assert!(refused.rules[0].refused());
                 assert!(!refused.rules[1].refused());
                 assert_eq!(refused.rules[1].remaining, 8, "{algorithm}");
+                wait = refused.retry_after().unwrap();
             }
-            clock.advance(Duration::from_secs(1));
+            clock.advance(wait);
             let next = check(&store, algorithm, &rules);
             assert!(next.allowed);
             assert_eq!(next.rules[1].remaining, 7, "{algorithm}");
@@ -696,7 +793,7 @@ mod tests {
 
     #[test]
     fn costs_count_as_several_units() {
-        for algorithm in BOTH {
+        for algorithm in ALL {
             let clock = ManualClock::new(0);
             let store = store(&clock);
             let rules = [Rule::per_minute(5)];
@@ -817,7 +914,7 @@ mod tests {
 
     #[test]
     fn rules_of_one_period_keep_their_own_counts() {
-        for algorithm in BOTH {
+        for algorithm in ALL {
             let clock = ManualClock::new(0);
             let store = store(&clock);
             let rules = [Rule::per_hour(1), Rule::per_hour(2)];
@@ -833,7 +930,7 @@ mod tests {
 
     #[test]
     fn a_clock_stepping_back_reopens_nothing() {
-        for algorithm in BOTH {
+        for algorithm in ALL {
             let clock = ManualClock::new(120_000);
             let store = store(&clock);
             let rules = [Rule::per_minute(1)];
@@ -842,8 +939,15 @@ mod tests {
             clock.set(90_000);
             let refused = check(&store, algorithm, &rules);
             assert!(!refused.allowed, "{algorithm}");
-            assert_eq!(refused.retry_after(), Some(Duration::from_secs(60)));
-            clock.set(180_000);
+            // Counted from 120 s, the newest time the store has seen. The sliding counter's
+            // window count still counts in full when the next window starts, so it waits 1 ms more.
+            let wait = refused.retry_after().unwrap();
+            let expected = match algorithm {
+                Algorithm::SlidingCounter => Duration::from_millis(60_001),
+                _ => Duration::from_secs(60),
+            };
+            assert_eq!(wait, expected, "{algorithm}");
+            clock.set(120_000 + wait.as_millis() as u64);
             assert!(check(&store, algorithm, &rules).allowed, "{algorithm}");
         }
     }
@@ -853,7 +957,7 @@ mod tests {
         let clock = ManualClock::new(1_000);
         let store = store(&clock);
         let rules = [Rule::new(1, Duration::from_millis(u64::MAX))];
-        for algorithm in BOTH {
+        for algorithm in ALL {
             let key = algorithm.as_str();
             let request = CheckRequest {
                 key,

@@ -18,6 +18,7 @@ use crate::policy::{Algorithm, Rule};
 
 mod memory;
 mod redis;
+mod weighted;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 pub use self::redis::{DEFAULT_TIMEOUT, RedisStore};

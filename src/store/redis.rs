@@ -51,6 +51,7 @@ struct Shared {
     reconnecting: tokio::sync::Mutex<()>,
     fixed_window: Script,
     sliding_log: Script,
+    sliding_counter: Script,
 }
 
 impl RedisStore {
@@ -63,6 +64,7 @@ impl RedisStore {
                 reconnecting: tokio::sync::Mutex::new(()),
                 fixed_window: Script::new(include_str!("../../lua/fixed_window.lua")),
                 sliding_log: Script::new(include_str!("../../lua/sliding_log.lua")),
+                sliding_counter: Script::new(include_str!("../../lua/sliding_counter.lua")),
             }),
             timeout: DEFAULT_TIMEOUT,
         }
@@ -148,6 +150,7 @@ fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
     let code = match request.algorithm {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingLog => "sl",
+        Algorithm::SlidingCounter => "sc",
     };
     // A prefix can't contain ':' (policies refuse it), so the key's first part is the prefix.
     let prefix = request
@@ -171,6 +174,7 @@ impl Shared {
         match algorithm {
             Algorithm::FixedWindow => &self.fixed_window,
             Algorithm::SlidingLog => &self.sliding_log,
+            Algorithm::SlidingCounter => &self.sliding_counter,
         }
     }
 
