@@ -854,7 +854,7 @@ mod tests {
             (rules("[]"), "routes[0].rules: must list at least one rule"),
             (
                 edited("algorithm = \"sliding_log\"", "algorithm = \"token\""),
-                r#"routes[0].algorithm: unknown algorithm "token": expected "fixed_window", "sliding_log" or "sliding_counter""#,
+                r#"routes[0].algorithm: unknown algorithm "token": expected "fixed_window", "sliding_log", "sliding_counter" or "token_bucket""#,
             ),
             (
                 route_config("cookie", "[{ limit = 1, period = \"1s\" }]"),

@@ -1,27 +1,15 @@
--- Sliding-window counter, every rule of one request in one call: check all, then record in all or none.
---
--- KEYS[i]   the counter of rule i: a hash {s = start of the current window (ms), c = its count,
---           p = the previous window's count}. All keys of one identity share a hash tag, so the
---           script runs on Redis Cluster.
--- ARGV[1]   the request's cost (units)
--- ARGV[2i]  rule i's limit;  ARGV[2i+1]  rule i's period (ms)
---
--- Reply: {allowed (1|0), now (ms, Redis TIME), then per rule: remaining, reset (ms), retry (ms, -1 if
--- this rule admits the request)}. Windows are aligned to the epoch, as in the in-memory store.
+-- Sliding-window counter (between lua/head.lua and lua/tail.lua). A counted rule's key is a hash
+-- {s = start of the current window (ms), c = its count, p = the previous window's count}; windows
+-- are aligned to the epoch, as in the in-memory store.
 --
 -- used = floor(previous * weight / 65536) + current, weight = floor((period - elapsed) * 65536 / period):
 -- the arithmetic of src/store/weighted.rs, step for step. Every number stays an integer below 2^52
 -- (limits are at most 2^35), so Lua's doubles compute it exactly and floor(a / b) is integer
 -- division. A refused request writes nothing; an admitted one writes each counter and sets its
--- expiry to the end of the next window, when its count stops mattering.
-local call = redis.call
-local floor = math.floor
+-- expiry to the end of the next window, when its count stops mattering. A sliding counter can't
+-- reserve: a request that doesn't fit is refused whatever ARGV[3] says.
+max_delay = -1
 local ONE = 65536
-
-local time = call('TIME')
-local now = time[1] * 1000 + floor(time[2] / 1000)
-local cost = tonumber(ARGV[1])
-local rules = #KEYS
 
 local function weighted(previous, period, elapsed)
   return floor(previous * floor((period - elapsed) * ONE / period) / ONE)
@@ -76,14 +64,12 @@ local function wait_until_frees(previous, current, period, elapsed)
   end
   return period - elapsed + (first_at_most(current, current - 1, period, 0) or period)
 end
+-- (end of the helpers checked by tests/redis.rs)
 
-local counters = {}
-local allowed = 1
-for i = 1, rules do
-  local limit = tonumber(ARGV[2 * i])
-  local period = tonumber(ARGV[2 * i + 1])
+local function inspect(i, limit, period)
+  local key = KEYS[i]
   local window = now - now % period
-  local stored = call('HMGET', KEYS[i], 's', 'c', 'p')
+  local stored = call('HMGET', key, 's', 'c', 'p')
   local start = tonumber(stored[1]) or window
   local current = tonumber(stored[2]) or 0
   local previous = tonumber(stored[3]) or 0
@@ -99,25 +85,29 @@ for i = 1, rules do
   end
   -- A clock that stepped back stays in the stored window.
   local elapsed = math.max(now - start, 0)
-  if weighted(previous, period, elapsed) + current + cost > limit then
-    allowed = 0
-  end
-  counters[i] = {limit, period, start, previous, current, elapsed}
+  return {key = key, limit = limit, period = period, start = start, previous = previous,
+          current = current, elapsed = elapsed,
+          fits = weighted(previous, period, elapsed) + current + cost <= limit}
 end
 
-local reply = {allowed, now}
-for i = 1, rules do
-  local limit, period, start, previous, current, elapsed = unpack(counters[i])
-  local retry = -1
-  if allowed == 1 then
-    current = current + cost
-    call('HSET', KEYS[i], 's', start, 'c', current, 'p', previous)
-    call('PEXPIREAT', KEYS[i], start + 2 * period)
-  elseif weighted(previous, period, elapsed) + current + cost > limit then
-    retry = wait_until_fits(previous, current, limit, period, elapsed)
+local function wait(state)
+  if cost > state.limit then
+    return nil
   end
-  reply[#reply + 1] = math.max(limit - weighted(previous, period, elapsed) - current, 0)
-  reply[#reply + 1] = wait_until_frees(previous, current, period, elapsed)
-  reply[#reply + 1] = retry
+  return wait_until_fits(state.previous, state.current, state.limit, state.period, state.elapsed)
 end
-return reply
+
+local function commit(state)
+  state.current = state.current + cost
+  call('HSET', state.key, 's', state.start, 'c', state.current, 'p', state.previous)
+  call('PEXPIREAT', state.key, state.start + 2 * state.period)
+end
+
+local function undo()
+end
+
+local function report(state)
+  local used = weighted(state.previous, state.period, state.elapsed) + state.current
+  return math.max(state.limit - used, 0),
+         wait_until_frees(state.previous, state.current, state.period, state.elapsed)
+end

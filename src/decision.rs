@@ -18,6 +18,9 @@ pub struct Decision {
     /// The store's clock when it decided, in milliseconds since the Unix epoch. For the Redis store
     /// this is Redis `TIME`, so absolute reset times don't depend on the app server's clock.
     pub now_unix_ms: u64,
+    /// How long the request must wait before it goes on: zero, except for a request admitted by
+    /// reservation ([`Mode::Delay`](crate::Mode::Delay)), which was recorded for this much later.
+    pub delay: Duration,
 }
 
 /// The state of one rule after a check.
@@ -110,6 +113,7 @@ mod tests {
                 state(0, 4_100, Some(4_100)),
             ],
             now_unix_ms: 0,
+            delay: Duration::ZERO,
         };
         assert_eq!(decision.retry_after(), Some(Duration::from_millis(4_100)));
         assert_eq!(decision.violated().collect::<Vec<_>>(), vec![0, 2]);
@@ -121,6 +125,7 @@ mod tests {
             allowed: true,
             rules: vec![state(4, 1_000, None)],
             now_unix_ms: 0,
+            delay: Duration::ZERO,
         };
         assert_eq!(decision.retry_after(), None);
         assert_eq!(decision.violated().count(), 0);
@@ -136,6 +141,7 @@ mod tests {
                 state(2, 7_000, None),
             ],
             now_unix_ms: 0,
+            delay: Duration::ZERO,
         };
         assert_eq!(decision.most_limiting(), Some(2));
     }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -39,6 +40,12 @@ pin_project! {
             check: CheckFuture,
             waiting: Option<Waiting<S, ReqBody>>,
         },
+        // Admitted by reservation: waiting for the reserved time, then the inner service runs.
+        Delaying {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            waiting: Option<Delayed<S, ReqBody>>,
+        },
         // Admitted: the inner service runs; its response gets these headers.
         Inner {
             #[pin]
@@ -60,6 +67,13 @@ struct Waiting<S, ReqBody> {
     key: StorageKey,
 }
 
+/// What a delayed request needs once its time comes.
+struct Delayed<S, ReqBody> {
+    service: S,
+    request: Request<ReqBody>,
+    headers: LimitHeaders,
+}
+
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
@@ -74,6 +88,24 @@ where
         ResponseFuture {
             state: State::Done {
                 response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn delaying(
+        delay: Duration,
+        service: S,
+        request: Request<ReqBody>,
+        headers: LimitHeaders,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Delaying {
+                sleep: tokio::time::sleep(delay),
+                waiting: Some(Delayed {
+                    service,
+                    request,
+                    headers,
+                }),
             },
         }
     }
@@ -126,11 +158,33 @@ where
                             future: service.call(request),
                             headers,
                         },
+                        Verdict::Delay(delay, headers) => State::Delaying {
+                            sleep: tokio::time::sleep(delay),
+                            waiting: Some(Delayed {
+                                service,
+                                request,
+                                headers,
+                            }),
+                        },
                         Verdict::Respond(response) => State::Done {
                             response: Some(response),
                         },
                     };
                     state.set(next);
+                }
+                StateProj::Delaying { sleep, waiting } => {
+                    ready!(sleep.poll(cx));
+                    let Delayed {
+                        mut service,
+                        request,
+                        headers,
+                    } = waiting
+                        .take()
+                        .expect("ResponseFuture polled after it completed");
+                    state.set(State::Inner {
+                        future: service.call(request),
+                        headers: Some(headers),
+                    });
                 }
                 StateProj::Inner { future, headers } => {
                     let mut response = ready!(future.poll(cx))?.map(Body::new);
@@ -156,6 +210,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Checking { .. } => "Checking",
+            State::Delaying { .. } => "Delaying",
             State::Inner { .. } => "Inner",
             State::Done { .. } => "Done",
         };

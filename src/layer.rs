@@ -77,6 +77,15 @@ impl RateLimitLayer {
         self
     }
 
+    /// How many requests this layer let through that its policy refused, in
+    /// [`Mode::Shadow`](crate::Mode::Shadow) (zero in other modes). Clones of the layer share the
+    /// count.
+    pub fn shadow_refusals(&self) -> u64 {
+        self.limiter
+            .shadow_refusals
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The policy this layer applies.
     pub fn policy(&self) -> &Policy {
         &self.limiter.policy

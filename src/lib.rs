@@ -87,7 +87,8 @@ pub use future::ResponseFuture;
 pub use key::{Identity, Key, KeyExtractor, UserId};
 pub use layer::RateLimitLayer;
 pub use policy::{
-    Algorithm, MissingKey, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule, Scope,
+    Algorithm, Cost, MissingKey, Mode, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule,
+    Scope,
 };
 pub use response::Rejected;
 pub use service::RateLimit;

@@ -42,6 +42,8 @@ pub struct Rule {
     limit: u64,
     period: Duration,
     name: Option<Cow<'static, str>>,
+    burst: Option<u64>,
+    duplicate_guard: bool,
 }
 
 impl Rule {
@@ -53,6 +55,8 @@ impl Rule {
             limit,
             period,
             name: None,
+            burst: None,
+            duplicate_guard: false,
         }
     }
 
@@ -81,6 +85,33 @@ impl Rule {
     pub fn named(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = Some(name.into());
         self
+    }
+
+    /// The bucket size of a [`Algorithm::TokenBucket`] rule: up to `burst` units at once after a
+    /// quiet spell, refilled at `limit` per `period` (default: the limit). Only token buckets have
+    /// one; [`PolicyBuilder::build`] refuses a burst under another algorithm.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::Rule;
+    ///
+    /// let rule = Rule::per_second(10).burst(50);
+    /// assert_eq!((rule.limit(), rule.burst_size()), (10, 50));
+    /// assert_eq!(Rule::per_second(10).burst_size(), 10);
+    /// ```
+    pub const fn burst(mut self, burst: u64) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// The bucket size: the one given to [`Rule::burst`], else the limit.
+    pub fn burst_size(&self) -> u64 {
+        self.burst.unwrap_or(self.limit)
+    }
+
+    /// Whether this is the rule [`PolicyBuilder::prevent_duplicates`] adds: one request per
+    /// period, counted exactly (as a sliding log) whatever the policy's algorithm.
+    pub fn is_duplicate_guard(&self) -> bool {
+        self.duplicate_guard
     }
 
     /// The rule's limit.
@@ -146,16 +177,30 @@ pub enum Algorithm {
     /// to how much of it the sliding window still overlaps. Constant memory per key, no 2x burst at
     /// window edges; an estimate that assumes the last window's requests were spread evenly.
     SlidingCounter,
+    /// A token bucket, as GCRA: one timestamp per rule. The bucket holds [`Rule::burst_size`] units
+    /// (the limit unless set) and refills at `limit` per `period`, one unit at a time, so a client
+    /// that was quiet may burst, then gets the steady rate. Constant memory per key, no window
+    /// edges at all.
+    TokenBucket,
 }
 
 impl Algorithm {
-    /// The name used in config files: `fixed_window`, `sliding_log` or `sliding_counter`.
+    /// The name used in config files: `fixed_window`, `sliding_log`, `sliding_counter` or
+    /// `token_bucket`.
     pub fn as_str(self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingLog => "sliding_log",
             Algorithm::SlidingCounter => "sliding_counter",
+            Algorithm::TokenBucket => "token_bucket",
         }
+    }
+
+    /// Whether a request that doesn't fit now can reserve its place in the future (the algorithms
+    /// [`Mode::Delay`] works with): the token bucket and the sliding log know the exact time a
+    /// request fits and can record it for then.
+    pub fn can_reserve(self) -> bool {
+        matches!(self, Algorithm::SlidingLog | Algorithm::TokenBucket)
     }
 }
 
@@ -168,7 +213,7 @@ impl fmt::Display for Algorithm {
 /// The error of parsing an unknown algorithm name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown algorithm {0:?}: expected \"fixed_window\", \"sliding_log\" or \"sliding_counter\""
+    "unknown algorithm {0:?}: expected \"fixed_window\", \"sliding_log\", \"sliding_counter\" or \"token_bucket\""
 )]
 pub struct UnknownAlgorithm(pub String);
 
@@ -180,6 +225,7 @@ impl FromStr for Algorithm {
             "fixed_window" => Ok(Algorithm::FixedWindow),
             "sliding_log" => Ok(Algorithm::SlidingLog),
             "sliding_counter" => Ok(Algorithm::SlidingCounter),
+            "token_bucket" => Ok(Algorithm::TokenBucket),
             other => Err(UnknownAlgorithm(other.to_owned())),
         }
     }
@@ -226,6 +272,62 @@ pub enum OnStoreError {
     /// Refuse the request with 503 and a problem+json body (fail closed).
     Deny,
 }
+
+/// What a policy does with a request that its rules refuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Mode {
+    /// Refuse it with 429 (default).
+    #[default]
+    Enforce,
+    /// Let it through anyway, log it (`would be rate limited`) and count it
+    /// ([`RateLimitLayer::shadow_refusals`](crate::RateLimitLayer::shadow_refusals)). The
+    /// rate-limit headers still tell the truth, so a limit can be rolled out and watched before it
+    /// bites. A request the rules refuse is recorded in none of them, as in enforce mode.
+    Shadow,
+    /// Hold it until the rules admit it, if that is at most `max_delay` away; a longer wait gets the
+    /// 429 at once. The store reserves the request's place at the time it will fit, so waiting
+    /// requests are admitted in order, exactly the limit per period, never polling. Needs an
+    /// algorithm that can reserve ([`Algorithm::can_reserve`]).
+    Delay {
+        /// The longest a request is held.
+        max_delay: Duration,
+    },
+}
+
+impl Mode {
+    /// The longest a refused request may wait to be admitted: zero unless [`Mode::Delay`].
+    pub fn max_delay(self) -> Duration {
+        match self {
+            Mode::Delay { max_delay } => max_delay,
+            Mode::Enforce | Mode::Shadow => Duration::ZERO,
+        }
+    }
+}
+
+/// How many units a request costs, as a request extension: set it in an earlier layer or
+/// middleware (for example from the size of a batch) and the limiter charges that much in every
+/// rule. It wins over the policy's [`PolicyBuilder::cost_from_fn`]; without either a request costs 1.
+///
+/// A request that costs more than a rule could ever admit (its limit, or its burst for a token
+/// bucket) is refused with `413 Content Too Large` and a problem body that says so, rather than
+/// told to retry.
+///
+/// ```
+/// use http::Request;
+/// use tower_redis_ratelimit::Cost;
+///
+/// let mut request = Request::new(());
+/// request.extensions_mut().insert(Cost(5));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cost(pub u64);
+
+/// The cost of a request as a policy computes it.
+pub type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// The window of the duplicate guard when none is given: one request per 5 seconds.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(5);
 
 /// Why a policy was refused when it was built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -325,6 +427,28 @@ pub enum PolicyError {
         /// What is wrong with the name.
         source: headers::InvalidRuleName,
     },
+    /// A rule's token-bucket settings can't work.
+    #[error("policy {policy:?}, rules[{index}] ({rule}): {reason}")]
+    InvalidBurst {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A policy option (`block_for`, `max_delay`, `prevent_duplicate`) can't work.
+    #[error("policy {policy:?}, {option}: {reason}")]
+    InvalidOption {
+        /// The policy's name.
+        policy: String,
+        /// The option.
+        option: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A policy name or key prefix that would break the store key layout.
     #[error(
         "{what} {value:?} must be 1 to 64 characters of letters, digits and -._~@+=!*(),/ (it is part of every store key)"
@@ -373,6 +497,12 @@ struct Inner {
     missing_key: MissingKey,
     on_store_error: OnStoreError,
     client_ip: ClientIp,
+    mode: Mode,
+    block_for: Option<Duration>,
+    cost_fn: Option<CostFn>,
+    /// The most a request may cost: the smallest capacity (limit, or burst for a token bucket) of
+    /// the counted rules, and the rule that has it.
+    max_cost: (u64, usize),
     /// `prefix:name:`, the start of every store key of this policy, built once.
     key_base: String,
     /// The `RateLimit-Policy` header value, built once.
@@ -390,6 +520,9 @@ impl fmt::Debug for Policy {
             .field("scope", &self.0.scope)
             .field("missing_key", &self.0.missing_key)
             .field("on_store_error", &self.0.on_store_error)
+            .field("mode", &self.0.mode)
+            .field("block_for", &self.0.block_for)
+            .field("cost_fn", &self.0.cost_fn.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -448,6 +581,10 @@ impl Policy {
             missing_key: MissingKey::default(),
             on_store_error: OnStoreError::default(),
             client_ip: ClientIp::default(),
+            mode: Mode::default(),
+            block_for: None,
+            duplicate_window: None,
+            cost_fn: None,
         }
     }
 
@@ -504,6 +641,36 @@ impl Policy {
     /// How the client IP is found.
     pub fn client_ip(&self) -> &ClientIp {
         &self.0.client_ip
+    }
+
+    /// What happens to requests the rules refuse.
+    pub fn mode(&self) -> Mode {
+        self.0.mode
+    }
+
+    /// How long an identity is refused outright once a rule refused it, if the policy blocks.
+    pub fn block_for(&self) -> Option<Duration> {
+        self.0.block_for
+    }
+
+    /// The cost of a request: its [`Cost`] extension, else the policy's cost function, else 1.
+    pub fn cost(&self, parts: &Parts) -> u64 {
+        if let Some(Cost(cost)) = parts.extensions.get::<Cost>() {
+            return *cost;
+        }
+        self.0.cost_fn.as_ref().map_or(1, |cost| cost(parts))
+    }
+
+    /// When a request of `cost` can never be admitted (it costs more than some rule's limit, or a
+    /// token bucket's burst), the index of the first such rule.
+    pub fn too_costly(&self, cost: u64) -> Option<usize> {
+        let (max_cost, rule) = self.0.max_cost;
+        (cost > max_cost).then_some(rule)
+    }
+
+    /// The most a request of this policy may cost.
+    pub fn max_cost(&self) -> u64 {
+        self.0.max_cost.0
     }
 
     /// The rule names serialised as structured-field strings, in rule order.
@@ -584,7 +751,6 @@ pub fn is_valid_name(name: &str) -> bool {
 }
 
 /// Builds a [`Policy`]; see [`Policy::builder`].
-#[derive(Debug)]
 #[must_use = "call .build() to get the policy"]
 pub struct PolicyBuilder {
     name: String,
@@ -597,6 +763,21 @@ pub struct PolicyBuilder {
     missing_key: MissingKey,
     on_store_error: OnStoreError,
     client_ip: ClientIp,
+    mode: Mode,
+    block_for: Option<Duration>,
+    duplicate_window: Option<Duration>,
+    cost_fn: Option<CostFn>,
+}
+
+impl fmt::Debug for PolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyBuilder")
+            .field("name", &self.name)
+            .field("rules", &self.rules)
+            .field("algorithm", &self.algorithm)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PolicyBuilder {
@@ -660,8 +841,61 @@ impl PolicyBuilder {
         self
     }
 
+    /// What happens to requests the rules refuse (default: [`Mode::Enforce`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// A penalty block: once any rule refuses an identity, refuse it outright for `duration`,
+    /// whatever its counts say; `Retry-After` counts to the end of the block. The OTP case: a client
+    /// that hits the limit waits 15 minutes, not the rest of the window. The block is one more key
+    /// in the store, set in the same atomic step as the check, expiring on its own. The duplicate
+    /// guard's refusals don't start a block (a double click is not abuse).
+    pub fn block_for(mut self, duration: Duration) -> Self {
+        self.block_for = Some(duration);
+        self
+    }
+
+    /// A duplicate guard, the seed's `preventDuplicate`: adds a rule named `duplicate` that admits
+    /// one request per `window` on the same key (use [`DEFAULT_DUPLICATE_WINDOW`], 5 s, unless you
+    /// need another), so a double-clicked submit is refused. It is counted exactly, as a sliding
+    /// log, whatever the policy's algorithm, and comes after the policy's own rules.
+    pub fn prevent_duplicate(mut self, window: Duration) -> Self {
+        self.duplicate_window = Some(window);
+        self
+    }
+
+    /// How many units a request costs, computed from its head (default: 1). A [`Cost`] extension on
+    /// the request wins over it.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{Policy, Rule};
+    ///
+    /// // A batch endpoint: each item of `?items=` counts.
+    /// let policy = Policy::builder("batch")
+    ///     .rule(Rule::per_minute(100))
+    ///     .cost_from_fn(|parts| {
+    ///         parts.uri.query()
+    ///             .and_then(|query| query.strip_prefix("items="))
+    ///             .and_then(|items| items.parse().ok())
+    ///             .unwrap_or(1)
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let parts = http::Request::get("/batch?items=7").body(()).unwrap().into_parts().0;
+    /// assert_eq!(policy.cost(&parts), 7);
+    /// ```
+    pub fn cost_from_fn<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+    {
+        self.cost_fn = Some(Arc::new(cost));
+        self
+    }
+
     /// Checks the policy and builds it.
-    pub fn build(self) -> Result<Policy, PolicyError> {
+    pub fn build(mut self) -> Result<Policy, PolicyError> {
         for (what, value) in [("policy name", &self.name), ("key prefix", &self.prefix)] {
             if !is_valid_name(value) {
                 return Err(PolicyError::InvalidName {
@@ -673,6 +907,42 @@ impl PolicyBuilder {
         let policy = || self.name.clone();
         if self.rules.is_empty() {
             return Err(PolicyError::NoRules { policy: policy() });
+        }
+        let option = |option, reason| PolicyError::InvalidOption {
+            policy: policy(),
+            option,
+            reason,
+        };
+        let durations = [
+            ("block_for", self.block_for),
+            ("prevent_duplicate", self.duplicate_window),
+            (
+                "max_delay",
+                match self.mode {
+                    Mode::Delay { max_delay } => Some(max_delay),
+                    Mode::Enforce | Mode::Shadow => None,
+                },
+            ),
+        ];
+        for (name, duration) in durations {
+            if let Some(duration) = duration
+                && let Err(reason) = check_duration(duration)
+            {
+                return Err(option(name, reason));
+            }
+        }
+        if matches!(self.mode, Mode::Delay { .. }) && !self.algorithm.can_reserve() {
+            return Err(option(
+                "mode",
+                "delay mode needs the sliding_log or token_bucket algorithm, which can reserve a \
+                 request's place in the future",
+            ));
+        }
+        let counted_rules = self.rules.len();
+        if let Some(window) = self.duplicate_window {
+            let mut guard = Rule::new(1, window).named("duplicate");
+            guard.duplicate_guard = true;
+            self.rules.push(guard);
         }
         let mut rule_names: Vec<Box<str>> = Vec::with_capacity(self.rules.len());
         let mut sf_names = Vec::with_capacity(self.rules.len());
@@ -711,6 +981,14 @@ impl PolicyBuilder {
                     policy: policy(),
                     index,
                     rule: text(),
+                });
+            }
+            if let Err(reason) = check_burst(self.algorithm, rule) {
+                return Err(PolicyError::InvalidBurst {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                    reason,
                 });
             }
             if let Some(first) = self.rules[..index]
@@ -753,6 +1031,12 @@ impl PolicyBuilder {
             .collect();
         let policy_header = headers::policy_header_value(&items);
         let key_base = format!("{}:{}:", self.prefix, self.name);
+        let max_cost = self.rules[..counted_rules]
+            .iter()
+            .enumerate()
+            .map(|(index, rule)| (self.capacity(rule), index))
+            .min()
+            .unwrap_or((u64::MAX, 0));
         Ok(Policy(Arc::new(Inner {
             name: self.name,
             prefix: self.prefix,
@@ -766,10 +1050,61 @@ impl PolicyBuilder {
             missing_key: self.missing_key,
             on_store_error: self.on_store_error,
             client_ip: self.client_ip,
+            mode: self.mode,
+            block_for: self.block_for,
+            cost_fn: self.cost_fn,
+            max_cost,
             key_base,
             policy_header,
         })))
     }
+
+    /// The most one request may cost under `rule`.
+    fn capacity(&self, rule: &Rule) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket => rule.burst_size(),
+            _ => rule.limit,
+        }
+    }
+}
+
+/// Whether a policy option's duration can work: whole milliseconds, more than zero, at most
+/// [`MAX_PERIOD`].
+fn check_duration(duration: Duration) -> Result<(), &'static str> {
+    if duration.is_zero() {
+        Err("must be longer than zero")
+    } else if !duration.subsec_nanos().is_multiple_of(1_000_000) {
+        Err("must be a whole number of milliseconds")
+    } else if duration > MAX_PERIOD {
+        Err("must be at most 366 days")
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether a rule's burst can work under `algorithm`.
+fn check_burst(algorithm: Algorithm, rule: &Rule) -> Result<(), &'static str> {
+    if algorithm != Algorithm::TokenBucket {
+        return match rule.burst {
+            Some(_) => Err("a burst applies only to the token_bucket algorithm"),
+            None => Ok(()),
+        };
+    }
+    if rule.duplicate_guard {
+        return Ok(());
+    }
+    if rule.burst == Some(0) {
+        return Err("the burst must be at least 1");
+    }
+    let period_us = u128::from(rule.period_ms()) * 1_000;
+    if u128::from(rule.limit) > period_us {
+        return Err("a token bucket refills at most one unit per microsecond");
+    }
+    let interval = period_us.div_ceil(u128::from(rule.limit));
+    if u128::from(rule.burst_size()) * interval > MAX_PERIOD.as_micros() {
+        return Err("the bucket must refill from empty within 366 days (burst × period / limit)");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -855,6 +1190,125 @@ mod tests {
             build(vec![Rule::per_minute(10).named("tab\there")]).unwrap_err(),
             PolicyError::InvalidRuleName { index: 0, .. }
         ));
+    }
+
+    #[test]
+    fn token_bucket_rules_and_options_are_checked() {
+        let bucket = |rule: Rule| {
+            Policy::builder("p")
+                .algorithm(Algorithm::TokenBucket)
+                .rule(rule)
+                .build()
+        };
+        assert!(bucket(Rule::per_second(10).burst(100)).is_ok());
+        let reason = |error: PolicyError| match error {
+            PolicyError::InvalidBurst { reason, .. } => reason,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            reason(bucket(Rule::per_second(10).burst(0)).unwrap_err()),
+            "the burst must be at least 1"
+        );
+        assert!(bucket(Rule::new(1_000, Duration::from_millis(1))).is_ok());
+        assert_eq!(
+            reason(bucket(Rule::new(1_001, Duration::from_millis(1))).unwrap_err()),
+            "a token bucket refills at most one unit per microsecond"
+        );
+        assert!(
+            reason(bucket(Rule::per_day(1).burst(367)).unwrap_err()).contains("within 366 days")
+        );
+        let error = build(vec![Rule::per_second(10).burst(20)]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "policy \"p\", rules[0] (10 per 1s): a burst applies only to the token_bucket algorithm"
+        );
+
+        let option = |builder: PolicyBuilder| match builder.rule(Rule::per_second(1)).build() {
+            Err(PolicyError::InvalidOption { option, reason, .. }) => (option, reason),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            option(Policy::builder("p").block_for(Duration::ZERO)),
+            ("block_for", "must be longer than zero")
+        );
+        assert_eq!(
+            option(Policy::builder("p").prevent_duplicate(Duration::from_micros(1_500))),
+            (
+                "prevent_duplicate",
+                "must be a whole number of milliseconds"
+            )
+        );
+        let delay = Mode::Delay {
+            max_delay: Duration::from_secs(1),
+        };
+        assert!(
+            Policy::builder("p")
+                .mode(delay)
+                .rule(Rule::per_second(1))
+                .build()
+                .is_ok()
+        );
+        assert_eq!(
+            option(
+                Policy::builder("p")
+                    .algorithm(Algorithm::FixedWindow)
+                    .mode(delay)
+            )
+            .0,
+            "mode"
+        );
+    }
+
+    #[test]
+    fn the_duplicate_guard_is_the_last_rule_and_costs_stay_within_the_rules() {
+        let policy = Policy::builder("p")
+            .rule(Rule::per_minute(10))
+            .rule(Rule::per_hour(4))
+            .prevent_duplicate(DEFAULT_DUPLICATE_WINDOW)
+            .build()
+            .unwrap();
+        let guard = &policy.rules()[2];
+        assert!(guard.is_duplicate_guard());
+        assert_eq!((guard.limit(), guard.name()), (1, "duplicate".into()));
+        assert_eq!(
+            policy.policy_header(),
+            "\"10-per-60s\";q=10;w=60, \"4-per-3600s\";q=4;w=3600, \"duplicate\";q=1;w=5"
+        );
+        // The guard counts requests, not units: the cheapest counted rule caps the cost.
+        assert_eq!(policy.max_cost(), 4);
+        assert_eq!(policy.too_costly(4), None);
+        assert_eq!(policy.too_costly(5), Some(1));
+        let bucket = Policy::builder("b")
+            .algorithm(Algorithm::TokenBucket)
+            .rule(Rule::per_minute(10).burst(30))
+            .build()
+            .unwrap();
+        assert_eq!(bucket.max_cost(), 30);
+        // A guard that repeats a rule is refused like any duplicate rule.
+        assert!(matches!(
+            Policy::builder("p")
+                .rule(Rule::new(1, Duration::from_secs(5)))
+                .prevent_duplicate(DEFAULT_DUPLICATE_WINDOW)
+                .build(),
+            Err(PolicyError::DuplicateRule { index: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn the_cost_comes_from_the_extension_else_the_function_else_one() {
+        let policy = Policy::builder("p")
+            .rule(Rule::per_minute(10))
+            .cost_from_fn(|parts| if parts.method == Method::POST { 3 } else { 1 })
+            .build()
+            .unwrap();
+        let post = request("/", Method::POST, None);
+        assert_eq!(policy.cost(&post), 3);
+        assert_eq!(policy.cost(&request("/", Method::GET, None)), 1);
+        let mut weighed = request("/", Method::POST, None);
+        weighed.extensions.insert(Cost(7));
+        assert_eq!(policy.cost(&weighed), 7);
+        let plain = build(vec![Rule::per_minute(10)]).unwrap();
+        assert_eq!(plain.cost(&post), 1);
     }
 
     #[test]
@@ -982,7 +1436,12 @@ mod tests {
 
     #[test]
     fn algorithm_names_round_trip() {
-        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingLog,
+            Algorithm::SlidingCounter,
+            Algorithm::TokenBucket,
+        ] {
             assert_eq!(algorithm.as_str().parse::<Algorithm>(), Ok(algorithm));
         }
         assert_eq!(

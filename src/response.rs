@@ -131,6 +131,27 @@ pub(crate) fn key_unavailable(status: StatusCode) -> Response<Body> {
     })
 }
 
+/// The 413 for a request that costs more than a rule could ever admit: waiting won't help, so it
+/// gets no `Retry-After`, and the body says what it costs and what the rule allows.
+pub(crate) fn too_costly(policy: &Policy, cost: u64, rule: usize) -> Response<Body> {
+    let name = &*policy.rule_names()[rule];
+    let detail = format!(
+        "This request costs {cost} units; rule \"{name}\" admits at most {} at once.",
+        policy.max_cost()
+    );
+    let mut response = problem(&Problem {
+        kind: "about:blank",
+        title: "Request costs more than the rate limit allows",
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        detail: &detail,
+        violated_policies: Some(&[name]),
+    });
+    response
+        .headers_mut()
+        .insert(headers::RATELIMIT_POLICY, policy.policy_header().clone());
+    response
+}
+
 /// The rate-limit headers of one decision, built before the inner service runs and added to its
 /// response.
 #[derive(Debug, Clone)]

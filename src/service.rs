@@ -2,7 +2,9 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use bytes::Bytes;
@@ -11,7 +13,7 @@ use tower::{BoxError, Service};
 
 use crate::decision::Decision;
 use crate::future::ResponseFuture;
-use crate::policy::{KeyLookup, OnStoreError, Policy, StorageKey};
+use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, StorageKey};
 use crate::response::{self, LimitHeaders, Rejected};
 use crate::store::{CheckRequest, Store, StoreError};
 
@@ -24,12 +26,16 @@ pub(crate) struct Limiter {
     store: Arc<dyn Store>,
     pub(crate) legacy_headers: bool,
     pub(crate) on_rejected: Option<RejectHandler>,
+    /// Requests a shadow-mode policy would have refused; shared by the clones of a layer.
+    pub(crate) shadow_refusals: Arc<AtomicU64>,
 }
 
 /// What to do with a request once its check is known.
 pub(crate) enum Verdict {
     /// Call the inner service, then add these headers (none when the store failed open).
     Admit(Option<LimitHeaders>),
+    /// Wait this long (a reserved admission), then as `Admit`.
+    Delay(Duration, LimitHeaders),
     /// Answer at once.
     Respond(Response<Body>),
 }
@@ -41,7 +47,19 @@ impl Limiter {
             store,
             legacy_headers: false,
             on_rejected: None,
+            shadow_refusals: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Asks the store about a request: the policy's rules, algorithm, reservation and block.
+    pub(crate) fn check(&self, key: &StorageKey, cost: u64) -> crate::store::CheckFuture {
+        let policy = &self.policy;
+        self.store.check(
+            &CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
+                .cost(cost)
+                .max_delay(policy.mode().max_delay())
+                .block_for(policy.block_for()),
+        )
     }
 
     pub(crate) fn settle(&self, result: Result<Decision, StoreError>, key: &StorageKey) -> Verdict {
@@ -61,10 +79,22 @@ impl Limiter {
             Ok(decision) => {
                 let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
                 if decision.allowed {
+                    if !decision.delay.is_zero() {
+                        return Verdict::Delay(decision.delay, headers);
+                    }
                     return Verdict::Admit(Some(headers));
                 }
                 let rejected = Rejected::new(self.policy.clone(), decision);
-                self.log_rejection(&rejected, key);
+                if self.policy.mode() == Mode::Shadow {
+                    self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                    self.log_rejection(
+                        &rejected,
+                        key,
+                        "request would be rate limited (shadow mode)",
+                    );
+                    return Verdict::Admit(Some(headers));
+                }
+                self.log_rejection(&rejected, key, "request rate limited");
                 let response = match &self.on_rejected {
                     Some(respond) => respond(&rejected),
                     None => rejected.problem_response(),
@@ -92,7 +122,7 @@ impl Limiter {
         }
     }
 
-    fn log_rejection(&self, rejected: &Rejected, key: &StorageKey) {
+    fn log_rejection(&self, rejected: &Rejected, key: &StorageKey, message: &str) {
         let rules: Vec<&str> = rejected.violated_rules().collect();
         tracing::info!(
             policy = self.policy.name(),
@@ -100,7 +130,7 @@ impl Limiter {
             key_kind = key.kind(),
             key = key.identity(),
             retry_after_s = rejected.retry_after_secs(),
-            "request rate limited"
+            "{message}"
         );
     }
 }
@@ -148,6 +178,15 @@ impl<S> RateLimit<S> {
     }
 }
 
+impl<S: Clone> RateLimit<S> {
+    /// The service that was polled ready, to go with a request that calls it later; a fresh clone
+    /// stays.
+    fn take_ready_service(&mut self) -> S {
+        let fresh = self.inner.clone();
+        std::mem::replace(&mut self.inner, fresh)
+    }
+}
+
 impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
@@ -176,6 +215,7 @@ where
         let policy = &limiter.policy;
         let (parts, body) = request.into_parts();
         let lookup = policy.storage_key(&parts);
+        let cost = policy.cost(&parts);
         let request = Request::from_parts(parts, body);
         let key = match lookup {
             KeyLookup::Found(key) => key,
@@ -194,24 +234,26 @@ where
                 ));
             }
         };
-        let mut check = limiter.store.check(&CheckRequest {
-            key: key.as_str(),
-            rules: policy.rules(),
-            algorithm: policy.algorithm(),
-            cost: 1,
-        });
+        if let Some(rule) = policy.too_costly(cost) {
+            return ResponseFuture::respond(response::too_costly(policy, cost, rule));
+        }
+        let mut check = limiter.check(&key, cost);
         match check.take_ready() {
             // In-process stores answer at once: no clone of the inner service, no extra state.
             Some(result) => match limiter.settle(result, &key) {
                 Verdict::Admit(headers) => ResponseFuture::inner(self.inner.call(request), headers),
+                Verdict::Delay(delay, headers) => {
+                    ResponseFuture::delaying(delay, self.take_ready_service(), request, headers)
+                }
                 Verdict::Respond(response) => ResponseFuture::respond(response),
             },
-            None => {
-                // The service that was polled ready goes with the request; keep a fresh clone.
-                let fresh = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, fresh);
-                ResponseFuture::checking(check, ready, request, self.limiter.clone(), key)
-            }
+            None => ResponseFuture::checking(
+                check,
+                self.take_ready_service(),
+                request,
+                self.limiter.clone(),
+                key,
+            ),
         }
     }
 }

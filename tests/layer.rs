@@ -517,6 +517,7 @@ impl Store for BrokenStore {
             allowed: false,
             rules: Vec::new(),
             now_unix_ms: 0,
+            delay: std::time::Duration::ZERO,
         }))
     }
 }
@@ -762,4 +763,14 @@ async fn axums_mock_connect_info_is_the_peer_in_tests() {
         send(&app, request()).await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
+}
+
+#[tokio::test]
+async fn shadow_cost_duplicate_and_block_in_memory() {
+    common::policy_features_work(MemoryStore::new(), "features").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_mode_in_memory_admits_exactly_the_reserved_slots() {
+    common::delay_mode_spaces_concurrent_waiters(MemoryStore::new(), "delay").await;
 }

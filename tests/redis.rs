@@ -234,7 +234,7 @@ async fn one_round_trip_per_request_whatever_the_rules() {
             ("zremrangebyscore", 50 * rules),
             ("zcard", 50 * rules),
             ("zadd", 50 * rules),
-            ("pexpire", 50 * rules),
+            ("pexpireat", 50 * rules),
             ("zrange", 50 * rules),
         ])
     );
@@ -418,46 +418,133 @@ async fn a_reply_slower_than_the_timeout_is_a_store_error_not_a_429() {
     }
 }
 
-/// One step of a request sequence: which of three identities, and how much it costs.
-fn sequences() -> impl Strategy<Value = (Algorithm, Vec<(u64, u64)>, Vec<usize>)> {
+#[tokio::test]
+async fn shadow_cost_duplicate_and_block_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("features");
+    common::policy_features_work(store(&redis), &prefix).await;
+    // The guard and the block keys expire like the counters.
+    assert!(assert_every_key_expires(&redis, &prefix) >= 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delay_mode_on_redis_admits_exactly_the_reserved_slots() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("delay");
+    common::delay_mode_spaces_concurrent_waiters(store(&redis), &prefix).await;
+    assert_every_key_expires(&redis, &prefix);
+}
+
+#[tokio::test]
+async fn a_token_bucket_on_redis_bursts_then_drips() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("bucket");
+    let policy = Policy::builder("bucket")
+        .prefix(&prefix)
+        .algorithm(Algorithm::TokenBucket)
+        .rule(Rule::per_second(10).burst(5))
+        .build()
+        .unwrap();
+    let app = app(policy, store(&redis));
+    let (admitted, refused) = {
+        let mut statuses = Vec::new();
+        for _ in 0..8 {
+            statuses.push(send(&app, request_from(PEER, "/")).await.status());
+        }
+        let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+        (admitted, statuses.len() - admitted)
+    };
+    // Five at once (a unit drips back every 100 ms, so at most one more if the machine stalled).
+    assert!((5..=6).contains(&admitted), "{admitted} admitted");
+    assert_eq!(admitted + refused, 8);
+    let keys = assert_every_key_expires(&redis, &prefix);
+    assert_eq!(keys, 1, "one timestamp per rule and identity");
+    // The key holds the theoretical arrival time in microseconds, and expires at it.
+    let mut client = redis.client();
+    let key: String = client
+        .scan_match::<_, String>(format!("{prefix}:*"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let tat: u64 = client.get(&key).unwrap();
+    let expires_at: u64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(expires_at, tat.div_ceil(1_000));
+    tokio::time::sleep(Duration::from_millis(110)).await;
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+}
+
+/// A policy (algorithm, rules as limit, period and burst, duplicate guard, penalty block) and a
+/// request sequence: which of three identities, and how much each request costs.
+type Case = (
+    Algorithm,
+    Vec<(u64, u64, u64)>,
+    bool,
+    bool,
+    Vec<(usize, u64)>,
+);
+
+fn sequences() -> impl Strategy<Value = Case> {
     let algorithm = prop_oneof![
         Just(Algorithm::FixedWindow),
         Just(Algorithm::SlidingLog),
-        Just(Algorithm::SlidingCounter)
+        Just(Algorithm::SlidingCounter),
+        Just(Algorithm::TokenBucket)
     ];
-    // Periods of an hour or more, so no window edge falls inside a case.
+    // Periods of an hour or more, so no window edge falls inside a case, and no token drips back.
     let rule = (
         1u64..6,
         prop_oneof![Just(3_600_000u64), Just(7_200_000), Just(86_400_000)],
+        1u64..8,
     );
     let rules = prop::collection::vec(rule, 1..4).prop_filter("distinct rules", |rules| {
-        let mut seen = rules.clone();
+        let mut seen: Vec<_> = rules
+            .iter()
+            .map(|(limit, period, _)| (limit, period))
+            .collect();
         seen.sort_unstable();
         seen.dedup();
         seen.len() == rules.len()
     });
-    (algorithm, rules, prop::collection::vec(0usize..3, 1..25))
+    let requests = prop::collection::vec((0usize..3, 1u64..4), 1..25);
+    (algorithm, rules, any::<bool>(), any::<bool>(), requests)
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
-    /// The same requests through the in-memory store and the Redis store get the same answers.
+    /// The same requests through the in-memory store and the Redis store get the same answers,
+    /// for every algorithm, with and without a duplicate guard and a penalty block.
     #[test]
-    fn memory_and_redis_agree((algorithm, rules, requests) in sequences()) {
+    fn memory_and_redis_agree((algorithm, rules, guard, block, requests) in sequences()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let redis = TestRedis::shared();
-        let rules: Vec<Rule> = rules
-            .into_iter()
-            .map(|(limit, period)| Rule::new(limit, Duration::from_millis(period)))
-            .collect();
+        let mut builder = Policy::builder("agree").algorithm(algorithm);
+        for (limit, period, burst) in rules {
+            let rule = Rule::new(limit, Duration::from_millis(period));
+            builder = builder.rule(if algorithm == Algorithm::TokenBucket { rule.burst(burst) } else { rule });
+        }
+        if guard {
+            // Longer than any case runs, so its refusals don't depend on timing either.
+            builder = builder.prevent_duplicate(Duration::from_secs(600));
+        }
+        let policy = builder.build().unwrap();
+        let block_for = block.then_some(Duration::from_secs(3_600));
         let prefix = unique_prefix("agree");
         let redis_store = store(&redis);
         let memory_store = MemoryStore::new();
         runtime.block_on(async {
-            for who in requests {
+            for (who, cost) in requests {
                 let key = format!("{prefix}:p:user:{who}");
-                let request = CheckRequest { key: &key, rules: &rules, algorithm, cost: 1 };
+                let request = CheckRequest::new(&key, policy.rules(), algorithm)
+                    .cost(cost)
+                    .block_for(block_for);
                 let in_memory = memory_store.check(&request).await.unwrap();
                 let in_redis = redis_store.check(&request).await.unwrap();
                 prop_assert_eq!(in_memory.allowed, in_redis.allowed);
@@ -468,6 +555,7 @@ proptest! {
             }
             Ok(())
         })?;
+        assert_every_key_expires(&redis, &prefix);
     }
 }
 
@@ -479,7 +567,7 @@ fn lua_sliding_counter_waits(
 ) -> (u64, u64) {
     let script = include_str!("../lua/sliding_counter.lua");
     let helpers = &script[script.find("local function weighted").unwrap()
-        ..script.find("local counters = {}").unwrap()];
+        ..script.find("-- (end of the helpers").unwrap()];
     let body = format!(
         "local floor = math.floor\nlocal ONE = 65536\nlocal cost = tonumber(ARGV[1])\n{helpers}\n\
          local a = {{}}\nfor i = 2, 6 do a[i] = tonumber(ARGV[i]) end\n\

@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Rule};
 
+mod gcra;
 mod memory;
 mod redis;
 mod weighted;
@@ -23,8 +24,22 @@ mod weighted;
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 pub use self::redis::{DEFAULT_TIMEOUT, RedisStore};
 
-/// One request to check: the key, the rules (all must pass), the algorithm and the request's cost.
+/// One request to check: the key, the rules (all must pass), the algorithm and the request's cost,
+/// and what the policy asks for beyond plain counting (a reservation, a penalty block).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::store::CheckRequest;
+/// use tower_redis_ratelimit::{Algorithm, Rule};
+///
+/// let rules = [Rule::per_second(10)];
+/// let request = CheckRequest::new("rl:api:global", &rules, Algorithm::TokenBucket)
+///     .cost(3)
+///     .max_delay(Duration::from_millis(500));
+/// assert_eq!(request.cost, 3);
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct CheckRequest<'a> {
     /// The key of the bucket, as built by the policy (`prefix:policy:identity`): it starts with the
     /// policy's prefix and a colon, and has no braces, so a store may wrap it in a hash tag.
@@ -33,8 +48,50 @@ pub struct CheckRequest<'a> {
     pub rules: &'a [Rule],
     /// How to count.
     pub algorithm: Algorithm,
-    /// How many units the request uses in every rule (1 for a plain request).
+    /// How many units the request uses in every rule (1 for a plain request). The duplicate guard
+    /// ([`Rule::is_duplicate_guard`]) counts requests, so it always charges 1.
     pub cost: u64,
+    /// How long the request may wait to be admitted ([`Mode::Delay`](crate::Mode::Delay)): if
+    /// the rules would admit it within this time, the store records it at that time and answers
+    /// `allowed` with the [`Decision::delay`] to wait. Zero: refuse what doesn't fit now. Only
+    /// algorithms that [can reserve](Algorithm::can_reserve) delay; others ignore it.
+    pub max_delay: Duration,
+    /// A penalty block ([`PolicyBuilder::block_for`](crate::PolicyBuilder::block_for)): when a
+    /// rule other than the duplicate guard refuses the request, refuse the key outright for this
+    /// long.
+    pub block_for: Option<Duration>,
+}
+
+impl<'a> CheckRequest<'a> {
+    /// A request of cost 1, refused when it doesn't fit now, without a penalty block.
+    pub fn new(key: &'a str, rules: &'a [Rule], algorithm: Algorithm) -> Self {
+        CheckRequest {
+            key,
+            rules,
+            algorithm,
+            cost: 1,
+            max_delay: Duration::ZERO,
+            block_for: None,
+        }
+    }
+
+    /// Sets the cost.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Sets how long the request may wait to be admitted.
+    pub fn max_delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = max_delay;
+        self
+    }
+
+    /// Sets the penalty block.
+    pub fn block_for(mut self, block_for: Option<Duration>) -> Self {
+        self.block_for = block_for;
+        self
+    }
 }
 
 /// A rate-limit store.

@@ -52,6 +52,19 @@ struct Shared {
     fixed_window: Script,
     sliding_log: Script,
     sliding_counter: Script,
+    token_bucket: Script,
+}
+
+/// One algorithm's script: the shared head (arguments, penalty block, duplicate guard), the
+/// algorithm's part, the shared tail (check all, record in all or none, reply).
+macro_rules! script {
+    ($algorithm:literal) => {
+        concat!(
+            include_str!("../../lua/head.lua"),
+            include_str!(concat!("../../lua/", $algorithm, ".lua")),
+            include_str!("../../lua/tail.lua")
+        )
+    };
 }
 
 impl RedisStore {
@@ -62,9 +75,10 @@ impl RedisStore {
                 pool,
                 connection: Mutex::new(None),
                 reconnecting: tokio::sync::Mutex::new(()),
-                fixed_window: Script::new(include_str!("../../lua/fixed_window.lua")),
-                sliding_log: Script::new(include_str!("../../lua/sliding_log.lua")),
-                sliding_counter: Script::new(include_str!("../../lua/sliding_counter.lua")),
+                fixed_window: Script::new(script!("fixed_window")),
+                sliding_log: Script::new(script!("sliding_log")),
+                sliding_counter: Script::new(script!("sliding_counter")),
+                token_bucket: Script::new(script!("token_bucket")),
             }),
             timeout: DEFAULT_TIMEOUT,
         }
@@ -106,7 +120,14 @@ impl Store for RedisStore {
         // one packed command and a few words, not the request's borrows.
         let algorithm = request.algorithm;
         let command = evalsha_command(self.shared.script(algorithm).get_hash(), request);
-        let limits: Vec<u64> = request.rules.iter().map(|rule| rule.limit()).collect();
+        let limits: Vec<RuleLimit> = request
+            .rules
+            .iter()
+            .map(|rule| RuleLimit {
+                limit: rule.limit(),
+                guard: rule.is_duplicate_guard(),
+            })
+            .collect();
         let shared = self.shared.clone();
         let timeout = self.timeout;
         CheckFuture::from_future(async move {
@@ -118,55 +139,103 @@ impl Store for RedisStore {
     }
 }
 
-/// `EVALSHA <sha> <rules> <key per rule> <cost> <limit, period per rule>`, written straight into
-/// one command buffer.
+/// `EVALSHA <sha> <keys> <counter key per counted rule> [<guard key>] [<block key>] <cost> <rules>
+/// <max delay> <guard window> <block> <limit, period, burst per counted rule>` (see `lua/head.lua`),
+/// written straight into one command buffer.
 fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
-    let rules = request.rules.len();
+    let counted = || {
+        request
+            .rules
+            .iter()
+            .filter(|rule| !rule.is_duplicate_guard())
+    };
+    let rules = counted().count();
+    let guard = request.rules.iter().find(|rule| rule.is_duplicate_guard());
+    let block_ms = request.block_for.map_or(0, |block| block.as_millis());
+    let keys = rules + usize::from(guard.is_some()) + usize::from(block_ms > 0);
     let mut command = Cmd::with_capacity(
-        3 + 3 * rules + 1,
-        hash.len() + rules * (2 * request.key.len() + 80) + 32,
+        3 + keys + 5 + 3 * rules,
+        hash.len() + keys * (2 * request.key.len() + 48) + rules * 48 + 64,
     );
-    command.arg("EVALSHA").arg(hash).arg(rules);
+    command.arg("EVALSHA").arg(hash).arg(keys);
     let mut key = String::with_capacity(2 * request.key.len() + 48);
-    for rule in request.rules {
-        key.clear();
+    for rule in counted() {
         write_rule_key(&mut key, request, rule);
         command.arg(key.as_str());
     }
-    command.arg(request.cost);
-    for rule in request.rules {
-        command.arg(rule.limit()).arg(rule.period_ms());
+    if let Some(guard) = guard {
+        let mut window = itoa::Buffer::new();
+        write_key(
+            &mut key,
+            request,
+            &["dup", window.format(guard.period_ms())],
+        );
+        command.arg(key.as_str());
+    }
+    if block_ms > 0 {
+        write_key(&mut key, request, &["block"]);
+        command.arg(key.as_str());
+    }
+    command
+        .arg(request.cost)
+        .arg(rules)
+        .arg(request.max_delay.as_millis())
+        .arg(guard.map_or(0, Rule::period_ms))
+        .arg(block_ms);
+    for rule in counted() {
+        command
+            .arg(rule.limit())
+            .arg(rule.period_ms())
+            .arg(rule.burst_size());
     }
     command
 }
 
-/// The key of one rule:
-/// `<prefix>:{<prefix>:<policy>:<identity>}:<algorithm>:<period ms>:<limit>`. Every key starts with
-/// the prefix, so `SCAN MATCH <prefix>:*` finds them all; the braces make the whole policy key the
-/// hash tag, so every key of one identity lands on one Redis Cluster slot; a counter per algorithm,
-/// period and limit gives every rule of a policy its own key (a policy can't hold the same rule
-/// twice) and keeps rule sets that share a key apart, as in the memory store.
+/// The key of one counted rule:
+/// `<prefix>:{<prefix>:<policy>:<identity>}:<algorithm>:<period ms>:<limit>` (and `:<burst>` for a
+/// token bucket). Every key starts with the prefix, so `SCAN MATCH <prefix>:*` finds them all; the
+/// braces make the whole policy key the hash tag, so every key of one identity lands on one Redis
+/// Cluster slot; a counter per algorithm, period and limit gives every rule of a policy its own
+/// key (a policy can't hold the same rule twice) and keeps rule sets that share a key apart, as in
+/// the memory store.
 fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
     let code = match request.algorithm {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingLog => "sl",
         Algorithm::SlidingCounter => "sc",
+        Algorithm::TokenBucket => "tb",
     };
+    let (mut period, mut limit, mut burst) = (
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+    );
+    let parts = [
+        code,
+        period.format(rule.period_ms()),
+        limit.format(rule.limit()),
+        burst.format(rule.burst_size()),
+    ];
+    let with_burst = request.algorithm == Algorithm::TokenBucket;
+    write_key(key, request, &parts[..if with_burst { 4 } else { 3 }]);
+}
+
+/// Writes `<prefix>:{<request key>}:<part>:<part>…` into `key`, replacing what it held.
+fn write_key(key: &mut String, request: &CheckRequest<'_>, parts: &[&str]) {
     // A prefix can't contain ':' (policies refuse it), so the key's first part is the prefix.
     let prefix = request
         .key
         .split_once(':')
         .map_or(request.key, |(prefix, _)| prefix);
-    let mut number = itoa::Buffer::new();
+    key.clear();
     key.push_str(prefix);
     key.push_str(":{");
     key.push_str(request.key);
-    key.push_str("}:");
-    key.push_str(code);
-    key.push(':');
-    key.push_str(number.format(rule.period_ms()));
-    key.push(':');
-    key.push_str(number.format(rule.limit()));
+    key.push('}');
+    for part in parts {
+        key.push(':');
+        key.push_str(part);
+    }
 }
 
 impl Shared {
@@ -175,6 +244,7 @@ impl Shared {
             Algorithm::FixedWindow => &self.fixed_window,
             Algorithm::SlidingLog => &self.sliding_log,
             Algorithm::SlidingCounter => &self.sliding_counter,
+            Algorithm::TokenBucket => &self.token_bucket,
         }
     }
 
@@ -332,10 +402,19 @@ fn is_connection_failure(error: &RedisError) -> bool {
         || error.is_unrecoverable_error()
 }
 
-/// Reads the script's reply: `allowed, now, then remaining, reset, retry per rule`, all integers.
-fn decision_from(reply: &[Value], limits: &[u64]) -> Result<Decision, StoreError> {
+/// What the reply needs to know of a rule, in the request's rule order.
+#[derive(Debug, Clone, Copy)]
+struct RuleLimit {
+    limit: u64,
+    /// The duplicate guard, whose state the script sends after the counted rules'.
+    guard: bool,
+}
+
+/// Reads the script's reply: `allowed, now, delay, then remaining, reset, retry per rule` (the
+/// counted rules, then the guard), all integers, into a decision in the request's rule order.
+fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Decision, StoreError> {
     let malformed = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
-    if reply.len() != 2 + 3 * limits.len() {
+    if reply.len() != 3 + 3 * limits.len() {
         return Err(malformed());
     }
     let integer = |value: &Value| match value {
@@ -349,12 +428,22 @@ fn decision_from(reply: &[Value], limits: &[u64]) -> Result<Decision, StoreError
         _ => return Err(malformed()),
     };
     let now_unix_ms = unsigned(&reply[1])?;
-    let rules = reply[2..]
-        .chunks_exact(3)
-        .zip(limits)
-        .map(|(state, &limit)| {
+    let delay = Duration::from_millis(unsigned(&reply[2])?);
+    let states: Vec<&[Value]> = reply[3..].chunks_exact(3).collect();
+    let counted = limits.iter().filter(|rule| !rule.guard).count();
+    let (mut next_counted, mut next_guard) = (0, counted);
+    let rules = limits
+        .iter()
+        .map(|rule| {
+            let slot = if rule.guard {
+                &mut next_guard
+            } else {
+                &mut next_counted
+            };
+            let state = states.get(*slot).ok_or_else(malformed)?;
+            *slot += 1;
             Ok(RuleState {
-                limit,
+                limit: rule.limit,
                 remaining: unsigned(&state[0])?,
                 reset: Duration::from_millis(unsigned(&state[1])?),
                 retry_after: match integer(&state[2])? {
@@ -368,6 +457,7 @@ fn decision_from(reply: &[Value], limits: &[u64]) -> Result<Decision, StoreError
         allowed,
         rules,
         now_unix_ms,
+        delay,
     })
 }
 
@@ -378,12 +468,7 @@ mod tests {
     #[test]
     fn keys_share_the_identity_hash_tag_and_name_algorithm_and_period() {
         let rules = [Rule::per_minute(10), Rule::per_hour(100)];
-        let request = CheckRequest {
-            key: "rl:login:ip:2001:db8::/64",
-            rules: &rules,
-            algorithm: Algorithm::SlidingLog,
-            cost: 1,
-        };
+        let request = CheckRequest::new("rl:login:ip:2001:db8::/64", &rules, Algorithm::SlidingLog);
         let keys: Vec<String> = rules
             .iter()
             .map(|rule| {
@@ -401,23 +486,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn one_evalsha_carries_keys_cost_limits_and_periods() {
-        let rules = [Rule::per_second(2), Rule::per_minute(30)];
-        let request = CheckRequest {
-            key: "rl:api:global",
-            rules: &rules,
-            algorithm: Algorithm::FixedWindow,
-            cost: 3,
-        };
-        let command = evalsha_command("abc123", &request);
-        let args: Vec<String> = command
+    fn args_of(command: &Cmd) -> Vec<String> {
+        command
             .args_iter()
             .map(|arg| match arg {
                 ::redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
                 other => panic!("EVALSHA has only plain arguments, not {other:?}"),
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn one_evalsha_carries_keys_cost_limits_and_periods() {
+        let rules = [Rule::per_second(2), Rule::per_minute(30)];
+        let request = CheckRequest::new("rl:api:global", &rules, Algorithm::FixedWindow).cost(3);
+        let args = args_of(&evalsha_command("abc123", &request));
         assert_eq!(
             args,
             [
@@ -428,19 +511,63 @@ mod tests {
                 "rl:{rl:api:global}:fw:60000:30",
                 "3",
                 "2",
+                "0",
+                "0",
+                "0",
+                "2",
                 "1000",
+                "2",
                 "30",
-                "60000"
+                "60000",
+                "30"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_guard_and_the_block_are_keys_of_their_own_after_the_counters() {
+        let policy = crate::Policy::builder("otp")
+            .rule(Rule::per_minute(3).burst(5))
+            .algorithm(Algorithm::TokenBucket)
+            .prevent_duplicate(Duration::from_secs(5))
+            .block_for(Duration::from_secs(900))
+            .mode(crate::Mode::Delay {
+                max_delay: Duration::from_secs(2),
+            })
+            .build()
+            .unwrap();
+        let request = CheckRequest::new("rl:otp:user:bob", policy.rules(), policy.algorithm())
+            .max_delay(policy.mode().max_delay())
+            .block_for(policy.block_for());
+        let args = args_of(&evalsha_command("abc", &request));
+        assert_eq!(
+            args,
+            [
+                "EVALSHA",
+                "abc",
+                "3",
+                "rl:{rl:otp:user:bob}:tb:60000:3:5",
+                "rl:{rl:otp:user:bob}:dup:5000",
+                "rl:{rl:otp:user:bob}:block",
+                "1",
+                "1",
+                "2000",
+                "5000",
+                "900000",
+                "3",
+                "60000",
+                "5"
             ]
         );
     }
 
     #[test]
     fn replies_become_decisions() {
-        let reply = ints(&[0, 1_000, 0, 500, 500, 7, 90_000, -1]);
-        let decision = decision_from(&reply, &[5, 10]).unwrap();
+        let reply = ints(&[0, 1_000, 0, 0, 500, 500, 7, 90_000, -1]);
+        let decision = decision_from(&reply, &[counted(5), counted(10)]).unwrap();
         assert!(!decision.allowed);
         assert_eq!(decision.now_unix_ms, 1_000);
+        assert_eq!(decision.delay, Duration::ZERO);
         assert_eq!(
             decision.rules,
             [
@@ -461,18 +588,49 @@ mod tests {
     }
 
     #[test]
+    fn the_guard_state_comes_last_and_goes_back_to_its_rule() {
+        // A guard that isn't the last rule (a hand-made request) still gets its own state.
+        let reply = ints(&[1, 1_000, 250, 0, 5_000, -1, 4, 900, -1]);
+        let limits = [
+            RuleLimit {
+                limit: 1,
+                guard: true,
+            },
+            counted(5),
+        ];
+        let decision = decision_from(&reply, &limits).unwrap();
+        assert_eq!(decision.delay, Duration::from_millis(250));
+        assert_eq!(
+            (decision.rules[0].limit, decision.rules[0].remaining),
+            (1, 4)
+        );
+        assert_eq!(
+            (decision.rules[1].limit, decision.rules[1].remaining),
+            (5, 0)
+        );
+    }
+
+    fn counted(limit: u64) -> RuleLimit {
+        RuleLimit {
+            limit,
+            guard: false,
+        }
+    }
+
+    #[test]
     fn malformed_replies_are_protocol_errors() {
         for reply in [
-            &[1, 1_000][..],
-            &[1, 1_000, 1, 2],
-            &[2, 1_000, 1, 2, -1],
-            &[1, -5, 1, 2, -1],
-            &[0, 1_000, -1, 2, -1],
-            &[0, 1_000, 1, 2, -7],
+            &[1, 1_000, 0][..],
+            &[1, 1_000, 0, 1, 2],
+            &[2, 1_000, 0, 1, 2, -1],
+            &[1, -5, 0, 1, 2, -1],
+            &[1, 1_000, -1, 1, 2, -1],
+            &[0, 1_000, 0, -1, 2, -1],
+            &[0, 1_000, 0, 1, 2, -7],
         ] {
             assert!(
                 matches!(
-                    decision_from(&ints(reply), &[5]),
+                    decision_from(&ints(reply), &[counted(5)]),
                     Err(StoreError::Protocol(_))
                 ),
                 "{reply:?}"
@@ -482,10 +640,10 @@ mod tests {
 
     #[test]
     fn replies_that_are_not_integers_are_protocol_errors() {
-        let mut reply = ints(&[1, 1_000, 4, 500, -1]);
-        reply[2] = Value::BulkString(b"4".to_vec());
+        let mut reply = ints(&[1, 1_000, 0, 4, 500, -1]);
+        reply[3] = Value::BulkString(b"4".to_vec());
         assert!(matches!(
-            decision_from(&reply, &[5]),
+            decision_from(&reply, &[counted(5)]),
             Err(StoreError::Protocol(_))
         ));
     }

@@ -2,6 +2,8 @@
 #![allow(dead_code)] // each test crate uses a different subset
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -10,7 +12,9 @@ use axum::routing::get;
 use http::{Request, Response, StatusCode};
 use tower::ServiceExt;
 use tower_redis_ratelimit::headers::{self, RateLimitHeaders};
-use tower_redis_ratelimit::{Policy, RateLimitLayer, Store};
+use tower_redis_ratelimit::{
+    Algorithm, Cost, Key, Mode, Policy, PolicyBuilder, RateLimitLayer, Rule, Store,
+};
 
 /// A router with `GET /` answering "hello", limited by `policy` in `store`.
 pub fn app(policy: Policy, store: impl Store) -> Router {
@@ -86,6 +90,185 @@ pub async fn admitted_and_refused(
         }
     }
     (admitted, refused)
+}
+
+/// One limited router for the feature checks: `GET /` through a layer of `policy`, keyed globally.
+fn feature_app(policy: Policy, store: impl Store) -> (Router, RateLimitLayer) {
+    let layer = RateLimitLayer::new(policy, store);
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer.clone());
+    (app, layer)
+}
+
+fn global(prefix: &str, name: &str, rule: Rule) -> PolicyBuilder {
+    Policy::builder(name)
+        .prefix(prefix)
+        .key(Key::global())
+        .rule(rule)
+}
+
+fn weighing(cost: u64) -> Request<Body> {
+    let mut request = request_from("192.0.2.1:1", "/");
+    request.extensions_mut().insert(Cost(cost));
+    request
+}
+
+/// Shadow mode, costs, the duplicate guard and the penalty block through the layer, with the same
+/// expected answers whatever the store.
+pub async fn policy_features_work(store: impl Store + Clone, prefix: &str) {
+    let peer = "192.0.2.1:1";
+
+    // Shadow: nothing refused, the refusals counted, the headers true.
+    let (app, layer) = feature_app(
+        global(prefix, "shadow", Rule::per_minute(2))
+            .mode(Mode::Shadow)
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    let mut remaining = Vec::new();
+    for _ in 0..4 {
+        let response = send(&app, request_from(peer, "/")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get(http::header::RETRY_AFTER).is_none());
+        remaining.push(limits(&response).status("2-per-60s").unwrap().remaining);
+    }
+    assert_eq!(remaining, [1, 0, 0, 0]);
+    assert_eq!(layer.shadow_refusals(), 2);
+
+    // Costs: charged in full, refused whole, and a cost no rule could ever admit is a 413.
+    let (app, _) = feature_app(
+        global(prefix, "cost", Rule::per_minute(5)).build().unwrap(),
+        store.clone(),
+    );
+    let left = |response: &Response<Body>| limits(response).status("5-per-60s").unwrap().remaining;
+    let first = send(&app, weighing(3)).await;
+    assert_eq!((first.status(), left(&first)), (StatusCode::OK, 2));
+    let refused = send(&app, weighing(3)).await;
+    assert_eq!(
+        (refused.status(), left(&refused)),
+        (StatusCode::TOO_MANY_REQUESTS, 2)
+    );
+    let last = send(&app, weighing(2)).await;
+    assert_eq!((last.status(), left(&last)), (StatusCode::OK, 0));
+    let too_costly = send(&app, weighing(6)).await;
+    assert_eq!(too_costly.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        too_costly
+            .headers()
+            .get(http::header::RETRY_AFTER)
+            .is_none()
+    );
+    let body = json(too_costly).await;
+    assert_eq!(
+        body["detail"],
+        "This request costs 6 units; rule \"5-per-60s\" admits at most 5 at once."
+    );
+    assert_eq!(body["violated-policies"], serde_json::json!(["5-per-60s"]));
+
+    // The duplicate guard: the second request within 5 s is refused, and charges nothing.
+    let (app, _) = feature_app(
+        global(prefix, "dup", Rule::per_minute(10))
+            .prevent_duplicate(Duration::from_secs(5))
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    assert_eq!(
+        send(&app, request_from(peer, "/")).await.status(),
+        StatusCode::OK
+    );
+    let duplicate = send(&app, request_from(peer, "/")).await;
+    assert_eq!(retry_after_secs(&duplicate), 5);
+    let headers = limits(&duplicate);
+    assert_eq!(headers.status("10-per-60s").unwrap().remaining, 9);
+    assert_eq!(headers.status("duplicate").unwrap().remaining, 0);
+    assert_refused(duplicate, &["duplicate"]).await;
+
+    // The penalty block: once refused, refused for 15 minutes, not the rest of the minute.
+    let (app, _) = feature_app(
+        global(prefix, "block", Rule::per_minute(1))
+            .block_for(Duration::from_secs(900))
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    assert_eq!(
+        send(&app, request_from(peer, "/")).await.status(),
+        StatusCode::OK
+    );
+    for _ in 0..2 {
+        let blocked = send(&app, request_from(peer, "/")).await;
+        let retry = retry_after_secs(&blocked);
+        assert!((899..=900).contains(&retry), "Retry-After {retry}");
+        assert_refused(blocked, &["1-per-60s"]).await;
+    }
+}
+
+/// Delay mode: 20 concurrent requests; exactly those whose reserved time is within `max_delay`
+/// are admitted, each runs no earlier than its reservation, the rest get the 429 at once.
+pub async fn delay_mode_spaces_concurrent_waiters(store: impl Store + Clone, prefix: &str) {
+    let cases = [
+        // 10 per second, a bucket of one: one every 100 ms; 450 ms reach five of them.
+        (
+            Algorithm::TokenBucket,
+            Rule::per_second(10).burst(1),
+            Duration::from_millis(450),
+            vec![0u64, 100, 200, 300, 400],
+        ),
+        // 2 per 500 ms: two now, two when they leave the window; the next would wait 1 s.
+        (
+            Algorithm::SlidingLog,
+            Rule::new(2, Duration::from_millis(500)),
+            Duration::from_millis(700),
+            vec![0u64, 0, 500, 500],
+        ),
+    ];
+    for (algorithm, rule, max_delay, slots_ms) in cases {
+        let policy = global(prefix, algorithm.as_str(), rule)
+            .algorithm(algorithm)
+            .mode(Mode::Delay { max_delay })
+            .build()
+            .unwrap();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = calls.clone();
+        let app = Router::new()
+            .route(
+                "/",
+                get(move || {
+                    seen.lock().unwrap().push(Instant::now());
+                    async { "hello" }
+                }),
+            )
+            .layer(RateLimitLayer::new(policy, store.clone()));
+        let start = Instant::now();
+        let tasks = (0..20)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(
+                    async move { send(&app, request_from("192.0.2.1:1", "/")).await.status() },
+                )
+            })
+            .collect();
+        let (admitted, refused) = admitted_and_refused(tasks).await;
+        assert_eq!(
+            (admitted, refused),
+            (slots_ms.len(), 20 - slots_ms.len()),
+            "{algorithm}"
+        );
+        let mut calls = calls.lock().unwrap().clone();
+        calls.sort();
+        for (call, slot) in calls.iter().zip(&slots_ms) {
+            // Stores count whole milliseconds: allow for the one `start` falls in.
+            let earliest = Duration::from_millis(slot.saturating_sub(2));
+            assert!(
+                *call - start >= earliest,
+                "{algorithm}: a request ran {:?} after the start, before its slot at {slot} ms",
+                *call - start
+            );
+        }
+    }
 }
 
 pub mod redis_server;

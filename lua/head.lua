@@ -1,0 +1,77 @@
+-- The start of every rate-limit script; an algorithm's part and lua/tail.lua follow it (the store
+-- joins the three into one script per algorithm). Every rule of one request is checked in one call
+-- and recorded in all or none.
+--
+-- KEYS[i]        the counter of counted rule i (i = 1..n), in the algorithm's own layout
+-- KEYS[n+1]      the duplicate guard, if ARGV[4] > 0: a string holding the admission time (ms)
+-- KEYS[#KEYS]    the penalty block, if ARGV[5] > 0: a string holding the block's end (ms)
+--                All keys of one identity share a hash tag, so the script runs on Redis Cluster.
+-- ARGV[1]        the request's cost (units)
+-- ARGV[2]        n, the number of counted rules
+-- ARGV[3]        the longest the request may wait to be admitted (ms; 0: refuse what doesn't fit now)
+-- ARGV[4]        the duplicate guard's window (ms; 0: no guard)
+-- ARGV[5]        the penalty block (ms; 0: no block)
+-- ARGV[3i+3], ARGV[3i+4], ARGV[3i+5]   counted rule i's limit, period (ms) and burst
+--
+-- Reply: {allowed (1|0), now (ms, Redis TIME), delay (ms to wait before going on), then per rule
+-- (the counted rules, then the guard): remaining, reset (ms), retry (ms, -1 if this rule admits the
+-- request)}. Every number is an integer below 2^53, so Lua's doubles hold it exactly.
+local call = redis.call
+local floor = math.floor
+
+local time = call('TIME')
+local now_us = time[1] * 1000000 + time[2]
+local now = floor(now_us / 1000)
+local cost = tonumber(ARGV[1])
+local rules = tonumber(ARGV[2])
+local max_delay = tonumber(ARGV[3])
+local guard_window = tonumber(ARGV[4])
+local block = tonumber(ARGV[5])
+local guard_key = KEYS[rules + 1]
+local block_key = KEYS[#KEYS]
+
+-- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
+local function div(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- A penalty block refuses everything until it ends: nothing is available, and nothing is counted.
+if block > 0 then
+  local left = (tonumber(call('GET', block_key)) or 0) - now
+  if left > 0 then
+    local reply = {0, now, 0}
+    local reported = rules
+    if guard_window > 0 then
+      reported = rules + 1
+    end
+    for _ = 1, reported do
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = left
+      reply[#reply + 1] = left
+    end
+    return reply
+  end
+end
+
+-- The duplicate guard: the time of the last admission, while it is less than a window ago.
+local guard_stamp = nil
+if guard_window > 0 then
+  guard_stamp = tonumber(call('GET', guard_key))
+  if guard_stamp and guard_stamp + guard_window <= now then
+    guard_stamp = nil
+  end
+end
+
+-- The algorithm's part defines, for one counted rule:
+--   inspect(i, limit, period, burst) -> state   read the counter (it may charge it speculatively);
+--                                               state.fits: whether the rule admits the request now
+--   wait(state) -> ms | nil                     when it would (nil: never, it costs too much)
+--   commit(state, at_ms, at_us)                 record the request as admitted at `at`
+--   undo(state)                                 take back a speculative charge
+--   report(state) -> remaining, reset (ms)

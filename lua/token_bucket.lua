@@ -1,0 +1,53 @@
+-- Token bucket as GCRA (between lua/head.lua and lua/tail.lua): the arithmetic of
+-- src/store/gcra.rs, step for step, in microseconds. A counted rule's key is a string holding the
+-- theoretical arrival time `tat` (µs), when the bucket is full again; it expires then, since a full
+-- bucket is the same as no key. A unit drips back every `interval` = ceil(period / limit) and the
+-- bucket holds `tolerance` = burst × interval; policies keep the tolerance within 366 days, so
+-- every number stays below 2^53.
+
+local function inspect(i, limit, period, burst)
+  local key = KEYS[i]
+  local interval = div(period * 1000 + limit - 1, limit)
+  local tolerance = burst * interval
+  local tat = tonumber(call('GET', key)) or 0
+  local state = {key = key, interval = interval, tolerance = tolerance, tat = tat, burst = burst}
+  -- The earliest time the request conforms: max(tat, now) + cost × interval − tolerance.
+  local charge = cost * interval
+  if charge <= tolerance then
+    state.conforms_at = math.max(tat, now_us) + charge - tolerance
+    state.fits = state.conforms_at <= now_us
+  else
+    state.fits = false
+  end
+  return state
+end
+
+local function ceil_ms(us)
+  return div(us + 999, 1000)
+end
+
+local function wait(state)
+  if state.conforms_at == nil then
+    return nil
+  end
+  return ceil_ms(state.conforms_at - now_us)
+end
+
+local function commit(state, _, at_us)
+  state.tat = math.max(state.tat, at_us) + cost * state.interval
+  call('SET', state.key, string.format('%d', state.tat), 'PXAT', ceil_ms(state.tat))
+end
+
+local function undo()
+end
+
+local function report(state)
+  local debt = math.max(state.tat - now_us, 0)
+  local remaining = div(math.max(state.tolerance - debt, 0), state.interval)
+  if debt == 0 then
+    return remaining, 0
+  end
+  -- The bucket holds one more unit once tat - t <= tolerance - (remaining + 1) × interval.
+  local refill = state.tat + (remaining + 1) * state.interval - state.tolerance - now_us
+  return remaining, ceil_ms(math.max(refill, 0))
+end
