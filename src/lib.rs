@@ -72,6 +72,7 @@
 
 pub mod client_ip;
 pub mod decision;
+pub mod extract;
 mod future;
 pub mod headers;
 mod key;
@@ -83,6 +84,7 @@ pub mod store;
 
 pub use client_ip::{ClientIp, ForwardedHeader};
 pub use decision::{Decision, RuleState};
+pub use extract::{LimitPolicy, LimitStore, Limited};
 pub use future::ResponseFuture;
 pub use key::{Identity, Key, KeyExtractor, UserId};
 pub use layer::RateLimitLayer;

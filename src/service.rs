@@ -30,6 +30,16 @@ pub(crate) struct Limiter {
     pub(crate) shadow_refusals: Arc<AtomicU64>,
 }
 
+/// What to do with a request before asking the store.
+pub(crate) enum Prepared {
+    /// Check it under this key, at this cost.
+    Check(StorageKey, u64),
+    /// Let it through unlimited (no key, and the policy allows that).
+    Unlimited,
+    /// Answer at once (no key and the policy refuses, no client IP, a cost no rule admits).
+    Respond(Response<Body>),
+}
+
 /// What to do with a request once its check is known.
 pub(crate) enum Verdict {
     /// Call the inner service, then add these headers (none when the store failed open).
@@ -49,6 +59,33 @@ impl Limiter {
             on_rejected: None,
             shadow_refusals: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Finds a request's key and cost, or what to do without a store check.
+    pub(crate) fn prepare(&self, parts: &http::request::Parts) -> Prepared {
+        let policy = &self.policy;
+        let key = match policy.storage_key(parts) {
+            KeyLookup::Found(key) => key,
+            KeyLookup::Unlimited => return Prepared::Unlimited,
+            KeyLookup::Refuse(status) => {
+                return Prepared::Respond(response::key_unavailable(status));
+            }
+            KeyLookup::NoClientIp => {
+                tracing::error!(
+                    policy = policy.name(),
+                    "no client IP to rate-limit by: serve with \
+                     `into_make_service_with_connect_info::<SocketAddr>()`"
+                );
+                return Prepared::Respond(response::key_unavailable(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                ));
+            }
+        };
+        let cost = policy.cost(parts);
+        if let Some(rule) = policy.too_costly(cost) {
+            return Prepared::Respond(response::too_costly(policy, cost, rule));
+        }
+        Prepared::Check(key, cost)
     }
 
     /// Asks the store about a request: the policy's rules, algorithm, reservation and block.
@@ -212,31 +249,14 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let limiter = &self.limiter;
-        let policy = &limiter.policy;
         let (parts, body) = request.into_parts();
-        let lookup = policy.storage_key(&parts);
-        let cost = policy.cost(&parts);
+        let prepared = limiter.prepare(&parts);
         let request = Request::from_parts(parts, body);
-        let key = match lookup {
-            KeyLookup::Found(key) => key,
-            KeyLookup::Unlimited => return ResponseFuture::inner(self.inner.call(request), None),
-            KeyLookup::Refuse(status) => {
-                return ResponseFuture::respond(response::key_unavailable(status));
-            }
-            KeyLookup::NoClientIp => {
-                tracing::error!(
-                    policy = policy.name(),
-                    "no client IP to rate-limit by: serve with \
-                     `into_make_service_with_connect_info::<SocketAddr>()`"
-                );
-                return ResponseFuture::respond(response::key_unavailable(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                ));
-            }
+        let (key, cost) = match prepared {
+            Prepared::Check(key, cost) => (key, cost),
+            Prepared::Unlimited => return ResponseFuture::inner(self.inner.call(request), None),
+            Prepared::Respond(response) => return ResponseFuture::respond(response),
         };
-        if let Some(rule) = policy.too_costly(cost) {
-            return ResponseFuture::respond(response::too_costly(policy, cost, rule));
-        }
         let mut check = limiter.check(&key, cost);
         match check.take_ready() {
             // In-process stores answer at once: no clone of the inner service, no extra state.

@@ -774,3 +774,8 @@ async fn shadow_cost_duplicate_and_block_in_memory() {
 async fn delay_mode_in_memory_admits_exactly_the_reserved_slots() {
     common::delay_mode_spaces_concurrent_waiters(MemoryStore::new(), "delay").await;
 }
+
+#[tokio::test]
+async fn the_extractor_in_memory_answers_like_the_layer() {
+    common::the_extractor_limits_like_the_layer(MemoryStore::new(), "alice").await;
+}

@@ -427,6 +427,12 @@ async fn shadow_cost_duplicate_and_block_on_redis() {
     assert!(assert_every_key_expires(&redis, &prefix) >= 6);
 }
 
+#[tokio::test]
+async fn the_extractor_on_redis_answers_like_the_layer() {
+    let redis = TestRedis::shared();
+    common::the_extractor_limits_like_the_layer(store(&redis), &unique_prefix("who")).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delay_mode_on_redis_admits_exactly_the_reserved_slots() {
     let redis = TestRedis::shared();

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -13,7 +14,8 @@ use http::{Request, Response, StatusCode};
 use tower::ServiceExt;
 use tower_redis_ratelimit::headers::{self, RateLimitHeaders};
 use tower_redis_ratelimit::{
-    Algorithm, Cost, Key, Mode, Policy, PolicyBuilder, RateLimitLayer, Rule, Store,
+    Algorithm, Cost, Key, LimitPolicy, LimitStore, Limited, Mode, Policy, PolicyBuilder,
+    PolicyError, RateLimitLayer, Rule, Store, UserId,
 };
 
 /// A router with `GET /` answering "hello", limited by `policy` in `store`.
@@ -269,6 +271,56 @@ pub async fn delay_mode_spaces_concurrent_waiters(store: impl Store + Clone, pre
             );
         }
     }
+}
+
+/// The policy of the extractor checks, as a type.
+pub struct ExtractedPolicy;
+
+impl LimitPolicy for ExtractedPolicy {
+    fn policy() -> Result<Policy, PolicyError> {
+        Policy::builder("extracted")
+            .key(Key::user())
+            .rule(Rule::per_minute(2))
+            .build()
+    }
+}
+
+/// `Limited<ExtractedPolicy>` in a handler admits and refuses like a layer of the same policy:
+/// the same statuses, the same 429 body, the same headers. `identity` must be new to the store.
+pub async fn the_extractor_limits_like_the_layer(store: impl Store + Clone, identity: &str) {
+    let extracted = Router::new()
+        .route(
+            "/",
+            get(|limited: Limited<ExtractedPolicy>| async move { (limited, "hello") }),
+        )
+        .layer(Extension(LimitStore::new(store.clone())));
+    let layered = app(ExtractedPolicy::policy().unwrap(), store);
+    let request = |who: String| {
+        let mut request = request_from("192.0.2.1:1", "/");
+        request.extensions_mut().insert(UserId::new(who));
+        request
+    };
+    for round in 0..3 {
+        let by_extractor = send(&extracted, request(format!("{identity}-x"))).await;
+        let by_layer = send(&layered, request(format!("{identity}-l"))).await;
+        assert_eq!(by_extractor.status(), by_layer.status(), "round {round}");
+        let names = |response: &Response<Body>| {
+            let mut names: Vec<_> = response.headers().keys().map(|n| n.to_string()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names(&by_extractor), names(&by_layer));
+        assert_eq!(limits(&by_extractor).limits, limits(&by_layer).limits);
+        if round == 2 {
+            assert_eq!(by_extractor.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(json(by_extractor).await, json(by_layer).await);
+        }
+    }
+    // Without a LimitStore the handler is not silently unlimited.
+    let unconfigured =
+        Router::new().route("/", get(|_: Limited<ExtractedPolicy>| async { "hello" }));
+    let response = send(&unconfigured, request(format!("{identity}-u"))).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
 }
 
 pub mod redis_server;

@@ -1,0 +1,193 @@
+//! [`Limited`]: a policy declared next to the handler, the axum counterpart of putting
+//! `@RateLimiter` on a method.
+//!
+//! A policy is a type implementing [`LimitPolicy`]; a handler that takes `Limited<ThatPolicy>` is
+//! limited by it. The count is kept in the store the app gives as a [`LimitStore`] extension, and a
+//! refused request gets the same 429 (or delay, or shadow pass) as from [`RateLimitLayer`], with the
+//! same headers. Return the `Limited` value in the response, as in `(limited, body)`, to send the
+//! rate-limit headers on admitted responses too.
+//!
+//! ```
+//! use axum::{Extension, Router, routing::post};
+//! use tower_redis_ratelimit::{Key, LimitPolicy, LimitStore, Limited, MemoryStore, Policy, PolicyError, Rule};
+//!
+//! struct LoginPolicy;
+//!
+//! impl LimitPolicy for LoginPolicy {
+//!     fn policy() -> Result<Policy, PolicyError> {
+//!         Policy::builder("login")
+//!             .key(Key::ip())
+//!             .rule(Rule::per_minute(5))
+//!             .rule(Rule::per_hour(20))
+//!             .build()
+//!     }
+//! }
+//!
+//! async fn login(limited: Limited<LoginPolicy>) -> (Limited<LoginPolicy>, &'static str) {
+//!     (limited, "welcome")
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/login", post(login))
+//!     .layer(Extension(LimitStore::new(MemoryStore::new())));
+//! ```
+//!
+//! [`RateLimitLayer`]: crate::RateLimitLayer
+
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use http::StatusCode;
+use http::request::Parts;
+
+use crate::policy::{Policy, PolicyError};
+use crate::response::LimitHeaders;
+use crate::service::{Limiter, Prepared, Verdict};
+use crate::store::Store;
+
+/// A rate-limit policy as a type, for [`Limited`]. Its policy is built once per [`LimitStore`], on
+/// the first request that needs it.
+pub trait LimitPolicy: Send + Sync + 'static {
+    /// Builds the policy. An error is logged and answered with 500 on every request of the
+    /// handler, so a bad policy is loud rather than silently unlimited.
+    fn policy() -> Result<Policy, PolicyError>;
+}
+
+/// The store [`Limited`] counts in, given to the app as a request extension:
+/// `.layer(Extension(LimitStore::new(store)))`. Cheap to clone; clones share the store and the
+/// policies built for it.
+#[derive(Clone)]
+pub struct LimitStore(Arc<Shared>);
+
+struct Shared {
+    store: Arc<dyn Store>,
+    /// One limiter per policy type, built on first use.
+    limiters: RwLock<HashMap<TypeId, Result<Arc<Limiter>, PolicyError>>>,
+}
+
+impl LimitStore {
+    /// Counts in `store` (share one with layers by cloning it, or wrapping it in an `Arc`).
+    pub fn new(store: impl Store) -> Self {
+        LimitStore(Arc::new(Shared {
+            store: Arc::new(store),
+            limiters: RwLock::new(HashMap::new()),
+        }))
+    }
+
+    /// How many requests the policy `P` let through in shadow mode that it would have refused.
+    pub fn shadow_refusals<P: LimitPolicy>(&self) -> u64 {
+        self.limiter::<P>().map_or(0, |limiter| {
+            limiter
+                .shadow_refusals
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
+    fn limiter<P: LimitPolicy>(&self) -> Result<Arc<Limiter>, PolicyError> {
+        let id = TypeId::of::<P>();
+        let limiters = &self.0.limiters;
+        if let Some(built) = limiters
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+        {
+            return built.clone();
+        }
+        let mut limiters = limiters.write().unwrap_or_else(PoisonError::into_inner);
+        limiters
+            .entry(id)
+            .or_insert_with(|| {
+                P::policy().map(|policy| Arc::new(Limiter::new(policy, self.0.store.clone())))
+            })
+            .clone()
+    }
+}
+
+impl fmt::Debug for LimitStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LimitStore").finish_non_exhaustive()
+    }
+}
+
+/// An extractor that admits the request under the policy `P`, or rejects it with the policy's 429.
+///
+/// Put it among the handler's arguments; return it with the response (`(limited, body)`) to add the
+/// `RateLimit-Policy` and `RateLimit` headers. See the [module docs](self).
+pub struct Limited<P> {
+    /// `None` when the request went through unlimited (no key, and the policy allows that) or the
+    /// store failed open.
+    headers: Option<LimitHeaders>,
+    policy: PhantomData<fn() -> P>,
+}
+
+impl<P> fmt::Debug for Limited<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limited")
+            .field("headers", &self.headers.is_some())
+            .finish()
+    }
+}
+
+impl<S, P> FromRequestParts<S> for Limited<P>
+where
+    S: Send + Sync,
+    P: LimitPolicy,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let Some(store) = parts.extensions.get::<LimitStore>() else {
+            tracing::error!(
+                policy = std::any::type_name::<P>(),
+                "no LimitStore for Limited<_>: add `.layer(Extension(LimitStore::new(store)))`"
+            );
+            return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        };
+        let limiter = match store.limiter::<P>() {
+            Ok(limiter) => limiter,
+            Err(error) => {
+                tracing::error!(%error, "the policy of a Limited<_> extractor can't be built");
+                return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
+            }
+        };
+        let (key, cost) = match limiter.prepare(parts) {
+            Prepared::Check(key, cost) => (key, cost),
+            Prepared::Unlimited => return Ok(Limited::with(None)),
+            Prepared::Respond(response) => return Err(response),
+        };
+        let result = limiter.check(&key, cost).await;
+        match limiter.settle(result, &key) {
+            Verdict::Admit(headers) => Ok(Limited::with(headers)),
+            Verdict::Delay(delay, headers) => {
+                tokio::time::sleep(delay).await;
+                Ok(Limited::with(Some(headers)))
+            }
+            Verdict::Respond(response) => Err(response),
+        }
+    }
+}
+
+impl<P> Limited<P> {
+    fn with(headers: Option<LimitHeaders>) -> Self {
+        Limited {
+            headers,
+            policy: PhantomData,
+        }
+    }
+}
+
+impl<P> IntoResponseParts for Limited<P> {
+    type Error = std::convert::Infallible;
+
+    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Self::Error> {
+        if let Some(headers) = self.headers {
+            headers.apply(parts.headers_mut());
+        }
+        Ok(parts)
+    }
+}
