@@ -31,8 +31,20 @@
 //! - `routes[].path`: a literal path (no `{captures}` or wildcards); `/healthz` is taken.
 //! - `routes[].key`: `ip`, `user` (read from the `x-user-id` header), `global` or `header:<name>`.
 //!   A request without the key (no `x-user-id`, no such header) counts against its client IP.
+//! - `routes[].algorithm`: `fixed_window`, `sliding_log`, `sliding_counter` or `token_bucket`.
 //! - `routes[].rules`: `{ limit, period }` pairs that must all pass; a period is a positive whole
-//!   number and a unit, `ms`, `s`, `m`, `h` or `d` (`"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`).
+//!   number and a unit, `ms`, `s`, `m`, `h` or `d` (`"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`). A
+//!   `token_bucket` rule may add `burst`, the bucket size (default: the limit).
+//!
+//! Optional per route:
+//! - `prevent_duplicate`: `true` refuses a second request within 5 s; `{ period = "2s" }` sets the
+//!   window (a `limit`, if given, must be 1).
+//! - `block_for`: a period; once a rule refuses a client, it is refused outright that long.
+//! - `mode`: `"enforce"` (default), `"shadow"` (log and count would-be refusals, refuse nothing) or
+//!   `"delay"` (hold a request until it fits, at most `max_delay`, which it then requires; needs
+//!   `sliding_log` or `token_bucket`).
+//! - `cost_header`: a header name; a request costs the whole number in it (absent or not a number
+//!   of at least 1: 1). The demo trusts it, as an app trusts what its own gateway computed.
 //!
 //! Each route is its own [`Policy`], so it counts apart from other routes; `GET` and `POST` on a
 //! route share its budget. The policy is named after the path (`/api/ping`, as the
@@ -56,8 +68,8 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::{
-    Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, OnStoreError, Policy, PolicyError,
-    RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError, policy,
+    Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, Mode, OnStoreError, Policy,
+    PolicyError, RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError, policy,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -209,12 +221,46 @@ struct RouteConfig {
     key: String,
     algorithm: String,
     rules: Vec<RuleConfig>,
+    /// Optional: `true` (one request per 5 s) or a rule table `{ period = "2s" }`.
+    #[serde(default)]
+    prevent_duplicate: Option<DuplicateConfig>,
+    /// Optional: a period such as "15m".
+    #[serde(default)]
+    block_for: Option<String>,
+    /// Optional: "enforce" (default), "shadow" or "delay".
+    #[serde(default)]
+    mode: Option<String>,
+    /// Optional, and only with mode = "delay" (where it is required): a period such as "2s".
+    #[serde(default)]
+    max_delay: Option<String>,
+    /// Optional: the header a request's cost is read from.
+    #[serde(default)]
+    cost_header: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RuleConfig {
     limit: u64,
+    period: String,
+    /// Optional, token_bucket only: the bucket size (default: the limit).
+    #[serde(default)]
+    burst: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum DuplicateConfig {
+    On(bool),
+    Rule(DuplicateRule),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DuplicateRule {
+    /// Optional, and 1 if given: the guard admits one request per period.
+    #[serde(default)]
+    limit: Option<u64>,
     period: String,
 }
 
@@ -469,9 +515,13 @@ fn check_route(
         }
         let period = parse_period(&rule.period)
             .map_err(|message| ConfigError::field(field(&format!("rules[{i}].period")), message))?;
-        rules.push(Rule::new(rule.limit, period));
+        let mut parsed = Rule::new(rule.limit, period);
+        if let Some(burst) = rule.burst {
+            parsed = parsed.burst(burst);
+        }
+        rules.push(parsed);
     }
-    let policy = Policy::builder(policy_name(&raw.path, index))
+    let mut builder = Policy::builder(policy_name(&raw.path, index))
         .prefix(prefix)
         .key(key.to_key())
         .rules(rules)
@@ -479,7 +529,66 @@ fn check_route(
         // A policy per route already keeps routes apart; GET and POST share the route's budget.
         .scope(Scope::Policy)
         .client_ip(client_ip.clone())
-        .on_store_error(on_store_error)
+        .on_store_error(on_store_error);
+    let period_field = |name: &str, text: &str| {
+        parse_period(text).map_err(|message| ConfigError::field(field(name), message))
+    };
+    match raw.prevent_duplicate {
+        None | Some(DuplicateConfig::On(false)) => {}
+        Some(DuplicateConfig::On(true)) => {
+            builder = builder.prevent_duplicate(policy::DEFAULT_DUPLICATE_WINDOW);
+        }
+        Some(DuplicateConfig::Rule(rule)) => {
+            if rule.limit.is_some_and(|limit| limit != 1) {
+                return Err(ConfigError::field(
+                    field("prevent_duplicate.limit"),
+                    "the duplicate guard admits one request per period: leave out the limit or \
+                     make it 1 (use a rule for more)",
+                ));
+            }
+            builder =
+                builder.prevent_duplicate(period_field("prevent_duplicate.period", &rule.period)?);
+        }
+    }
+    if let Some(text) = &raw.block_for {
+        builder = builder.block_for(period_field("block_for", text)?);
+    }
+    let mode = match (raw.mode.as_deref(), &raw.max_delay) {
+        (None | Some("enforce"), None) => Mode::Enforce,
+        (Some("shadow"), None) => Mode::Shadow,
+        (Some("delay"), Some(text)) => Mode::Delay {
+            max_delay: period_field("max_delay", text)?,
+        },
+        (Some("delay"), None) => {
+            return Err(ConfigError::field(
+                field("max_delay"),
+                "is required with mode = \"delay\": the longest a request may wait, such as \"2s\"",
+            ));
+        }
+        (None | Some("enforce" | "shadow"), Some(_)) => {
+            return Err(ConfigError::field(
+                field("max_delay"),
+                "applies only with mode = \"delay\"",
+            ));
+        }
+        (Some(other), _) => {
+            return Err(ConfigError::field(
+                field("mode"),
+                format!("unknown mode {other:?}: expected \"enforce\", \"shadow\" or \"delay\""),
+            ));
+        }
+    };
+    builder = builder.mode(mode);
+    if let Some(name) = &raw.cost_header {
+        let header = HeaderName::try_from(name.as_str()).map_err(|_| {
+            ConfigError::field(
+                field("cost_header"),
+                format!("{name:?} is not a header name"),
+            )
+        })?;
+        builder = builder.cost_from_fn(move |parts| request_cost(parts, &header));
+    }
+    let policy = builder
         .build()
         .map_err(|error| policy_error(index, error))?;
     Ok(Route {
@@ -489,10 +598,34 @@ fn check_route(
     })
 }
 
+/// The cost of a request from the route's `cost_header`: a whole number of at least 1; a request
+/// without the header, or with anything else in it, costs 1. The demo trusts the header, as a real
+/// app would trust a value its own gateway computed; it never panics on what a client sends.
+fn request_cost(parts: &http::request::Parts, header: &HeaderName) -> u64 {
+    parts
+        .headers
+        .get(header)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+        .filter(|&cost| cost >= 1)
+        .unwrap_or(1)
+}
+
 /// Rephrases an error of `PolicyBuilder::build` for route `index` so it names the field. The rules
 /// the demo can't produce (zero limits and periods, rule names) keep the library's wording.
 fn policy_error(index: usize, error: PolicyError) -> ConfigError {
     match error {
+        PolicyError::InvalidBurst {
+            index: rule,
+            rule: text,
+            reason,
+            ..
+        } => ConfigError::field(
+            format!("routes[{index}].rules[{rule}].burst"),
+            format!("{text}: {reason}"),
+        ),
+        PolicyError::InvalidOption { option, reason, .. } => {
+            ConfigError::field(format!("routes[{index}].{option}"), reason)
+        }
         PolicyError::DuplicateRule {
             index: rule,
             first,
@@ -948,6 +1081,123 @@ mod tests {
         }
     }
 
+    /// The shipped route with `extra` lines added to it.
+    fn with_route_options(extra: &str) -> String {
+        edited(
+            "algorithm = \"sliding_log\"",
+            &format!("algorithm = \"sliding_log\"\n{extra}"),
+        )
+    }
+
+    #[test]
+    fn the_route_options_reach_the_policy() {
+        let config = load_config(&with_route_options(
+            "prevent_duplicate = true\nblock_for = \"15m\"\nmode = \"delay\"\nmax_delay = \"2s\"\n\
+             cost_header = \"x-cost\"",
+        ))
+        .unwrap();
+        let policy = &config.routes[0].policy;
+        assert!(policy.rules()[2].is_duplicate_guard());
+        assert_eq!(policy.rules()[2].period(), Duration::from_secs(5));
+        assert_eq!(policy.block_for(), Some(Duration::from_secs(900)));
+        assert_eq!(
+            policy.mode(),
+            Mode::Delay {
+                max_delay: Duration::from_secs(2)
+            }
+        );
+        let bucket = load_config(
+            &route_config("ip", r#"[{ limit = 10, period = "1s", burst = 50 }]"#).replacen(
+                "algorithm = \"sliding_log\"",
+                "algorithm = \"token_bucket\"",
+                1,
+            ),
+        )
+        .unwrap();
+        let policy = &bucket.routes[0].policy;
+        assert_eq!(policy.algorithm(), Algorithm::TokenBucket);
+        assert_eq!(policy.rules()[0].burst_size(), 50);
+        let guard = load_config(&with_route_options(
+            "prevent_duplicate = { limit = 1, period = \"2s\" }\nmode = \"shadow\"",
+        ))
+        .unwrap();
+        let policy = &guard.routes[0].policy;
+        assert_eq!(policy.rules()[2].period(), Duration::from_secs(2));
+        assert_eq!(policy.mode(), Mode::Shadow);
+        let off = load_config(&with_route_options("prevent_duplicate = false")).unwrap();
+        assert_eq!(off.routes[0].policy.rules().len(), 2);
+    }
+
+    #[test]
+    fn bad_route_options_are_refused_naming_the_field() {
+        let cases = [
+            (
+                with_route_options("mode = \"delay\""),
+                r#"routes[0].max_delay: is required with mode = "delay": the longest a request may wait, such as "2s""#,
+            ),
+            (
+                with_route_options("max_delay = \"2s\""),
+                r#"routes[0].max_delay: applies only with mode = "delay""#,
+            ),
+            (
+                with_route_options("mode = \"loud\""),
+                r#"routes[0].mode: unknown mode "loud": expected "enforce", "shadow" or "delay""#,
+            ),
+            (
+                with_route_options("block_for = \"soon\""),
+                r#"routes[0].block_for: invalid period "soon": expected a positive whole number and a unit (ms, s, m, h or d), such as "500ms", "10s" or "1m""#,
+            ),
+            (
+                with_route_options("prevent_duplicate = { limit = 2, period = \"5s\" }"),
+                "routes[0].prevent_duplicate.limit: the duplicate guard admits one request per period: leave out the limit or make it 1 (use a rule for more)",
+            ),
+            (
+                with_route_options("cost_header = \"x cost\""),
+                r#"routes[0].cost_header: "x cost" is not a header name"#,
+            ),
+            (
+                route_config("ip", r#"[{ limit = 10, period = "1s", burst = 50 }]"#),
+                "routes[0].rules[0].burst: 10 per 1s: a burst applies only to the token_bucket algorithm",
+            ),
+            (
+                edited(
+                    "algorithm = \"sliding_log\"",
+                    "algorithm = \"fixed_window\"\nmode = \"delay\"\nmax_delay = \"1s\"",
+                ),
+                "routes[0].mode: delay mode needs the sliding_log or token_bucket algorithm, which can reserve a request's place in the future",
+            ),
+        ];
+        for (config, expected) in cases {
+            assert_eq!(error_of(&config), expected, "config:\n{config}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cost_header_charges_several_units_and_shadow_mode_refuses_nothing() {
+        let app = app_for(&with_route_options("cost_header = \"x-cost\""));
+        let (status, headers, _) = send(&app, Method::GET, "/api/ping", &[("x-cost", "15")]).await;
+        assert_eq!(status, StatusCode::OK);
+        let limits = tower_redis_ratelimit::headers::parse(&headers).unwrap();
+        assert_eq!(limits.status("20-per-60s").unwrap().remaining, 5);
+        // Garbage costs 1; more than the limit could ever admit is a 413.
+        let (_, headers, _) = send(&app, Method::GET, "/api/ping", &[("x-cost", "lots")]).await;
+        let limits = tower_redis_ratelimit::headers::parse(&headers).unwrap();
+        assert_eq!(limits.status("20-per-60s").unwrap().remaining, 4);
+        let (status, _, _) = send(&app, Method::GET, "/api/ping", &[("x-cost", "21")]).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        let (status, _, _) = send(&app, Method::GET, "/api/ping", &[("x-cost", "5")]).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+
+        let shadow = app_for(&with_route_options("mode = \"shadow\""));
+        for _ in 0..25 {
+            let (status, _, _) = send(&shadow, Method::GET, "/api/ping", &[]).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        let (_, headers, _) = send(&shadow, Method::GET, "/api/ping", &[]).await;
+        let limits = tower_redis_ratelimit::headers::parse(&headers).unwrap();
+        assert_eq!(limits.status("20-per-60s").unwrap().remaining, 0);
+    }
+
     #[test]
     fn toml_errors_name_the_field_and_line() {
         // (config, where toml points, toml's last line: the field and what is wrong with it)
@@ -962,15 +1212,16 @@ mod tests {
             (
                 edited("key = \"ip\"", "methods = [\"GET\"]"),
                 "line 11, column 1",
-                "unknown field `methods`, expected one of `path`, `key`, `algorithm`, `rules`",
+                "unknown field `methods`, expected one of `path`, `key`, `algorithm`, `rules`, \
+                 `prevent_duplicate`, `block_for`, `mode`, `max_delay`, `cost_header`",
             ),
             (
                 edited(
                     "{ limit = 100, period = \"1h\" }",
-                    "{ limit = 100, period = \"1h\", burst = 5 }",
+                    "{ limit = 100, period = \"1h\", colour = 5 }",
                 ),
                 "line 13, column 71",
-                "unknown field `burst`, expected `limit` or `period`",
+                "unknown field `colour`, expected one of `limit`, `period`, `burst`",
             ),
             (
                 edited("listen = \"127.0.0.1:3000\"\n", ""),
