@@ -41,9 +41,9 @@ pin_project! {
             waiting: Option<Waiting<S, ReqBody>>,
         },
         // Admitted by reservation: waiting for the reserved time, then the inner service runs.
+        // (The timer is boxed: only delayed requests pay for its size.)
         Delaying {
-            #[pin]
-            sleep: tokio::time::Sleep,
+            sleep: Pin<Box<tokio::time::Sleep>>,
             waiting: Option<Delayed<S, ReqBody>>,
         },
         // Admitted: the inner service runs; its response gets these headers.
@@ -100,7 +100,7 @@ where
     ) -> Self {
         ResponseFuture {
             state: State::Delaying {
-                sleep: tokio::time::sleep(delay),
+                sleep: Box::pin(tokio::time::sleep(delay)),
                 waiting: Some(Delayed {
                     service,
                     request,
@@ -159,7 +159,7 @@ where
                             headers,
                         },
                         Verdict::Delay(delay, headers) => State::Delaying {
-                            sleep: tokio::time::sleep(delay),
+                            sleep: Box::pin(tokio::time::sleep(delay)),
                             waiting: Some(Delayed {
                                 service,
                                 request,
@@ -173,7 +173,7 @@ where
                     state.set(next);
                 }
                 StateProj::Delaying { sleep, waiting } => {
-                    ready!(sleep.poll(cx));
+                    ready!(sleep.as_mut().poll(cx));
                     let Delayed {
                         mut service,
                         request,
