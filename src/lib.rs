@@ -7,6 +7,10 @@
 //! that the store answered carries the IETF `RateLimit-Policy` and `RateLimit` headers (read them
 //! back with [`headers::parse`]).
 //!
+//! A policy can also be declared as a type next to its handler and required by the [`Limited`]
+//! extractor, and can add costs per request ([`Cost`]), a duplicate guard, a penalty block, and a
+//! shadow or delay [`Mode`]; see [`PolicyBuilder`].
+//!
 //! The [`MemoryStore`] keeps counts in-process; the [`RedisStore`] lets many app instances share one
 //! limit. Either checks and records every rule of a request in one atomic step (one `EVALSHA` on
 //! Redis), so a refused request consumes nothing.

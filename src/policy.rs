@@ -108,7 +108,7 @@ impl Rule {
         self.burst.unwrap_or(self.limit)
     }
 
-    /// Whether this is the rule [`PolicyBuilder::prevent_duplicates`] adds: one request per
+    /// Whether this is the rule [`PolicyBuilder::prevent_duplicate`] adds: one request per
     /// period, counted exactly (as a sliding log) whatever the policy's algorithm.
     pub fn is_duplicate_guard(&self) -> bool {
         self.duplicate_guard
