@@ -20,6 +20,17 @@
 //! - `memory_fixed_1_rule`, `redis_fixed_1_rule`, `redis_fixed_3_rules`: fixed window, huge limits;
 //!   one `EVALSHA` per request whatever the number of rules.
 //!
+//! Group `algorithms` (admitted requests, huge limits), the four algorithms on both stores side by
+//! side in the same run, with one per-second rule each (the sliding log's period stays one second
+//! so its log stays small, as above; the token bucket refills a million per second into a bucket of
+//! a billion, since a token bucket refills at most one unit per microsecond):
+//! - `no_limiter`: the bare router, the baseline;
+//! - `memory_fixed_window`, `memory_sliding_log`, `memory_sliding_counter`, `memory_token_bucket`:
+//!   [`MemoryStore`];
+//! - `redis_fixed_window`, `redis_sliding_log`, `redis_sliding_counter`, `redis_token_bucket`:
+//!   [`RedisStore`] on the same Redis as group `redis` (skipped with a message when none answers;
+//!   the memory functions still run).
+//!
 //! Group `refused` (the flood case: the client's bucket is already used up):
 //! - `memory_1_rule`: our layer refusing with 429 (1 per hour, already used, sliding log);
 //! - `tower_governor_1_rule`: `tower_governor` refusing with 429 (burst 1, one per hour), for scale.
@@ -36,6 +47,7 @@
 //! cargo bench --bench layer -- --warm-up-time 2 --measurement-time 5   # quicker
 //! cargo bench --bench layer -- one_request/memory                      # a subset
 //! cargo bench --bench layer -- '^one_request/no_limiter$'               # one function
+//! cargo bench --bench layer -- algorithms                               # one group
 //! ```
 //!
 //! Differences are a few hundred nanoseconds to a couple of microseconds, so on a shared or virtual
@@ -256,14 +268,91 @@ fn refused(c: &mut Criterion) {
     group.finish();
 }
 
-fn redis(c: &mut Criterion) {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned());
-    let rt = runtime();
-    let store = RedisStore::from_url(&url)
+/// The Redis the `redis` and `algorithms` groups use: `REDIS_URL`, else the local default.
+fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".to_owned())
+}
+
+/// A store on `url` with a timeout no local run comes near.
+fn redis_store(url: &str) -> RedisStore {
+    RedisStore::from_url(url)
         .expect("a valid REDIS_URL")
-        .timeout(Duration::from_secs(2));
-    // Keys of this run only, and they expire with their windows.
-    let prefix = format!("bench-{}", std::process::id());
+        .timeout(Duration::from_secs(2))
+}
+
+/// The prefix of this run's Redis keys, so runs don't share buckets; the keys expire with their
+/// windows.
+fn redis_prefix() -> String {
+    format!("bench-{}", std::process::id())
+}
+
+/// Whether the store behind `app` answered: a Redis that doesn't answer makes the layer fail open,
+/// a 200 without a RateLimit header.
+fn redis_answers(rt: &Runtime, app: &Router) -> bool {
+    let probe = rt
+        .block_on(app.clone().oneshot(request()))
+        .unwrap_or_else(|never| match never {});
+    probe.headers().contains_key(headers::RATELIMIT)
+}
+
+/// The one huge per-second rule of `algorithm` in group `algorithms`.
+fn huge_rule(algorithm: Algorithm) -> Rule {
+    match algorithm {
+        // At most one unit per microsecond; a bucket of a billion drains no faster than it refills.
+        Algorithm::TokenBucket => Rule::per_second(1_000_000).burst(HUGE),
+        _ => Rule::per_second(HUGE),
+    }
+}
+
+fn algorithms(c: &mut Criterion) {
+    const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ];
+    let rt = runtime();
+    let mut services = vec![("no_limiter".to_owned(), Limiter::None, router())];
+    for algorithm in ALL {
+        services.push((
+            format!("memory_{algorithm}"),
+            Limiter::Ours,
+            ours(algorithm, [huge_rule(algorithm)]),
+        ));
+    }
+    let url = redis_url();
+    let store = redis_store(&url);
+    let prefix = redis_prefix();
+    let redis: Vec<_> = ALL
+        .into_iter()
+        .map(|algorithm| {
+            (
+                format!("redis_{algorithm}"),
+                Limiter::Ours,
+                ours_in(store.clone(), &prefix, algorithm, [huge_rule(algorithm)]),
+            )
+        })
+        .collect();
+    if redis_answers(&rt, &redis[0].2) {
+        services.extend(redis);
+    } else {
+        eprintln!("algorithms/redis_* skipped: no Redis answered at {url} (set REDIS_URL)");
+    }
+    for (name, limiter, app) in &services {
+        verify(&rt, name, app, *limiter, StatusCode::OK);
+    }
+    let mut group = c.benchmark_group("algorithms");
+    for (name, _, app) in services {
+        bench(&mut group, &rt, &name, app, StatusCode::OK);
+    }
+    group.finish();
+}
+
+fn redis(c: &mut Criterion) {
+    let url = redis_url();
+    let rt = runtime();
+    let store = redis_store(&url);
+    let prefix = redis_prefix();
     let three = [
         Rule::per_second(HUGE),
         Rule::per_minute(HUGE),
@@ -288,11 +377,7 @@ fn redis(c: &mut Criterion) {
             ours_in(store, &prefix, Algorithm::FixedWindow, three),
         ),
     ];
-    // A Redis that doesn't answer makes the layer fail open: 200 without a RateLimit header.
-    let probe = rt
-        .block_on(services[1].1.clone().oneshot(request()))
-        .unwrap_or_else(|never| match never {});
-    if !probe.headers().contains_key(headers::RATELIMIT) {
+    if !redis_answers(&rt, &services[1].1) {
         eprintln!("redis benches skipped: no Redis answered at {url} (set REDIS_URL)");
         return;
     }
@@ -306,5 +391,5 @@ fn redis(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_request, refused, redis);
+criterion_group!(benches, one_request, refused, redis, algorithms);
 criterion_main!(benches);
