@@ -486,6 +486,95 @@ async fn a_token_bucket_on_redis_bursts_then_drips() {
     );
 }
 
+/// Five requests just before a window edge and five just after, on Redis time, per algorithm: the
+/// fixed window lets all ten through, the sliding log and the token bucket five, the sliding
+/// counter what its weighting says for the exact times Redis answered. A run whose batches Redis
+/// didn't place on either side of the edge (a stalled machine) is repeated with fresh keys.
+#[tokio::test]
+async fn window_edges_on_redis_time() {
+    let redis = TestRedis::shared();
+    let store = store(&redis);
+    let period = 2_000u64;
+    let rules = [Rule::new(5, Duration::from_millis(period))];
+    let redis_now = |client: &mut redis::Connection| -> u64 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query(client).unwrap();
+        secs * 1_000 + micros / 1_000
+    };
+    let mut client = redis.client();
+    'attempt: for attempt in 0..5 {
+        let prefix = unique_prefix("edge");
+        // Wait for 1.85 s into a 2 s window.
+        let now = redis_now(&mut client);
+        let edge = now - now % period + period;
+        let first_at = if now < edge - 150 {
+            edge - 150
+        } else {
+            edge + period - 150
+        };
+        tokio::time::sleep(Duration::from_millis(first_at - now)).await;
+        let edge = first_at + 150;
+        let mut outcomes = Vec::new();
+        for batch in 0..2 {
+            if batch == 1 {
+                let now = redis_now(&mut client);
+                tokio::time::sleep(Duration::from_millis((edge + 5).saturating_sub(now))).await;
+            }
+            for algorithm in [
+                Algorithm::FixedWindow,
+                Algorithm::SlidingLog,
+                Algorithm::SlidingCounter,
+                Algorithm::TokenBucket,
+            ] {
+                let key = format!("{prefix}:edge:{algorithm}");
+                for _ in 0..5 {
+                    let decision = store
+                        .check(&CheckRequest::new(&key, &rules, algorithm))
+                        .await
+                        .unwrap();
+                    let on_its_side = if batch == 0 {
+                        decision.now_unix_ms < edge
+                    } else {
+                        decision.now_unix_ms < edge + 150
+                    };
+                    if !on_its_side {
+                        eprintln!("attempt {attempt}: a batch missed its side of the edge; again");
+                        continue 'attempt;
+                    }
+                    outcomes.push((algorithm, decision.now_unix_ms, decision.allowed));
+                }
+            }
+        }
+        let admitted = |algorithm| {
+            outcomes
+                .iter()
+                .filter(|(a, _, allowed)| *a == algorithm && *allowed)
+                .count()
+        };
+        assert_eq!(admitted(Algorithm::FixedWindow), 10);
+        assert_eq!(admitted(Algorithm::SlidingLog), 5);
+        // A unit drips back every 400 ms; the batches are less than that apart.
+        assert_eq!(admitted(Algorithm::TokenBucket), 5);
+        // The counter: five in the last window, weighed by what is left of it at each request.
+        let mut current = 0;
+        let mut expected = 5;
+        for (_, at, _) in outcomes
+            .iter()
+            .filter(|(a, at, _)| *a == Algorithm::SlidingCounter && *at >= edge)
+        {
+            let elapsed = at - edge;
+            let weight = (period - elapsed) * 65_536 / period;
+            if 5 * weight / 65_536 + current < 5 {
+                current += 1;
+                expected += 1;
+            }
+        }
+        assert_eq!(admitted(Algorithm::SlidingCounter), expected);
+        assert!(expected <= 6, "the counter let {expected} through");
+        return;
+    }
+    panic!("five attempts in a row missed the window edge: the machine is too slow for this test");
+}
+
 /// A policy (algorithm, rules as limit, period and burst, duplicate guard, penalty block) and a
 /// request sequence: which of three identities, and how much each request costs.
 type Case = (
