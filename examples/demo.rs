@@ -619,10 +619,16 @@ fn policy_error(index: usize, error: PolicyError) -> ConfigError {
             rule: text,
             reason,
             ..
-        } => ConfigError::field(
-            format!("routes[{index}].rules[{rule}].burst"),
-            format!("{text}: {reason}"),
-        ),
+        } => {
+            // Most reasons are about the burst; a rate above one unit per microsecond is about the
+            // limit and period.
+            let field = if reason.contains("burst") {
+                format!("routes[{index}].rules[{rule}].burst")
+            } else {
+                format!("routes[{index}].rules[{rule}]")
+            };
+            ConfigError::field(field, format!("{text}: {reason}"))
+        }
         PolicyError::InvalidOption { option, reason, .. } => {
             ConfigError::field(format!("routes[{index}].{option}"), reason)
         }

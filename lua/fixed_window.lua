@@ -11,12 +11,16 @@
 max_delay = -1
 
 local function inspect(i, limit, period)
+  local key = KEYS[i]
   local start = now - now % period
-  local count = call('HINCRBY', KEYS[i], start, cost)
+  local count = call('HINCRBY', key, start, cost)
   if count == cost then
-    call('PEXPIREAT', KEYS[i], start + period)
+    -- A window's first charge. The key is usually new (an earlier window's has expired), but
+    -- may not be: at the very edge of a window Redis may not have expired the last one's yet, and a
+    -- clock may step back into an earlier window. Either way it lives to the later window end.
+    expire_at_least(key, start + period)
   end
-  return {key = KEYS[i], limit = limit, start = start, ends = start + period, count = count,
+  return {key = key, limit = limit, start = start, ends = start + period, count = count,
           fits = count <= limit}
 end
 
@@ -31,7 +35,8 @@ local function commit()
 end
 
 local function undo(state)
-  call('HINCRBY', state.key, state.start, -cost)
+  -- (0 - cost, not -cost: a cost of 0 would be sent as "-0", which HINCRBY refuses.)
+  call('HINCRBY', state.key, state.start, 0 - cost)
   state.count = state.count - cost
 end
 

@@ -41,6 +41,19 @@ local function div(a, b)
   return q
 end
 
+-- Makes `key` live at least until `at` (ms), never shortening a later expiry: a clock that stepped
+-- back, or a reservation ahead of `at`, must not cut a counter's life short. A key without an
+-- expiry (one just created) gets one; GT alone would take its missing expiry for an infinite one.
+-- `created`: whether the caller knows the key is new (true), knows it is not (false), or can't tell
+-- (nil: try NX first, which only a new key takes).
+local function expire_at_least(key, at, created)
+  if created == true then
+    call('PEXPIREAT', key, at)
+  elseif created == false or call('PEXPIREAT', key, at, 'NX') == 0 then
+    call('PEXPIREAT', key, at, 'GT')
+  end
+end
+
 -- A penalty block refuses everything until it ends: nothing is available, and nothing is counted.
 if block > 0 then
   local left = (tonumber(call('GET', block_key)) or 0) - now

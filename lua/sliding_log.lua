@@ -2,6 +2,7 @@
 -- of admissions, one member per unit, scored by time (ms). An admission at t counts while
 -- t + period > now, as in the in-memory store; a log never holds more than its rule's limit of
 -- members. Reservations (ARGV[3] > 0) are admissions scored in the future.
+-- A request of cost 0 adds nothing, but still gets the key's expiry.
 
 -- The score of the n-th oldest admission (1-based), or nil.
 local function nth_oldest(key, n)
@@ -27,32 +28,40 @@ end
 -- ZADD takes members in batches, so a costly request never overflows Lua's stack with unpack.
 local BATCH = 1000
 
-local function commit(state, at)
-  -- Members are unique per score: a suffix numbering the units recorded at that time. Without
-  -- reservations every member at `now` was added at `now`, when the count only grows, so the count
-  -- numbers them; reservations can come back to a time after older members left, so count anew.
-  local numbered = state.count
-  if max_delay > 0 then
-    numbered = call('ZCOUNT', state.key, at, at)
-  end
-  local unit = 0
-  while unit < cost do
+-- Adds `units` members scored `at`, named `at-<n>` for n from `first` on; returns how many were
+-- new (a name already taken is not added again).
+local function add_members(key, at, first, units)
+  local added = 0
+  local done = 0
+  while done < units do
     local members = {}
-    for _ = 1, math.min(BATCH, cost - unit) do
-      unit = unit + 1
+    for _ = 1, math.min(BATCH, units - done) do
       members[#members + 1] = at
-      members[#members + 1] = at .. '-' .. (numbered + unit)
+      members[#members + 1] = at .. '-' .. (first + done)
+      done = done + 1
     end
-    call('ZADD', state.key, unpack(members))
+    added = added + call('ZADD', key, unpack(members))
+  end
+  return added
+end
+
+local function commit(state, at)
+  -- Members at one score need distinct names. Numbering them after the log's count works while
+  -- time only moves forward, the common case; when names were taken (a clock that stepped back, a
+  -- reservation made earlier for the same millisecond), the rest go after the highest number at
+  -- that score.
+  local created = state.count == 0
+  local added = add_members(state.key, at, state.count + 1, cost)
+  if added < cost then
+    local highest = 0
+    for _, member in ipairs(call('ZRANGEBYSCORE', state.key, at, at)) do
+      highest = math.max(highest, tonumber(string.match(member, '-(%d+)$')) or 0)
+    end
+    add_members(state.key, at, highest + 1, cost - added)
   end
   state.count = state.count + cost
-  -- The expiry comes with the write: the newest admission leaves the window one period after it.
-  -- A request that fits now may be recorded before earlier reservations.
-  local newest = at
-  if max_delay > 0 then
-    newest = math.max(at, tonumber(call('ZRANGE', state.key, -1, -1, 'WITHSCORES')[2]))
-  end
-  call('PEXPIREAT', state.key, newest + state.period)
+  -- The newest admission leaves the window one period after it.
+  expire_at_least(state.key, at + state.period, created)
 end
 
 local function undo()

@@ -34,6 +34,9 @@ local function wait(state)
 end
 
 local function commit(state, _, at_us)
+  if cost == 0 then
+    return -- a free request moves nothing: the bucket is as it was
+  end
   state.tat = math.max(state.tat, at_us) + cost * state.interval
   call('SET', state.key, string.format('%d', state.tat), 'PXAT', ceil_ms(state.tat))
 end

@@ -67,9 +67,15 @@ impl Decision {
     /// The index of the rule closest to running out: least remaining, and of those the one that
     /// takes longest to reset. `None` for a policy without rules (which can't be built).
     pub fn most_limiting(&self) -> Option<usize> {
+        self.most_limiting_among(|_| true)
+    }
+
+    /// [`Decision::most_limiting`] among the rules whose index `include` accepts.
+    pub(crate) fn most_limiting_among(&self, include: impl Fn(usize) -> bool) -> Option<usize> {
         self.rules
             .iter()
             .enumerate()
+            .filter(|(index, _)| include(*index))
             .min_by(|(_, a), (_, b)| {
                 a.remaining
                     .cmp(&b.remaining)

@@ -662,7 +662,8 @@ impl Policy {
     }
 
     /// When a request of `cost` can never be admitted (it costs more than some rule's limit, or a
-    /// token bucket's burst), the index of the first such rule.
+    /// token bucket's burst), the index of the rule that admits the least at once (the first of
+    /// them on a tie).
     pub fn too_costly(&self, cost: u64) -> Option<usize> {
         let (max_cost, rule) = self.0.max_cost;
         (cost > max_cost).then_some(rule)

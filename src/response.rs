@@ -180,7 +180,7 @@ impl LimitHeaders {
                 reset_secs: ceil_secs(state.reset),
             });
         let legacy = legacy
-            .then(|| decision.most_limiting())
+            .then(|| legacy_rule(policy, decision))
             .flatten()
             .map(|index| {
                 let state = &decision.rules[index];
@@ -217,6 +217,22 @@ impl LimitHeaders {
             }
         }
     }
+}
+
+/// The rule the single-rule legacy headers describe: the one closest to running out, leaving out
+/// the duplicate guard (one request per few seconds would show on every response) unless it is
+/// what refused the request.
+fn legacy_rule(policy: &Policy, decision: &Decision) -> Option<usize> {
+    let rules = policy.rules();
+    let guard_refused = rules
+        .iter()
+        .zip(&decision.rules)
+        .any(|(rule, state)| rule.is_duplicate_guard() && state.refused());
+    let counted = rules.iter().any(|rule| !rule.is_duplicate_guard());
+    if guard_refused || !counted {
+        return decision.most_limiting();
+    }
+    decision.most_limiting_among(|index| !rules[index].is_duplicate_guard())
 }
 
 /// Finishes a refusal: the chosen response plus `Retry-After` and the rate-limit headers.

@@ -83,6 +83,19 @@ impl Limiter {
         };
         let cost = policy.cost(parts);
         if let Some(rule) = policy.too_costly(cost) {
+            if policy.mode() == Mode::Shadow {
+                // Shadow mode refuses nothing, not even this; the store has nothing to say about it.
+                self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    policy = policy.name(),
+                    rule = &*policy.rule_names()[rule],
+                    cost,
+                    key_kind = key.kind(),
+                    key = key.identity(),
+                    "request would be refused as too costly (shadow mode)"
+                );
+                return Prepared::Unlimited;
+            }
             return Prepared::Respond(response::too_costly(policy, cost, rule));
         }
         Prepared::Check(key, cost)

@@ -728,9 +728,11 @@ impl Counter {
                     }
                 }
             }
-            Counter::Bucket { bucket, tat_us, .. } => {
+            // A free request moves nothing, as in lua/token_bucket.lua.
+            Counter::Bucket { bucket, tat_us, .. } if cost > 0 => {
                 *tat_us = bucket.admit(*tat_us, micros(at), cost);
             }
+            Counter::Bucket { .. } => {}
         }
     }
 

@@ -372,10 +372,14 @@ impl Shared {
 }
 
 /// A failed command as a store error: its own timeout (the connection's response timeout, set to the
-/// store's) is a [`StoreError::Timeout`] like the store's.
+/// store's) is a [`StoreError::Timeout`] like the store's, and an error answer from the script a
+/// [`StoreError::Protocol`].
 fn store_error(error: RedisError, timeout: Duration) -> StoreError {
     if error.is_timeout() {
         StoreError::Timeout(timeout)
+    } else if error.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) {
+        // A plain `ERR` answer: the script or a command in it failed, which no retry will mend.
+        StoreError::Protocol(error.to_string())
     } else {
         StoreError::Unavailable(Box::new(error))
     }

@@ -96,7 +96,7 @@ pub async fn admitted_and_refused(
 
 /// One limited router for the feature checks: `GET /` through a layer of `policy`, keyed globally.
 fn feature_app(policy: Policy, store: impl Store) -> (Router, RateLimitLayer) {
-    let layer = RateLimitLayer::new(policy, store);
+    let layer = RateLimitLayer::new(policy, store).legacy_headers(true);
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer.clone());
@@ -138,6 +138,10 @@ pub async fn policy_features_work(store: impl Store + Clone, prefix: &str) {
     }
     assert_eq!(remaining, [1, 0, 0, 0]);
     assert_eq!(layer.shadow_refusals(), 2);
+    // Even a request no rule could ever admit goes through, counted.
+    let costly = send(&app, weighing(3)).await;
+    assert_eq!(costly.status(), StatusCode::OK);
+    assert_eq!(layer.shadow_refusals(), 3);
 
     // Costs: charged in full, refused whole, and a cost no rule could ever admit is a 413.
     let (app, _) = feature_app(
@@ -177,12 +181,18 @@ pub async fn policy_features_work(store: impl Store + Clone, prefix: &str) {
             .unwrap(),
         store.clone(),
     );
-    assert_eq!(
-        send(&app, request_from(peer, "/")).await.status(),
-        StatusCode::OK
-    );
+    let first = send(&app, request_from(peer, "/")).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let legacy_of_first = limits(&first).legacy.expect("legacy headers");
+    assert_eq!((legacy_of_first.limit, legacy_of_first.remaining), (10, 9));
     let duplicate = send(&app, request_from(peer, "/")).await;
     assert_eq!(retry_after_secs(&duplicate), 5);
+    // The legacy headers show the guard only when it refused.
+    let legacy = |response: &Response<Body>| {
+        let legacy = limits(response).legacy.expect("legacy headers");
+        (legacy.limit, legacy.remaining)
+    };
+    assert_eq!(legacy(&duplicate), (1, 0));
     let headers = limits(&duplicate);
     assert_eq!(headers.status("10-per-60s").unwrap().remaining, 9);
     assert_eq!(headers.status("duplicate").unwrap().remaining, 0);
