@@ -668,6 +668,43 @@ fn sliding_log_members_never_share_a_name() {
     assert_eq!(expires_at, (at + 10_000) as i64);
 }
 
+/// A penalty block on Redis outlasts the rule's window, and ends on its own (its key's TTL).
+#[tokio::test]
+async fn a_penalty_block_on_redis_outlasts_the_window() {
+    let redis = TestRedis::shared();
+    let store = store(&redis);
+    let prefix = unique_prefix("block");
+    let key = format!("{prefix}:block:global");
+    let rules = [Rule::new(1, Duration::from_millis(200))];
+    let check = || {
+        store.check(
+            &CheckRequest::new(&key, &rules, Algorithm::SlidingLog)
+                .block_for(Some(Duration::from_secs(3))),
+        )
+    };
+    let started = Instant::now();
+    assert!(check().await.unwrap().allowed);
+    let refused = check().await.unwrap();
+    assert_eq!(refused.retry_after(), Some(Duration::from_secs(3)));
+    // Two windows later the rule would admit again; the block still refuses, to its end.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let blocked = check().await.unwrap();
+    assert!(!blocked.allowed);
+    let left = blocked.retry_after().unwrap();
+    assert!(left < Duration::from_millis(2_600), "{left:?}");
+    assert_eq!(blocked.rules[0].remaining, 0);
+    assert_eq!(
+        assert_every_key_expires(&redis, &prefix),
+        1,
+        "the log has expired with its window, the block has not"
+    );
+    tokio::time::sleep(
+        Duration::from_secs(3).saturating_sub(started.elapsed()) + Duration::from_millis(50),
+    )
+    .await;
+    assert!(check().await.unwrap().allowed, "the block ended");
+}
+
 /// A policy (algorithm, rules as limit, period and burst, duplicate guard, penalty block) and a
 /// request sequence: which of three identities, and how much each request costs.
 type Case = (
