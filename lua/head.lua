@@ -3,19 +3,27 @@
 -- and recorded in all or none.
 --
 -- KEYS[i]        the counter of counted rule i (i = 1..n), in the algorithm's own layout
--- KEYS[n+1]      the duplicate guard, if ARGV[4] > 0: a string holding the admission time (ms)
--- KEYS[#KEYS]    the penalty block, if ARGV[5] > 0: a string holding the block's end (ms)
---                All keys of one identity share a hash tag, so the script runs on Redis Cluster.
+-- then, in this order, only those that apply:
+--   the duplicate guard, if ARGV[4] > 0: a string holding the admission time (ms)
+--   the daily quota, if ARGV[6] > 0: a hash from day start (ms) to that day's count
+--   one alert flag per quota threshold: a string holding the day start it last fired for
+--   the penalty block, if ARGV[5] > 0 (always the last key): a string holding the block's end (ms)
+--                All keys of one identity share a hash tag, so the script runs on Redis Cluster
+--                (the quota's keys share the quota identity's).
 -- ARGV[1]        the request's cost (units)
 -- ARGV[2]        n, the number of counted rules
 -- ARGV[3]        the longest the request may wait to be admitted (ms; 0: refuse what doesn't fit now)
 -- ARGV[4]        the duplicate guard's window (ms; 0: no guard)
 -- ARGV[5]        the penalty block (ms; 0: no block)
--- ARGV[3i+3], ARGV[3i+4], ARGV[3i+5]   counted rule i's limit, period (ms) and burst
+-- ARGV[6]        the daily quota's limit (0: no quota)
+-- ARGV[7], ARGV[8]   the quota's day length and where days start after epoch-aligned ones (ms)
+-- ARGV[9]        k, the number of alert thresholds, then k pairs: percent, count that reaches it
+-- then per counted rule, from ARGV[10 + 2k]: limit, period (ms), burst
 --
 -- Reply: {allowed (1|0), now (ms, Redis TIME), delay (ms to wait before going on), then per rule
--- (the counted rules, then the guard): remaining, reset (ms), retry (ms, -1 if this rule admits the
--- request)}. Every number is an integer below 2^53, so Lua's doubles hold it exactly.
+-- (the counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if
+-- this rule admits the request), then the percents of the quota alerts this request fired}. Every
+-- number is an integer below 2^53, so Lua's doubles hold it exactly.
 local call = redis.call
 local floor = math.floor
 
@@ -27,8 +35,30 @@ local rules = tonumber(ARGV[2])
 local max_delay = tonumber(ARGV[3])
 local guard_window = tonumber(ARGV[4])
 local block = tonumber(ARGV[5])
-local guard_key = KEYS[rules + 1]
+local quota_limit = tonumber(ARGV[6])
+local quota_day = tonumber(ARGV[7])
+local quota_offset = tonumber(ARGV[8])
+local thresholds = tonumber(ARGV[9])
+local rule_base = 10 + 2 * thresholds
+local next_key = rules + 1
+local guard_key = nil
+if guard_window > 0 then
+  guard_key = KEYS[next_key]
+  next_key = next_key + 1
+end
+local quota_key = nil
+local flags_from = nil
+if quota_limit > 0 then
+  quota_key = KEYS[next_key]
+  flags_from = next_key + 1
+end
 local block_key = KEYS[#KEYS]
+
+-- Counted rule i's limit, period and burst.
+local function rule_args(i)
+  local base = rule_base + 3 * (i - 1)
+  return tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+end
 
 -- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
 local function div(a, b)
@@ -61,7 +91,10 @@ if block > 0 then
     local reply = {0, now, 0}
     local reported = rules
     if guard_window > 0 then
-      reported = rules + 1
+      reported = reported + 1
+    end
+    if quota_limit > 0 then
+      reported = reported + 1
     end
     for _ = 1, reported do
       reply[#reply + 1] = 0

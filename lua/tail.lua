@@ -8,7 +8,7 @@ local refused_by_rules = false
 -- The wait until every refusing rule admits the request; nil when one never will.
 local longest_wait = 0
 for i = 1, rules do
-  local state = inspect(i, tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4]), tonumber(ARGV[3 * i + 5]))
+  local state = inspect(i, rule_args(i))
   states[i] = state
   if not state.fits then
     allowed = 0
@@ -22,14 +22,29 @@ for i = 1, rules do
   end
 end
 
--- A reservation: a request that may wait is recorded for the time it fits. Never a duplicate.
+-- The daily quota: a fixed window of one day, starting at the quota's midnight.
+local quota = nil
+if quota_key then
+  local start = now - (now + quota_day - quota_offset % quota_day) % quota_day
+  local count = tonumber(call('HGET', quota_key, start)) or 0
+  quota = {start = start, count = count, fits = count + cost <= quota_limit}
+  if not quota.fits then
+    allowed = 0
+  end
+end
+
+-- A reservation: a request that may wait is recorded for the time it fits. Never a duplicate, nor
+-- past the quota (a calendar day can't be reserved into).
 local delay = 0
-if allowed == 0 and not guard_stamp and longest_wait and longest_wait <= max_delay then
+local quota_refused = quota and not quota.fits
+if allowed == 0 and not guard_stamp and not quota_refused and longest_wait
+    and longest_wait <= max_delay then
   allowed = 1
   delay = longest_wait
 end
 
 local block_until = 0
+local fired = {}
 if allowed == 1 then
   for i = 1, rules do
     commit(states[i], now + delay, now_us + delay * 1000)
@@ -38,11 +53,27 @@ if allowed == 1 then
     guard_stamp = now + delay
     call('SET', guard_key, guard_stamp, 'PXAT', guard_stamp + guard_window)
   end
+  if quota then
+    local before = quota.count
+    quota.count = call('HINCRBY', quota_key, quota.start, cost)
+    expire_at_least(quota_key, quota.start + quota_day)
+    -- An alert fires when this request reaches its threshold first, once per key, threshold and
+    -- day: the flag holds the day it fired for and lives 30 hours (SET NX semantics, kept per day).
+    for j = 1, thresholds do
+      local used = tonumber(ARGV[10 + 2 * j - 1])
+      local flag_key = KEYS[flags_from + j - 1]
+      if before < used and quota.count >= used
+          and tonumber(call('GET', flag_key)) ~= quota.start then
+        call('SET', flag_key, quota.start, 'PX', 30 * 3600 * 1000)
+        fired[#fired + 1] = tonumber(ARGV[10 + 2 * j - 2])
+      end
+    end
+  end
 else
   for i = 1, rules do
     undo(states[i])
   end
-  if block > 0 and refused_by_rules then
+  if block > 0 and (refused_by_rules or quota_refused) then
     block_until = now + block
     call('SET', block_key, block_until, 'PXAT', block_until)
   end
@@ -61,7 +92,8 @@ for i = 1, rules do
   local state = states[i]
   local retry = -1
   if allowed == 0 and not state.fits then
-    retry = retry_of(wait(state) or tonumber(ARGV[3 * i + 4]))
+    local _, period = rule_args(i)
+    retry = retry_of(wait(state) or period)
   end
   local remaining, reset = report(state)
   reply[#reply + 1] = remaining
@@ -83,5 +115,25 @@ if guard_window > 0 then
     reply[#reply + 1] = 0
     reply[#reply + 1] = -1
   end
+end
+if quota then
+  reply[#reply + 1] = math.max(quota_limit - quota.count, 0)
+  if quota.count > 0 then
+    reply[#reply + 1] = quota.start + quota_day - now
+  else
+    reply[#reply + 1] = 0
+  end
+  if allowed == 0 and not quota.fits then
+    if cost > quota_limit then
+      reply[#reply + 1] = retry_of(quota_day)
+    else
+      reply[#reply + 1] = retry_of(quota.start + quota_day - now)
+    end
+  else
+    reply[#reply + 1] = -1
+  end
+end
+for _, percent in ipairs(fired) do
+  reply[#reply + 1] = percent
 end
 return reply

@@ -21,6 +21,9 @@ pub struct Decision {
     /// How long the request must wait before it goes on: zero, except for a request admitted by
     /// reservation ([`Mode::Delay`](crate::Mode::Delay)), which was recorded for this much later.
     pub delay: Duration,
+    /// The alert thresholds (percent) of the daily quota that this request reached first, today,
+    /// for its key: each fires once per key, threshold and day, however many requests race.
+    pub quota_alerts: Vec<u8>,
 }
 
 /// The state of one rule after a check.
@@ -120,6 +123,7 @@ mod tests {
             ],
             now_unix_ms: 0,
             delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
         };
         assert_eq!(decision.retry_after(), Some(Duration::from_millis(4_100)));
         assert_eq!(decision.violated().collect::<Vec<_>>(), vec![0, 2]);
@@ -132,6 +136,7 @@ mod tests {
             rules: vec![state(4, 1_000, None)],
             now_unix_ms: 0,
             delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
         };
         assert_eq!(decision.retry_after(), None);
         assert_eq!(decision.violated().count(), 0);
@@ -148,6 +153,7 @@ mod tests {
             ],
             now_unix_ms: 0,
             delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
         };
         assert_eq!(decision.most_limiting(), Some(2));
     }

@@ -155,13 +155,13 @@ where
                 return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
             }
         };
-        let (key, cost) = match limiter.prepare(parts) {
-            Prepared::Check(key, cost) => (key, cost),
+        let checked = match limiter.prepare(parts) {
+            Prepared::Check(checked) => checked,
             Prepared::Unlimited => return Ok(Limited::with(None)),
             Prepared::Respond(response) => return Err(response),
         };
-        let result = limiter.check(&key, cost).await;
-        match limiter.settle(result, &key) {
+        let result = limiter.check(&checked).await;
+        match limiter.settle(result, &checked) {
             Verdict::Admit(headers) => Ok(Limited::with(headers)),
             Verdict::Delay(delay, headers) => {
                 tokio::time::sleep(delay).await;

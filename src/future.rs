@@ -13,9 +13,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
-use crate::policy::StorageKey;
 use crate::response::LimitHeaders;
-use crate::service::{Limiter, Verdict};
+use crate::service::{Checked, Limiter, Verdict};
 use crate::store::CheckFuture;
 
 pin_project! {
@@ -64,7 +63,7 @@ struct Waiting<S, ReqBody> {
     service: S,
     request: Request<ReqBody>,
     limiter: Arc<Limiter>,
-    key: StorageKey,
+    checked: Checked,
 }
 
 /// What a delayed request needs once its time comes.
@@ -115,7 +114,7 @@ where
         service: S,
         request: Request<ReqBody>,
         limiter: Arc<Limiter>,
-        key: StorageKey,
+        checked: Checked,
     ) -> Self {
         ResponseFuture {
             state: State::Checking {
@@ -124,7 +123,7 @@ where
                     service,
                     request,
                     limiter,
-                    key,
+                    checked,
                 }),
             },
         }
@@ -149,11 +148,11 @@ where
                         mut service,
                         request,
                         limiter,
-                        key,
+                        checked,
                     } = waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
-                    let next = match limiter.settle(result, &key) {
+                    let next = match limiter.settle(result, &checked) {
                         Verdict::Admit(headers) => State::Inner {
                             future: service.call(request),
                             headers,

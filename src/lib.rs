@@ -74,6 +74,7 @@
 //! [tower]: https://docs.rs/tower
 #![warn(missing_docs)]
 
+pub mod alert;
 pub mod client_ip;
 pub mod decision;
 pub mod extract;
@@ -82,10 +83,12 @@ pub mod headers;
 mod key;
 mod layer;
 pub mod policy;
+pub mod quota;
 pub mod response;
 mod service;
 pub mod store;
 
+pub use alert::{QuotaAlert, QuotaNotifier};
 pub use client_ip::{ClientIp, ForwardedHeader};
 pub use decision::{Decision, RuleState};
 pub use extract::{LimitPolicy, LimitStore, Limited};
@@ -96,6 +99,7 @@ pub use policy::{
     Algorithm, Cost, MissingKey, Mode, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule,
     Scope,
 };
+pub use quota::{Quota, QuotaBuilder, QuotaError, Tier};
 pub use response::Rejected;
 pub use service::RateLimit;
 pub use store::{MemoryStore, RedisStore, Store, StoreError};

@@ -17,6 +17,7 @@ use http::{HeaderValue, Method, StatusCode};
 use crate::client_ip::ClientIp;
 use crate::headers::{self, PolicyItem, SfName};
 use crate::key::{self, Key};
+use crate::quota::Quota;
 
 /// The longest period a rule may have: 366 days, enough for yearly quotas, short enough that no
 /// store arithmetic on it can overflow.
@@ -500,6 +501,7 @@ struct Inner {
     mode: Mode,
     block_for: Option<Duration>,
     cost_fn: Option<CostFn>,
+    quota: Option<Quota>,
     /// The most a request may cost: the smallest capacity (limit, or burst for a token bucket) of
     /// the counted rules, and the rule that has it.
     max_cost: (u64, usize),
@@ -523,6 +525,7 @@ impl fmt::Debug for Policy {
             .field("mode", &self.0.mode)
             .field("block_for", &self.0.block_for)
             .field("cost_fn", &self.0.cost_fn.is_some())
+            .field("quota", &self.0.quota)
             .finish_non_exhaustive()
     }
 }
@@ -585,6 +588,7 @@ impl Policy {
             block_for: None,
             duplicate_window: None,
             cost_fn: None,
+            quota: None,
         }
     }
 
@@ -651,6 +655,11 @@ impl Policy {
     /// How long an identity is refused outright once a rule refused it, if the policy blocks.
     pub fn block_for(&self) -> Option<Duration> {
         self.0.block_for
+    }
+
+    /// The daily quota the policy checks with its rules, if any.
+    pub fn quota(&self) -> Option<&Quota> {
+        self.0.quota.as_ref()
     }
 
     /// The cost of a request: its [`Cost`] extension, else the policy's cost function, else 1.
@@ -768,6 +777,7 @@ pub struct PolicyBuilder {
     block_for: Option<Duration>,
     duplicate_window: Option<Duration>,
     cost_fn: Option<CostFn>,
+    quota: Option<Quota>,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -892,6 +902,15 @@ impl PolicyBuilder {
         F: Fn(&Parts) -> u64 + Send + Sync + 'static,
     {
         self.cost_fn = Some(Arc::new(cost));
+        self
+    }
+
+    /// A daily quota by tier, checked and recorded with the policy's rules in the same atomic step
+    /// (one `EVALSHA`). It is keyed by its own key, so one quota given to several policies (routes)
+    /// caps their sum. On Redis Cluster every key of a check must hash to one slot: there, key the
+    /// quota like the policy, or the check fails with a cross-slot error.
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quota = Some(quota);
         self
     }
 
@@ -1054,6 +1073,7 @@ impl PolicyBuilder {
             mode: self.mode,
             block_for: self.block_for,
             cost_fn: self.cost_fn,
+            quota: self.quota,
             max_cost,
             key_base,
             policy_header,

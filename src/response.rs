@@ -51,9 +51,14 @@ impl Rejected {
 
     /// The names of the rules that refused the request, as in the `RateLimit` header.
     pub fn violated_rules(&self) -> impl Iterator<Item = &str> + '_ {
+        let names = self.policy.rule_names();
+        // Past the rules: the daily quota's state.
         self.decision
             .violated()
-            .map(|index| &*self.policy.rule_names()[index])
+            .filter_map(move |index| match names.get(index) {
+                Some(name) => Some(&**name),
+                None => self.policy.quota().map(|quota| quota.name()),
+            })
     }
 
     /// The exact time until every refusing rule admits the request.
@@ -170,9 +175,14 @@ struct Legacy {
 
 impl LimitHeaders {
     pub(crate) fn new(policy: &Policy, decision: &Decision, legacy: bool) -> Self {
+        // A quota's state follows the rules' when the request had one.
+        let quota = policy
+            .quota()
+            .filter(|_| decision.rules.len() > policy.rules().len());
         let items = policy
             .sf_names()
             .iter()
+            .chain(quota.map(|quota| quota.sf_name()))
             .zip(&decision.rules)
             .map(|(name, state)| RateLimitItem {
                 name,
@@ -191,8 +201,17 @@ impl LimitHeaders {
                     reset_unix_secs: HeaderValue::from(ceil_secs(now + state.reset)),
                 }
             });
+        let policy_header = match (quota, decision.rules.last()) {
+            (Some(quota), Some(state)) => {
+                let base = policy.policy_header().to_str().unwrap_or_default();
+                let item = crate::quota::policy_item(quota, state.limit);
+                HeaderValue::try_from(format!("{base}, {item}"))
+                    .unwrap_or_else(|_| policy.policy_header().clone())
+            }
+            _ => policy.policy_header().clone(),
+        };
         LimitHeaders {
-            policy: policy.policy_header().clone(),
+            policy: policy_header,
             status: headers::ratelimit_header_value(items),
             legacy,
         }
@@ -232,7 +251,11 @@ fn legacy_rule(policy: &Policy, decision: &Decision) -> Option<usize> {
     if guard_refused || !counted {
         return decision.most_limiting();
     }
-    decision.most_limiting_among(|index| !rules[index].is_duplicate_guard())
+    decision.most_limiting_among(|index| {
+        rules
+            .get(index)
+            .is_none_or(|rule| !rule.is_duplicate_guard())
+    })
 }
 
 /// Finishes a refusal: the chosen response plus `Retry-After` and the rate-limit headers.

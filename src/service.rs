@@ -14,8 +14,9 @@ use tower::{BoxError, Service};
 use crate::decision::Decision;
 use crate::future::ResponseFuture;
 use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, StorageKey};
+use crate::quota::QuotaLookup;
 use crate::response::{self, LimitHeaders, Rejected};
-use crate::store::{CheckRequest, Store, StoreError};
+use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 
 type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
 
@@ -30,10 +31,18 @@ pub(crate) struct Limiter {
     pub(crate) shadow_refusals: Arc<AtomicU64>,
 }
 
+/// A request ready for the store: its key, cost and daily quota.
+#[derive(Debug, Clone)]
+pub(crate) struct Checked {
+    pub(crate) key: StorageKey,
+    pub(crate) cost: u64,
+    pub(crate) quota: Option<QuotaLookup>,
+}
+
 /// What to do with a request before asking the store.
 pub(crate) enum Prepared {
-    /// Check it under this key, at this cost.
-    Check(StorageKey, u64),
+    /// Check it.
+    Check(Checked),
     /// Let it through unlimited (no key, and the policy allows that).
     Unlimited,
     /// Answer at once (no key and the policy refuses, no client IP, a cost no rule admits).
@@ -98,35 +107,69 @@ impl Limiter {
             }
             return Prepared::Respond(response::too_costly(policy, cost, rule));
         }
-        Prepared::Check(key, cost)
+        let quota = policy.quota().and_then(|quota| quota.lookup(parts));
+        Prepared::Check(Checked { key, cost, quota })
     }
 
     /// Asks the store about a request: the policy's rules, algorithm, reservation and block.
-    pub(crate) fn check(&self, key: &StorageKey, cost: u64) -> crate::store::CheckFuture {
+    pub(crate) fn check(&self, checked: &Checked) -> crate::store::CheckFuture {
         let policy = &self.policy;
+        let quota = policy
+            .quota()
+            .zip(checked.quota.as_ref())
+            .map(|(quota, lookup)| {
+                QuotaRequest::new(
+                    lookup.key.as_str(),
+                    lookup.limit,
+                    quota.day_ms(),
+                    quota.day_start_offset_ms(),
+                    &lookup.thresholds,
+                )
+            });
         self.store.check(
-            &CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
-                .cost(cost)
+            &CheckRequest::new(checked.key.as_str(), policy.rules(), policy.algorithm())
+                .cost(checked.cost)
                 .max_delay(policy.mode().max_delay())
-                .block_for(policy.block_for()),
+                .block_for(policy.block_for())
+                .quota(quota),
         )
     }
 
-    pub(crate) fn settle(&self, result: Result<Decision, StoreError>, key: &StorageKey) -> Verdict {
+    pub(crate) fn settle(
+        &self,
+        result: Result<Decision, StoreError>,
+        checked: &Checked,
+    ) -> Verdict {
+        let key = &checked.key;
+        let expected_states = self.policy.rules().len() + usize::from(checked.quota.is_some());
         // A store must answer for every rule; anything else is a broken store, not a decision.
         let result = result.and_then(|decision| {
-            if decision.rules.len() == self.policy.rules().len() {
+            if decision.rules.len() == expected_states {
                 Ok(decision)
             } else {
                 Err(StoreError::Protocol(format!(
                     "{} rule states for a policy of {} rules",
                     decision.rules.len(),
-                    self.policy.rules().len()
+                    expected_states
                 )))
             }
         });
         match result {
             Ok(decision) => {
+                if !decision.quota_alerts.is_empty()
+                    && let (Some(quota), Some(lookup), Some(state)) = (
+                        self.policy.quota(),
+                        checked.quota.as_ref(),
+                        decision.rules.last(),
+                    )
+                {
+                    quota.alert(
+                        lookup,
+                        &decision.quota_alerts,
+                        state.remaining,
+                        decision.now_unix_ms,
+                    );
+                }
                 let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
                 if decision.allowed {
                     if !decision.delay.is_zero() {
@@ -265,15 +308,15 @@ where
         let (parts, body) = request.into_parts();
         let prepared = limiter.prepare(&parts);
         let request = Request::from_parts(parts, body);
-        let (key, cost) = match prepared {
-            Prepared::Check(key, cost) => (key, cost),
+        let checked = match prepared {
+            Prepared::Check(checked) => checked,
             Prepared::Unlimited => return ResponseFuture::inner(self.inner.call(request), None),
             Prepared::Respond(response) => return ResponseFuture::respond(response),
         };
-        let mut check = limiter.check(&key, cost);
+        let mut check = limiter.check(&checked);
         match check.take_ready() {
             // In-process stores answer at once: no clone of the inner service, no extra state.
-            Some(result) => match limiter.settle(result, &key) {
+            Some(result) => match limiter.settle(result, &checked) {
                 Verdict::Admit(headers) => ResponseFuture::inner(self.inner.call(request), headers),
                 Verdict::Delay(delay, headers) => {
                     ResponseFuture::delaying(delay, self.take_ready_service(), request, headers)
@@ -285,7 +328,7 @@ where
                 self.take_ready_service(),
                 request,
                 self.limiter.clone(),
-                key,
+                checked,
             ),
         }
     }

@@ -518,6 +518,7 @@ impl Store for BrokenStore {
             rules: Vec::new(),
             now_unix_ms: 0,
             delay: std::time::Duration::ZERO,
+            quota_alerts: Vec::new(),
         }))
     }
 }
@@ -778,4 +779,11 @@ async fn delay_mode_in_memory_admits_exactly_the_reserved_slots() {
 #[tokio::test]
 async fn the_extractor_in_memory_answers_like_the_layer() {
     common::the_extractor_limits_like_the_layer(MemoryStore::new(), "alice").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_race_in_memory_admits_the_limit_and_alerts_once() {
+    let store: std::sync::Arc<dyn tower_redis_ratelimit::Store> =
+        std::sync::Arc::new(MemoryStore::new());
+    common::a_quota_race_admits_the_limit_and_alerts_once(vec![store], "race").await;
 }

@@ -15,7 +15,8 @@ use common::{admitted_and_refused, assert_refused, limits, request_from, retry_a
 use http::StatusCode;
 use proptest::prelude::*;
 use redis::Commands;
-use tower_redis_ratelimit::store::{CheckRequest, RedisStore};
+use tower_redis_ratelimit::quota::QuotaThreshold;
+use tower_redis_ratelimit::store::{CheckRequest, QuotaRequest, RedisStore};
 use tower_redis_ratelimit::{
     Algorithm, MemoryStore, OnStoreError, Policy, RateLimitLayer, Rule, Store,
 };
@@ -647,16 +648,12 @@ fn sliding_log_members_never_share_a_name() {
         include_str!("../lua/head.lua"),
         &log[..log.find("local function undo").unwrap()],
     );
-    // ARGV: cost 1, one counted rule, no delay, no guard, no block.
+    // ARGV: cost 1, one counted rule, no delay, no guard, no block, no quota.
     let count: u64 = redis::cmd("EVAL")
         .arg(script)
         .arg(1)
         .arg(&key)
-        .arg(1)
-        .arg(1)
-        .arg(0)
-        .arg(0)
-        .arg(0)
+        .arg(&[1, 1, 0, 0, 0, 0, 0, 0, 0])
         .query(&mut client)
         .unwrap();
     let expires_at: i64 = redis::cmd("PEXPIRETIME")
@@ -705,13 +702,94 @@ async fn a_penalty_block_on_redis_outlasts_the_window() {
     assert!(check().await.unwrap().allowed, "the block ended");
 }
 
-/// A policy (algorithm, rules as limit, period and burst, duplicate guard, penalty block) and a
-/// request sequence: which of three identities, and how much each request costs.
+/// The quota race on two stores with pools of their own (two app instances) sharing one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_race_over_two_instances_admits_the_limit_and_alerts_once() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("race");
+    let stores: Vec<Arc<dyn Store>> = vec![Arc::new(store(&redis)), Arc::new(store(&redis))];
+    common::a_quota_race_admits_the_limit_and_alerts_once(stores, &prefix).await;
+    // The count expires with its day, the alert flags 30 hours after they were set.
+    let mut client = redis.client();
+    for (key, at_most_ms) in [
+        (
+            format!("{prefix}:{{{prefix}:daily:user:free-user}}:q:86400000:0"),
+            86_400_000,
+        ),
+        (
+            format!("{prefix}:{{{prefix}:daily:user:free-user}}:qa:80"),
+            30 * 3_600_000,
+        ),
+        (
+            format!("{prefix}:{{{prefix}:daily:user:free-user}}:qa:100"),
+            30 * 3_600_000,
+        ),
+    ] {
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut client).unwrap();
+        assert!(ttl > 0 && ttl <= at_most_ms, "{key}: PTTL {ttl}");
+    }
+    let flag_ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{prefix}:{{{prefix}:daily:user:free-user}}:qa:80"))
+        .query(&mut client)
+        .unwrap();
+    assert!(
+        flag_ttl > 29 * 3_600_000,
+        "the flag lives 30 h, not {flag_ttl} ms"
+    );
+    assert_every_key_expires(&redis, &prefix);
+}
+
+/// Crossing midnight on Redis time, with a day shortened to two seconds: the count starts over and
+/// the alerts fire again.
+#[tokio::test]
+async fn a_quota_on_redis_starts_over_at_midnight() {
+    let redis = TestRedis::shared();
+    let store = store(&redis);
+    let prefix = unique_prefix("midnight");
+    let rules = [Rule::per_second(1_000)];
+    let thresholds = [QuotaThreshold {
+        percent: 100,
+        used: 3,
+    }];
+    let quota_key = format!("{prefix}:daily:user:cy");
+    let key = format!("{prefix}:api:user:cy");
+    let quota = QuotaRequest::new(&quota_key, 3, 2_000, 0, &thresholds);
+    let request = CheckRequest::new(&key, &rules, Algorithm::FixedWindow).quota(Some(quota));
+    // Start right after a midnight, so one day holds the first four requests.
+    let first = store
+        .check(&CheckRequest::new(&key, &rules, Algorithm::FixedWindow))
+        .await
+        .unwrap();
+    let to_midnight = 2_000 - first.now_unix_ms % 2_000;
+    tokio::time::sleep(Duration::from_millis(to_midnight + 20)).await;
+    let mut day = Vec::new();
+    for _ in 0..4 {
+        day.push(store.check(&request).await.unwrap());
+    }
+    let day_of = |decision: &tower_redis_ratelimit::Decision| decision.now_unix_ms / 2_000;
+    assert!(
+        day.iter().all(|d| day_of(d) == day_of(&day[0])),
+        "a stall crossed midnight"
+    );
+    let allowed: Vec<bool> = day.iter().map(|d| d.allowed).collect();
+    assert_eq!(allowed, [true, true, true, false]);
+    assert_eq!(day[2].quota_alerts, [100]);
+    let wait = day[3].retry_after().unwrap();
+    assert!(wait <= Duration::from_secs(2));
+    tokio::time::sleep(wait + Duration::from_millis(10)).await;
+    let next_day = store.check(&request).await.unwrap();
+    assert!(next_day.allowed);
+    assert_eq!(next_day.rules[1].remaining, 2);
+}
+
+/// A policy (algorithm, rules as limit, period and burst, duplicate guard, penalty block, daily
+/// quota) and a request sequence: which of three identities, and how much each request costs.
 type Case = (
     Algorithm,
     Vec<(u64, u64, u64)>,
     bool,
     bool,
+    Option<u64>,
     Vec<(usize, u64)>,
 );
 
@@ -738,16 +816,25 @@ fn sequences() -> impl Strategy<Value = Case> {
         seen.len() == rules.len()
     });
     let requests = prop::collection::vec((0usize..3, 0u64..4), 1..25);
-    (algorithm, rules, any::<bool>(), any::<bool>(), requests)
+    let quota = prop::option::of(1u64..8);
+    (
+        algorithm,
+        rules,
+        any::<bool>(),
+        any::<bool>(),
+        quota,
+        requests,
+    )
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     /// The same requests through the in-memory store and the Redis store get the same answers,
-    /// for every algorithm, with and without a duplicate guard and a penalty block.
+    /// for every algorithm, with and without a duplicate guard, a penalty block and a daily quota
+    /// (shared by the three identities' two keys each, with alerts at 50 % and 100 %).
     #[test]
-    fn memory_and_redis_agree((algorithm, rules, guard, block, requests) in sequences()) {
+    fn memory_and_redis_agree((algorithm, rules, guard, block, quota, requests) in sequences()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let redis = TestRedis::shared();
         let mut builder = Policy::builder("agree").algorithm(algorithm);
@@ -766,13 +853,25 @@ proptest! {
         let memory_store = MemoryStore::new();
         runtime.block_on(async {
             for (who, cost) in requests {
-                let key = format!("{prefix}:p:user:{who}");
+                let key = format!("{prefix}:p{}:user:{who}", cost % 2);
+                let quota_key = format!("{prefix}:daily:user:{who}");
+                let thresholds = quota.map(|limit| {
+                    [50u8, 100].map(|percent| QuotaThreshold {
+                        percent,
+                        used: (u64::from(percent) * limit).div_ceil(100),
+                    })
+                });
+                let quota = quota.zip(thresholds.as_ref()).map(|(limit, thresholds)| {
+                    QuotaRequest::new(&quota_key, limit, 86_400_000, 0, thresholds)
+                });
                 let request = CheckRequest::new(&key, policy.rules(), algorithm)
                     .cost(cost)
-                    .block_for(block_for);
+                    .block_for(block_for)
+                    .quota(quota);
                 let in_memory = memory_store.check(&request).await.unwrap();
                 let in_redis = redis_store.check(&request).await.unwrap();
                 prop_assert_eq!(in_memory.allowed, in_redis.allowed);
+                prop_assert_eq!(&in_memory.quota_alerts, &in_redis.quota_alerts);
                 let remaining = |d: &tower_redis_ratelimit::Decision| {
                     d.rules.iter().map(|r| (r.remaining, r.retry_after.is_some())).collect::<Vec<_>>()
                 };

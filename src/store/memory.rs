@@ -20,7 +20,7 @@ use hashbrown::HashTable;
 
 use super::gcra::{self, Bucket};
 use super::weighted;
-use super::{CheckFuture, CheckRequest, Store};
+use super::{CheckFuture, CheckRequest, QuotaRequest, Store};
 use crate::decision::{Decision, RuleState};
 use crate::policy::{Algorithm, Rule};
 
@@ -123,6 +123,8 @@ pub struct MemoryStore(Arc<Shared>);
 
 struct Shared {
     shards: Box<[Mutex<Shard>]>,
+    /// Daily quota counters, by quota key; locked after a shard, never before.
+    quotas: Mutex<QuotaTable>,
     hasher: RandomState,
     clock: Box<dyn Clock>,
     max_keys_per_shard: usize,
@@ -241,15 +243,22 @@ impl MemoryStore {
         if now >= shard.next_sweep_ms {
             shard.sweep(now);
         }
+        // The quota's counter, when the request has one: locked after the shard (always in that
+        // order), so the rules and the quota are checked and recorded as one step.
+        let mut quotas = request.quota.map(|_| lock(&shared.quotas));
+        let mut quota = match (&mut quotas, request.quota) {
+            (Some(table), Some(quota)) => Some((table.counter(&quota, now), quota)),
+            _ => None,
+        };
         if let Some(entry) = shard
             .entries
             .find_mut(hash, |entry| *entry.key == *request.key)
         {
             entry.arrange(request);
-            return entry.check(request, now);
+            return entry.check(request, now, quota.as_mut());
         }
         let mut entry = Entry::new(request, hash);
-        let decision = entry.check(request, now);
+        let decision = entry.check(request, now, quota.as_mut());
         // A refused request leaves nothing behind, except the penalty block it started.
         if decision.allowed || entry.blocked_until_ms > now {
             shard.insert(entry, now, shared);
@@ -281,7 +290,7 @@ impl Store for MemoryStore {
 
 /// A poisoned shard only means another thread panicked mid-check; its counters are still whole
 /// numbers, so keep serving rather than poisoning every later request.
-fn lock(shard: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+fn lock<T>(shard: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -319,6 +328,7 @@ impl MemoryStoreBuilder {
         let max_keys_per_shard = self.max_keys.div_ceil(shards).max(1);
         MemoryStore(Arc::new(Shared {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
+            quotas: Mutex::default(),
             hasher: RandomState::new(),
             clock: self.clock.unwrap_or_else(|| Box::new(SystemClock::new())),
             max_keys_per_shard,
@@ -405,7 +415,12 @@ impl Entry {
 
     /// Checks every rule, then records in all of them only if all admit the request, now or (when
     /// the request may wait) at the first time they all do.
-    fn check(&mut self, request: &CheckRequest<'_>, now: u64) -> Decision {
+    fn check(
+        &mut self,
+        request: &CheckRequest<'_>,
+        now: u64,
+        quota: Option<&mut (&mut QuotaCounter, QuotaRequest<'_>)>,
+    ) -> Decision {
         self.last_seen_ms = now;
         if self.blocked_until_ms > now {
             return self.blocked(request, now);
@@ -426,11 +441,19 @@ impl Entry {
                     .map(|(a, b)| a.max(b));
             }
         }
+        // The quota, a calendar day, can't reserve: when it refuses, the request is refused.
+        let quota_refused = quota
+            .as_ref()
+            .is_some_and(|(counter, request_quota)| !counter.fits(cost, request_quota.limit));
+        if quota_refused {
+            allowed = false;
+        }
         // A reservation: the request is recorded when it fits, and waits until then.
         let delay = match wait {
             Some(wait)
                 if !allowed
                     && !guard_refused
+                    && !quota_refused
                     && request.algorithm.can_reserve()
                     && u128::from(wait) <= request.max_delay.as_millis() =>
             {
@@ -441,7 +464,9 @@ impl Entry {
         };
         let block_ms = request
             .block_for
-            .filter(|_| !allowed && refusal_starts_block(request, &self.counters, now))
+            .filter(|_| {
+                !allowed && (quota_refused || refusal_starts_block(request, &self.counters, now))
+            })
             .map(millis);
         let mut rules = Vec::with_capacity(request.rules.len());
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
@@ -462,6 +487,24 @@ impl Entry {
                 limit: rule.limit(),
                 remaining: counter.remaining(now),
                 reset: Duration::from_millis(counter.frees_after(now)),
+                retry_after,
+            });
+        }
+        let mut quota_alerts = Vec::new();
+        if let Some((counter, request_quota)) = quota {
+            let retry_after = if allowed {
+                quota_alerts = counter.record(cost, request_quota, now);
+                None
+            } else if quota_refused {
+                let wait = counter.admits_after(cost, request_quota, now);
+                Some(Duration::from_millis(wait.max(block_ms.unwrap_or(0))))
+            } else {
+                None
+            };
+            rules.push(RuleState {
+                limit: request_quota.limit,
+                remaining: request_quota.limit.saturating_sub(counter.count),
+                reset: Duration::from_millis(counter.frees_after(request_quota, now)),
                 retry_after,
             });
         }
@@ -492,6 +535,7 @@ impl Entry {
             rules,
             now_unix_ms: now,
             delay: Duration::from_millis(delay),
+            quota_alerts,
         }
     }
 
@@ -503,8 +547,10 @@ impl Entry {
             rules: request
                 .rules
                 .iter()
-                .map(|rule| RuleState {
-                    limit: rule.limit(),
+                .map(Rule::limit)
+                .chain(request.quota.map(|quota| quota.limit))
+                .map(|limit| RuleState {
+                    limit,
                     remaining: 0,
                     reset: left,
                     retry_after: Some(left),
@@ -512,6 +558,7 @@ impl Entry {
                 .collect(),
             now_unix_ms: now,
             delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
         }
     }
 }
@@ -526,6 +573,111 @@ fn refusal_starts_block(request: &CheckRequest<'_>, counters: &[Counter], now: u
     counters.iter().zip(request.rules).any(|(counter, rule)| {
         !rule.is_duplicate_guard() && !counter.fits(now, rule_cost(rule, request.cost))
     })
+}
+
+/// How long an alert flag lives: 30 hours, longer than any day, as the seed sets it.
+const ALERT_FLAG_MS: u64 = 30 * 3_600_000;
+
+/// The daily quota counters, by quota key.
+#[derive(Default)]
+struct QuotaTable {
+    counters: std::collections::HashMap<Box<str>, QuotaCounter>,
+    next_sweep_ms: u64,
+}
+
+/// One key's daily count, and when each alert threshold last fired.
+#[derive(Default)]
+struct QuotaCounter {
+    /// The start of the day `count` counts.
+    start_ms: u64,
+    count: u64,
+    /// When the count is over: the day's end, or 0 while nothing is counted.
+    ends_ms: u64,
+    /// Per threshold percent: the day start it fired for and when that flag expires.
+    flags: Vec<(u8, u64, u64)>,
+}
+
+impl QuotaTable {
+    /// The counter of `quota`'s key, rolled over to the day of `now`.
+    fn counter(&mut self, quota: &QuotaRequest<'_>, now: u64) -> &mut QuotaCounter {
+        if now >= self.next_sweep_ms {
+            self.counters
+                .retain(|_, counter| counter.expires_at() > now);
+            self.next_sweep_ms = now.saturating_add(SWEEP_INTERVAL_MS);
+        }
+        let counter = self.counters.entry(quota.key.into()).or_default();
+        let start = quota.day_start(now);
+        if start > counter.start_ms {
+            counter.start_ms = start;
+            counter.count = 0;
+            counter.ends_ms = 0;
+        }
+        counter
+    }
+}
+
+impl QuotaCounter {
+    fn fits(&self, cost: u64, limit: u64) -> bool {
+        self.count.saturating_add(cost) <= limit
+    }
+
+    /// Milliseconds until a request of `cost` fits: the next day, or one day when it never fits.
+    fn admits_after(&self, cost: u64, quota: &QuotaRequest<'_>, now: u64) -> u64 {
+        let to_next_day = (self.start_ms + quota.day_ms).saturating_sub(now);
+        if cost > quota.limit {
+            quota.day_ms
+        } else {
+            to_next_day
+        }
+    }
+
+    fn frees_after(&self, quota: &QuotaRequest<'_>, now: u64) -> u64 {
+        if self.count == 0 {
+            0
+        } else {
+            (self.start_ms + quota.day_ms).saturating_sub(now)
+        }
+    }
+
+    /// Counts an admitted request; returns the thresholds it reached first today.
+    fn record(&mut self, cost: u64, quota: &QuotaRequest<'_>, now: u64) -> Vec<u8> {
+        let before = self.count;
+        self.count += cost;
+        self.ends_ms = self.start_ms.saturating_add(quota.day_ms);
+        let mut fired = Vec::new();
+        for threshold in quota.thresholds {
+            if before >= threshold.used || self.count < threshold.used {
+                continue;
+            }
+            let flag = self
+                .flags
+                .iter_mut()
+                .find(|(percent, _, _)| *percent == threshold.percent);
+            let already = flag
+                .as_ref()
+                .is_some_and(|(_, day, expires)| *day == self.start_ms && *expires > now);
+            if already {
+                continue;
+            }
+            let set = (threshold.percent, self.start_ms, now + ALERT_FLAG_MS);
+            match flag {
+                Some(flag) => *flag = set,
+                None => self.flags.push(set),
+            }
+            fired.push(threshold.percent);
+        }
+        fired
+    }
+
+    /// When nothing of this counter matters any more: its count and its alert flags are over.
+    fn expires_at(&self) -> u64 {
+        self.flags
+            .iter()
+            .map(|(_, _, expires)| *expires)
+            .max()
+            .unwrap_or(0)
+            .max(self.ends_ms)
+    }
 }
 
 impl Counter {
@@ -862,6 +1014,7 @@ fn micros(ms: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::QuotaThreshold;
 
     fn store(clock: &ManualClock) -> MemoryStore {
         MemoryStore::builder().clock(clock.clone()).build()
@@ -1154,6 +1307,81 @@ mod tests {
         // At 10 s the admission of 0 s leaves; the one at 5 s and the reservation at 10 s hold
         // the window, so the next waits for 15 s.
         assert_eq!(store.check_now(&request).delay, Duration::from_secs(10));
+    }
+
+    const THRESHOLDS: [QuotaThreshold; 2] = [
+        QuotaThreshold {
+            percent: 80,
+            used: 8,
+        },
+        QuotaThreshold {
+            percent: 100,
+            used: 10,
+        },
+    ];
+
+    #[test]
+    fn a_daily_quota_caps_the_day_and_alerts_once_per_threshold() {
+        const DAY: u64 = 86_400_000;
+        // Days start at midnight UTC+01:00, 23:00 UTC; the clock starts at 22:00 UTC.
+        let offset = DAY - 3_600_000;
+        let clock = ManualClock::new(100 * DAY + offset - 3_600_000);
+        let store = store(&clock);
+        let rules = [Rule::per_second(1_000)];
+        let quota = QuotaRequest::new("rl:daily:user:ann", 10, DAY, offset, &THRESHOLDS);
+        let check = |key: &str| {
+            store.check_now(
+                &CheckRequest::new(key, &rules, Algorithm::SlidingLog).quota(Some(quota)),
+            )
+        };
+        let mut alerts = Vec::new();
+        for n in 1..=10 {
+            // Two policies (two keys) share the quota.
+            let decision = check(if n % 2 == 0 {
+                "rl:a:user:ann"
+            } else {
+                "rl:b:user:ann"
+            });
+            assert!(decision.allowed, "request {n}");
+            assert_eq!(decision.rules[1].remaining, 10 - n);
+            alerts.extend(decision.quota_alerts.iter().map(|percent| (n, *percent)));
+        }
+        assert_eq!(alerts, [(8, 80), (10, 100)]);
+        let refused = check("rl:a:user:ann");
+        assert!(!refused.allowed);
+        // The day ends in an hour, at midnight UTC+01:00; the per-second rule was not charged.
+        assert_eq!(refused.retry_after(), Some(Duration::from_secs(3_600)));
+        assert_eq!(refused.rules[1].reset, Duration::from_secs(3_600));
+        assert!(!refused.rules[0].refused());
+        assert!(refused.quota_alerts.is_empty());
+        clock.advance(Duration::from_secs(3_600));
+        let next_day = check("rl:a:user:ann");
+        assert!(next_day.allowed);
+        assert_eq!(next_day.rules[1].remaining, 9);
+        for _ in 2..8 {
+            check("rl:a:user:ann");
+        }
+        // A new day, a new 80 % alert at its eighth request.
+        assert_eq!(check("rl:a:user:ann").quota_alerts, [80]);
+    }
+
+    #[test]
+    fn a_request_over_the_quota_is_refused_in_every_rule_and_counts_nowhere() {
+        let clock = ManualClock::new(0);
+        let store = store(&clock);
+        let rules = [Rule::per_minute(5)];
+        let quota = QuotaRequest::new("rl:daily:user:bo", 2, 86_400_000, 0, &[]);
+        let request =
+            CheckRequest::new("rl:p:user:bo", &rules, Algorithm::FixedWindow).quota(Some(quota));
+        assert!(store.check_now(&request).allowed);
+        assert!(store.check_now(&request).allowed);
+        let refused = store.check_now(&request);
+        assert!(!refused.allowed);
+        assert_eq!(refused.violated().collect::<Vec<_>>(), [1]);
+        assert_eq!(
+            refused.rules[0].remaining, 3,
+            "the minute's rule keeps what it had"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Rule};
+use crate::quota::QuotaThreshold;
 
 mod gcra;
 mod memory;
@@ -60,6 +61,54 @@ pub struct CheckRequest<'a> {
     /// rule other than the duplicate guard refuses the request, refuse the key outright for this
     /// long.
     pub block_for: Option<Duration>,
+    /// A daily quota ([`Quota`](crate::Quota)), checked and recorded with the rules; its state is
+    /// reported after the rules'.
+    pub quota: Option<QuotaRequest<'a>>,
+}
+
+/// The daily quota of one request: a window of `day_ms` starting `day_start_offset_ms` after each
+/// epoch-aligned day (midnight of the quota's UTC offset), counted under its own key.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct QuotaRequest<'a> {
+    /// The quota's key (`prefix:quota:identity`): braces-free, so a store may wrap it in a hash tag.
+    pub key: &'a str,
+    /// The request's tier's limit per day.
+    pub limit: u64,
+    /// The length of a day, in ms (86 400 000 but in tests).
+    pub day_ms: u64,
+    /// Where days start, in `[0, day_ms)`: midnight at UTC+07:00 is 61 200 000 (17:00 UTC).
+    pub day_start_offset_ms: u64,
+    /// The alert thresholds: when an admitted request takes the day's count from below `used` to
+    /// `used` or more, and no alert of that percent fired this day for this key, it fires (see
+    /// [`Decision::quota_alerts`]).
+    pub thresholds: &'a [QuotaThreshold],
+}
+
+impl<'a> QuotaRequest<'a> {
+    /// The quota of `limit` per `day_ms` under `key`, days starting at epoch-aligned midnights
+    /// plus `day_start_offset_ms`, with these alert thresholds.
+    pub fn new(
+        key: &'a str,
+        limit: u64,
+        day_ms: u64,
+        day_start_offset_ms: u64,
+        thresholds: &'a [QuotaThreshold],
+    ) -> Self {
+        QuotaRequest {
+            key,
+            limit,
+            day_ms,
+            day_start_offset_ms,
+            thresholds,
+        }
+    }
+
+    /// The start of the day that `now` (ms) falls in.
+    pub fn day_start(&self, now: u64) -> u64 {
+        let day = self.day_ms.max(1);
+        now - (now + day - self.day_start_offset_ms % day) % day
+    }
 }
 
 impl<'a> CheckRequest<'a> {
@@ -72,6 +121,7 @@ impl<'a> CheckRequest<'a> {
             cost: 1,
             max_delay: Duration::ZERO,
             block_for: None,
+            quota: None,
         }
     }
 
@@ -90,6 +140,12 @@ impl<'a> CheckRequest<'a> {
     /// Sets the penalty block.
     pub fn block_for(mut self, block_for: Option<Duration>) -> Self {
         self.block_for = block_for;
+        self
+    }
+
+    /// Sets the daily quota.
+    pub fn quota(mut self, quota: Option<QuotaRequest<'a>>) -> Self {
+        self.quota = quota;
         self
     }
 }

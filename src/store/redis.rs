@@ -120,14 +120,22 @@ impl Store for RedisStore {
         // one packed command and a few words, not the request's borrows.
         let algorithm = request.algorithm;
         let command = evalsha_command(self.shared.script(algorithm).get_hash(), request);
-        let limits: Vec<RuleLimit> = request
+        let mut limits: Vec<RuleLimit> = request
             .rules
             .iter()
             .map(|rule| RuleLimit {
                 limit: rule.limit(),
                 guard: rule.is_duplicate_guard(),
+                quota: false,
             })
             .collect();
+        if let Some(quota) = request.quota {
+            limits.push(RuleLimit {
+                limit: quota.limit,
+                guard: false,
+                quota: true,
+            });
+        }
         let shared = self.shared.clone();
         let timeout = self.timeout;
         CheckFuture::from_future(async move {
@@ -152,10 +160,15 @@ fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
     let rules = counted().count();
     let guard = request.rules.iter().find(|rule| rule.is_duplicate_guard());
     let block_ms = request.block_for.map_or(0, |block| block.as_millis());
-    let keys = rules + usize::from(guard.is_some()) + usize::from(block_ms > 0);
+    let quota = request.quota;
+    let thresholds = quota.map_or(&[][..], |quota| quota.thresholds);
+    let keys = rules
+        + usize::from(guard.is_some())
+        + quota.map_or(0, |quota| 1 + quota.thresholds.len())
+        + usize::from(block_ms > 0);
     let mut command = Cmd::with_capacity(
-        3 + keys + 5 + 3 * rules,
-        hash.len() + keys * (2 * request.key.len() + 48) + rules * 48 + 64,
+        3 + keys + 9 + 2 * thresholds.len() + 3 * rules,
+        hash.len() + keys * (2 * request.key.len() + 48) + rules * 48 + 96,
     );
     command.arg("EVALSHA").arg(hash).arg(keys);
     let mut key = String::with_capacity(2 * request.key.len() + 48);
@@ -167,13 +180,31 @@ fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
         let mut window = itoa::Buffer::new();
         write_key(
             &mut key,
-            request,
+            request.key,
             &["dup", window.format(guard.period_ms())],
         );
         command.arg(key.as_str());
     }
+    if let Some(quota) = quota {
+        let (mut day, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (day, offset) = (
+            day.format(quota.day_ms),
+            offset.format(quota.day_start_offset_ms),
+        );
+        write_key(&mut key, quota.key, &["q", day, offset]);
+        command.arg(key.as_str());
+        for threshold in quota.thresholds {
+            let mut percent = itoa::Buffer::new();
+            write_key(
+                &mut key,
+                quota.key,
+                &["qa", percent.format(threshold.percent)],
+            );
+            command.arg(key.as_str());
+        }
+    }
     if block_ms > 0 {
-        write_key(&mut key, request, &["block"]);
+        write_key(&mut key, request.key, &["block"]);
         command.arg(key.as_str());
     }
     command
@@ -181,7 +212,14 @@ fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
         .arg(rules)
         .arg(request.max_delay.as_millis())
         .arg(guard.map_or(0, Rule::period_ms))
-        .arg(block_ms);
+        .arg(block_ms)
+        .arg(quota.map_or(0, |quota| quota.limit))
+        .arg(quota.map_or(0, |quota| quota.day_ms))
+        .arg(quota.map_or(0, |quota| quota.day_start_offset_ms))
+        .arg(thresholds.len());
+    for threshold in thresholds {
+        command.arg(threshold.percent).arg(threshold.used);
+    }
     for rule in counted() {
         command
             .arg(rule.limit())
@@ -217,20 +255,18 @@ fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
         burst.format(rule.burst_size()),
     ];
     let with_burst = request.algorithm == Algorithm::TokenBucket;
-    write_key(key, request, &parts[..if with_burst { 4 } else { 3 }]);
+    write_key(key, request.key, &parts[..if with_burst { 4 } else { 3 }]);
 }
 
-/// Writes `<prefix>:{<request key>}:<part>:<part>…` into `key`, replacing what it held.
-fn write_key(key: &mut String, request: &CheckRequest<'_>, parts: &[&str]) {
+/// Writes `<prefix>:{<base>}:<part>:<part>…` into `key`, replacing what it held: `base` is a
+/// policy's or a quota's key, whose first part is its prefix.
+fn write_key(key: &mut String, base: &str, parts: &[&str]) {
     // A prefix can't contain ':' (policies refuse it), so the key's first part is the prefix.
-    let prefix = request
-        .key
-        .split_once(':')
-        .map_or(request.key, |(prefix, _)| prefix);
+    let prefix = base.split_once(':').map_or(base, |(prefix, _)| prefix);
     key.clear();
     key.push_str(prefix);
     key.push_str(":{");
-    key.push_str(request.key);
+    key.push_str(base);
     key.push('}');
     for part in parts {
         key.push(':');
@@ -406,19 +442,23 @@ fn is_connection_failure(error: &RedisError) -> bool {
         || error.is_unrecoverable_error()
 }
 
-/// What the reply needs to know of a rule, in the request's rule order.
+/// What the reply needs to know of a rule, in the request's rule order (the quota last).
 #[derive(Debug, Clone, Copy)]
 struct RuleLimit {
     limit: u64,
     /// The duplicate guard, whose state the script sends after the counted rules'.
     guard: bool,
+    /// The daily quota, whose state comes after the guard's.
+    quota: bool,
 }
 
 /// Reads the script's reply: `allowed, now, delay, then remaining, reset, retry per rule` (the
-/// counted rules, then the guard), all integers, into a decision in the request's rule order.
+/// counted rules, then the guard, then the quota), then the percents of the alerts that fired, all
+/// integers, into a decision in the request's rule order.
 fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Decision, StoreError> {
     let malformed = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
-    if reply.len() != 3 + 3 * limits.len() {
+    let states_end = 3 + 3 * limits.len();
+    if reply.len() < states_end {
         return Err(malformed());
     }
     let integer = |value: &Value| match value {
@@ -433,13 +473,19 @@ fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Decision, Stor
     };
     let now_unix_ms = unsigned(&reply[1])?;
     let delay = Duration::from_millis(unsigned(&reply[2])?);
-    let states: Vec<&[Value]> = reply[3..].chunks_exact(3).collect();
-    let counted = limits.iter().filter(|rule| !rule.guard).count();
-    let (mut next_counted, mut next_guard) = (0, counted);
+    let states: Vec<&[Value]> = reply[3..states_end].chunks_exact(3).collect();
+    let counted = limits
+        .iter()
+        .filter(|rule| !rule.guard && !rule.quota)
+        .count();
+    let guards = limits.iter().filter(|rule| rule.guard).count();
+    let (mut next_counted, mut next_guard, mut next_quota) = (0, counted, counted + guards);
     let rules = limits
         .iter()
         .map(|rule| {
-            let slot = if rule.guard {
+            let slot = if rule.quota {
+                &mut next_quota
+            } else if rule.guard {
                 &mut next_guard
             } else {
                 &mut next_counted
@@ -457,17 +503,28 @@ fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Decision, Stor
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
+    let quota_alerts = reply[states_end..]
+        .iter()
+        .map(|value| {
+            u8::try_from(integer(value)?)
+                .ok()
+                .filter(|percent| (1..=100).contains(percent))
+                .ok_or_else(malformed)
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(Decision {
         allowed,
         rules,
         now_unix_ms,
         delay,
+        quota_alerts,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::QuotaThreshold;
 
     #[test]
     fn keys_share_the_identity_hash_tag_and_name_algorithm_and_period() {
@@ -518,6 +575,10 @@ mod tests {
                 "0",
                 "0",
                 "0",
+                "0",
+                "0",
+                "0",
+                "0",
                 "2",
                 "1000",
                 "2",
@@ -558,11 +619,83 @@ mod tests {
                 "2000",
                 "5000",
                 "900000",
+                "0",
+                "0",
+                "0",
+                "0",
                 "3",
                 "60000",
                 "5"
             ]
         );
+    }
+
+    #[test]
+    fn the_quota_and_its_alert_flags_are_keys_under_the_quota_identity() {
+        let rules = [Rule::per_minute(20)];
+        let thresholds = [
+            QuotaThreshold {
+                percent: 80,
+                used: 80,
+            },
+            QuotaThreshold {
+                percent: 100,
+                used: 100,
+            },
+        ];
+        let quota = crate::store::QuotaRequest::new(
+            "rl:daily:user:ann",
+            100,
+            86_400_000,
+            61_200_000,
+            &thresholds,
+        );
+        let request = CheckRequest::new("rl:api:ip:192.0.2.1", &rules, Algorithm::SlidingLog)
+            .quota(Some(quota));
+        assert_eq!(
+            args_of(&evalsha_command("abc", &request)),
+            [
+                "EVALSHA",
+                "abc",
+                "4",
+                "rl:{rl:api:ip:192.0.2.1}:sl:60000:20",
+                "rl:{rl:daily:user:ann}:q:86400000:61200000",
+                "rl:{rl:daily:user:ann}:qa:80",
+                "rl:{rl:daily:user:ann}:qa:100",
+                "1",
+                "1",
+                "0",
+                "0",
+                "0",
+                "100",
+                "86400000",
+                "61200000",
+                "2",
+                "80",
+                "80",
+                "100",
+                "100",
+                "20",
+                "60000",
+                "20"
+            ]
+        );
+        // The quota's state comes last, then the alerts fired.
+        let reply = ints(&[1, 1_000, 0, 19, 60_000, -1, 20, 5_000, -1, 80]);
+        let decision = decision_from(
+            &reply,
+            &[
+                counted(20),
+                RuleLimit {
+                    limit: 100,
+                    guard: false,
+                    quota: true,
+                },
+            ],
+        )
+        .unwrap();
+        assert_eq!(decision.rules[1].remaining, 20);
+        assert_eq!(decision.quota_alerts, [80]);
     }
 
     #[test]
@@ -599,6 +732,7 @@ mod tests {
             RuleLimit {
                 limit: 1,
                 guard: true,
+                quota: false,
             },
             counted(5),
         ];
@@ -618,6 +752,7 @@ mod tests {
         RuleLimit {
             limit,
             guard: false,
+            quota: false,
         }
     }
 

@@ -13,9 +13,11 @@ use axum::routing::get;
 use http::{Request, Response, StatusCode};
 use tower::ServiceExt;
 use tower_redis_ratelimit::headers::{self, RateLimitHeaders};
+use tower_redis_ratelimit::quota::QuotaThreshold;
+use tower_redis_ratelimit::store::{CheckRequest, QuotaRequest};
 use tower_redis_ratelimit::{
     Algorithm, Cost, Key, LimitPolicy, LimitStore, Limited, Mode, Policy, PolicyBuilder,
-    PolicyError, RateLimitLayer, Rule, Store, UserId,
+    PolicyError, Quota, RateLimitLayer, Rule, Store, Tier, UserId,
 };
 
 /// A router with `GET /` answering "hello", limited by `policy` in `store`.
@@ -198,6 +200,58 @@ pub async fn policy_features_work(store: impl Store + Clone, prefix: &str) {
     assert_eq!(headers.status("duplicate").unwrap().remaining, 0);
     assert_refused(duplicate, &["duplicate"]).await;
 
+    // A daily quota by tier: its own item in the headers, refusals naming it, tiers from the
+    // `Tier` extension, unknown tiers counting as the default one.
+    let quota = Quota::builder("daily")
+        .prefix(prefix)
+        .key(Key::user())
+        .tier("free", 2)
+        .tier("pro", 3)
+        .default_tier("free")
+        .build()
+        .unwrap();
+    let (app, _) = feature_app(
+        global(prefix, "tiered", Rule::per_minute(10))
+            .quota(quota)
+            .build()
+            .unwrap(),
+        store.clone(),
+    );
+    let as_user = |user: &str, tier: Option<&'static str>| {
+        let mut request = request_from(peer, "/");
+        request.extensions_mut().insert(UserId::new(user));
+        if let Some(tier) = tier {
+            request.extensions_mut().insert(Tier::new(tier));
+        }
+        request
+    };
+    let first = send(&app, as_user("ann", Some("pro"))).await;
+    assert_eq!(
+        first.headers()[headers::RATELIMIT_POLICY],
+        "\"10-per-60s\";q=10;w=60, \"daily\";q=3;w=86400"
+    );
+    assert_eq!(limits(&first).status("daily").unwrap().remaining, 2);
+    for _ in 0..2 {
+        let pro = send(&app, as_user("ann", Some("pro"))).await;
+        assert_eq!(pro.status(), StatusCode::OK);
+    }
+    for tier in [None, Some("gold"), Some("pro")] {
+        // Ann's count is hers whatever the tier says: 3, the pro limit and over the free one.
+        let refused = send(&app, as_user("ann", tier)).await;
+        let limit = if tier == Some("pro") { 3 } else { 2 };
+        assert_eq!(
+            refused.headers()[headers::RATELIMIT_POLICY],
+            format!("\"10-per-60s\";q=10;w=60, \"daily\";q={limit};w=86400").as_str()
+        );
+        let retry = retry_after_secs(&refused);
+        assert!(retry > 0 && retry <= 86_400, "{retry}");
+        assert_refused(refused, &["daily"]).await;
+    }
+    assert_eq!(
+        send(&app, as_user("bob", None)).await.status(),
+        StatusCode::OK
+    );
+
     // The penalty block: once refused, refused for 15 minutes, not the rest of the minute.
     let (app, _) = feature_app(
         global(prefix, "block", Rule::per_minute(1))
@@ -331,6 +385,52 @@ pub async fn the_extractor_limits_like_the_layer(store: impl Store + Clone, iden
         Router::new().route("/", get(|_: Limited<ExtractedPolicy>| async { "hello" }));
     let response = send(&unconfigured, request(format!("{identity}-u"))).await;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+/// 150 concurrent requests of one user with a daily quota of 100, spread over `stores` (say two
+/// app instances): exactly 100 admitted, and exactly one alert at 80 % and one at 100 %.
+pub async fn a_quota_race_admits_the_limit_and_alerts_once(
+    stores: Vec<Arc<dyn Store>>,
+    prefix: &str,
+) {
+    let thresholds = [
+        QuotaThreshold {
+            percent: 80,
+            used: 80,
+        },
+        QuotaThreshold {
+            percent: 100,
+            used: 100,
+        },
+    ];
+    let tasks: Vec<_> = (0..150)
+        .map(|n| {
+            let store = stores[n % stores.len()].clone();
+            let prefix = prefix.to_owned();
+            tokio::spawn(async move {
+                let rules = [Rule::per_second(1_000)];
+                let quota_key = format!("{prefix}:daily:user:free-user");
+                let key = format!("{prefix}:api:user:free-user");
+                let quota = QuotaRequest::new(&quota_key, 100, 86_400_000, 0, &thresholds);
+                store
+                    .check(
+                        &CheckRequest::new(&key, &rules, Algorithm::SlidingLog).quota(Some(quota)),
+                    )
+                    .await
+                    .expect("the store answers")
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    let mut alerts = Vec::new();
+    for task in tasks {
+        let decision = task.await.unwrap();
+        admitted += usize::from(decision.allowed);
+        alerts.extend(decision.quota_alerts);
+    }
+    alerts.sort_unstable();
+    assert_eq!(admitted, 100);
+    assert_eq!(alerts, [80, 100]);
 }
 
 pub mod redis_server;
