@@ -46,6 +46,16 @@
 //! - `cost_header`: a header name; a request costs the whole number in it (absent or not a number
 //!   of at least 1: 1). The demo trusts it, as an app trusts what its own gateway computed.
 //!
+//! Optional at the top level, a `[quota]` section: a daily quota by tier, named `daily`, on every
+//! limited route on top of its rules (one count per user across the routes):
+//! - `tiers`: a table of tier names and requests per day, `{ free = 100, pro = 5000 }`;
+//! - `default_tier`: the tier of requests without a known one (required with several tiers);
+//! - `key`: as for routes (default `"user"`); `tier_header`: where the tier is read from (default
+//!   `"x-tier"`, the demo's stand-in for a tier lookup);
+//! - `alert_at`: thresholds in percent (default `[80, 100]`); `alert_webhook`: an `http://` URL the
+//!   alerts are posted to as JSON (absent: they are only logged);
+//! - `utc_offset`: where days start, `"+00:00"` (default), `"+05:30"`, `"-08:00"`.
+//!
 //! Each route is its own [`Policy`], so it counts apart from other routes; `GET` and `POST` on a
 //! route share its budget. The policy is named after the path (`/api/ping`, as the
 //! logs show it); a path longer than the 64 characters a policy name may have gives `route-<index>`
@@ -67,9 +77,10 @@ use http::HeaderName;
 use ipnet::IpNet;
 use serde::Deserialize;
 use tokio::net::TcpListener;
+use tower_redis_ratelimit::alert::WebhookNotifier;
 use tower_redis_ratelimit::{
     Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, Mode, OnStoreError, Policy,
-    PolicyError, RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError, policy,
+    PolicyError, Quota, RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError, policy,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -212,6 +223,34 @@ struct Config {
     #[serde(default)]
     store_timeout: Option<String>,
     routes: Vec<RouteConfig>,
+    /// Optional: a daily quota by tier on every limited route.
+    #[serde(default)]
+    quota: Option<QuotaConfig>,
+}
+
+/// The `[quota]` section.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaConfig {
+    /// Optional: a key kind as for routes (default "user").
+    #[serde(default)]
+    key: Option<String>,
+    /// Optional: the header the tier is read from (default "x-tier").
+    #[serde(default)]
+    tier_header: Option<String>,
+    /// Optional when there is one tier: the tier of requests without a known one.
+    #[serde(default)]
+    default_tier: Option<String>,
+    tiers: std::collections::BTreeMap<String, u64>,
+    /// Optional: thresholds in percent (default [80, 100]).
+    #[serde(default)]
+    alert_at: Option<Vec<u16>>,
+    /// Optional: where alerts are posted as JSON (default: only logged).
+    #[serde(default)]
+    alert_webhook: Option<String>,
+    /// Optional: "+HH:MM" or "-HH:MM" (default "+00:00").
+    #[serde(default)]
+    utc_offset: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -459,9 +498,20 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
     if raw.routes.is_empty() {
         return Err(ConfigError::field("routes", "must list at least one route"));
     }
+    let quota = raw
+        .quota
+        .map(|quota| check_quota(quota, &raw.prefix))
+        .transpose()?;
     let mut routes: Vec<Route> = Vec::with_capacity(raw.routes.len());
     for (index, route) in raw.routes.into_iter().enumerate() {
-        let route = check_route(index, route, &raw.prefix, &client_ip, on_store_error)?;
+        let route = check_route(
+            index,
+            route,
+            &raw.prefix,
+            &client_ip,
+            on_store_error,
+            quota.as_ref(),
+        )?;
         if let Some(first) = routes.iter().position(|earlier| earlier.path == route.path) {
             return Err(ConfigError::field(
                 format!("routes[{index}].path"),
@@ -488,6 +538,7 @@ fn check_route(
     prefix: &str,
     client_ip: &ClientIp,
     on_store_error: OnStoreError,
+    quota: Option<&Quota>,
 ) -> Result<Route, ConfigError> {
     let field = |name: &str| format!("routes[{index}].{name}");
     check_path(&raw.path).map_err(|message| ConfigError::field(field("path"), message))?;
@@ -588,6 +639,9 @@ fn check_route(
         })?;
         builder = builder.cost_from_fn(move |parts| request_cost(parts, &header));
     }
+    if let Some(quota) = quota {
+        builder = builder.quota(quota.clone());
+    }
     let policy = builder
         .build()
         .map_err(|error| policy_error(index, error))?;
@@ -596,6 +650,102 @@ fn check_route(
         key,
         policy,
     })
+}
+
+/// The tier header when none is configured.
+const DEFAULT_TIER_HEADER: &str = "x-tier";
+
+/// Checks the `[quota]` section and builds the quota every limited route shares.
+fn check_quota(raw: QuotaConfig, prefix: &str) -> Result<Quota, ConfigError> {
+    let key = KeyKind::parse(raw.key.as_deref().unwrap_or("user"))
+        .map_err(|message| ConfigError::field("quota.key", message))?;
+    let tier_header = raw.tier_header.as_deref().unwrap_or(DEFAULT_TIER_HEADER);
+    let tier_header = HeaderName::try_from(tier_header).map_err(|_| {
+        ConfigError::field(
+            "quota.tier_header",
+            format!("{tier_header:?} is not a header name"),
+        )
+    })?;
+    if raw.tiers.is_empty() {
+        return Err(ConfigError::field(
+            "quota.tiers",
+            "must name at least one tier, such as { free = 100 }",
+        ));
+    }
+    let mut builder = Quota::builder("daily").prefix(prefix).key(key.to_key());
+    for (tier, limit) in &raw.tiers {
+        if *limit == 0 || *limit > policy::MAX_LIMIT {
+            return Err(ConfigError::field(
+                format!("quota.tiers.{tier}"),
+                "must be 1 to 2^35 requests per day",
+            ));
+        }
+        builder = builder.tier(tier.clone(), *limit);
+    }
+    match (&raw.default_tier, raw.tiers.len()) {
+        (Some(tier), _) if !raw.tiers.contains_key(tier) => {
+            return Err(ConfigError::field(
+                "quota.default_tier",
+                format!("{tier:?} is not one of the tiers"),
+            ));
+        }
+        (Some(tier), _) => builder = builder.default_tier(tier.clone()),
+        (None, 1) => {}
+        (None, _) => {
+            return Err(ConfigError::field(
+                "quota.default_tier",
+                "is required with more than one tier: the tier of requests without a known one",
+            ));
+        }
+    }
+    if let Some(percents) = raw.alert_at {
+        if let Some(bad) = percents.iter().find(|p| !(1..=100).contains(*p)) {
+            return Err(ConfigError::field(
+                "quota.alert_at",
+                format!("{bad} is not a percent from 1 to 100"),
+            ));
+        }
+        builder = builder.alert_at(percents);
+    }
+    if let Some(text) = &raw.utc_offset {
+        let minutes = parse_utc_offset(text)
+            .ok_or_else(|| ConfigError::field("quota.utc_offset", format!(
+                "{text:?} is not an offset such as \"+00:00\", \"+05:30\" or \"-08:00\" (at most 18 hours)"
+            )))?;
+        builder = builder.utc_offset_minutes(minutes);
+    }
+    if let Some(url) = &raw.alert_webhook {
+        if !url.starts_with("http://") {
+            return Err(ConfigError::field(
+                "quota.alert_webhook",
+                format!("{url:?} is not an http:// URL"),
+            ));
+        }
+        builder = builder.notifier(WebhookNotifier::new(url.clone()));
+    }
+    builder = builder.tier_from_fn(move |parts| {
+        let tier = parts.headers.get(&tier_header)?.to_str().ok()?;
+        Some(tier.trim().to_owned())
+    });
+    builder
+        .build()
+        .map_err(|error| ConfigError::field("quota", error.to_string()))
+}
+
+/// `+HH:MM` or `-HH:MM` as minutes east of UTC, at most 18 hours.
+fn parse_utc_offset(text: &str) -> Option<i32> {
+    let (sign, rest) = match text.as_bytes().first()? {
+        b'+' => (1, &text[1..]),
+        b'-' => (-1, &text[1..]),
+        _ => return None,
+    };
+    let (hours, minutes) = rest.split_once(':')?;
+    if hours.len() != 2 || minutes.len() != 2 {
+        return None;
+    }
+    let (hours, minutes): (i32, i32) = (hours.parse().ok()?, minutes.parse().ok()?);
+    let total = hours * 60 + minutes;
+    (minutes < 60 && total <= 18 * 60).then_some(sign * total)
 }
 
 /// The cost of a request from the route's `cost_header`: a whole number of at least 1; a request
@@ -1204,6 +1354,123 @@ mod tests {
         assert_eq!(limits.status("20-per-60s").unwrap().remaining, 0);
     }
 
+    /// The shipped config with its `[quota]` section turned on, edited by `edit`.
+    fn with_quota(edit: impl Fn(String) -> String) -> String {
+        let on = DEFAULT_CONFIG
+            .lines()
+            .map(|line| match line.strip_prefix("# ") {
+                Some(rest) if rest.starts_with("[quota]") || is_quota_line(rest) => rest,
+                _ => line,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        edit(on)
+    }
+
+    fn is_quota_line(line: &str) -> bool {
+        [
+            "key = \"user\"",
+            "tier_header",
+            "default_tier",
+            "tiers =",
+            "alert_at",
+            "alert_webhook",
+            "utc_offset",
+        ]
+        .iter()
+        .any(|start| line.starts_with(start))
+    }
+
+    #[test]
+    fn the_quota_section_reaches_every_route() {
+        let config = load_config(&with_quota(|text| text)).unwrap();
+        let quota = config.routes[0].policy.quota().expect("a quota");
+        assert_eq!(quota.name(), "daily");
+        assert_eq!(quota.limit_of("free"), Some(100));
+        assert_eq!(quota.limit_of("pro"), Some(5_000));
+        assert_eq!(quota.default_tier(), "free");
+        assert_eq!(quota.alert_percents(), [80, 100]);
+        assert_eq!(quota.utc_offset_minutes(), 0);
+        assert_eq!(quota.key().kind(), "user");
+        let east = load_config(&with_quota(|text| {
+            text.replace("utc_offset = \"+00:00\"", "utc_offset = \"+05:30\"")
+        }))
+        .unwrap();
+        assert_eq!(
+            east.routes[0].policy.quota().unwrap().utc_offset_minutes(),
+            330
+        );
+    }
+
+    #[test]
+    fn bad_quota_values_are_refused_naming_the_field() {
+        let cases = [
+            (
+                with_quota(|text| text.replace("{ free = 100, pro = 5000 }", "{}")),
+                "quota.tiers: must name at least one tier, such as { free = 100 }",
+            ),
+            (
+                with_quota(|text| text.replace("free = 100", "free = 0")),
+                "quota.tiers.free: must be 1 to 2^35 requests per day",
+            ),
+            (
+                with_quota(|text| {
+                    text.replace("default_tier = \"free\"", "default_tier = \"gold\"")
+                }),
+                r#"quota.default_tier: "gold" is not one of the tiers"#,
+            ),
+            (
+                with_quota(|text| text.replace("default_tier = \"free\"\n", "")),
+                "quota.default_tier: is required with more than one tier: the tier of requests without a known one",
+            ),
+            (
+                with_quota(|text| text.replace("[80, 100]", "[0, 100]")),
+                "quota.alert_at: 0 is not a percent from 1 to 100",
+            ),
+            (
+                with_quota(|text| text.replace("\"+00:00\"", "\"UTC\"")),
+                r#"quota.utc_offset: "UTC" is not an offset such as "+00:00", "+05:30" or "-08:00" (at most 18 hours)"#,
+            ),
+            (
+                with_quota(|text| text.replace("\"+00:00\"", "\"+19:00\"")),
+                r#"quota.utc_offset: "+19:00" is not an offset such as "+00:00", "+05:30" or "-08:00" (at most 18 hours)"#,
+            ),
+            (
+                with_quota(|text| text.replace("http://127.0.0.1:9000/alerts", "ftp://x")),
+                r#"quota.alert_webhook: "ftp://x" is not an http:// URL"#,
+            ),
+        ];
+        for (config, expected) in cases {
+            assert_eq!(error_of(&config), expected, "config:\n{config}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_quota_counts_per_user_by_tier_across_requests() {
+        let app = app_for(&with_quota(|text| {
+            text.replace("free = 100", "free = 3")
+                .replace("alert_webhook = \"http://127.0.0.1:9000/alerts\"\n", "")
+        }));
+        let headers = [("x-user-id", "hana")];
+        for _ in 0..3 {
+            let (status, _, _) = send(&app, Method::GET, "/api/ping", &headers).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+        let (status, response_headers, body) = send(&app, Method::GET, "/api/ping", &headers).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(body.contains(r#""violated-policies":["daily"]"#), "{body}");
+        assert!(
+            response_headers["ratelimit-policy"]
+                .to_str()
+                .unwrap()
+                .ends_with("\"daily\";q=3;w=86400")
+        );
+        // As pro, the same count is under a larger limit.
+        let pro = [("x-user-id", "hana"), ("x-tier", "pro")];
+        let (status, _, _) = send(&app, Method::GET, "/api/ping", &pro).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
     #[test]
     fn toml_errors_name_the_field_and_line() {
         // (config, where toml points, toml's last line: the field and what is wrong with it)
@@ -1213,7 +1480,7 @@ mod tests {
                 "line 1, column 1",
                 "unknown field `colour`, expected one of `listen`, `store`, `prefix`, \
                  `trusted_proxies`, `legacy_headers`, `forwarded_header`, `on_store_error`, \
-                 `store_timeout`, `routes`",
+                 `store_timeout`, `routes`, `quota`",
             ),
             (
                 edited("key = \"ip\"", "methods = [\"GET\"]"),

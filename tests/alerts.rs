@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::routing::{get, post};
+use axum::routing::get;
 use common::redis_server::{TestRedis, unique_prefix};
 use common::{request_from, send};
 use http::{Request, StatusCode};
@@ -198,6 +197,9 @@ async fn a_full_queue_drops_and_counts_and_never_blocks() {
 #[cfg(feature = "webhook")]
 mod webhook {
     use super::*;
+    use std::net::SocketAddr;
+
+    use axum::routing::post;
     use tower_redis_ratelimit::alert::WebhookNotifier;
 
     /// A webhook receiver on a free loopback port: what it got, and how it answers.

@@ -48,7 +48,8 @@ fn assert_every_key_expires(redis: &TestRedis, prefix: &str) -> usize {
         .unwrap();
     for key in &keys {
         let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut client).unwrap();
-        assert!(ttl > 0, "{key} has PTTL {ttl}");
+        // -1 is a key without expiry (-2: one that expired since the scan, 0: expiring now).
+        assert_ne!(ttl, -1, "{key} has no expiry");
     }
     keys.len()
 }
@@ -239,6 +240,47 @@ async fn one_round_trip_per_request_whatever_the_rules() {
             ("zrange", 50 * rules),
         ])
     );
+}
+
+#[tokio::test]
+async fn a_quota_rides_in_the_same_round_trip() {
+    let redis = TestRedis::own();
+    let prefix = unique_prefix("quota-trips");
+    let quota = tower_redis_ratelimit::Quota::builder("daily")
+        .prefix(&prefix)
+        .key(tower_redis_ratelimit::Key::ip())
+        .tier("free", 1_000)
+        .build()
+        .unwrap();
+    let policy = Policy::builder("trips")
+        .prefix(&prefix)
+        .rule(Rule::per_second(1_000))
+        .rule(Rule::per_minute(10_000))
+        .prevent_duplicate(Duration::from_millis(1))
+        .block_for(Duration::from_secs(1))
+        .quota(quota)
+        .build()
+        .unwrap();
+    let app = app(policy, store(&redis));
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    let before = command_calls(&redis);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(
+            send(&app, request_from(PEER, "/")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let after = command_calls(&redis);
+    let evalsha = after["evalsha"] - before.get("evalsha").copied().unwrap_or(0);
+    assert_eq!(
+        evalsha, 20,
+        "one EVALSHA per request, quota, guard and block included"
+    );
+    assert_every_key_expires(&redis, &prefix);
 }
 
 #[tokio::test]
