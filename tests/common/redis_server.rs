@@ -30,18 +30,33 @@ impl TestRedis {
 
     /// Always a server of our own, for tests that stop or flush it.
     pub fn own() -> TestRedis {
-        let port = free_port();
-        let mut server = TestRedis {
-            url: format!("redis://127.0.0.1:{port}/0"),
-            port: Some(port),
-            child: None,
-        };
-        server.start();
-        server
+        // A free port may be taken by another test's server between our probe and its bind; then
+        // ours exits and we would be talking to theirs (until their test ends). Try another port.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut server = TestRedis {
+                url: format!("redis://127.0.0.1:{port}/0"),
+                port: Some(port),
+                child: None,
+            };
+            if server.try_start() {
+                return server;
+            }
+        }
+        panic!("could not start a redis-server of our own on a free port in 5 tries");
     }
 
     /// Starts (again) our own server on its port.
     pub fn start(&mut self) {
+        assert!(
+            self.try_start(),
+            "redis-server could not start on port {:?} (taken by another process?)",
+            self.port
+        );
+    }
+
+    /// Starts our own server on its port; `false` if what listens there is not it.
+    fn try_start(&mut self) -> bool {
         let port = self.port.expect("only a server of our own can be started");
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string()])
@@ -57,16 +72,39 @@ impl TestRedis {
                      or point REDIS_URL at a running Redis, e.g. REDIS_URL=redis://127.0.0.1:6379/0"
                 )
             });
+        let pid = child.id();
         self.child = Some(child);
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_err() {
+        loop {
+            if let Some(child) = &mut self.child
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                return false; // it exited: the port was taken
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
                 "redis-server did not listen on {addr} within 10 s"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Something listens: make sure it is our process.
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.client())
+            .unwrap_or_default();
+        let ours = info
+            .lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .is_some_and(|found| found.trim() == pid.to_string());
+        if !ours {
+            self.stop();
+        }
+        ours
     }
 
     /// Stops our own server (as a crash would: no shutdown handshake with clients).
