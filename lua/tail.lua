@@ -25,7 +25,7 @@ end
 -- The daily quota: a fixed window of one day, starting at the quota's midnight.
 local quota = nil
 if quota_key then
-  local start = now - (now + quota_day - quota_offset % quota_day) % quota_day
+  local start = quota_day_start()
   local count = tonumber(call('HGET', quota_key, start)) or 0
   quota = {start = start, count = count, fits = count + cost <= quota_limit}
   if not quota.fits then

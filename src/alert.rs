@@ -11,7 +11,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
 #[cfg(feature = "webhook")]
 use std::time::Duration;
 
@@ -85,8 +85,9 @@ impl AlertStats {
 pub(crate) struct AlertQueue {
     notifier: Arc<dyn QuotaNotifier>,
     capacity: usize,
-    /// Made, with its draining task, by the first alert (which runs on the app's runtime).
-    sender: OnceLock<mpsc::Sender<QuotaAlert>>,
+    /// Made, with its draining task, by the first alert (which runs on the app's runtime), and
+    /// made again should that runtime have shut down.
+    sender: Mutex<Option<mpsc::Sender<QuotaAlert>>>,
     stats: Arc<AlertStats>,
 }
 
@@ -104,7 +105,7 @@ impl AlertQueue {
         AlertQueue {
             notifier,
             capacity: capacity.max(1),
-            sender: OnceLock::new(),
+            sender: Mutex::new(None),
             stats: Arc::default(),
         }
     }
@@ -115,29 +116,28 @@ impl AlertQueue {
 
     /// Queues `alert` without waiting: a full queue drops it.
     pub(crate) fn push(&self, alert: QuotaAlert) {
-        let Some(sender) = self.sender() else {
-            self.drop_alert(&alert, "no tokio runtime to send it from");
-            return;
-        };
-        if let Err(error) = sender.try_send(alert) {
-            let alert = match error {
-                mpsc::error::TrySendError::Full(alert)
-                | mpsc::error::TrySendError::Closed(alert) => alert,
+        let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
+        if sender.as_ref().is_none_or(mpsc::Sender::is_closed) {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                drop(sender);
+                self.drop_alert(&alert, "no tokio runtime to send it from");
+                return;
             };
-            self.drop_alert(&alert, "the alert queue is full");
-        }
-    }
-
-    fn sender(&self) -> Option<&mpsc::Sender<QuotaAlert>> {
-        if let Some(sender) = self.sender.get() {
-            return Some(sender);
-        }
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
-        Some(self.sender.get_or_init(|| {
-            let (sender, receiver) = mpsc::channel(self.capacity);
+            let (new_sender, receiver) = mpsc::channel(self.capacity);
             runtime.spawn(drain(receiver, self.notifier.clone(), self.stats.clone()));
-            sender
-        }))
+            *sender = Some(new_sender);
+        }
+        let result = sender.as_ref().map(|sender| sender.try_send(alert));
+        drop(sender);
+        match result {
+            Some(Err(mpsc::error::TrySendError::Full(alert))) => {
+                self.drop_alert(&alert, "the alert queue is full");
+            }
+            Some(Err(mpsc::error::TrySendError::Closed(alert))) => {
+                self.drop_alert(&alert, "the alert task has stopped");
+            }
+            Some(Ok(())) | None => {}
+        }
     }
 
     fn drop_alert(&self, alert: &QuotaAlert, why: &str) {

@@ -7,13 +7,15 @@ use std::time::Duration;
 
 /// The outcome of checking one request against every rule of a policy.
 ///
-/// `rules` holds one [`RuleState`] per rule, in the policy's rule order. When `allowed` is `true` the
-/// request was recorded in every rule; when it is `false` it was recorded in none (all-or-nothing).
+/// `rules` holds one [`RuleState`] per rule, in the policy's rule order, then one for the policy's
+/// daily [`Quota`](crate::Quota) when the request had one (so an index past the policy's rules is
+/// the quota's). When `allowed` is `true` the request was recorded in every rule; when it is
+/// `false` it was recorded in none (all-or-nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     /// Whether every rule admitted the request.
     pub allowed: bool,
-    /// The state of each rule after the check, in the policy's rule order.
+    /// The state of each rule after the check, in the policy's rule order, then the daily quota's.
     pub rules: Vec<RuleState>,
     /// The store's clock when it decided, in milliseconds since the Unix epoch. For the Redis store
     /// this is Redis `TIME`, so absolute reset times don't depend on the app server's clock.

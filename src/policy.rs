@@ -406,7 +406,8 @@ pub enum PolicyError {
         /// The rule as text.
         rule: String,
     },
-    /// Two rules have the same name, so clients couldn't tell them apart.
+    /// Two rules have the same name, so clients couldn't tell them apart (`index` is one past the
+    /// rules when the daily quota has the name of a rule).
     #[error("policy {policy:?}, rules[{index}] has the name {name:?} of rules[{first}]")]
     DuplicateRuleName {
         /// The policy's name.
@@ -1039,6 +1040,17 @@ impl PolicyBuilder {
             sf_names.push(sf_name);
             rule_names.push(name.into());
         }
+        if let Some(quota) = &self.quota
+            && let Some(first) = rule_names.iter().position(|name| **name == *quota.name())
+        {
+            // Clients tell the quota's header item from the rules' by name.
+            return Err(PolicyError::DuplicateRuleName {
+                policy: policy(),
+                index: self.rules.len(),
+                first,
+                name: quota.name().to_owned(),
+            });
+        }
         let items: Vec<PolicyItem<'_>> = self
             .rules
             .iter()
@@ -1313,6 +1325,42 @@ mod tests {
                 .build(),
             Err(PolicyError::DuplicateRule { index: 1, .. })
         ));
+    }
+
+    #[test]
+    fn a_quota_named_like_a_rule_is_refused() {
+        let quota = Quota::builder("hourly").tier("free", 10).build().unwrap();
+        let error = Policy::builder("p")
+            .rule(Rule::per_minute(5))
+            .rule(Rule::per_hour(50).named("hourly"))
+            .quota(quota)
+            .build()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            PolicyError::DuplicateRuleName {
+                index: 2,
+                first: 1,
+                ..
+            }
+        ));
+        // Any offset is checked, the extremes of i32 included.
+        for minutes in [i32::MIN, i32::MAX, 18 * 60 + 1, -18 * 60 - 1] {
+            assert!(
+                Quota::builder("q")
+                    .tier("free", 1)
+                    .utc_offset_minutes(minutes)
+                    .build()
+                    .is_err()
+            );
+        }
+        assert!(
+            Quota::builder("q")
+                .tier("free", 1)
+                .utc_offset_minutes(-18 * 60)
+                .build()
+                .is_ok()
+        );
     }
 
     #[test]

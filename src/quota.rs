@@ -474,7 +474,7 @@ impl QuotaBuilder {
         }
         alert_percents.sort_unstable();
         alert_percents.dedup();
-        if self.utc_offset_minutes.abs() > 18 * 60 {
+        if self.utc_offset_minutes.unsigned_abs() > 18 * 60 {
             return Err(QuotaError::BadUtcOffset { quota: quota() });
         }
         if self.day.is_zero()

@@ -136,20 +136,19 @@ pub(crate) fn key_unavailable(status: StatusCode) -> Response<Body> {
     })
 }
 
-/// The 413 for a request that costs more than a rule could ever admit: waiting won't help, so it
-/// gets no `Retry-After`, and the body says what it costs and what the rule allows.
-pub(crate) fn too_costly(policy: &Policy, cost: u64, rule: usize) -> Response<Body> {
-    let name = &*policy.rule_names()[rule];
+/// The 413 for a request that costs more than a rule (or the daily quota) could ever admit:
+/// waiting won't help, so it gets no `Retry-After`, and the body says what it costs and what the
+/// rule allows.
+pub(crate) fn too_costly(policy: &Policy, cost: u64, rule: &str, at_most: u64) -> Response<Body> {
     let detail = format!(
-        "This request costs {cost} units; rule \"{name}\" admits at most {} at once.",
-        policy.max_cost()
+        "This request costs {cost} units; rule \"{rule}\" admits at most {at_most} at once."
     );
     let mut response = problem(&Problem {
         kind: "about:blank",
         title: "Request costs more than the rate limit allows",
         status: StatusCode::PAYLOAD_TOO_LARGE,
         detail: &detail,
-        violated_policies: Some(&[name]),
+        violated_policies: Some(&[rule]),
     });
     response
         .headers_mut()

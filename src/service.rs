@@ -91,13 +91,22 @@ impl Limiter {
             }
         };
         let cost = policy.cost(parts);
-        if let Some(rule) = policy.too_costly(cost) {
+        let quota = policy.quota().and_then(|quota| quota.lookup(parts));
+        // A request no rule (nor the day's quota) could ever admit: waiting won't help.
+        let too_costly = match (policy.too_costly(cost), &quota) {
+            (Some(rule), _) => Some((&*policy.rule_names()[rule], policy.max_cost())),
+            (None, Some(lookup)) if cost > lookup.limit => {
+                policy.quota().map(|quota| (quota.name(), lookup.limit))
+            }
+            _ => None,
+        };
+        if let Some((rule, at_most)) = too_costly {
             if policy.mode() == Mode::Shadow {
                 // Shadow mode refuses nothing, not even this; the store has nothing to say about it.
                 self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
                     policy = policy.name(),
-                    rule = &*policy.rule_names()[rule],
+                    rule,
                     cost,
                     key_kind = key.kind(),
                     key = key.identity(),
@@ -105,9 +114,8 @@ impl Limiter {
                 );
                 return Prepared::Unlimited;
             }
-            return Prepared::Respond(response::too_costly(policy, cost, rule));
+            return Prepared::Respond(response::too_costly(policy, cost, rule, at_most));
         }
-        let quota = policy.quota().and_then(|quota| quota.lookup(parts));
         Prepared::Check(Checked { key, cost, quota })
     }
 
@@ -125,9 +133,11 @@ impl Limiter {
                     quota.day_start_offset_ms(),
                     &lookup.thresholds,
                 )
+                .identity(lookup.key.identity())
             });
         self.store.check(
             &CheckRequest::new(checked.key.as_str(), policy.rules(), policy.algorithm())
+                .identity(checked.key.identity())
                 .cost(checked.cost)
                 .max_delay(policy.mode().max_delay())
                 .block_for(policy.block_for())

@@ -755,15 +755,15 @@ async fn a_quota_race_over_two_instances_admits_the_limit_and_alerts_once() {
     let mut client = redis.client();
     for (key, at_most_ms) in [
         (
-            format!("{prefix}:{{{prefix}:daily:user:free-user}}:q:86400000:0"),
+            format!("{prefix}:{{user:free-user}}:daily:q:86400000:0"),
             86_400_000,
         ),
         (
-            format!("{prefix}:{{{prefix}:daily:user:free-user}}:qa:80"),
+            format!("{prefix}:{{user:free-user}}:daily:qa:80"),
             30 * 3_600_000,
         ),
         (
-            format!("{prefix}:{{{prefix}:daily:user:free-user}}:qa:100"),
+            format!("{prefix}:{{user:free-user}}:daily:qa:100"),
             30 * 3_600_000,
         ),
     ] {
@@ -771,13 +771,39 @@ async fn a_quota_race_over_two_instances_admits_the_limit_and_alerts_once() {
         assert!(ttl > 0 && ttl <= at_most_ms, "{key}: PTTL {ttl}");
     }
     let flag_ttl: i64 = redis::cmd("PTTL")
-        .arg(format!("{prefix}:{{{prefix}:daily:user:free-user}}:qa:80"))
+        .arg(format!("{prefix}:{{user:free-user}}:daily:qa:80"))
         .query(&mut client)
         .unwrap();
     assert!(
         flag_ttl > 29 * 3_600_000,
         "the flag lives 30 h, not {flag_ttl} ms"
     );
+    assert_every_key_expires(&redis, &prefix);
+}
+
+/// During a penalty block a used-up quota still says it is out until midnight, as in memory.
+#[tokio::test]
+async fn a_block_on_redis_does_not_hide_a_used_up_quota() {
+    let redis = TestRedis::shared();
+    let store = store(&redis);
+    let prefix = unique_prefix("blockquota");
+    let rules = [Rule::per_minute(10)];
+    let quota_key = format!("{prefix}:daily:user:ida");
+    let key = format!("{prefix}:p:user:ida");
+    let quota = QuotaRequest::new(&quota_key, 1, 86_400_000, 0, &[]).identity("user:ida");
+    let request = CheckRequest::new(&key, &rules, Algorithm::SlidingLog)
+        .identity("user:ida")
+        .block_for(Some(Duration::from_secs(10)))
+        .quota(Some(quota));
+    assert!(store.check(&request).await.unwrap().allowed);
+    let refused = store.check(&request).await.unwrap();
+    let blocked = store.check(&request).await.unwrap();
+    let to_midnight = |decision: &tower_redis_ratelimit::Decision| {
+        Duration::from_millis(86_400_000 - decision.now_unix_ms % 86_400_000)
+    };
+    assert_eq!(refused.retry_after(), Some(to_midnight(&refused)));
+    assert_eq!(blocked.retry_after(), Some(to_midnight(&blocked)));
+    assert!(blocked.rules[0].retry_after.unwrap() <= Duration::from_secs(10));
     assert_every_key_expires(&redis, &prefix);
 }
 

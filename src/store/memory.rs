@@ -128,6 +128,8 @@ struct Shared {
     hasher: RandomState,
     clock: Box<dyn Clock>,
     max_keys_per_shard: usize,
+    /// The most quota counters kept (the store's `max_keys`).
+    max_keys: usize,
     evictions: AtomicU64,
 }
 
@@ -247,7 +249,7 @@ impl MemoryStore {
         // order), so the rules and the quota are checked and recorded as one step.
         let mut quotas = request.quota.map(|_| lock(&shared.quotas));
         let mut quota = match (&mut quotas, request.quota) {
-            (Some(table), Some(quota)) => Some((table.counter(&quota, now), quota)),
+            (Some(table), Some(quota)) => Some((table.counter(&quota, now, shared), quota)),
             _ => None,
         };
         if let Some(entry) = shard
@@ -303,8 +305,9 @@ pub struct MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// The most distinct keys kept (default 100 000; at least one per shard). When full, the entry
-    /// closest to expiry is evicted to make room, and [`MemoryStore::evictions`] counts it.
+    /// The most distinct keys kept (default 100 000; at least one per shard), and as many daily
+    /// quota counters. When full, the least recently checked entry is evicted to make room, and
+    /// [`MemoryStore::evictions`] counts it.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -332,6 +335,7 @@ impl MemoryStoreBuilder {
             hasher: RandomState::new(),
             clock: self.clock.unwrap_or_else(|| Box::new(SystemClock::new())),
             max_keys_per_shard,
+            max_keys: self.max_keys.max(1),
             evictions: AtomicU64::new(0),
         }))
     }
@@ -423,7 +427,7 @@ impl Entry {
     ) -> Decision {
         self.last_seen_ms = now;
         if self.blocked_until_ms > now {
-            return self.blocked(request, now);
+            return self.blocked(request, now, quota.as_deref());
         }
         let cost = request.cost;
         let mut allowed = true;
@@ -539,23 +543,37 @@ impl Entry {
         }
     }
 
-    /// The answer during a penalty block: nothing is available until it ends.
-    fn blocked(&self, request: &CheckRequest<'_>, now: u64) -> Decision {
-        let left = Duration::from_millis(self.blocked_until_ms - now);
+    /// The answer during a penalty block: nothing is available until it ends. A quota that is used
+    /// up stays so past the block, to the end of its day: its item says when.
+    fn blocked(
+        &self,
+        request: &CheckRequest<'_>,
+        now: u64,
+        quota: Option<&(&mut QuotaCounter, QuotaRequest<'_>)>,
+    ) -> Decision {
+        let left = self.blocked_until_ms - now;
+        let state = |limit, wait: u64| RuleState {
+            limit,
+            remaining: 0,
+            reset: Duration::from_millis(wait),
+            retry_after: Some(Duration::from_millis(wait)),
+        };
+        let mut rules: Vec<RuleState> = request
+            .rules
+            .iter()
+            .map(|rule| state(rule.limit(), left))
+            .collect();
+        if let Some((counter, quota)) = quota {
+            let wait = if counter.fits(request.cost, quota.limit) {
+                left
+            } else {
+                left.max(counter.admits_after(request.cost, quota, now))
+            };
+            rules.push(state(quota.limit, wait));
+        }
         Decision {
             allowed: false,
-            rules: request
-                .rules
-                .iter()
-                .map(Rule::limit)
-                .chain(request.quota.map(|quota| quota.limit))
-                .map(|limit| RuleState {
-                    limit,
-                    remaining: 0,
-                    reset: left,
-                    retry_after: Some(left),
-                })
-                .collect(),
+            rules,
             now_unix_ms: now,
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
@@ -595,17 +613,43 @@ struct QuotaCounter {
     ends_ms: u64,
     /// Per threshold percent: the day start it fired for and when that flag expires.
     flags: Vec<(u8, u64, u64)>,
+    /// The latest check, for eviction.
+    last_seen_ms: u64,
 }
 
 impl QuotaTable {
     /// The counter of `quota`'s key, rolled over to the day of `now`.
-    fn counter(&mut self, quota: &QuotaRequest<'_>, now: u64) -> &mut QuotaCounter {
+    /// The counter of `quota`'s key, rolled over to the day of `now`. A full table (as many quota
+    /// keys as the store's `max_keys`) makes room as the shards do: expired counters go, then the
+    /// least recently checked one.
+    fn counter(
+        &mut self,
+        quota: &QuotaRequest<'_>,
+        now: u64,
+        shared: &Shared,
+    ) -> &mut QuotaCounter {
         if now >= self.next_sweep_ms {
             self.counters
                 .retain(|_, counter| counter.expires_at() > now);
             self.next_sweep_ms = now.saturating_add(SWEEP_INTERVAL_MS);
         }
+        if !self.counters.contains_key(quota.key) && self.counters.len() >= shared.max_keys {
+            self.counters
+                .retain(|_, counter| counter.expires_at() > now);
+            if self.counters.len() >= shared.max_keys {
+                let victim = self
+                    .counters
+                    .iter()
+                    .min_by_key(|(_, counter)| counter.last_seen_ms)
+                    .map(|(key, _)| key.clone());
+                if let Some(victim) = victim {
+                    self.counters.remove(&victim);
+                    shared.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         let counter = self.counters.entry(quota.key.into()).or_default();
+        counter.last_seen_ms = now;
         let start = quota.day_start(now);
         if start > counter.start_ms {
             counter.start_ms = start;
@@ -1363,6 +1407,61 @@ mod tests {
         }
         // A new day, a new 80 % alert at its eighth request.
         assert_eq!(check("rl:a:user:ann").quota_alerts, [80]);
+    }
+
+    #[test]
+    fn quota_counters_are_capped_like_keys() {
+        let clock = ManualClock::new(0);
+        let store = MemoryStore::builder()
+            .max_keys(2)
+            .clock(clock.clone())
+            .build();
+        let rules = [Rule::per_minute(100)];
+        let check = |user: &str| {
+            clock.advance(Duration::from_millis(1));
+            let quota_key = format!("rl:daily:user:{user}");
+            let quota = QuotaRequest::new(&quota_key, 1, 86_400_000, 0, &[]);
+            store
+                .check_now(
+                    &CheckRequest::new("rl:p:global", &rules, Algorithm::FixedWindow)
+                        .quota(Some(quota)),
+                )
+                .allowed
+        };
+        assert!(check("a"));
+        assert!(!check("a"));
+        let evictions = store.evictions();
+        assert!(check("b"));
+        assert!(
+            check("c"),
+            "a third user evicts the least recently checked counter"
+        );
+        assert_eq!(store.evictions(), evictions + 1);
+        assert!(!check("c"));
+        assert!(check("a"), "a's counter was evicted: a starts afresh");
+    }
+
+    #[test]
+    fn a_block_does_not_hide_a_used_up_quota() {
+        const DAY: u64 = 86_400_000;
+        let clock = ManualClock::new(10 * DAY + 1_000);
+        let store = store(&clock);
+        let rules = [Rule::per_minute(10)];
+        let quota = QuotaRequest::new("rl:daily:user:ida", 1, DAY, 0, &[]);
+        let request = CheckRequest::new("rl:p:user:ida", &rules, Algorithm::SlidingLog)
+            .block_for(Some(Duration::from_secs(10)))
+            .quota(Some(quota));
+        assert!(store.check_now(&request).allowed);
+        let to_midnight = Duration::from_millis(DAY - 1_000);
+        assert_eq!(store.check_now(&request).retry_after(), Some(to_midnight));
+        clock.advance(Duration::from_secs(5));
+        // Blocked for 5 s more, but the quota is out until midnight: that is when to come back.
+        let blocked = store.check_now(&request);
+        assert_eq!(
+            blocked.retry_after(),
+            Some(to_midnight - Duration::from_secs(5))
+        );
+        assert_eq!(blocked.rules[0].retry_after, Some(Duration::from_secs(5)));
     }
 
     #[test]

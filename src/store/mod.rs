@@ -45,6 +45,10 @@ pub struct CheckRequest<'a> {
     /// The key of the bucket, as built by the policy (`prefix:policy:identity`): it starts with the
     /// policy's prefix and a colon, and has no braces, so a store may wrap it in a hash tag.
     pub key: &'a str,
+    /// The identity at the end of `key` (`user:alice`): the keys of one identity, a quota's
+    /// included, may be stored together (the Redis store makes it the hash tag, so they share a
+    /// Redis Cluster slot). [`CheckRequest::new`] takes the whole key.
+    pub identity: &'a str,
     /// The rules, every one of which must admit the request.
     pub rules: &'a [Rule],
     /// How to count.
@@ -73,6 +77,9 @@ pub struct CheckRequest<'a> {
 pub struct QuotaRequest<'a> {
     /// The quota's key (`prefix:quota:identity`): braces-free, so a store may wrap it in a hash tag.
     pub key: &'a str,
+    /// The identity at the end of `key`, as [`CheckRequest::identity`]; [`QuotaRequest::new`]
+    /// takes the whole key.
+    pub identity: &'a str,
     /// The request's tier's limit per day.
     pub limit: u64,
     /// The length of a day, in ms (86 400 000 but in tests).
@@ -97,11 +104,18 @@ impl<'a> QuotaRequest<'a> {
     ) -> Self {
         QuotaRequest {
             key,
+            identity: key,
             limit,
             day_ms,
             day_start_offset_ms,
             thresholds,
         }
+    }
+
+    /// Sets the identity at the end of the key.
+    pub fn identity(mut self, identity: &'a str) -> Self {
+        self.identity = identity;
+        self
     }
 
     /// The start of the day that `now` (ms) falls in.
@@ -116,6 +130,7 @@ impl<'a> CheckRequest<'a> {
     pub fn new(key: &'a str, rules: &'a [Rule], algorithm: Algorithm) -> Self {
         CheckRequest {
             key,
+            identity: key,
             rules,
             algorithm,
             cost: 1,
@@ -123,6 +138,12 @@ impl<'a> CheckRequest<'a> {
             block_for: None,
             quota: None,
         }
+    }
+
+    /// Sets the identity at the end of the key.
+    pub fn identity(mut self, identity: &'a str) -> Self {
+        self.identity = identity;
+        self
     }
 
     /// Sets the cost.

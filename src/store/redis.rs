@@ -181,6 +181,7 @@ fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
         write_key(
             &mut key,
             request.key,
+            request.identity,
             &["dup", window.format(guard.period_ms())],
         );
         command.arg(key.as_str());
@@ -191,20 +192,21 @@ fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
             day.format(quota.day_ms),
             offset.format(quota.day_start_offset_ms),
         );
-        write_key(&mut key, quota.key, &["q", day, offset]);
+        write_key(&mut key, quota.key, quota.identity, &["q", day, offset]);
         command.arg(key.as_str());
         for threshold in quota.thresholds {
             let mut percent = itoa::Buffer::new();
             write_key(
                 &mut key,
                 quota.key,
+                quota.identity,
                 &["qa", percent.format(threshold.percent)],
             );
             command.arg(key.as_str());
         }
     }
     if block_ms > 0 {
-        write_key(&mut key, request.key, &["block"]);
+        write_key(&mut key, request.key, request.identity, &["block"]);
         command.arg(key.as_str());
     }
     command
@@ -230,10 +232,9 @@ fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
 }
 
 /// The key of one counted rule:
-/// `<prefix>:{<prefix>:<policy>:<identity>}:<algorithm>:<period ms>:<limit>` (and `:<burst>` for a
-/// token bucket). Every key starts with the prefix, so `SCAN MATCH <prefix>:*` finds them all; the
-/// braces make the whole policy key the hash tag, so every key of one identity lands on one Redis
-/// Cluster slot; a counter per algorithm, period and limit gives every rule of a policy its own
+/// `<prefix>:{<identity>}:<policy>:<algorithm>:<period ms>:<limit>` (and `:<burst>` for a token
+/// bucket). Every key starts with the prefix, so `SCAN MATCH <prefix>:*` finds them all; the
+/// identity is the hash tag (see [`write_key`]); a counter per algorithm, period and limit gives every rule of a policy its own
 /// key (a policy can't hold the same rule twice) and keeps rule sets that share a key apart, as in
 /// the memory store.
 fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
@@ -255,19 +256,43 @@ fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
         burst.format(rule.burst_size()),
     ];
     let with_burst = request.algorithm == Algorithm::TokenBucket;
-    write_key(key, request.key, &parts[..if with_burst { 4 } else { 3 }]);
+    write_key(
+        key,
+        request.key,
+        request.identity,
+        &parts[..if with_burst { 4 } else { 3 }],
+    );
 }
 
-/// Writes `<prefix>:{<base>}:<part>:<part>…` into `key`, replacing what it held: `base` is a
-/// policy's or a quota's key, whose first part is its prefix.
-fn write_key(key: &mut String, base: &str, parts: &[&str]) {
+/// Writes the store key of `parts` under `base` (a policy's or a quota's key,
+/// `<prefix>:<name>:<identity>`) into `key`, replacing what it held:
+/// `<prefix>:{<identity>}:<name>:<part>:<part>…`. The identity is the hash tag, so every key of one
+/// identity (every rule of every policy, and a quota keyed the same way) lands on one Redis
+/// Cluster slot. A `base` that doesn't end with `identity` is the tag whole:
+/// `<prefix>:{<base>}:<part>…`.
+fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
     // A prefix can't contain ':' (policies refuse it), so the key's first part is the prefix.
     let prefix = base.split_once(':').map_or(base, |(prefix, _)| prefix);
+    let name = base
+        .strip_suffix(identity)
+        .and_then(|rest| rest.strip_suffix(':'))
+        .and_then(|rest| rest.strip_prefix(prefix))
+        .and_then(|rest| rest.strip_prefix(':'))
+        .filter(|name| !name.is_empty() && !identity.is_empty());
     key.clear();
     key.push_str(prefix);
     key.push_str(":{");
-    key.push_str(base);
-    key.push('}');
+    match name {
+        Some(name) => {
+            key.push_str(identity);
+            key.push_str("}:");
+            key.push_str(name);
+        }
+        None => {
+            key.push_str(base);
+            key.push('}');
+        }
+    }
     for part in parts {
         key.push(':');
         key.push_str(part);
@@ -529,7 +554,8 @@ mod tests {
     #[test]
     fn keys_share_the_identity_hash_tag_and_name_algorithm_and_period() {
         let rules = [Rule::per_minute(10), Rule::per_hour(100)];
-        let request = CheckRequest::new("rl:login:ip:2001:db8::/64", &rules, Algorithm::SlidingLog);
+        let request = CheckRequest::new("rl:login:ip:2001:db8::/64", &rules, Algorithm::SlidingLog)
+            .identity("ip:2001:db8::/64");
         let keys: Vec<String> = rules
             .iter()
             .map(|rule| {
@@ -541,8 +567,8 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "rl:{rl:login:ip:2001:db8::/64}:sl:60000:10",
-                "rl:{rl:login:ip:2001:db8::/64}:sl:3600000:100"
+                "rl:{ip:2001:db8::/64}:login:sl:60000:10",
+                "rl:{ip:2001:db8::/64}:login:sl:3600000:100"
             ]
         );
     }
@@ -555,6 +581,20 @@ mod tests {
                 other => panic!("EVALSHA has only plain arguments, not {other:?}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_key_that_does_not_end_with_its_identity_is_its_own_tag() {
+        let mut key = String::new();
+        write_key(&mut key, "rl:api:global", "user:x", &["fw"]);
+        assert_eq!(key, "rl:{rl:api:global}:fw");
+        write_key(
+            &mut key,
+            "rl:api:GETunmatched:ip:192.0.2.1",
+            "ip:192.0.2.1",
+            &["fw"],
+        );
+        assert_eq!(key, "rl:{ip:192.0.2.1}:api:GETunmatched:fw");
     }
 
     #[test]
@@ -649,8 +689,11 @@ mod tests {
             86_400_000,
             61_200_000,
             &thresholds,
-        );
-        let request = CheckRequest::new("rl:api:ip:192.0.2.1", &rules, Algorithm::SlidingLog)
+        )
+        .identity("user:ann");
+        // Keyed like the quota, the policy's keys share its hash tag (one Cluster slot).
+        let request = CheckRequest::new("rl:api:user:ann", &rules, Algorithm::SlidingLog)
+            .identity("user:ann")
             .quota(Some(quota));
         assert_eq!(
             args_of(&evalsha_command("abc", &request)),
@@ -658,10 +701,10 @@ mod tests {
                 "EVALSHA",
                 "abc",
                 "4",
-                "rl:{rl:api:ip:192.0.2.1}:sl:60000:20",
-                "rl:{rl:daily:user:ann}:q:86400000:61200000",
-                "rl:{rl:daily:user:ann}:qa:80",
-                "rl:{rl:daily:user:ann}:qa:100",
+                "rl:{user:ann}:api:sl:60000:20",
+                "rl:{user:ann}:daily:q:86400000:61200000",
+                "rl:{user:ann}:daily:qa:80",
+                "rl:{user:ann}:daily:qa:100",
                 "1",
                 "1",
                 "0",

@@ -251,6 +251,13 @@ pub async fn policy_features_work(store: impl Store + Clone, prefix: &str) {
         send(&app, as_user("bob", None)).await.status(),
         StatusCode::OK
     );
+    // More than the tier allows in a day is a 413 naming the quota, not a day-long 429.
+    let too_costly = send(&app, weighing(3)).await;
+    assert_eq!(too_costly.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        json(too_costly).await["detail"],
+        "This request costs 3 units; rule \"daily\" admits at most 2 at once."
+    );
 
     // The penalty block: once refused, refused for 15 minutes, not the rest of the minute.
     let (app, _) = feature_app(
@@ -411,10 +418,13 @@ pub async fn a_quota_race_admits_the_limit_and_alerts_once(
                 let rules = [Rule::per_second(1_000)];
                 let quota_key = format!("{prefix}:daily:user:free-user");
                 let key = format!("{prefix}:api:user:free-user");
-                let quota = QuotaRequest::new(&quota_key, 100, 86_400_000, 0, &thresholds);
+                let quota = QuotaRequest::new(&quota_key, 100, 86_400_000, 0, &thresholds)
+                    .identity("user:free-user");
                 store
                     .check(
-                        &CheckRequest::new(&key, &rules, Algorithm::SlidingLog).quota(Some(quota)),
+                        &CheckRequest::new(&key, &rules, Algorithm::SlidingLog)
+                            .identity("user:free-user")
+                            .quota(Some(quota)),
                     )
                     .await
                     .expect("the store answers")
