@@ -857,7 +857,7 @@ type Case = (
     Vec<(u64, u64, u64)>,
     bool,
     bool,
-    Option<u64>,
+    Option<(u64, u64)>,
     Vec<(usize, u64)>,
 );
 
@@ -884,7 +884,8 @@ fn sequences() -> impl Strategy<Value = Case> {
         seen.len() == rules.len()
     });
     let requests = prop::collection::vec((0usize..3, 0u64..4), 1..25);
-    let quota = prop::option::of(1u64..8);
+    // A daily limit and where its days start (the UTC offset's midnight, as ms after UTC's).
+    let quota = prop::option::of((1u64..8, 0u64..86_400_000));
     (
         algorithm,
         rules,
@@ -934,15 +935,18 @@ fn memory_and_redis_agree() {
                 for (who, cost) in requests {
                     let key = format!("{prefix}:p{}:user:{who}", cost % 2);
                     let quota_key = format!("{prefix}:daily:user:{who}");
-                    let thresholds = quota.map(|limit| {
+                    let thresholds = quota.map(|(limit, _)| {
                         [50u8, 100].map(|percent| QuotaThreshold {
                             percent,
                             used: (u64::from(percent) * limit).div_ceil(100),
                         })
                     });
-                    let quota = quota.zip(thresholds.as_ref()).map(|(limit, thresholds)| {
-                        QuotaRequest::new(&quota_key, limit, 86_400_000, 0, thresholds)
-                    });
+                    let quota =
+                        quota
+                            .zip(thresholds.as_ref())
+                            .map(|((limit, offset), thresholds)| {
+                                QuotaRequest::new(&quota_key, limit, 86_400_000, offset, thresholds)
+                            });
                     let request = CheckRequest::new(&key, policy.rules(), algorithm)
                         .cost(cost)
                         .block_for(block_for)
@@ -958,6 +962,19 @@ fn memory_and_redis_agree() {
                             .collect::<Vec<_>>()
                     };
                     prop_assert_eq!(remaining(&in_memory), remaining(&in_redis));
+                    // Resets and retries agree too, up to the two clocks' difference (the memory
+                    // store's ms since its start against Redis TIME, a few ms apart at most).
+                    for (memory, redis) in in_memory.rules.iter().zip(&in_redis.rules) {
+                        let close =
+                            |a: Duration, b: Duration| a.abs_diff(b) <= Duration::from_millis(500);
+                        prop_assert!(
+                            close(memory.reset, redis.reset),
+                            "reset {memory:?} vs {redis:?}"
+                        );
+                        if let (Some(a), Some(b)) = (memory.retry_after, redis.retry_after) {
+                            prop_assert!(close(a, b), "retry {memory:?} vs {redis:?}");
+                        }
+                    }
                 }
                 Ok(())
             })?;
