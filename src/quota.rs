@@ -76,6 +76,8 @@ struct Inner {
     utc_offset_minutes: i32,
     day: Duration,
     alert_percents: Vec<u8>,
+    /// Per tier, the counts its alert thresholds are reached at: worked out once, here.
+    thresholds: Vec<Vec<QuotaThreshold>>,
     sf_name: SfName,
     /// Where alerts go; without a notifier they are only logged.
     alerts: Option<AlertQueue>,
@@ -307,22 +309,16 @@ impl Quota {
         let index = named
             .and_then(|name| self.0.tiers.iter().position(|(tier, _)| *tier == *name))
             .unwrap_or(self.0.default_tier);
-        let limit = self.0.tiers[index].1;
-        let thresholds = self
-            .0
-            .alert_percents
-            .iter()
-            .map(|&percent| QuotaThreshold {
-                percent,
-                used: (u64::from(percent) * limit).div_ceil(100),
-            })
-            .collect();
         Some(QuotaLookup {
             key,
             tier: index,
-            limit,
-            thresholds,
+            limit: self.0.tiers[index].1,
         })
+    }
+
+    /// The alert thresholds of tier `index`, as counts.
+    pub(crate) fn thresholds(&self, tier: usize) -> &[QuotaThreshold] {
+        &self.0.thresholds[tier]
     }
 
     /// The name of tier `index`.
@@ -331,13 +327,12 @@ impl Quota {
     }
 }
 
-/// The quota of one request: its key, tier and limit, and the counts its alerts fire at.
+/// The quota of one request: its key, tier and limit.
 #[derive(Debug, Clone)]
 pub(crate) struct QuotaLookup {
     pub(crate) key: StorageKey,
     pub(crate) tier: usize,
     pub(crate) limit: u64,
-    pub(crate) thresholds: Vec<QuotaThreshold>,
 }
 
 /// An alert threshold of a quota: `percent` of the limit, reached at `used` units.
@@ -495,6 +490,19 @@ impl QuotaBuilder {
             .map_err(|_| QuotaError::InvalidName {
                 value: self.name.clone(),
             })?;
+        let thresholds = self
+            .tiers
+            .iter()
+            .map(|&(_, limit)| {
+                alert_percents
+                    .iter()
+                    .map(|&percent| QuotaThreshold {
+                        percent,
+                        used: (u64::from(percent) * limit).div_ceil(100),
+                    })
+                    .collect()
+            })
+            .collect();
         Ok(Quota(Arc::new(Inner {
             name: self.name,
             keys,
@@ -504,6 +512,7 @@ impl QuotaBuilder {
             utc_offset_minutes: self.utc_offset_minutes,
             day: self.day,
             alert_percents,
+            thresholds,
             sf_name,
             alerts: self
                 .notifier

@@ -131,7 +131,7 @@ impl Limiter {
                     lookup.limit,
                     quota.day_ms(),
                     quota.day_start_offset_ms(),
-                    &lookup.thresholds,
+                    quota.thresholds(lookup.tier),
                 )
                 .identity(lookup.key.identity())
             });
