@@ -7,7 +7,7 @@
 -- admitted request. If any rule refuses, undo takes the charge back before the script returns; the
 -- script is atomic, so nobody sees it. A counter that a window's first charge creates gets its
 -- expiry in the same call, even when that charge is taken back, so no key outlives its window.
--- A fixed window can't reserve: a request that doesn't fit is refused whatever ARGV[3] says.
+-- A fixed window can't reserve: a request that doesn't fit is refused whatever its max delay.
 max_delay = -1
 
 local function inspect(i, limit, period)

@@ -4,21 +4,20 @@
 --
 -- KEYS[i]        the counter of counted rule i (i = 1..n), in the algorithm's own layout
 -- then, in this order, only those that apply:
---   the duplicate guard, if ARGV[4] > 0: a string holding the admission time (ms)
---   the daily quota, if ARGV[6] > 0: a hash from day start (ms) to that day's count
+--   the duplicate guard: a string holding the admission time (ms)
+--   the daily quota: a hash from day start (ms) to that day's count
 --   one alert flag per quota threshold: a string holding the day start it last fired for
---   the penalty block, if ARGV[5] > 0 (always the last key): a string holding the block's end (ms)
+--   the penalty block (always the last key): a string holding the block's end (ms)
 --                All keys of one identity share a hash tag, so the script runs on Redis Cluster
---                (the quota's keys share the quota identity's).
+--                (a quota keyed like its policy shares it too).
 -- ARGV[1]        the request's cost (units)
--- ARGV[2]        n, the number of counted rules
--- ARGV[3]        the longest the request may wait to be admitted (ms; 0: refuse what doesn't fit now)
--- ARGV[4]        the duplicate guard's window (ms; 0: no guard)
--- ARGV[5]        the penalty block (ms; 0: no block)
--- ARGV[6]        the daily quota's limit (0: no quota)
--- ARGV[7], ARGV[8]   the quota's day length and where days start after epoch-aligned ones (ms)
--- ARGV[9]        k, the number of alert thresholds, then k pairs: percent, count that reaches it
--- then per counted rule, from ARGV[10 + 2k]: limit, period (ms), burst
+-- ARGV[2]        the options, comma-separated, or empty when there are none (the common case: every
+--                argument costs Redis about as much as a command, so they are packed):
+--                max delay (ms; 0: refuse what doesn't fit now), duplicate guard window (ms; 0:
+--                none), penalty block (ms; 0: none), quota limit (0: no quota), quota day length
+--                (ms), where quota days start after epoch-aligned ones (ms), then per alert
+--                threshold: percent, count that reaches it
+-- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
 -- Reply: {allowed (1|0), now (ms, Redis TIME), delay (ms to wait before going on), then per rule
 -- (the counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if
@@ -31,15 +30,32 @@ local time = call('TIME')
 local now_us = time[1] * 1000000 + time[2]
 local now = floor(now_us / 1000)
 local cost = tonumber(ARGV[1])
-local rules = tonumber(ARGV[2])
-local max_delay = tonumber(ARGV[3])
-local guard_window = tonumber(ARGV[4])
-local block = tonumber(ARGV[5])
-local quota_limit = tonumber(ARGV[6])
-local quota_day = tonumber(ARGV[7])
-local quota_offset = tonumber(ARGV[8])
-local thresholds = tonumber(ARGV[9])
-local rule_base = 10 + 2 * thresholds
+local options = {}
+if ARGV[2] ~= '' then
+  for number in string.gmatch(ARGV[2], '%d+') do
+    options[#options + 1] = tonumber(number)
+  end
+end
+local max_delay = options[1] or 0
+local guard_window = options[2] or 0
+local block = options[3] or 0
+local quota_limit = options[4] or 0
+local quota_day = options[5] or 0
+local quota_offset = options[6] or 0
+local thresholds = math.max(floor((#options - 6) / 2), 0)
+-- Arguments per counted rule: limit and period; the token bucket's part sets 3 (and a burst).
+local rule_arity = 2
+local extra_keys = 0
+if guard_window > 0 then
+  extra_keys = extra_keys + 1
+end
+if quota_limit > 0 then
+  extra_keys = extra_keys + 1 + thresholds
+end
+if block > 0 then
+  extra_keys = extra_keys + 1
+end
+local rules = #KEYS - extra_keys
 local next_key = rules + 1
 local guard_key = nil
 if guard_window > 0 then
@@ -54,10 +70,19 @@ if quota_limit > 0 then
 end
 local block_key = KEYS[#KEYS]
 
--- Counted rule i's limit, period and burst.
+-- Alert threshold j's percent and the count that reaches it.
+local function threshold(j)
+  return options[6 + 2 * j - 1], options[6 + 2 * j]
+end
+
+-- Counted rule i's limit, period and burst (the limit, unless the rule has its own).
 local function rule_args(i)
-  local base = rule_base + 3 * (i - 1)
-  return tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  local base = 3 + rule_arity * (i - 1)
+  local limit = tonumber(ARGV[base])
+  if rule_arity == 3 then
+    return limit, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
+  end
+  return limit, tonumber(ARGV[base + 1]), limit
 end
 
 -- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.

@@ -7,7 +7,7 @@
 -- (limits are at most 2^35), so Lua's doubles compute it exactly and floor(a / b) is integer
 -- division. A refused request writes nothing; an admitted one writes each counter and sets its
 -- expiry to the end of the next window, when its count stops mattering. A sliding counter can't
--- reserve: a request that doesn't fit is refused whatever ARGV[3] says.
+-- reserve: a request that doesn't fit is refused whatever its max delay.
 max_delay = -1
 local ONE = 65536
 

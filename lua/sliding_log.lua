@@ -1,7 +1,7 @@
 -- Sliding-window log (between lua/head.lua and lua/tail.lua). A counted rule's key is a sorted set
 -- of admissions, one member per unit, scored by time (ms). An admission at t counts while
 -- t + period > now, as in the in-memory store; a log never holds more than its rule's limit of
--- members. Reservations (ARGV[3] > 0) are admissions scored in the future.
+-- members. Reservations (a max delay) are admissions scored in the future.
 -- A request of cost 0 adds nothing, but still gets the key's expiry.
 
 -- The score of the n-th oldest admission (1-based), or nil.

@@ -60,12 +60,12 @@ if allowed == 1 then
     -- An alert fires when this request reaches its threshold first, once per key, threshold and
     -- day: the flag holds the day it fired for and lives 30 hours (SET NX semantics, kept per day).
     for j = 1, thresholds do
-      local used = tonumber(ARGV[10 + 2 * j - 1])
+      local percent, used = threshold(j)
       local flag_key = KEYS[flags_from + j - 1]
       if before < used and quota.count >= used
           and tonumber(call('GET', flag_key)) ~= quota.start then
         call('SET', flag_key, quota.start, 'PX', 30 * 3600 * 1000)
-        fired[#fired + 1] = tonumber(ARGV[10 + 2 * j - 2])
+        fired[#fired + 1] = percent
       end
     end
   end

@@ -4,6 +4,7 @@
 -- bucket is the same as no key. A unit drips back every `interval` = ceil(period / limit) and the
 -- bucket holds `tolerance` = burst × interval; policies keep the tolerance within 366 days, so
 -- every number stays below 2^53.
+rule_arity = 3 -- limit, period and burst
 
 local function inspect(i, limit, period, burst)
   local key = KEYS[i]

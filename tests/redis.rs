@@ -690,12 +690,13 @@ fn sliding_log_members_never_share_a_name() {
         include_str!("../lua/head.lua"),
         &log[..log.find("local function undo").unwrap()],
     );
-    // ARGV: cost 1, one counted rule, no delay, no guard, no block, no quota.
+    // ARGV: cost 1, no options (no delay, guard, block or quota).
     let count: u64 = redis::cmd("EVAL")
         .arg(script)
         .arg(1)
         .arg(&key)
-        .arg(&[1, 1, 0, 0, 0, 0, 0, 0, 0])
+        .arg(1)
+        .arg("")
         .query(&mut client)
         .unwrap();
     let expires_at: i64 = redis::cmd("PEXPIRETIME")
