@@ -434,12 +434,15 @@ impl Entry {
         // The wait until every refusing rule admits the request, if they all ever do.
         let mut wait = Some(0);
         let mut guard_refused = false;
+        // A refusal by a rule other than the guard starts a penalty block.
+        let mut counted_refused = false;
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             counter.forget_before(now);
             let cost = rule_cost(rule, cost);
             if !counter.fits(now, cost) {
                 allowed = false;
                 guard_refused |= rule.is_duplicate_guard();
+                counted_refused |= !rule.is_duplicate_guard();
                 wait = wait
                     .zip(counter.admits_after(now, cost))
                     .map(|(a, b)| a.max(b));
@@ -468,9 +471,7 @@ impl Entry {
         };
         let block_ms = request
             .block_for
-            .filter(|_| {
-                !allowed && (quota_refused || refusal_starts_block(request, &self.counters, now))
-            })
+            .filter(|_| !allowed && (quota_refused || counted_refused))
             .map(millis);
         let mut rules = Vec::with_capacity(request.rules.len());
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
@@ -584,13 +585,6 @@ impl Entry {
 /// What a request costs in `rule`: the duplicate guard counts requests, not units.
 fn rule_cost(rule: &Rule, cost: u64) -> u64 {
     if rule.is_duplicate_guard() { 1 } else { cost }
-}
-
-/// Whether a refusal starts a penalty block: some rule other than the duplicate guard refused.
-fn refusal_starts_block(request: &CheckRequest<'_>, counters: &[Counter], now: u64) -> bool {
-    counters.iter().zip(request.rules).any(|(counter, rule)| {
-        !rule.is_duplicate_guard() && !counter.fits(now, rule_cost(rule, request.cost))
-    })
 }
 
 /// How long an alert flag lives: 30 hours, longer than any day, as the seed sets it.
