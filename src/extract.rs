@@ -102,7 +102,9 @@ impl LimitStore {
         limiters
             .entry(id)
             .or_insert_with(|| {
-                P::policy().map(|policy| Arc::new(Limiter::new(policy, self.0.store.clone())))
+                P::policy()
+                    .and_then(|policy| Limiter::try_new(policy, self.0.store.clone()))
+                    .map(Arc::new)
             })
             .clone()
     }

@@ -262,6 +262,20 @@ impl Key {
         }
     }
 
+    /// Whether this key gives every request the same identity as `other`: the same built-in kind
+    /// (and header), or a clone of the same closure or extractor.
+    pub fn same_identity_as(&self, other: &Key) -> bool {
+        match (&self.0, &other.0) {
+            (Source::Ip, Source::Ip)
+            | (Source::Global, Source::Global)
+            | (Source::UserExtension, Source::UserExtension) => true,
+            (Source::Header(a), Source::Header(b)) => a == b,
+            (Source::UserFn(a), Source::UserFn(b)) => Arc::ptr_eq(a, b),
+            (Source::Custom(a), Source::Custom(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// Whether this key is the client IP (then there is nothing to fall back to).
     pub(crate) fn is_ip(&self) -> bool {
         matches!(self.0, Source::Ip)

@@ -7,7 +7,7 @@ use axum::body::Body;
 use http::Response;
 use tower::Layer;
 
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicyError};
 use crate::response::Rejected;
 use crate::service::{Limiter, RateLimit};
 use crate::store::Store;
@@ -40,10 +40,25 @@ pub struct RateLimitLayer {
 impl RateLimitLayer {
     /// Limits by `policy`, counting in `store`. Clone a store (they share their counts) or wrap it
     /// in an `Arc` to use it for several layers.
+    ///
+    /// # Panics
+    ///
+    /// When the store can't take the policy's keys in one call, as [`RateLimitLayer::try_new`]
+    /// reports: on Redis Cluster, a quota keyed apart from the policy's rules. Like a route conflict
+    /// in axum, that is a mistake in the app's setup, found when the layer is built rather than as a
+    /// store error on every request after a deploy.
     pub fn new(policy: Policy, store: impl Store) -> Self {
-        RateLimitLayer {
-            limiter: Arc::new(Limiter::new(policy, Arc::new(store))),
-        }
+        RateLimitLayer::try_new(policy, store).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Limits by `policy`, counting in `store`, or says why the store can't take the policy:
+    /// [`PolicyError::QuotaKeyedApart`] when the store needs every key of a check in one Redis
+    /// Cluster slot ([`Store::keys_share_one_slot`]) and the policy's quota is keyed apart from
+    /// its rules.
+    pub fn try_new(policy: Policy, store: impl Store) -> Result<Self, PolicyError> {
+        Ok(RateLimitLayer {
+            limiter: Arc::new(Limiter::try_new(policy, Arc::new(store))?),
+        })
     }
 
     /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (the Unix

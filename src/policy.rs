@@ -461,6 +461,26 @@ pub enum PolicyError {
         /// The refused value.
         value: String,
     },
+    /// Over a store whose checks reach one place ([`Store::keys_share_one_slot`]: Redis
+    /// Cluster), the policy's quota is keyed apart from its rules, so one request's keys would be
+    /// in different hash slots. Key the quota with a clone of the policy's [`Key`].
+    ///
+    /// [`Store::keys_share_one_slot`]: crate::Store::keys_share_one_slot
+    #[error(
+        "policy {policy:?} is keyed by {key} but its quota {quota:?} by {quota_key}: on Redis \
+         Cluster all keys of a request must share one hash slot, so key the quota with a clone \
+         of the policy's own Key"
+    )]
+    QuotaKeyedApart {
+        /// The policy's name.
+        policy: String,
+        /// The policy's key, as `Key::ip`, `Key::header("x-api-key")`, ….
+        key: String,
+        /// The quota's name.
+        quota: String,
+        /// The quota's key.
+        quota_key: String,
+    },
 }
 
 /// A rate-limit policy: build one with [`Policy::builder`]. Cheap to clone.
@@ -696,6 +716,12 @@ impl Policy {
 
     /// The store key of a request, or what to do when it has none.
     pub(crate) fn storage_key(&self, parts: &Parts) -> KeyLookup {
+        self.storage_key_behind(parts, &self.0.client_ip)
+    }
+
+    /// The store key of a request whose client address `client_ip` finds (a quota's key takes its
+    /// policy's proxy settings, so both see the same client).
+    pub(crate) fn storage_key_behind(&self, parts: &Parts, client_ip: &ClientIp) -> KeyLookup {
         let inner = &self.0;
         let mut key = String::with_capacity(inner.key_base.len() + 64);
         key.push_str(&inner.key_base);
@@ -704,7 +730,7 @@ impl Policy {
             key.push(':');
         }
         let identity_at = key.len();
-        let kind = if inner.key.push_identity(parts, &inner.client_ip, &mut key) {
+        let kind = if inner.key.push_identity(parts, client_ip, &mut key) {
             inner.key.kind()
         } else {
             match inner.missing_key {
@@ -712,9 +738,7 @@ impl Policy {
                 MissingKey::Reject(status) => return KeyLookup::Refuse(status),
                 MissingKey::ClientIp => {
                     // The client IP is the fallback, so an IP key has nothing to fall back to.
-                    if inner.key.is_ip()
-                        || !Key::ip().push_identity(parts, &inner.client_ip, &mut key)
-                    {
+                    if inner.key.is_ip() || !Key::ip().push_identity(parts, client_ip, &mut key) {
                         return KeyLookup::NoClientIp;
                     }
                     "ip"

@@ -34,6 +34,7 @@ use std::time::Duration;
 use http::request::Parts;
 
 use crate::alert::{AlertQueue, AlertStats, QuotaAlert, QuotaNotifier, date_of};
+use crate::client_ip::ClientIp;
 use crate::headers::{self, SfName};
 use crate::key::Key;
 use crate::policy::{KeyLookup, MAX_LIMIT, Policy, Rule, StorageKey};
@@ -296,8 +297,8 @@ impl Quota {
 
     /// The quota's key, tier and limit for a request, or `None` when it has no key (no user, and no
     /// client IP to fall back to): such a request is left to the policy's own rules.
-    pub(crate) fn lookup(&self, parts: &Parts) -> Option<QuotaLookup> {
-        let key = match self.0.keys.storage_key(parts) {
+    pub(crate) fn lookup(&self, parts: &Parts, client_ip: &ClientIp) -> Option<QuotaLookup> {
+        let key = match self.0.keys.storage_key_behind(parts, client_ip) {
             KeyLookup::Found(key) => key,
             _ => return None,
         };

@@ -13,7 +13,7 @@ use tower::{BoxError, Service};
 
 use crate::decision::Decision;
 use crate::future::ResponseFuture;
-use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, StorageKey};
+use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, PolicyError, StorageKey};
 use crate::quota::QuotaLookup;
 use crate::response::{self, LimitHeaders, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
@@ -60,6 +60,23 @@ pub(crate) enum Verdict {
 }
 
 impl Limiter {
+    /// A limiter of `policy` in `store`, unless the store can't take the policy's keys in one call
+    /// (a quota keyed apart from the rules, on Redis Cluster).
+    pub(crate) fn try_new(policy: Policy, store: Arc<dyn Store>) -> Result<Self, PolicyError> {
+        if store.keys_share_one_slot()
+            && let Some(quota) = policy.quota()
+            && !quota.key().same_identity_as(policy.key())
+        {
+            return Err(PolicyError::QuotaKeyedApart {
+                policy: policy.name().to_owned(),
+                key: format!("{:?}", policy.key()),
+                quota: quota.name().to_owned(),
+                quota_key: format!("{:?}", quota.key()),
+            });
+        }
+        Ok(Limiter::new(policy, store))
+    }
+
     pub(crate) fn new(policy: Policy, store: Arc<dyn Store>) -> Self {
         Limiter {
             policy,
@@ -91,7 +108,9 @@ impl Limiter {
             }
         };
         let cost = policy.cost(parts);
-        let quota = policy.quota().and_then(|quota| quota.lookup(parts));
+        let quota = policy
+            .quota()
+            .and_then(|quota| quota.lookup(parts, policy.client_ip()));
         // A request no rule (nor the day's quota) could ever admit: waiting won't help.
         let too_costly = match (policy.too_costly(cost), &quota) {
             (Some(rule), _) => Some((&*policy.rule_names()[rule], policy.max_cost())),
@@ -258,7 +277,9 @@ pub struct RateLimit<S> {
 impl<S> RateLimit<S> {
     /// Wraps `inner`, limiting by `policy` and counting in `store`.
     pub fn new(inner: S, policy: Policy, store: impl Store) -> Self {
-        RateLimit::from_parts(inner, Arc::new(Limiter::new(policy, Arc::new(store))))
+        let limiter =
+            Limiter::try_new(policy, Arc::new(store)).unwrap_or_else(|error| panic!("{error}"));
+        RateLimit::from_parts(inner, Arc::new(limiter))
     }
 
     pub(crate) fn from_parts(inner: S, limiter: Arc<Limiter>) -> Self {

@@ -23,6 +23,8 @@ mod redis;
 mod weighted;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
+#[cfg(feature = "tls")]
+pub use self::redis::TlsOptions;
 pub use self::redis::{DEFAULT_TIMEOUT, RedisStore};
 
 /// One request to check: the key, the rules (all must pass), the algorithm and the request's cost,
@@ -182,11 +184,24 @@ impl<'a> CheckRequest<'a> {
 pub trait Store: Send + Sync + 'static {
     /// Checks and, if every rule admits it, records one request.
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture;
+
+    /// Whether every key of one check must be in one place: on Redis Cluster one script call
+    /// reaches one hash slot, so a request's keys must share their hash tag, its identity. A layer
+    /// over such a store refuses a policy whose quota is keyed apart from its rules
+    /// ([`PolicyError::QuotaKeyedApart`](crate::PolicyError::QuotaKeyedApart)). `false` by
+    /// default.
+    fn keys_share_one_slot(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         (**self).check(request)
+    }
+
+    fn keys_share_one_slot(&self) -> bool {
+        (**self).keys_share_one_slot()
     }
 }
 
@@ -262,4 +277,17 @@ pub enum StoreError {
     /// The store answered something that makes no sense (a script error, a malformed reply).
     #[error("rate-limit store answered unexpectedly: {0}")]
     Protocol(String),
+    /// The store can't be set up as asked (a malformed URL, a CA file that isn't PEM, a request
+    /// whose keys a Redis Cluster can't take in one call).
+    #[error("rate-limit store misconfigured: {0}")]
+    Config(String),
+    /// Fewer replicas than [`RedisStore::wait_for_replicas`] asks for acknowledged the check's
+    /// writes in time: it is recorded on the primary but could be lost in a failover.
+    #[error("rate-limit check reached {acknowledged} of the {wanted} replicas it waits for")]
+    NotReplicated {
+        /// Replicas the store waits for.
+        wanted: u32,
+        /// Replicas that acknowledged in time.
+        acknowledged: u32,
+    },
 }

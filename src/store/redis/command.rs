@@ -1,156 +1,38 @@
-//! The Redis store: many app instances share one limit.
-//!
-//! Every rule of a request goes to one `EVALSHA` of one script from `lua/`, which reads the time
-//! with Redis `TIME`, checks every rule, and records the request in all of them only if all admit
-//! it, setting each key's expiry in the same call. So a request costs one round trip whatever the
-//! number of rules, app servers' clocks don't matter, and no key outlives its window.
-//!
-//! Connections: the store checks one connection out of the `deadpool_redis::Pool` and shares it as
-//! a multiplexed connection (requests are pipelined on it). It goes back to the pool only when that
-//! connection fails or a request times out, so no request pays for the pool's per-checkout health
-//! check (a `PING`, a second round trip).
+//! The script call of one check: its `EVALSHA` (keys and arguments) and its reply.
 
-use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
-use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::{Config, Pool, Runtime};
-use tokio::time::Instant;
+use ::redis::{Cmd, Value};
 
-use super::{CheckFuture, CheckRequest, Store, StoreError};
+use super::super::{CheckRequest, StoreError};
 use crate::decision::{Decision, RuleState};
 use crate::policy::{Algorithm, Rule};
 
-/// How long a check may take by default before it counts as a store failure.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
-
-/// A [`Store`] in Redis. Cheap to clone; clones share the connection.
-///
-/// ```no_run
-/// use tower_redis_ratelimit::{Policy, RateLimitLayer, Rule};
-/// use tower_redis_ratelimit::store::RedisStore;
-///
-/// let store = RedisStore::from_url("redis://127.0.0.1:6379/0")?;
-/// let policy = Policy::builder("api").rule(Rule::per_minute(20)).build()?;
-/// let layer = RateLimitLayer::new(policy, store);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone)]
-pub struct RedisStore {
-    shared: Arc<Shared>,
-    timeout: Duration,
-}
-
-struct Shared {
-    pool: Pool,
-    /// The shared connection; `None` until the first request and after a failure.
-    connection: Mutex<Option<MultiplexedConnection>>,
-    /// Held while a new connection is fetched, so a reconnect storm asks the pool once.
-    reconnecting: tokio::sync::Mutex<()>,
-    fixed_window: Script,
-    sliding_log: Script,
-    sliding_counter: Script,
-    token_bucket: Script,
-}
-
-/// One algorithm's script: the shared head (arguments, penalty block, duplicate guard), the
-/// algorithm's part, the shared tail (check all, record in all or none, reply).
-macro_rules! script {
-    ($algorithm:literal) => {
-        concat!(
-            include_str!("../../lua/head.lua"),
-            include_str!(concat!("../../lua/", $algorithm, ".lua")),
-            include_str!("../../lua/tail.lua")
-        )
-    };
-}
-
-impl RedisStore {
-    /// A store over `pool`, with the default timeout of 250 ms.
-    pub fn new(pool: Pool) -> Self {
-        RedisStore {
-            shared: Arc::new(Shared {
-                pool,
-                connection: Mutex::new(None),
-                reconnecting: tokio::sync::Mutex::new(()),
-                fixed_window: Script::new(script!("fixed_window")),
-                sliding_log: Script::new(script!("sliding_log")),
-                sliding_counter: Script::new(script!("sliding_counter")),
-                token_bucket: Script::new(script!("token_bucket")),
-            }),
-            timeout: DEFAULT_TIMEOUT,
-        }
-    }
-
-    /// A store with a pool of its own for `url` (`redis://host:port/db`). Nothing connects yet: a
-    /// Redis that is down makes requests fail open or closed, not this call.
-    pub fn from_url(url: &str) -> Result<Self, StoreError> {
-        let pool = Config::from_url(url)
-            .create_pool(Some(Runtime::Tokio1))
-            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
-        Ok(RedisStore::new(pool))
-    }
-
-    /// How long a check may take, connecting included, before it is a [`StoreError::Timeout`]
-    /// (default 250 ms).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// The configured timeout.
-    pub fn timeout_duration(&self) -> Duration {
-        self.timeout
-    }
-}
-
-impl fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Store for RedisStore {
-    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        // Everything that needs the request is done here, before the future: the future then owns
-        // one packed command and a few words, not the request's borrows.
-        let algorithm = request.algorithm;
-        let command = evalsha_command(self.shared.script(algorithm).get_hash(), request);
-        let mut limits: Vec<RuleLimit> = request
-            .rules
-            .iter()
-            .map(|rule| RuleLimit {
-                limit: rule.limit(),
-                guard: rule.is_duplicate_guard(),
-                quota: false,
-            })
-            .collect();
-        if let Some(quota) = request.quota {
-            limits.push(RuleLimit {
-                limit: quota.limit,
-                guard: false,
-                quota: true,
-            });
-        }
-        let shared = self.shared.clone();
-        let timeout = self.timeout;
-        CheckFuture::from_future(async move {
-            shared
-                .evaluate(algorithm, &command, timeout)
-                .await
-                .and_then(|reply| decision_from(&reply, &limits))
+/// What the reply needs to know of each rule of `request`, in its rule order (the quota last).
+pub(super) fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
+    let mut limits: Vec<RuleLimit> = request
+        .rules
+        .iter()
+        .map(|rule| RuleLimit {
+            limit: rule.limit(),
+            guard: rule.is_duplicate_guard(),
+            quota: false,
         })
+        .collect();
+    if let Some(quota) = request.quota {
+        limits.push(RuleLimit {
+            limit: quota.limit,
+            guard: false,
+            quota: true,
+        });
     }
+    limits
 }
 
 /// `EVALSHA <sha> <keys> <counter key per counted rule> [<guard key>] [<quota key> <flag keys>]
 /// [<block key>] <cost> <options> <limit, period[, burst] per counted rule>` (see `lua/head.lua`),
 /// written straight into one command buffer.
-fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
+pub(super) fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
     let counted = || {
         request
             .rules
@@ -312,177 +194,9 @@ fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
     }
 }
 
-impl Shared {
-    fn script(&self, algorithm: Algorithm) -> &Script {
-        match algorithm {
-            Algorithm::FixedWindow => &self.fixed_window,
-            Algorithm::SlidingLog => &self.sliding_log,
-            Algorithm::SlidingCounter => &self.sliding_counter,
-            Algorithm::TokenBucket => &self.token_bucket,
-        }
-    }
-
-    /// Runs the check's `EVALSHA` and returns the script's reply, all within `timeout`.
-    ///
-    /// The common case, a connection at hand and the script cached in Redis, is one send bounded
-    /// by the connection's own response timeout, so a check arms one timer. Connecting and loading
-    /// the script after NOSCRIPT are rare: they run boxed, under a deadline for the whole check.
-    async fn evaluate(
-        &self,
-        algorithm: Algorithm,
-        command: &Cmd,
-        timeout: Duration,
-    ) -> Result<Vec<Value>, StoreError> {
-        let started = Instant::now();
-        let reply = match self.cached() {
-            Some(mut connection) => {
-                connection.set_response_timeout(timeout);
-                match self.send(&mut connection, command).await {
-                    Err(error) if is_no_script(&error) => Err(Missing::Script),
-                    reply => Ok(reply),
-                }
-            }
-            None => Err(Missing::Connection),
-        };
-        let reply = match reply {
-            Ok(reply) => reply.map_err(|error| store_error(error, timeout)),
-            Err(missing) => {
-                let slow = self.connect_load_and_send(missing, algorithm, command, timeout);
-                match tokio::time::timeout_at(started + timeout, Box::pin(slow)).await {
-                    Ok(reply) => reply,
-                    Err(_elapsed) => {
-                        // A connection that stopped answering without an error (a silently dropped
-                        // TCP connection) would time out forever: the next request takes a new one.
-                        self.forget_connection();
-                        return Err(StoreError::Timeout(timeout));
-                    }
-                }
-            }
-        };
-        match reply? {
-            Value::Array(items) => Ok(items),
-            other => Err(StoreError::Protocol(format!(
-                "unexpected script reply {other:?}"
-            ))),
-        }
-    }
-
-    /// The rare path: takes a connection (a new one if needed) and sends `command`; when Redis
-    /// lacks the script (a restart, `SCRIPT FLUSH`, a failover: NOSCRIPT) it loads it and sends the
-    /// command once more.
-    async fn connect_load_and_send(
-        &self,
-        missing: Missing,
-        algorithm: Algorithm,
-        command: &Cmd,
-        timeout: Duration,
-    ) -> Result<Value, StoreError> {
-        let mut connection = self.connection().await?;
-        connection.set_response_timeout(timeout);
-        let as_store_error = |error| store_error(error, timeout);
-        if let Missing::Connection = missing {
-            match self.send(&mut connection, command).await {
-                Err(error) if is_no_script(&error) => {}
-                reply => return reply.map_err(as_store_error),
-            }
-        }
-        self.script(algorithm)
-            .load_async(&mut connection)
-            .await
-            .map_err(as_store_error)?;
-        self.send(&mut connection, command)
-            .await
-            .map_err(as_store_error)
-    }
-
-    /// Sends `command`; a server error answer becomes an `Err`, and a broken connection is dropped
-    /// so the next request takes a new one.
-    async fn send(
-        &self,
-        connection: &mut MultiplexedConnection,
-        command: &Cmd,
-    ) -> Result<Value, RedisError> {
-        match connection.send_packed_command(command).await {
-            Ok(Value::ServerError(error)) => Err(error.into()),
-            Ok(value) => Ok(value),
-            Err(error) => {
-                if is_connection_failure(&error) {
-                    self.forget_connection();
-                }
-                Err(error)
-            }
-        }
-    }
-
-    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        let _only_one = self.reconnecting.lock().await;
-        // Another request may have connected while this one waited for the lock.
-        if let Some(connection) = self.cached() {
-            return Ok(connection);
-        }
-        let pooled = self
-            .pool
-            .get()
-            .await
-            .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
-        let connection = deadpool_redis::Connection::take(pooled);
-        *self.lock_connection() = Some(connection.clone());
-        Ok(connection)
-    }
-
-    fn cached(&self) -> Option<MultiplexedConnection> {
-        self.lock_connection().clone()
-    }
-
-    fn forget_connection(&self) {
-        *self.lock_connection() = None;
-    }
-
-    fn lock_connection(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
-        self.connection
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// A failed command as a store error: its own timeout (the connection's response timeout, set to the
-/// store's) is a [`StoreError::Timeout`] like the store's, and an error answer from the script a
-/// [`StoreError::Protocol`].
-fn store_error(error: RedisError, timeout: Duration) -> StoreError {
-    if error.is_timeout() {
-        StoreError::Timeout(timeout)
-    } else if error.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) {
-        // A plain `ERR` answer: the script or a command in it failed, which no retry will mend.
-        StoreError::Protocol(error.to_string())
-    } else {
-        StoreError::Unavailable(Box::new(error))
-    }
-}
-
-/// What the fast path lacked.
-enum Missing {
-    /// No connection yet, or the last one failed.
-    Connection,
-    /// Redis answered NOSCRIPT.
-    Script,
-}
-
-fn is_no_script(error: &RedisError) -> bool {
-    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
-
-/// Whether the connection itself is broken (so the next request should get a new one), as opposed
-/// to an error answer on a healthy connection.
-fn is_connection_failure(error: &RedisError) -> bool {
-    error.is_io_error()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        || error.is_unrecoverable_error()
-}
-
 /// What the reply needs to know of a rule, in the request's rule order (the quota last).
 #[derive(Debug, Clone, Copy)]
-struct RuleLimit {
+pub(super) struct RuleLimit {
     limit: u64,
     /// The duplicate guard, whose state the script sends after the counted rules'.
     guard: bool,
@@ -493,7 +207,7 @@ struct RuleLimit {
 /// Reads the script's reply: `allowed, now, delay, then remaining, reset, retry per rule` (the
 /// counted rules, then the guard, then the quota), then the percents of the alerts that fired, all
 /// integers, into a decision in the request's rule order.
-fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Decision, StoreError> {
+pub(super) fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Decision, StoreError> {
     let malformed = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
     let states_end = 3 + 3 * limits.len();
     if reply.len() < states_end {
