@@ -443,4 +443,5 @@ pub async fn a_quota_race_admits_the_limit_and_alerts_once(
     assert_eq!(alerts, [80, 100]);
 }
 
+pub mod redis_cluster;
 pub mod redis_server;

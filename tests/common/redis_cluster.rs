@@ -1,0 +1,339 @@
+//! Redis topologies for the tests, started from `redis-server` on free loopback ports and stopped
+//! when dropped: a Redis Cluster of primaries with one replica each, and a Sentinel-managed
+//! primary with a replica and three sentinels.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// One `redis-server` process of a topology.
+struct Node {
+    port: u16,
+    child: Option<Child>,
+}
+
+/// A set of `redis-server` processes in a directory of their own.
+struct Servers {
+    dir: PathBuf,
+    nodes: Vec<Node>,
+}
+
+impl Servers {
+    fn new(kind: &str) -> Servers {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "trl-{kind}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("a directory for the servers");
+        Servers {
+            dir,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Starts one server with `args` (after a config file, if any) on a free port below 55000
+    /// whose cluster bus port (+10000) is free too, and returns the port.
+    fn start(&mut self, config: Option<&str>, args: &[&str]) -> u16 {
+        for _ in 0..10 {
+            let port = free_cluster_port();
+            let mut command = Command::new("redis-server");
+            if let Some(config) = config {
+                let path = self.dir.join(format!("{port}.conf"));
+                std::fs::write(&path, config.replace("{port}", &port.to_string()))
+                    .expect("a config file");
+                command.arg(path);
+            }
+            let child = command
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args([
+                    "--repl-diskless-sync",
+                    "yes",
+                    "--repl-diskless-sync-delay",
+                    "0",
+                ])
+                .arg("--dir")
+                .arg(&self.dir)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|error| {
+                    panic!(
+                        "cannot start redis-server ({error}). Install it \
+                         (`apt-get install redis-server`): the cluster and Sentinel tests \
+                         start their own servers"
+                    )
+                });
+            let pid = child.id();
+            let mut node = Node {
+                port,
+                child: Some(child),
+            };
+            if wait_listening(&mut node) && process_id(port) == Some(pid) {
+                self.nodes.push(node);
+                return port;
+            }
+            stop(&mut node); // the port was taken by someone else: try another
+        }
+        panic!("could not start a redis-server on a free port in 10 tries");
+    }
+
+    fn kill(&mut self, port: u16) {
+        if let Some(node) = self.nodes.iter_mut().find(|node| node.port == port) {
+            stop(node);
+        }
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            stop(node);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn stop(node: &mut Node) {
+    if let Some(mut child) = node.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+fn wait_listening(node: &mut Node) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], node.port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(child) = &mut node.child
+            && let Ok(Some(_)) = child.try_wait()
+        {
+            node.child = None;
+            return false;
+        }
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+fn free_cluster_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let port = listener.local_addr().expect("its address").port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A synchronous client of one node.
+pub fn node_client(port: u16) -> redis::Connection {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("a URL");
+    let connection = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap_or_else(|error| panic!("cannot connect to 127.0.0.1:{port}: {error}"));
+    connection
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("a read timeout");
+    connection
+}
+
+/// `INFO <section>` of one node as field → value.
+pub fn info(port: u16, section: &str) -> HashMap<String, String> {
+    let text: String = redis::cmd("INFO")
+        .arg(section)
+        .query(&mut node_client(port))
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(field, value)| (field.to_owned(), value.trim().to_owned()))
+        .collect()
+}
+
+fn process_id(port: u16) -> Option<u32> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut connection = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .ok()?;
+    let text: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut connection)
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
+}
+
+/// Polls `ready` every 50 ms until it holds, or panics with `what` after `within`.
+pub fn wait_until(what: &str, within: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A Redis Cluster of `primaries` primaries with one replica each, failing over within about a
+/// second of a primary's death (`cluster-node-timeout 1000`).
+pub struct TestCluster {
+    servers: Servers,
+}
+
+impl TestCluster {
+    pub fn start(primaries: usize) -> TestCluster {
+        let mut servers = Servers::new("cluster");
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-node-timeout",
+            "1000",
+            // A replica that lost its primary a while ago may still be promoted (the tests kill
+            // primaries on purpose, and a stalled machine must not make that a failed failover).
+            "--cluster-replica-validity-factor",
+            "0",
+            "--cluster-allow-replica-migration",
+            "no",
+        ];
+        let ports: Vec<u16> = (0..primaries * 2)
+            .map(|index| {
+                let config = format!("cluster-config-file nodes-{{port}}-{index}.conf\n");
+                servers.start(Some(&config), &args)
+            })
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(ports.iter().map(|port| format!("127.0.0.1:{port}")))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli (it comes with redis-server)");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let cluster = TestCluster { servers };
+        cluster.wait_healthy();
+        cluster
+    }
+
+    /// Waits until every live node sees the cluster as `ok` with every slot served, and every
+    /// replica is in sync with its primary.
+    pub fn wait_healthy(&self) {
+        wait_until("a healthy cluster", Duration::from_secs(30), || {
+            self.live_ports().iter().all(|&port| {
+                let cluster = cluster_info(port);
+                let replication = info(port, "replication");
+                cluster.get("cluster_state").map(String::as_str) == Some("ok")
+                    && cluster.get("cluster_slots_ok").map(String::as_str) == Some("16384")
+                    && match replication.get("role").map(String::as_str) {
+                        Some("master") => true,
+                        Some("slave") => {
+                            replication.get("master_link_status").map(String::as_str) == Some("up")
+                        }
+                        _ => false,
+                    }
+            })
+        });
+    }
+
+    /// The URLs of every live node.
+    pub fn urls(&self) -> Vec<String> {
+        self.live_ports()
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    fn live_ports(&self) -> Vec<u16> {
+        self.servers
+            .nodes
+            .iter()
+            .filter(|node| node.child.is_some())
+            .map(|node| node.port)
+            .collect()
+    }
+
+    /// The ports of the live primaries that serve slots.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.live_ports()
+            .into_iter()
+            .filter(|&port| {
+                info(port, "replication").get("role").map(String::as_str) == Some("master")
+            })
+            .collect()
+    }
+
+    /// The port of the primary serving `slot`, as the live nodes see it.
+    pub fn primary_of_slot(&self, slot: u16) -> u16 {
+        let port = self.live_ports()[0];
+        let slots: redis::Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query(&mut node_client(port))
+            .expect("CLUSTER SLOTS");
+        let redis::Value::Array(ranges) = slots else {
+            panic!("CLUSTER SLOTS answered {slots:?}");
+        };
+        for range in ranges {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let (redis::Value::Int(start), redis::Value::Int(end)) = (&fields[0], &fields[1])
+            else {
+                continue;
+            };
+            if (*start..=*end).contains(&i64::from(slot))
+                && let redis::Value::Array(primary) = &fields[2]
+                && let redis::Value::Int(port) = primary[1]
+            {
+                return u16::try_from(port).expect("a port");
+            }
+        }
+        panic!("no primary serves slot {slot}");
+    }
+
+    /// The hash slot of `key` (of its hash tag).
+    pub fn slot_of(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut node_client(self.live_ports()[0]))
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// The replica of the primary at `port`.
+    pub fn replica_of(&self, port: u16) -> u16 {
+        self.live_ports()
+            .into_iter()
+            .find(|&replica| {
+                let replication = info(replica, "replication");
+                replication.get("role").map(String::as_str) == Some("slave")
+                    && replication.get("master_port").map(String::as_str)
+                        == Some(port.to_string().as_str())
+            })
+            .unwrap_or_else(|| panic!("no replica follows 127.0.0.1:{port}"))
+    }
+
+    /// Kills the node at `port` as a crash would (SIGKILL).
+    pub fn kill(&mut self, port: u16) {
+        self.servers.kill(port);
+    }
+}
+
+fn cluster_info(port: u16) -> HashMap<String, String> {
+    let text: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut node_client(port))
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(field, value)| (field.to_owned(), value.trim().to_owned()))
+        .collect()
+}
