@@ -44,27 +44,6 @@ fn user_request(user: &str) -> Request<Body> {
     request
 }
 
-/// `per_primary` user ids for each primary of the cluster, found by their hash slots.
-fn users_on_every_primary(cluster: &TestCluster, per_primary: usize) -> HashMap<u16, Vec<String>> {
-    let primaries = cluster.primaries();
-    let mut users: HashMap<u16, Vec<String>> = HashMap::new();
-    for n in 0.. {
-        let user = format!("u{n}");
-        let primary = cluster.primary_of_slot(cluster.slot_of(&format!("{{user:{user}}}")));
-        let on_it = users.entry(primary).or_default();
-        if on_it.len() < per_primary {
-            on_it.push(user);
-        }
-        if primaries
-            .iter()
-            .all(|port| users.get(port).is_some_and(|on| on.len() == per_primary))
-        {
-            return users;
-        }
-    }
-    unreachable!()
-}
-
 /// The keys under `prefix` on the node at `port`.
 fn keys_on(port: u16, prefix: &str) -> Vec<String> {
     let mut client = node_client(port);
@@ -116,7 +95,7 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
 /// 400 requests per identity race over two layers with separate stores against a limit of 100,
 /// for identities on each of the three primaries: exactly 100 admitted each.
 async fn exact_counts_on_every_primary(cluster: &TestCluster, prefix: &str) {
-    let users = users_on_every_primary(cluster, 2);
+    let users = cluster.users_on_every_primary(2);
     for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
         let policy = Policy::builder(format!("exact-{algorithm:?}").to_lowercase())
             .prefix(prefix)
@@ -170,7 +149,7 @@ fn users_key<'a>(users: &'a HashMap<u16, Vec<String>>, user: &str) -> &'a str {
 
 /// `INFO commandstats` over the primaries: one EVALSHA per request, nothing else sent by the store.
 async fn one_evalsha_per_request(cluster: &TestCluster, prefix: &str) {
-    let users = users_on_every_primary(cluster, 1);
+    let users = cluster.users_on_every_primary(1);
     let policy = Policy::builder("trips")
         .prefix(prefix)
         .key(Key::user())
@@ -207,7 +186,7 @@ async fn one_evalsha_per_request(cluster: &TestCluster, prefix: &str) {
 /// `SCRIPT FLUSH` on every node: the next request on each primary still gets its answer, with
 /// the count it had.
 async fn script_flush_on_every_node_is_recovered(cluster: &TestCluster, prefix: &str) {
-    let users = users_on_every_primary(cluster, 1);
+    let users = cluster.users_on_every_primary(1);
     let policy = Policy::builder("flush")
         .prefix(prefix)
         .key(Key::user())

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 struct Node {
     port: u16,
     child: Option<Child>,
+    /// How it was started, to start it again.
+    command: Vec<std::ffi::OsString>,
 }
 
 /// A set of `redis-server` processes in a directory of their own.
@@ -41,41 +43,38 @@ impl Servers {
     fn start(&mut self, config: Option<&str>, args: &[&str]) -> u16 {
         for _ in 0..10 {
             let port = free_cluster_port();
-            let mut command = Command::new("redis-server");
+            let mut command: Vec<std::ffi::OsString> = Vec::new();
             if let Some(config) = config {
                 let path = self.dir.join(format!("{port}.conf"));
                 std::fs::write(&path, config.replace("{port}", &port.to_string()))
                     .expect("a config file");
-                command.arg(path);
+                command.push(path.into());
             }
-            let child = command
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args([
-                    "--repl-diskless-sync",
-                    "yes",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                ])
-                .arg("--dir")
-                .arg(&self.dir)
-                .args(args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|error| {
-                    panic!(
-                        "cannot start redis-server ({error}). Install it \
-                         (`apt-get install redis-server`): the cluster and Sentinel tests \
-                         start their own servers"
-                    )
-                });
-            let pid = child.id();
+            let port_text = port.to_string();
+            let fixed = [
+                "--port",
+                &port_text,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--repl-diskless-sync",
+                "yes",
+                "--repl-diskless-sync-delay",
+                "0",
+            ];
+            command.extend(fixed.into_iter().map(Into::into));
+            command.push("--dir".into());
+            command.push(self.dir.clone().into());
+            command.extend(args.iter().map(Into::into));
             let mut node = Node {
                 port,
-                child: Some(child),
+                child: None,
+                command,
             };
-            if wait_listening(&mut node) && process_id(port) == Some(pid) {
+            if spawn(&mut node) {
                 self.nodes.push(node);
                 return port;
             }
@@ -89,6 +88,33 @@ impl Servers {
             stop(node);
         }
     }
+
+    fn restart(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|node| node.port == port)
+            .expect("a node of ours");
+        assert!(spawn(node), "redis-server could not start again on {port}");
+    }
+}
+
+/// Starts `node`'s server; `false` if what then listens on its port is not it.
+fn spawn(node: &mut Node) -> bool {
+    let child = Command::new("redis-server")
+        .args(&node.command)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|error| {
+            panic!(
+                "cannot start redis-server ({error}). Install it (`apt-get install \
+                 redis-server`): the cluster and Sentinel tests start their own servers"
+            )
+        });
+    let pid = child.id();
+    node.child = Some(child);
+    wait_listening(node) && process_id(node.port) == Some(pid)
 }
 
 impl Drop for Servers {
@@ -310,20 +336,58 @@ impl TestCluster {
 
     /// The replica of the primary at `port`.
     pub fn replica_of(&self, port: u16) -> u16 {
-        self.live_ports()
-            .into_iter()
-            .find(|&replica| {
-                let replication = info(replica, "replication");
-                replication.get("role").map(String::as_str) == Some("slave")
-                    && replication.get("master_port").map(String::as_str)
-                        == Some(port.to_string().as_str())
-            })
+        self.replica_of_opt(port)
             .unwrap_or_else(|| panic!("no replica follows 127.0.0.1:{port}"))
+    }
+
+    /// The replica of the primary at `port`, if it has one.
+    pub fn replica_of_opt(&self, port: u16) -> Option<u16> {
+        self.live_ports().into_iter().find(|&replica| {
+            let replication = info(replica, "replication");
+            replication.get("role").map(String::as_str) == Some("slave")
+                && replication.get("master_port").map(String::as_str)
+                    == Some(port.to_string().as_str())
+        })
+    }
+
+    /// `per_primary` user ids (`UserId` values) for each live primary, found by their hash slots.
+    pub fn users_on_every_primary(&self, per_primary: usize) -> HashMap<u16, Vec<String>> {
+        let primaries = self.primaries();
+        let mut users: HashMap<u16, Vec<String>> = HashMap::new();
+        for n in 0.. {
+            let user = format!("u{n}");
+            let primary = self.primary_of_slot(self.slot_of(&format!("{{user:{user}}}")));
+            let on_it = users.entry(primary).or_default();
+            if on_it.len() < per_primary {
+                on_it.push(user);
+            }
+            if primaries
+                .iter()
+                .all(|port| users.get(port).is_some_and(|on| on.len() == per_primary))
+            {
+                break;
+            }
+        }
+        users
+    }
+
+    /// A user id (prefixed `stem`) whose slot the primary at `port` serves.
+    pub fn user_on(&self, port: u16, stem: &str) -> String {
+        (0..)
+            .map(|n| format!("{stem}{n}"))
+            .find(|user| self.primary_of_slot(self.slot_of(&format!("{{user:{user}}}"))) == port)
+            .expect("some user on every primary")
     }
 
     /// Kills the node at `port` as a crash would (SIGKILL).
     pub fn kill(&mut self, port: u16) {
         self.servers.kill(port);
+    }
+
+    /// Starts the killed node at `port` again: it rejoins the cluster (from its nodes file), as a
+    /// replica of whichever node took its slots.
+    pub fn restart(&mut self, port: u16) {
+        self.servers.restart(port);
     }
 }
 

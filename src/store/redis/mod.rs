@@ -229,9 +229,9 @@ impl RedisStore {
 
     /// Counts a check only once `replicas` replicas of its node have its writes: the script call
     /// is followed by `WAIT <replicas> <half the timeout>` on the same connection, in the same
-    /// round trip. A check that too few replicas acknowledge is a
+    /// round trip. An admission that too few replicas acknowledge is a
     /// [`StoreError::NotReplicated`], answered by the policy's
-    /// [`OnStoreError`](crate::OnStoreError) (fail closed: 503).
+    /// [`OnStoreError`](crate::OnStoreError) (fail closed: 503); a refusal stands as it is.
     ///
     /// Replication is asynchronous, so without this the admissions of the last moments before a
     /// primary dies can be lost and admitted again on the promoted replica. With it and a
@@ -419,8 +419,13 @@ impl Shared {
             }
         };
         let (reply, acknowledged) = reply?;
+        // Only an admission must survive a failover: a refusal recorded nothing to lose (but a
+        // penalty block, which a lost write only shortens).
+        let admitted =
+            matches!(&reply, Value::Array(items) if items.first() == Some(&Value::Int(1)));
         if let (Some(wanted), Some(acknowledged)) = (replicas, acknowledged)
             && acknowledged < i64::from(wanted)
+            && admitted
         {
             return Err(StoreError::NotReplicated {
                 wanted,
