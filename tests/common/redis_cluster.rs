@@ -401,3 +401,83 @@ fn cluster_info(port: u16) -> HashMap<String, String> {
         .map(|(field, value)| (field.to_owned(), value.trim().to_owned()))
         .collect()
 }
+
+/// A primary, one replica and three sentinels watching it as `mymaster`, failing over about a
+/// second after the primary dies (`down-after-milliseconds 1000`).
+pub struct TestSentinel {
+    servers: Servers,
+    pub primary: u16,
+    pub replica: u16,
+    pub sentinels: Vec<u16>,
+}
+
+impl TestSentinel {
+    pub const MASTER: &'static str = "mymaster";
+
+    pub fn start() -> TestSentinel {
+        let mut servers = Servers::new("sentinel");
+        let primary = servers.start(None, &[]);
+        let primary_text = primary.to_string();
+        let replica = servers.start(None, &["--replicaof", "127.0.0.1", &primary_text]);
+        let config = format!(
+            "sentinel monitor {master} 127.0.0.1 {primary} 2\n\
+             sentinel down-after-milliseconds {master} 1000\n\
+             sentinel failover-timeout {master} 5000\n\
+             sentinel parallel-syncs {master} 1\n",
+            master = Self::MASTER
+        );
+        let sentinels = (0..3)
+            .map(|_| servers.start(Some(&config), &["--sentinel"]))
+            .collect();
+        let sentinel = TestSentinel {
+            servers,
+            primary,
+            replica,
+            sentinels,
+        };
+        wait_until("the replica in sync", Duration::from_secs(30), || {
+            info(replica, "replication")
+                .get("master_link_status")
+                .map(String::as_str)
+                == Some("up")
+        });
+        wait_until(
+            "every sentinel knows the replica and the other sentinels",
+            Duration::from_secs(30),
+            || {
+                sentinel.sentinels.iter().all(|&port| {
+                    let mut client = node_client(port);
+                    let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                        .arg("REPLICAS")
+                        .arg(Self::MASTER)
+                        .query(&mut client)
+                        .unwrap_or_default();
+                    let others: Vec<redis::Value> = redis::cmd("SENTINEL")
+                        .arg("SENTINELS")
+                        .arg(Self::MASTER)
+                        .query(&mut client)
+                        .unwrap_or_default();
+                    replicas.len() == 1 && others.len() == 2
+                })
+            },
+        );
+        sentinel
+    }
+
+    /// The sentinels' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// Kills the primary (SIGKILL) and waits until the sentinels have promoted the replica.
+    pub fn kill_primary_and_wait_for_promotion(&mut self) {
+        self.servers.kill(self.primary);
+        let replica = self.replica;
+        wait_until("the replica promoted", Duration::from_secs(30), || {
+            info(replica, "replication").get("role").map(String::as_str) == Some("master")
+        });
+    }
+}

@@ -1,0 +1,154 @@
+//! The Redis store over a Sentinel-managed primary (a primary, a replica and three sentinels that
+//! the test starts itself, see `common::redis_cluster`): exact counts over two stores, every key
+//! with an expiry, and a killed primary answered per policy until the sentinels promote the
+//! replica, then limiting exactly again on it with no restart.
+#![cfg(feature = "sentinel")]
+
+mod common;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use common::redis_cluster::{TestSentinel, node_client};
+use common::redis_server::unique_prefix;
+use common::{admitted_and_refused, request_from, send};
+use http::StatusCode;
+use tower_redis_ratelimit::{OnStoreError, Policy, RateLimitLayer, RedisStore, Rule};
+
+const TIMEOUT: Duration = Duration::from_millis(500);
+const HUNG: Duration = Duration::from_secs(5);
+const GENEROUS: Duration = Duration::from_secs(10);
+
+/// An app over a store of its own; `timeout`: the failover's `TIMEOUT`, or a generous one where
+/// the test checks what Redis answers (a busy CI machine can stall a first connect).
+fn app(sentinel: &TestSentinel, policy: Policy, timeout: Duration) -> Router {
+    let store = RedisStore::sentinel(TestSentinel::MASTER, sentinel.urls())
+        .expect("valid sentinel URLs")
+        .timeout(timeout);
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(policy, store))
+}
+
+fn policy(prefix: &str, name: &str, limit: u64, on_error: OnStoreError) -> Policy {
+    Policy::builder(name)
+        .prefix(prefix)
+        .rule(Rule::per_hour(limit))
+        .on_store_error(on_error)
+        .build()
+        .unwrap()
+}
+
+/// 400 requests racing over two apps with stores of their own against a limit of 100.
+async fn exactly_100_of_400(apps: [&Router; 2], peer: &str) {
+    let tasks = (0..400)
+        .map(|n| {
+            let app = apps[n % 2].clone();
+            let peer = peer.to_owned();
+            tokio::spawn(async move { send(&app, request_from(&peer, "/")).await.status() })
+        })
+        .collect();
+    assert_eq!(admitted_and_refused(tasks).await, (100, 300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_primary_limits_exactly_and_fails_over() {
+    let mut sentinel = TestSentinel::start();
+    let prefix = unique_prefix("sentinel");
+    let exact = policy(&prefix, "exact", 100, OnStoreError::Deny);
+    let (first, second) = (
+        app(&sentinel, exact.clone(), GENEROUS),
+        app(&sentinel, exact, GENEROUS),
+    );
+    exactly_100_of_400([&first, &second], "192.0.2.1:1000").await;
+
+    // The primary dies while requests flow.
+    let open = app(
+        &sentinel,
+        policy(&prefix, "open", 1_000_000, OnStoreError::Allow),
+        TIMEOUT,
+    );
+    let closed = app(
+        &sentinel,
+        policy(&prefix, "closed", 1_000_000, OnStoreError::Deny),
+        TIMEOUT,
+    );
+    let flowing = |app: Router| {
+        tokio::spawn(async move {
+            let mut answers = Vec::new();
+            // Until the store answers again after the failover.
+            loop {
+                let response =
+                    tokio::time::timeout(HUNG, send(&app, request_from("192.0.2.2:1", "/")))
+                        .await
+                        .unwrap_or_else(|_| panic!("a request hung for {HUNG:?}"));
+                let answer = (
+                    response.status(),
+                    response.headers().contains_key("ratelimit"),
+                );
+                answers.push(answer);
+                if answers.len() > 20 && answer.1 && answers.iter().any(|(_, limited)| !limited) {
+                    return answers;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    let (open_flow, closed_flow) = (flowing(open.clone()), flowing(closed.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| sentinel.kill_primary_and_wait_for_promotion());
+    let open_answers = tokio::time::timeout(Duration::from_secs(30), open_flow)
+        .await
+        .expect("limiting resumed (fail open) within 30 s")
+        .unwrap();
+    let closed_answers = tokio::time::timeout(Duration::from_secs(30), closed_flow)
+        .await
+        .expect("limiting resumed (fail closed) within 30 s")
+        .unwrap();
+    assert!(
+        open_answers
+            .iter()
+            .all(|(status, _)| *status == StatusCode::OK),
+        "{open_answers:?}"
+    );
+    assert!(
+        closed_answers.iter().all(|answer| matches!(
+            answer,
+            (StatusCode::OK, true) | (StatusCode::SERVICE_UNAVAILABLE, false)
+        )),
+        "{closed_answers:?}"
+    );
+    assert!(
+        closed_answers
+            .iter()
+            .any(|(status, _)| *status == StatusCode::SERVICE_UNAVAILABLE)
+    );
+
+    // Exact again on the promoted replica, through the same stores. Their connections still lead
+    // to the dead primary: the first request of each meets that (a store error, 503 here) and the
+    // store connects again through the sentinels.
+    for app in [&first, &second] {
+        let status = send(app, request_from("192.0.2.4:1000", "/"))
+            .await
+            .status();
+        assert!(
+            [StatusCode::OK, StatusCode::SERVICE_UNAVAILABLE].contains(&status),
+            "{status}"
+        );
+    }
+    exactly_100_of_400([&first, &second], "192.0.2.3:1000").await;
+
+    // No key on the new primary lacks an expiry.
+    let mut client = node_client(sentinel.replica);
+    let keys: Vec<String> =
+        redis::Commands::scan_match::<_, String>(&mut client, format!("{prefix}:*"))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+    assert!(!keys.is_empty());
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut client).unwrap();
+        assert_ne!(ttl, -1, "{key} has no expiry");
+    }
+}
