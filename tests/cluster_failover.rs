@@ -233,7 +233,8 @@ async fn what_a_failover_forgets(cluster: &mut TestCluster, prefix: &str) {
          wait_for_replicas(1) admitted {waiting_admitted}",
         plain_admitted.saturating_sub(LIMIT)
     );
-    assert!(plain_admitted >= LIMIT, "the plain store reached its limit");
+    // The plain store's figure is a measurement, not a bound: a request counted on the primary
+    // whose reply died with it was answered 503, so it may also end below the limit.
     assert!(
         waiting_admitted <= LIMIT,
         "no admission acknowledged by a replica is lost: {waiting_admitted} > {LIMIT}"
