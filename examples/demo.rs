@@ -16,14 +16,22 @@
 //!
 //! `examples/demo.toml` is both the documentation of the format and the built-in default (it is
 //! embedded with `include_str!`, so the two can't drift). Its fields are required, but for
-//! `on_store_error` and `store_timeout`, which default to `"allow"` and `"250ms"`; unknown fields
-//! are errors. One more optional field may be added at the top level:
+//! `on_store_error` and `store_timeout`, which default to `"allow"` and `"250ms"`, and the TLS
+//! fields of the store; unknown fields are errors. One more optional field may be added at the
+//! top level:
 //! `forwarded_header = "x-forwarded-for" | "forwarded" | "x-real-ip"` pins the proxy header read
 //! from `trusted_proxies` (absent: the first present of the three).
 //!
 //! - `listen`: an IP address and port (no host names).
-//! - `store`: `"memory"`, or a `redis://host:port/db` URL so that several demo instances share one
-//!   limit (nothing connects at start: a Redis that is down is a store failure per request).
+//! - `store`: where the counts live. `"memory"`; or Redis, so that several demo instances share one
+//!   limit: a `redis://host:port/db` URL (`rediss://` for TLS), a Redis Cluster found from any of
+//!   its nodes, `{ cluster = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"] }`, or the primary
+//!   that Redis Sentinel names `master`, `{ sentinel = ["redis://10.0.0.1:26379"], master =
+//!   "mymaster" }`. The URLs of a list are all `redis://` or all `rediss://`. Nothing connects at
+//!   start: a Redis that is down is a store failure per request.
+//! - `tls_ca`, `tls_insecure` (optional, and only with `rediss://` URLs): the path of a PEM file
+//!   of CA certificates to trust instead of the system's roots; `true` to check no certificate at
+//!   all (tests and private networks only).
 //! - `on_store_error`: `"allow"` lets requests through when the store fails, `"deny"` answers 503.
 //! - `store_timeout`: how long a store answer may take, as a period (`"250ms"`).
 //! - `prefix`: the start of every store key; 1 to 64 letters, digits and `-._~@+=!*(),/`.
@@ -78,6 +86,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower_redis_ratelimit::alert::WebhookNotifier;
+use tower_redis_ratelimit::store::TlsOptions;
 use tower_redis_ratelimit::{
     Algorithm, ClientIp, ForwardedHeader, Key, MemoryStore, Mode, OnStoreError, Policy,
     PolicyError, Quota, RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError, policy,
@@ -209,7 +218,9 @@ fn init_tracing() {
 #[serde(deny_unknown_fields)]
 struct Config {
     listen: String,
-    store: String,
+    /// "memory", a URL, or a table `{ cluster = [...] }` or `{ sentinel = [...], master = "..." }`:
+    /// kept as TOML so that `check_store` can name the bad key or list entry.
+    store: toml::Value,
     prefix: String,
     trusted_proxies: Vec<String>,
     legacy_headers: bool,
@@ -222,6 +233,12 @@ struct Config {
     /// Optional: a period such as "250ms" (default).
     #[serde(default)]
     store_timeout: Option<String>,
+    /// Optional, with rediss:// URLs only: a PEM file of CA certificates to trust.
+    #[serde(default)]
+    tls_ca: Option<String>,
+    /// Optional, with rediss:// URLs only: `true` checks no certificate.
+    #[serde(default)]
+    tls_insecure: Option<bool>,
     routes: Vec<RouteConfig>,
     /// Optional: a daily quota by tier on every limited route.
     #[serde(default)]
@@ -312,6 +329,8 @@ struct DuplicateRule {
 struct DemoConfig {
     listen: SocketAddr,
     store: StoreKind,
+    /// `tls_ca` and `tls_insecure`, if either is given (the store's URLs are then rediss://).
+    store_tls: Option<StoreTls>,
     prefix: String,
     trusted_proxies: Vec<IpNet>,
     forwarded_header: Option<ForwardedHeader>,
@@ -324,19 +343,85 @@ struct DemoConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum StoreKind {
     Memory,
-    /// A `redis://` URL and the store timeout.
+    /// One node: a `redis://` or `rediss://` URL, and the store timeout.
     Redis {
         url: String,
+        timeout: Duration,
+    },
+    /// A Redis Cluster, found from any of these node URLs.
+    Cluster {
+        urls: Vec<String>,
+        timeout: Duration,
+    },
+    /// The primary that the sentinels at `urls` name `master`.
+    Sentinel {
+        master: String,
+        urls: Vec<String>,
         timeout: Duration,
     },
 }
 
 impl StoreKind {
-    /// The name as written in the config file.
-    fn as_str(&self) -> &str {
-        match self {
-            StoreKind::Memory => "memory",
+    /// Whether the store's URLs are `rediss://`; `None` for the memory store. (A list's URLs all
+    /// have the same scheme: `check_urls` sees to it.)
+    fn is_tls(&self) -> Option<bool> {
+        let url = match self {
+            StoreKind::Memory => return None,
             StoreKind::Redis { url, .. } => url,
+            StoreKind::Cluster { urls, .. } | StoreKind::Sentinel { urls, .. } => urls.first()?,
+        };
+        Some(url.starts_with("rediss://"))
+    }
+}
+
+/// As the startup line shows it: `memory`, the URL, `cluster(3 nodes)`, `sentinel(mymaster)` (a
+/// cluster or sentinel list over rediss:// adds `, TLS`).
+impl fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tls = if self.is_tls() == Some(true) {
+            ", TLS"
+        } else {
+            ""
+        };
+        match self {
+            StoreKind::Memory => f.write_str("memory"),
+            StoreKind::Redis { url, .. } => f.write_str(url),
+            StoreKind::Cluster { urls, .. } => {
+                let plural = if urls.len() == 1 { "" } else { "s" };
+                write!(f, "cluster({} node{plural}{tls})", urls.len())
+            }
+            StoreKind::Sentinel { master, .. } => write!(f, "sentinel({master}{tls})"),
+        }
+    }
+}
+
+/// The TLS settings of a Redis store over rediss://, from `tls_ca` and `tls_insecure`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StoreTls {
+    /// `tls_ca`: the path as written, and the PEM text read from it while loading (so a file that
+    /// can't be read is a config error, not a failure at start).
+    ca: Option<(String, Vec<u8>)>,
+    /// `tls_insecure`: check no certificate at all.
+    insecure: bool,
+}
+
+impl StoreTls {
+    fn options(&self) -> TlsOptions {
+        let options = TlsOptions::new().insecure(self.insecure);
+        match &self.ca {
+            Some((_, pem)) => options.ca_pem(pem.clone()),
+            None => options,
+        }
+    }
+}
+
+/// As the startup line shows it, after the store.
+impl fmt::Display for StoreTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.ca, self.insecure) {
+            (_, true) => f.write_str("TLS certificates NOT checked"),
+            (Some((path, _)), false) => write!(f, "TLS CA {path:?}"),
+            (None, false) => f.write_str("TLS CA: the system's roots"),
         }
     }
 }
@@ -453,8 +538,8 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
             parse_period(text).map_err(|message| ConfigError::field("store_timeout", message))?
         }
     };
-    let store = parse_store(&raw.store, store_timeout)
-        .map_err(|message| ConfigError::field("store", message))?;
+    let store = check_store(&raw.store, store_timeout)?;
+    let store_tls = check_tls(raw.tls_ca.as_deref(), raw.tls_insecure, &store)?;
     let on_store_error = match raw.on_store_error.as_deref() {
         None | Some("allow") => OnStoreError::Allow,
         Some("deny") => OnStoreError::Deny,
@@ -523,6 +608,7 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
     Ok(DemoConfig {
         listen,
         store,
+        store_tls,
         prefix: raw.prefix,
         trusted_proxies,
         forwarded_header,
@@ -798,6 +884,208 @@ fn policy_error(index: usize, error: PolicyError) -> ConfigError {
     }
 }
 
+/// What `store` may be, for a value that is neither a string nor a table of one of the two kinds.
+const STORE_EXPECTED: &str = "expected \"memory\", a URL, or a table with cluster = [...] or \
+                              sentinel = [...] and master = \"...\"";
+
+/// The `store` value: `"memory"` or a URL (`parse_store`), or a cluster or sentinel table.
+fn check_store(value: &toml::Value, timeout: Duration) -> Result<StoreKind, ConfigError> {
+    match value {
+        toml::Value::String(text) => {
+            parse_store(text, timeout).map_err(|message| ConfigError::field("store", message))
+        }
+        toml::Value::Table(table) => check_store_table(table, timeout),
+        _ => Err(ConfigError::field("store", STORE_EXPECTED)),
+    }
+}
+
+/// `{ cluster = [...] }` or `{ sentinel = [...], master = "..." }`. The keys are checked by hand
+/// rather than by serde so that each message names its key or list entry.
+fn check_store_table(table: &toml::Table, timeout: Duration) -> Result<StoreKind, ConfigError> {
+    if let Some(key) = table
+        .keys()
+        .find(|key| !matches!(key.as_str(), "cluster" | "sentinel" | "master"))
+    {
+        return Err(ConfigError::field(
+            format!("store.{key}"),
+            "unknown key: a store table takes cluster = [...], or sentinel = [...] and master = \"...\"",
+        ));
+    }
+    match (
+        table.get("cluster"),
+        table.get("sentinel"),
+        table.get("master"),
+    ) {
+        (Some(_), Some(_), _) => Err(ConfigError::field(
+            "store",
+            "expected either cluster = [...] or sentinel = [...], not both",
+        )),
+        (Some(_), None, Some(_)) => Err(ConfigError::field(
+            "store.master",
+            "applies only with sentinel = [...] (a cluster finds its primaries itself)",
+        )),
+        (Some(list), None, None) => {
+            let urls = check_urls("store.cluster", list, "node", 7000)?;
+            RedisStore::cluster(&urls)
+                .map_err(|error| ConfigError::field("store.cluster", error.to_string()))?;
+            Ok(StoreKind::Cluster { urls, timeout })
+        }
+        (None, Some(list), master) => {
+            let urls = check_urls("store.sentinel", list, "sentinel", 26379)?;
+            let master = match master {
+                Some(toml::Value::String(name)) if !name.is_empty() => name.clone(),
+                Some(_) => {
+                    return Err(ConfigError::field(
+                        "store.master",
+                        "expected the name the sentinels know the primary by, such as \"mymaster\"",
+                    ));
+                }
+                None => {
+                    return Err(ConfigError::field(
+                        "store.master",
+                        "is required with sentinel = [...]: the name the sentinels know the \
+                         primary by, such as \"mymaster\"",
+                    ));
+                }
+            };
+            RedisStore::sentinel(&master, &urls)
+                .map_err(|error| ConfigError::field("store.sentinel", error.to_string()))?;
+            Ok(StoreKind::Sentinel {
+                master,
+                urls,
+                timeout,
+            })
+        }
+        (None, None, _) => Err(ConfigError::field("store", STORE_EXPECTED)),
+    }
+}
+
+/// The URL list at `field` (`store.cluster`, `store.sentinel`): at least one, each a `redis://` or
+/// `rediss://` URL, all with the same scheme (the library takes the TLS mode of the first).
+fn check_urls(
+    field: &str,
+    value: &toml::Value,
+    what: &str,
+    port: u16,
+) -> Result<Vec<String>, ConfigError> {
+    let toml::Value::Array(items) = value else {
+        return Err(ConfigError::field(
+            field,
+            format!("expected a list of {what} URLs such as [\"redis://127.0.0.1:{port}\"]"),
+        ));
+    };
+    if items.is_empty() {
+        return Err(ConfigError::field(
+            field,
+            format!("must list at least one {what} URL"),
+        ));
+    }
+    let mut urls: Vec<String> = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let entry = format!("{field}[{index}]");
+        let url = match item {
+            toml::Value::String(url)
+                if url.starts_with("redis://") || url.starts_with("rediss://") =>
+            {
+                url
+            }
+            toml::Value::String(other) => {
+                return Err(ConfigError::field(
+                    entry,
+                    format!("{other:?} is not a redis:// or rediss:// URL"),
+                ));
+            }
+            other => {
+                return Err(ConfigError::field(
+                    entry,
+                    format!("{other} is not a redis:// or rediss:// URL"),
+                ));
+            }
+        };
+        if let Some(first) = urls.first()
+            && first.starts_with("rediss://") != url.starts_with("rediss://")
+        {
+            return Err(ConfigError::field(
+                entry,
+                format!(
+                    "{url:?} and {field}[0] differ in TLS: use rediss:// for every URL or for none"
+                ),
+            ));
+        }
+        // Checks the URL without connecting, as for a single node.
+        RedisStore::from_url(url)
+            .map_err(|error| ConfigError::field(entry, format!("{url:?}: {error}")))?;
+        urls.push(url.clone());
+    }
+    Ok(urls)
+}
+
+/// `tls_ca` and `tls_insecure`: only with a Redis store over rediss://, and not both (an insecure
+/// client checks no certificate, so a CA would go unused).
+fn check_tls(
+    ca: Option<&str>,
+    insecure: Option<bool>,
+    store: &StoreKind,
+) -> Result<Option<StoreTls>, ConfigError> {
+    let given = match (ca, insecure) {
+        (None, None) => return Ok(None),
+        (Some(_), _) => "tls_ca",
+        (None, Some(_)) => "tls_insecure",
+    };
+    match store.is_tls() {
+        None => {
+            return Err(ConfigError::field(
+                given,
+                "applies only to a Redis store, not \"memory\"",
+            ));
+        }
+        Some(false) => {
+            return Err(ConfigError::field(
+                given,
+                "applies only to rediss:// URLs (TLS), and the store's are redis://",
+            ));
+        }
+        Some(true) => {}
+    }
+    let insecure = insecure.unwrap_or(false);
+    if insecure && ca.is_some() {
+        return Err(ConfigError::field(
+            "tls_insecure",
+            "true checks no certificate, so tls_ca would go unused: give one or the other",
+        ));
+    }
+    let ca = match ca {
+        None => None,
+        Some(path) => {
+            let pem = std::fs::read(path).map_err(|error| {
+                ConfigError::field("tls_ca", format!("cannot read {path:?}: {error}"))
+            })?;
+            // Text without a certificate is no error to the TLS library, just no CA at all.
+            if !pem
+                .windows(CERTIFICATE_PEM.len())
+                .any(|window| window == CERTIFICATE_PEM.as_bytes())
+            {
+                return Err(ConfigError::field(
+                    "tls_ca",
+                    format!("{path:?} holds no PEM certificate ({CERTIFICATE_PEM})"),
+                ));
+            }
+            Some((path.to_owned(), pem))
+        }
+    };
+    let tls = StoreTls { ca, insecure };
+    // Builds the store's clients with these settings (still without connecting), which parses
+    // the certificates.
+    open_store(store, Some(&tls)).map_err(|error| match &tls.ca {
+        Some((path, _)) => ConfigError::field("tls_ca", format!("{path:?}: {error}")),
+        None => ConfigError::field(given, error.to_string()),
+    })?;
+    Ok(Some(tls))
+}
+
+/// How a PEM certificate starts.
+const CERTIFICATE_PEM: &str = "-----BEGIN CERTIFICATE-----";
+
 fn parse_store(text: &str, timeout: Duration) -> Result<StoreKind, String> {
     if text == "memory" {
         Ok(StoreKind::Memory)
@@ -887,14 +1175,30 @@ fn parse_period(text: &str) -> Result<Duration, String> {
 // The server.
 // ---------------------------------------------------------------------------------------------
 
+/// The store of `kind`, with `tls` settings for its rediss:// URLs. Nothing connects yet.
+fn open_store(kind: &StoreKind, tls: Option<&StoreTls>) -> Result<Arc<dyn Store>, StoreError> {
+    let (store, timeout) = match kind {
+        StoreKind::Memory => return Ok(Arc::new(MemoryStore::new())),
+        StoreKind::Redis { url, timeout } => (RedisStore::from_url(url)?, *timeout),
+        StoreKind::Cluster { urls, timeout } => (RedisStore::cluster(urls)?, *timeout),
+        StoreKind::Sentinel {
+            master,
+            urls,
+            timeout,
+        } => (RedisStore::sentinel(master, urls)?, *timeout),
+    };
+    let store = match tls {
+        Some(tls) => store.with_tls(tls.options())?,
+        None => store,
+    };
+    Ok(Arc::new(store.timeout(timeout)))
+}
+
 /// The app: every configured route answers `GET` and `POST` with `200 PONG` behind its own limit,
 /// and `/healthz` answers `200 ok`, unlimited. All routes count in one shared store.
 fn build_app(config: &DemoConfig) -> Result<Router, StoreError> {
     // One store for every route, as one app would share it.
-    let store: Arc<dyn Store> = match &config.store {
-        StoreKind::Memory => Arc::new(MemoryStore::new()),
-        StoreKind::Redis { url, timeout } => Arc::new(RedisStore::from_url(url)?.timeout(*timeout)),
-    };
+    let store = open_store(&config.store, config.store_tls.as_ref())?;
     let mut app = Router::new().route(HEALTHZ, get(|| async { "ok" }));
     for route in &config.routes {
         let handler = get(pong).post(pong);
@@ -927,7 +1231,8 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
         );
     }
     tracing::info!(
-        store = config.store.as_str(),
+        store = %config.store,
+        store_tls = config.store_tls.as_ref().map(tracing::field::display),
         prefix = %config.prefix,
         trusted_proxies = ?config.trusted_proxies,
         forwarded_header = ?config.forwarded_header,
@@ -970,10 +1275,13 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
         }
         _ => addr,
     };
+    let tls = match &config.store_tls {
+        Some(tls) => format!(", {tls}"),
+        None => String::new(),
+    };
     let mut text = format!(
-        "tower-redis-ratelimit demo listening on http://{addr} (store: {}, key prefix \"{}\")\n",
-        config.store.as_str(),
-        config.prefix
+        "tower-redis-ratelimit demo listening on http://{addr} (store: {}{tls}, key prefix \"{}\")\n",
+        config.store, config.prefix
     );
     if config.no_limiter {
         text += "  --no-limiter: the routes below are served WITHOUT rate limiting (a load-run baseline)\n";
@@ -1237,6 +1545,350 @@ mod tests {
         }
     }
 
+    /// The default config with `store = "memory"` replaced by `store = <store>` and the top-level
+    /// `extra` lines (such as `tls_ca = "..."`) added after `store_timeout`.
+    fn with_store(store: &str, extra: &str) -> String {
+        edited("store = \"memory\"", &format!("store = {store}")).replacen(
+            "store_timeout = \"250ms\"",
+            &format!("store_timeout = \"250ms\"\n{extra}"),
+            1,
+        )
+    }
+
+    /// A self-signed CA certificate (P-256) for the TLS settings' tests: parsed, never used.
+    const TEST_CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBhDCCASugAwIBAgIUFrICZEdodkDs5H3epqKEsGMgVI4wCgYIKoZIzj0EAwIw
+FzEVMBMGA1UEAwwMZGVtby10ZXN0LWNhMCAXDTI2MTEyMzA3MTgxMFoYDzIxMjYx
+MDMwMDcxODEwWjAXMRUwEwYDVQQDDAxkZW1vLXRlc3QtY2EwWTATBgcqhkjOPQIB
+BggqhkjOPQMBBwNCAAQTQh9iBLQcQwQxjEQq+tcb3DVQyivJLF8s5moviRN+yV3U
+wd3NYxjNA+Rb2AJsJKycW1kHKYwBzuhowVGlTOeQo1MwUTAdBgNVHQ4EFgQUirrf
+W9iccgAVbvgbBNFTxhrdy+MwHwYDVR0jBBgwFoAUirrfW9iccgAVbvgbBNFTxhrd
+y+MwDwYDVR0TAQH/BAUwAwEB/zAKBggqhkjOPQQDAgNHADBEAiB2XNG5Kkm+y8vL
+Axnh1x4mcY1T2VlA5xFZmFKsGjIi7wIgAzXIBVML1MDMFa0hKbARgPzLkuL/7J5o
+QXvkTTxEd9w=
+-----END CERTIFICATE-----
+";
+
+    /// Writes `contents` to a file of this test process in the temp directory; returns its path.
+    fn temp_file(name: &str, contents: &str) -> String {
+        let path = std::env::temp_dir().join(format!(
+            "tower-redis-ratelimit-demo-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::write(&path, contents).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+
+    fn urls(list: &[&str]) -> Vec<String> {
+        list.iter().map(|url| url.to_string()).collect()
+    }
+
+    #[test]
+    fn store_tables_become_cluster_and_sentinel_stores() {
+        let timeout = Duration::from_millis(250);
+        let cases = [
+            (
+                r#"{ cluster = ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001", "redis://127.0.0.1:7002"] }"#,
+                StoreKind::Cluster {
+                    urls: urls(&[
+                        "redis://127.0.0.1:7000",
+                        "redis://127.0.0.1:7001",
+                        "redis://127.0.0.1:7002",
+                    ]),
+                    timeout,
+                },
+                "cluster(3 nodes)",
+            ),
+            (
+                r#"{ sentinel = ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"], master = "mymaster" }"#,
+                StoreKind::Sentinel {
+                    master: "mymaster".into(),
+                    urls: urls(&["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]),
+                    timeout,
+                },
+                "sentinel(mymaster)",
+            ),
+            (
+                r#"{ cluster = ["rediss://127.0.0.1:7000"] }"#,
+                StoreKind::Cluster {
+                    urls: urls(&["rediss://127.0.0.1:7000"]),
+                    timeout,
+                },
+                "cluster(1 node, TLS)",
+            ),
+            (
+                r#"{ master = "cache", sentinel = ["rediss://127.0.0.1:26379"] }"#,
+                StoreKind::Sentinel {
+                    master: "cache".into(),
+                    urls: urls(&["rediss://127.0.0.1:26379"]),
+                    timeout,
+                },
+                "sentinel(cache, TLS)",
+            ),
+            (
+                r#""rediss://127.0.0.1:6380/0""#,
+                StoreKind::Redis {
+                    url: "rediss://127.0.0.1:6380/0".into(),
+                    timeout,
+                },
+                "rediss://127.0.0.1:6380/0",
+            ),
+        ];
+        for (store, kind, shown) in cases {
+            let config = load_config(&with_store(store, "")).unwrap();
+            assert_eq!(config.store, kind, "{store}");
+            assert_eq!(config.store_tls, None, "{store}");
+            let text = banner(&config, config.listen);
+            assert!(
+                text.starts_with(&format!(
+                    "tower-redis-ratelimit demo listening on http://127.0.0.1:3000 (store: {shown}, key prefix \"demo\")\n"
+                )),
+                "{text}"
+            );
+            // The constructors check the URLs without connecting.
+            let _app = build_app(&config).unwrap();
+        }
+        // The store timeout reaches the tables' stores too.
+        let config = load_config(
+            &with_store(r#"{ cluster = ["redis://127.0.0.1:7000"] }"#, "").replacen(
+                "store_timeout = \"250ms\"",
+                "store_timeout = \"2s\"",
+                1,
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            config.store,
+            StoreKind::Cluster {
+                urls: urls(&["redis://127.0.0.1:7000"]),
+                timeout: Duration::from_secs(2),
+            }
+        );
+    }
+
+    #[test]
+    fn the_commented_store_examples_in_demo_toml_parse() {
+        let stores: Vec<&str> = DEFAULT_CONFIG
+            .lines()
+            .filter_map(|line| line.strip_prefix("# store = "))
+            .collect();
+        assert_eq!(stores.len(), 3, "{stores:?}");
+        for store in &stores {
+            let config = load_config(&with_store(store, ""))
+                .unwrap_or_else(|error| panic!("{store}: {error}"));
+            assert_ne!(config.store, StoreKind::Memory);
+        }
+        let tls_line = |field: &str| {
+            DEFAULT_CONFIG
+                .lines()
+                .find_map(|line| {
+                    line.strip_prefix("# ")
+                        .filter(|rest| rest.starts_with(field))
+                })
+                .unwrap()
+        };
+        let rediss = stores[0];
+        let config = load_config(&with_store(rediss, tls_line("tls_insecure = "))).unwrap();
+        assert_eq!(
+            config.store_tls,
+            Some(StoreTls {
+                ca: None,
+                insecure: false
+            })
+        );
+        // The CA file of the example doesn't exist here; the line itself parses.
+        let error = error_of(&with_store(rediss, tls_line("tls_ca = ")));
+        assert!(
+            error.starts_with("tls_ca: cannot read \"certs/ca.crt\": "),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn tls_settings_reach_the_store() {
+        let ca = temp_file("ca.crt", TEST_CA_PEM);
+        let with_ca = StoreTls {
+            ca: Some((ca.clone(), TEST_CA_PEM.as_bytes().to_vec())),
+            insecure: false,
+        };
+        let insecure = StoreTls {
+            ca: None,
+            insecure: true,
+        };
+        let system_roots = StoreTls {
+            ca: None,
+            insecure: false,
+        };
+        let settings = [
+            (
+                format!("tls_ca = {ca:?}"),
+                &with_ca,
+                format!("TLS CA {ca:?}"),
+            ),
+            (
+                format!("tls_ca = {ca:?}\ntls_insecure = false"),
+                &with_ca,
+                format!("TLS CA {ca:?}"),
+            ),
+            (
+                "tls_insecure = true".to_owned(),
+                &insecure,
+                "TLS certificates NOT checked".to_owned(),
+            ),
+            (
+                "tls_insecure = false".to_owned(),
+                &system_roots,
+                "TLS CA: the system's roots".to_owned(),
+            ),
+        ];
+        for store in [
+            r#""rediss://127.0.0.1:6380/0""#,
+            r#"{ cluster = ["rediss://127.0.0.1:7000", "rediss://127.0.0.1:7001"] }"#,
+            r#"{ sentinel = ["rediss://127.0.0.1:26379"], master = "mymaster" }"#,
+        ] {
+            for (extra, expected, shown) in &settings {
+                let config = load_config(&with_store(store, extra)).unwrap();
+                assert_eq!(
+                    config.store_tls.as_ref(),
+                    Some(*expected),
+                    "{store} {extra}"
+                );
+                let text = banner(&config, config.listen);
+                assert!(
+                    text.contains(&format!(", {shown}, key prefix \"demo\")\n")),
+                    "{text}"
+                );
+                let _app = build_app(&config).unwrap();
+            }
+        }
+        std::fs::remove_file(&ca).unwrap();
+    }
+
+    #[test]
+    fn bad_store_tables_and_tls_settings_are_refused_naming_the_field() {
+        let table = |store: &str| with_store(store, "");
+        let rediss = r#""rediss://127.0.0.1:6380/0""#;
+        let expected_store = r#"store: expected "memory", a URL, or a table with cluster = [...] or sentinel = [...] and master = "...""#;
+        let not_pem = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.toml");
+        let cases: Vec<(String, String)> = vec![
+            (
+                table(r#"{ cluster = ["redis://127.0.0.1:7000"], colour = "blue" }"#),
+                r#"store.colour: unknown key: a store table takes cluster = [...], or sentinel = [...] and master = "...""#.into(),
+            ),
+            (
+                table("{ cluster = [] }"),
+                "store.cluster: must list at least one node URL".into(),
+            ),
+            (
+                table(r#"{ sentinel = [], master = "mymaster" }"#),
+                "store.sentinel: must list at least one sentinel URL".into(),
+            ),
+            (
+                table(r#"{ cluster = ["redis://127.0.0.1:7000", "http://127.0.0.1:7001"] }"#),
+                r#"store.cluster[1]: "http://127.0.0.1:7001" is not a redis:// or rediss:// URL"#.into(),
+            ),
+            (
+                table(r#"{ sentinel = ["redis://127.0.0.1:26379", 26380], master = "mymaster" }"#),
+                "store.sentinel[1]: 26380 is not a redis:// or rediss:// URL".into(),
+            ),
+            (
+                table(r#"{ cluster = "redis://127.0.0.1:7000" }"#),
+                r#"store.cluster: expected a list of node URLs such as ["redis://127.0.0.1:7000"]"#.into(),
+            ),
+            (
+                table(r#"{ sentinel = "redis://127.0.0.1:26379", master = "mymaster" }"#),
+                r#"store.sentinel: expected a list of sentinel URLs such as ["redis://127.0.0.1:26379"]"#.into(),
+            ),
+            (
+                table(r#"{ cluster = ["rediss://127.0.0.1:7000", "redis://127.0.0.1:7001"] }"#),
+                r#"store.cluster[1]: "redis://127.0.0.1:7001" and store.cluster[0] differ in TLS: use rediss:// for every URL or for none"#.into(),
+            ),
+            (
+                table(r#"{ sentinel = ["redis://127.0.0.1:26379"] }"#),
+                r#"store.master: is required with sentinel = [...]: the name the sentinels know the primary by, such as "mymaster""#.into(),
+            ),
+            (
+                table(r#"{ sentinel = ["redis://127.0.0.1:26379"], master = "" }"#),
+                r#"store.master: expected the name the sentinels know the primary by, such as "mymaster""#.into(),
+            ),
+            (
+                table(r#"{ sentinel = ["redis://127.0.0.1:26379"], master = 1 }"#),
+                r#"store.master: expected the name the sentinels know the primary by, such as "mymaster""#.into(),
+            ),
+            (
+                table(r#"{ cluster = ["redis://127.0.0.1:7000"], master = "mymaster" }"#),
+                "store.master: applies only with sentinel = [...] (a cluster finds its primaries itself)".into(),
+            ),
+            (
+                table(
+                    r#"{ cluster = ["redis://127.0.0.1:7000"], sentinel = ["redis://127.0.0.1:26379"] }"#,
+                ),
+                "store: expected either cluster = [...] or sentinel = [...], not both".into(),
+            ),
+            (table("{}"), expected_store.into()),
+            (table(r#"{ master = "mymaster" }"#), expected_store.into()),
+            (table("6379"), expected_store.into()),
+            (table(r#"["redis://127.0.0.1:6379"]"#), expected_store.into()),
+            (
+                with_store(r#""memory""#, r#"tls_ca = "ca.crt""#),
+                r#"tls_ca: applies only to a Redis store, not "memory""#.into(),
+            ),
+            (
+                with_store(r#""memory""#, "tls_insecure = false"),
+                r#"tls_insecure: applies only to a Redis store, not "memory""#.into(),
+            ),
+            (
+                with_store(r#""redis://127.0.0.1:6379/0""#, "tls_insecure = true"),
+                "tls_insecure: applies only to rediss:// URLs (TLS), and the store's are redis://"
+                    .into(),
+            ),
+            (
+                with_store(
+                    r#"{ cluster = ["redis://127.0.0.1:7000"] }"#,
+                    r#"tls_ca = "ca.crt""#,
+                ),
+                "tls_ca: applies only to rediss:// URLs (TLS), and the store's are redis://".into(),
+            ),
+            (
+                with_store(rediss, "tls_ca = \"ca.crt\"\ntls_insecure = true"),
+                "tls_insecure: true checks no certificate, so tls_ca would go unused: give one or the other".into(),
+            ),
+            (
+                with_store(rediss, &format!("tls_ca = {not_pem:?}")),
+                format!("tls_ca: {not_pem:?} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"),
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(error_of(&text), expected, "config:\n{text}");
+        }
+
+        // The rest of these messages comes from the OS or the Redis client.
+        let bad_pem = temp_file(
+            "bad.crt",
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+        );
+        let starts = [
+            (
+                with_store(rediss, r#"tls_ca = "/nonexistent/ca.crt""#),
+                r#"tls_ca: cannot read "/nonexistent/ca.crt": "#.to_owned(),
+            ),
+            (
+                with_store(rediss, &format!("tls_ca = {bad_pem:?}")),
+                format!("tls_ca: {bad_pem:?}: rate-limit store misconfigured: "),
+            ),
+            (
+                table(r#"{ cluster = ["redis://127.0.0.1:7000", "redis://127.0.0.1:port"] }"#),
+                r#"store.cluster[1]: "redis://127.0.0.1:port": rate-limit store misconfigured: "#
+                    .to_owned(),
+            ),
+        ];
+        for (text, start) in starts {
+            let error = error_of(&text);
+            assert!(error.starts_with(&start), "{error}\nconfig:\n{text}");
+        }
+        std::fs::remove_file(&bad_pem).unwrap();
+    }
+
     /// The shipped route with `extra` lines added to it.
     fn with_route_options(extra: &str) -> String {
         edited(
@@ -1480,11 +2132,11 @@ mod tests {
                 "line 1, column 1",
                 "unknown field `colour`, expected one of `listen`, `store`, `prefix`, \
                  `trusted_proxies`, `legacy_headers`, `forwarded_header`, `on_store_error`, \
-                 `store_timeout`, `routes`, `quota`",
+                 `store_timeout`, `tls_ca`, `tls_insecure`, `routes`, `quota`",
             ),
             (
                 edited("key = \"ip\"", "methods = [\"GET\"]"),
-                "line 11, column 1",
+                "line 18, column 1",
                 "unknown field `methods`, expected one of `path`, `key`, `algorithm`, `rules`, \
                  `prevent_duplicate`, `block_for`, `mode`, `max_delay`, `cost_header`",
             ),
@@ -1493,7 +2145,7 @@ mod tests {
                     "{ limit = 100, period = \"1h\" }",
                     "{ limit = 100, period = \"1h\", colour = 5 }",
                 ),
-                "line 13, column 71",
+                "line 20, column 71",
                 "unknown field `colour`, expected one of `limit`, `period`, `burst`",
             ),
             (
@@ -1503,22 +2155,22 @@ mod tests {
             ),
             (
                 edited("path = \"/api/ping\" ", "# no path "),
-                "line 9, column 1",
+                "line 16, column 1",
                 "missing field `path`",
             ),
             (
                 edited("{ limit = 100, period = \"1h\" }", "{ limit = 100 }"),
-                "line 13, column 41",
+                "line 20, column 41",
                 "missing field `period`",
             ),
             (
                 edited("limit = 20,", "limit = \"20\","),
-                "line 13, column 20",
+                "line 20, column 20",
                 "invalid type: string \"20\", expected u64",
             ),
             (
                 edited("limit = 20,", "limit = -1,"),
-                "line 13, column 20",
+                "line 20, column 20",
                 "invalid value: integer `-1`, expected u64",
             ),
             (
