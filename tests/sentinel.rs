@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use common::redis_cluster::{TestSentinel, node_client};
+use common::redis_cluster::{TestSentinel, assert_answered_per_policy, node_client};
 use common::redis_server::unique_prefix;
 use common::{admitted_and_refused, request_from, send};
 use http::StatusCode;
@@ -106,24 +106,7 @@ async fn a_sentinel_primary_limits_exactly_and_fails_over() {
         .await
         .expect("limiting resumed (fail closed) within 30 s")
         .unwrap();
-    assert!(
-        open_answers
-            .iter()
-            .all(|(status, _)| *status == StatusCode::OK),
-        "{open_answers:?}"
-    );
-    assert!(
-        closed_answers.iter().all(|answer| matches!(
-            answer,
-            (StatusCode::OK, true) | (StatusCode::SERVICE_UNAVAILABLE, false)
-        )),
-        "{closed_answers:?}"
-    );
-    assert!(
-        closed_answers
-            .iter()
-            .any(|(status, _)| *status == StatusCode::SERVICE_UNAVAILABLE)
-    );
+    assert_answered_per_policy(&open_answers, &closed_answers);
 
     // Exact again on the promoted replica, through the same stores. Their connections still lead
     // to the dead primary: the first request of each meets that (a store error, 503 here) and the

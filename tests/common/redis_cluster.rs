@@ -481,3 +481,31 @@ impl TestSentinel {
         });
     }
 }
+
+/// Answers `(status, answered by the store)` of a fail-open and a fail-closed app that met a dead
+/// primary: fail open always 200; fail closed 200 from the store or 503 without it, some 503
+/// (the failover was felt); never 429.
+pub fn assert_answered_per_policy(
+    open_answers: &[(http::StatusCode, bool)],
+    closed_answers: &[(http::StatusCode, bool)],
+) {
+    use http::StatusCode;
+    assert!(
+        open_answers
+            .iter()
+            .all(|(status, _)| *status == StatusCode::OK),
+        "{open_answers:?}"
+    );
+    assert!(
+        closed_answers.iter().all(|answer| matches!(
+            answer,
+            (StatusCode::OK, true) | (StatusCode::SERVICE_UNAVAILABLE, false)
+        )),
+        "{closed_answers:?}"
+    );
+    assert!(
+        closed_answers
+            .iter()
+            .any(|(status, _)| *status == StatusCode::SERVICE_UNAVAILABLE)
+    );
+}

@@ -62,10 +62,7 @@ impl Connector {
             ),
             #[cfg(feature = "cluster")]
             Connector::ClusterPool(pool) => {
-                let connection = pool
-                    .get()
-                    .await
-                    .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+                let connection = pool.get().await.map_err(pool_error)?;
                 Connection::Cluster(deadpool_redis::cluster::Connection::take(connection))
             }
             #[cfg(feature = "cluster")]
@@ -74,10 +71,7 @@ impl Connector {
             }
             #[cfg(feature = "sentinel")]
             Connector::SentinelPool(pool) => {
-                let connection = pool
-                    .get()
-                    .await
-                    .map_err(|error| StoreError::Unavailable(Box::new(error)))?;
+                let connection = pool.get().await.map_err(pool_error)?;
                 Connection::Node(deadpool_redis::sentinel::Connection::take(connection))
             }
             #[cfg(feature = "sentinel")]
