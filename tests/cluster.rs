@@ -59,10 +59,10 @@ fn calls_on_primaries(cluster: &TestCluster, command: &str) -> u64 {
         .primaries()
         .into_iter()
         .map(|port| {
-            common::redis_cluster::info(port, "commandstats")
-                .get(&format!("cmdstat_{command}"))
-                .and_then(|stats| stats.split(',').find_map(|s| s.strip_prefix("calls=")))
-                .map_or(0, |calls| calls.parse().unwrap())
+            common::redis_server::command_calls(&mut node_client(port))
+                .get(command)
+                .copied()
+                .unwrap_or(0)
         })
         .sum()
 }
@@ -82,12 +82,7 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
     // No key on any node lacks an expiry after all of that.
     let mut keys = 0;
     for port in cluster.primaries() {
-        let mut client = node_client(port);
-        for key in keys_on(port, &prefix) {
-            let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut client).unwrap();
-            assert_ne!(ttl, -1, "{key} on 127.0.0.1:{port} has no expiry");
-            keys += 1;
-        }
+        keys += common::redis_server::assert_every_key_expires(&mut node_client(port), &prefix);
     }
     assert!(keys > 0, "the scenarios left keys to check");
 }

@@ -40,33 +40,12 @@ fn app(policy: Policy, store: RedisStore) -> Router {
 
 /// Every key under `prefix` has a TTL: none is immortal.
 fn assert_every_key_expires(redis: &TestRedis, prefix: &str) -> usize {
-    let mut client = redis.client();
-    let keys: Vec<String> = client
-        .scan_match::<_, String>(format!("{prefix}:*"))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    for key in &keys {
-        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut client).unwrap();
-        // -1 is a key without expiry (-2: one that expired since the scan, 0: expiring now).
-        assert_ne!(ttl, -1, "{key} has no expiry");
-    }
-    keys.len()
+    common::redis_server::assert_every_key_expires(&mut redis.client(), prefix)
 }
 
 /// The calls per command, from `INFO commandstats`.
 fn command_calls(redis: &TestRedis) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.client())
-        .unwrap();
-    info.lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats.split(',').find_map(|s| s.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
+    common::redis_server::command_calls(&mut redis.client())
 }
 
 #[tokio::test]

@@ -445,3 +445,4 @@ pub async fn a_quota_race_admits_the_limit_and_alerts_once(
 
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod redis_tls;

@@ -2,6 +2,7 @@
 //! loopback port, stopped when dropped. Without either the test fails and says how to get one; it
 //! never skips.
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -155,7 +156,8 @@ impl Drop for TestRedis {
     }
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
@@ -174,4 +176,34 @@ pub fn unique_prefix(test: &str) -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// Every key under `prefix` on the server behind `client` has an expiry (none is immortal);
+/// returns how many keys there are.
+pub fn assert_every_key_expires(client: &mut redis::Connection, prefix: &str) -> usize {
+    let keys: Vec<String> = redis::Commands::scan_match::<_, String>(client, format!("{prefix}:*"))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(client).unwrap();
+        // -1 is a key without expiry (-2: one that expired since the scan, 0: expiring now).
+        assert_ne!(ttl, -1, "{key} has no expiry");
+    }
+    keys.len()
+}
+
+/// The calls per command of the server behind `client`, from `INFO commandstats`.
+pub fn command_calls(client: &mut redis::Connection) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(client)
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.split(',').find_map(|s| s.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
 }
