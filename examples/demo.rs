@@ -32,6 +32,9 @@
 //! - `tls_ca`, `tls_insecure` (optional, and only with `rediss://` URLs): the path of a PEM file
 //!   of CA certificates to trust instead of the system's roots; `true` to check no certificate at
 //!   all (tests and private networks only).
+//! - `wait_for_replicas` (optional, only with a Redis store): an admission counts only once that
+//!   many replicas of its node acknowledged it (default `0`, off); see
+//!   `RedisStore::wait_for_replicas`.
 //! - `on_store_error`: `"allow"` lets requests through when the store fails, `"deny"` answers 503.
 //! - `store_timeout`: how long a store answer may take, as a period (`"250ms"`).
 //! - `prefix`: the start of every store key; 1 to 64 letters, digits and `-._~@+=!*(),/`.
@@ -239,6 +242,9 @@ struct Config {
     /// Optional, with rediss:// URLs only: `true` checks no certificate.
     #[serde(default)]
     tls_insecure: Option<bool>,
+    /// Optional, with a Redis store only: replicas that must acknowledge an admission (default 0).
+    #[serde(default)]
+    wait_for_replicas: Option<u32>,
     routes: Vec<RouteConfig>,
     /// Optional: a daily quota by tier on every limited route.
     #[serde(default)]
@@ -331,6 +337,8 @@ struct DemoConfig {
     store: StoreKind,
     /// `tls_ca` and `tls_insecure`, if either is given (the store's URLs are then rediss://).
     store_tls: Option<StoreTls>,
+    /// Replicas that must acknowledge an admission (0: off).
+    wait_for_replicas: u32,
     prefix: String,
     trusted_proxies: Vec<IpNet>,
     forwarded_header: Option<ForwardedHeader>,
@@ -540,6 +548,15 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
     };
     let store = check_store(&raw.store, store_timeout)?;
     let store_tls = check_tls(raw.tls_ca.as_deref(), raw.tls_insecure, &store)?;
+    let wait_for_replicas = match raw.wait_for_replicas {
+        Some(replicas) if replicas > 0 && store == StoreKind::Memory => {
+            return Err(ConfigError::field(
+                "wait_for_replicas",
+                "applies only to a Redis store, not \"memory\"",
+            ));
+        }
+        replicas => replicas.unwrap_or(0),
+    };
     let on_store_error = match raw.on_store_error.as_deref() {
         None | Some("allow") => OnStoreError::Allow,
         Some("deny") => OnStoreError::Deny,
@@ -609,6 +626,7 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
         listen,
         store,
         store_tls,
+        wait_for_replicas,
         prefix: raw.prefix,
         trusted_proxies,
         forwarded_header,
@@ -1076,7 +1094,7 @@ fn check_tls(
     let tls = StoreTls { ca, insecure };
     // Builds the store's clients with these settings (still without connecting), which parses
     // the certificates.
-    open_store(store, Some(&tls)).map_err(|error| match &tls.ca {
+    open_store(store, Some(&tls), 0).map_err(|error| match &tls.ca {
         Some((path, _)) => ConfigError::field("tls_ca", format!("{path:?}: {error}")),
         None => ConfigError::field(given, error.to_string()),
     })?;
@@ -1175,8 +1193,13 @@ fn parse_period(text: &str) -> Result<Duration, String> {
 // The server.
 // ---------------------------------------------------------------------------------------------
 
-/// The store of `kind`, with `tls` settings for its rediss:// URLs. Nothing connects yet.
-fn open_store(kind: &StoreKind, tls: Option<&StoreTls>) -> Result<Arc<dyn Store>, StoreError> {
+/// The store of `kind`, with `tls` settings for its rediss:// URLs, counting an admission once
+/// `wait_for_replicas` replicas have it. Nothing connects yet.
+fn open_store(
+    kind: &StoreKind,
+    tls: Option<&StoreTls>,
+    wait_for_replicas: u32,
+) -> Result<Arc<dyn Store>, StoreError> {
     let (store, timeout) = match kind {
         StoreKind::Memory => return Ok(Arc::new(MemoryStore::new())),
         StoreKind::Redis { url, timeout } => (RedisStore::from_url(url)?, *timeout),
@@ -1191,14 +1214,20 @@ fn open_store(kind: &StoreKind, tls: Option<&StoreTls>) -> Result<Arc<dyn Store>
         Some(tls) => store.with_tls(tls.options())?,
         None => store,
     };
-    Ok(Arc::new(store.timeout(timeout)))
+    Ok(Arc::new(
+        store.timeout(timeout).wait_for_replicas(wait_for_replicas),
+    ))
 }
 
 /// The app: every configured route answers `GET` and `POST` with `200 PONG` behind its own limit,
 /// and `/healthz` answers `200 ok`, unlimited. All routes count in one shared store.
 fn build_app(config: &DemoConfig) -> Result<Router, StoreError> {
     // One store for every route, as one app would share it.
-    let store = open_store(&config.store, config.store_tls.as_ref())?;
+    let store = open_store(
+        &config.store,
+        config.store_tls.as_ref(),
+        config.wait_for_replicas,
+    )?;
     let mut app = Router::new().route(HEALTHZ, get(|| async { "ok" }));
     for route in &config.routes {
         let handler = get(pong).post(pong);
@@ -1233,6 +1262,7 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
     tracing::info!(
         store = %config.store,
         store_tls = config.store_tls.as_ref().map(tracing::field::display),
+        wait_for_replicas = config.wait_for_replicas,
         prefix = %config.prefix,
         trusted_proxies = ?config.trusted_proxies,
         forwarded_header = ?config.forwarded_header,
@@ -1581,6 +1611,26 @@ QXvkTTxEd9w=
 
     fn urls(list: &[&str]) -> Vec<String> {
         list.iter().map(|url| url.to_string()).collect()
+    }
+
+    #[test]
+    fn wait_for_replicas_needs_a_redis_store() {
+        let config = load_config(&with_store(
+            r#"{ cluster = ["redis://127.0.0.1:7000"] }"#,
+            "wait_for_replicas = 1",
+        ))
+        .unwrap();
+        assert_eq!(config.wait_for_replicas, 1);
+        assert_eq!(load_config(DEFAULT_CONFIG).unwrap().wait_for_replicas, 0);
+        assert_eq!(
+            error_of(&with_store("\"memory\"", "wait_for_replicas = 1")),
+            r#"wait_for_replicas: applies only to a Redis store, not "memory""#
+        );
+        let negative = error_of(&with_store(
+            "\"redis://127.0.0.1:6379/0\"",
+            "wait_for_replicas = -1",
+        ));
+        assert!(negative.contains("wait_for_replicas"), "{negative}");
     }
 
     #[test]

@@ -31,6 +31,21 @@ fn app(sentinel: &TestSentinel, policy: Policy, timeout: Duration) -> Router {
         .layer(RateLimitLayer::new(policy, store))
 }
 
+/// An app over a `deadpool_redis::sentinel::Pool` of the test's.
+fn pool_app(sentinel: &TestSentinel, policy: Policy, timeout: Duration) -> Router {
+    let pool = deadpool_redis::sentinel::Config::from_urls(
+        sentinel.urls(),
+        TestSentinel::MASTER.to_owned(),
+        deadpool_redis::sentinel::SentinelServerType::Master,
+    )
+    .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+    .expect("a sentinel pool");
+    let store = RedisStore::from_sentinel_pool(pool).timeout(timeout);
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(policy, store))
+}
+
 fn policy(prefix: &str, name: &str, limit: u64, on_error: OnStoreError) -> Policy {
     Policy::builder(name)
         .prefix(prefix)
@@ -40,7 +55,7 @@ fn policy(prefix: &str, name: &str, limit: u64, on_error: OnStoreError) -> Polic
         .unwrap()
 }
 
-/// 400 requests racing over two apps with stores of their own against a limit of 100.
+/// 400 requests racing over two apps with stores apart against a limit of 100.
 async fn exactly_100_of_400(apps: [&Router; 2], peer: &str) {
     let tasks = (0..400)
         .map(|n| {
@@ -57,9 +72,10 @@ async fn a_sentinel_primary_limits_exactly_and_fails_over() {
     let mut sentinel = TestSentinel::start();
     let prefix = unique_prefix("sentinel");
     let exact = policy(&prefix, "exact", 100, OnStoreError::Deny);
+    // One store of its own, one over a pool of the user's.
     let (first, second) = (
         app(&sentinel, exact.clone(), GENEROUS),
-        app(&sentinel, exact, GENEROUS),
+        pool_app(&sentinel, exact, GENEROUS),
     );
     exactly_100_of_400([&first, &second], "192.0.2.1:1000").await;
 

@@ -2,9 +2,10 @@
 //! Cluster or a Sentinel-managed primary, over the user's pool or a client of the store's own.
 //!
 //! Whatever the topology, the store holds one connection that multiplexes every request: a
-//! `MultiplexedConnection` to one node (a Sentinel's primary included), or a `ClusterConnection`
-//! that keeps one per node and sends each call to the node of its first key's slot, following
-//! `MOVED` and `ASK` and refreshing its slot map after a failover.
+//! `MultiplexedConnection` to one node (a Sentinel's primary included); on a cluster, the store's
+//! own [`ClusterRouter`] (one per node, each call sent to the node of its first key's slot) or,
+//! over the user's cluster pool, redis-rs's `ClusterConnection`, which does the same through a
+//! routing task. Both follow `MOVED` and `ASK` and refresh their slot map after a failover.
 
 use std::time::Duration;
 
@@ -14,6 +15,8 @@ use deadpool_redis::redis::aio::ConnectionLike;
 use deadpool_redis::redis::aio::MultiplexedConnection;
 
 use super::super::StoreError;
+#[cfg(feature = "cluster")]
+use super::cluster::ClusterRouter;
 
 /// What the store takes a new connection from.
 pub(super) enum Connector {
@@ -26,7 +29,7 @@ pub(super) enum Connector {
     ClusterPool(deadpool_redis::cluster::Pool),
     /// A cluster client of the store's own.
     #[cfg(feature = "cluster")]
-    Cluster(::redis::cluster::ClusterClient),
+    Cluster(std::sync::Arc<ClusterRouter>),
     /// The user's pool of connections to a Sentinel-managed primary.
     #[cfg(feature = "sentinel")]
     SentinelPool(deadpool_redis::sentinel::Pool),
@@ -63,12 +66,11 @@ impl Connector {
             #[cfg(feature = "cluster")]
             Connector::ClusterPool(pool) => {
                 let connection = pool.get().await.map_err(pool_error)?;
-                Connection::Cluster(deadpool_redis::cluster::Connection::take(connection))
+                Connection::ClusterPool(deadpool_redis::cluster::Connection::take(connection))
             }
+            // The router connects to each node when a request first needs it.
             #[cfg(feature = "cluster")]
-            Connector::Cluster(client) => {
-                Connection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
-            }
+            Connector::Cluster(router) => Connection::Cluster(router.clone()),
             #[cfg(feature = "sentinel")]
             Connector::SentinelPool(pool) => {
                 let connection = pool.get().await.map_err(pool_error)?;
@@ -92,9 +94,12 @@ impl Connector {
 pub(super) enum Connection {
     /// One node: a plain Redis, or the primary a Sentinel named.
     Node(MultiplexedConnection),
-    /// A cluster: routed per call by the slot of its first key.
+    /// A cluster, through the store's own router: per call by the slot of its first key.
     #[cfg(feature = "cluster")]
-    Cluster(::redis::cluster_async::ClusterConnection),
+    Cluster(std::sync::Arc<ClusterRouter>),
+    /// A cluster, through the user's pool: redis-rs routes it the same way.
+    #[cfg(feature = "cluster")]
+    ClusterPool(::redis::cluster_async::ClusterConnection),
 }
 
 impl Connection {
@@ -107,57 +112,21 @@ impl Connection {
         replicas: Option<u32>,
         timeout: Duration,
     ) -> RedisResult<(Value, Option<i64>)> {
-        match replicas {
-            None => {
-                let reply = match self {
-                    Connection::Node(connection) => {
-                        // The connection's own response timeout: one timer per call.
-                        connection.set_response_timeout(timeout);
-                        connection.send_packed_command(script).await?
-                    }
-                    #[cfg(feature = "cluster")]
-                    Connection::Cluster(connection) => {
-                        within(timeout, connection.req_packed_command(script)).await?
-                    }
-                };
-                Ok((server_error_as_err(reply)?, None))
+        match self {
+            Connection::Node(connection) => {
+                call(connection, script, replicas, false, timeout).await
             }
-            Some(replicas) => {
-                let mut pipeline = Pipeline::with_capacity(2);
-                // The replicas get half the timeout (WAIT 0 would wait for ever): a replica that
-                // doesn't acknowledge in time is told apart from a node that doesn't answer.
-                let wait_ms = u64::try_from((timeout / 2).as_millis())
-                    .unwrap_or(u64::MAX)
-                    .max(1);
-                pipeline
-                    .add_command(script.clone())
-                    .add_command(::redis::cmd("WAIT").arg(replicas).arg(wait_ms).to_owned());
-                let replies = match self {
-                    Connection::Node(connection) => {
-                        connection.set_response_timeout(timeout);
-                        connection.send_packed_commands(&pipeline, 0, 2).await?
-                    }
-                    #[cfg(feature = "cluster")]
-                    Connection::Cluster(connection) => {
-                        within(timeout, connection.req_packed_commands(&pipeline, 0, 2)).await?
-                    }
-                };
-                let mut replies = replies.into_iter();
-                let (Some(reply), Some(acknowledged)) = (replies.next(), replies.next()) else {
-                    return Err(RedisError::from((
-                        ErrorKind::Client,
-                        "a pipeline of two commands answered fewer",
-                    )));
-                };
-                let reply = server_error_as_err(reply)?;
-                match server_error_as_err(acknowledged)? {
-                    Value::Int(count) => Ok((reply, Some(count))),
-                    other => Err(RedisError::from((
-                        ErrorKind::Client,
-                        "WAIT answered something else than a count",
-                        format!("{other:?}"),
-                    ))),
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(router) => router.send(script, replicas, timeout).await,
+            #[cfg(feature = "cluster")]
+            Connection::ClusterPool(connection) => {
+                if replicas.is_none() {
+                    let reply = within(timeout, connection.req_packed_command(script)).await?;
+                    return Ok((server_error_as_err(reply)?, None));
                 }
+                let (pipeline, count) = pipeline(script, replicas, false, timeout);
+                let call = connection.req_packed_commands(&pipeline, 0, count);
+                replies_of(within(timeout, call).await?)
             }
         }
     }
@@ -176,7 +145,7 @@ impl Connection {
                     || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(_) => false,
+            Connection::Cluster(_) | Connection::ClusterPool(_) => false,
         }
     }
 
@@ -185,6 +154,76 @@ impl Connection {
     /// connection replaces its node connections itself.
     pub(super) fn replace_after_timeout(&self) -> bool {
         matches!(self, Connection::Node(_))
+    }
+}
+
+/// Sends `script` on a node's connection within `timeout`: alone, or in one pipeline after
+/// `ASKING` (`asking`: a cluster slot being imported by this node) and before `WAIT replicas`
+/// (so its writes' acknowledgements are counted on the same node). Returns the script's reply and,
+/// with `replicas`, the count of replicas that acknowledged.
+pub(super) async fn call(
+    connection: &mut MultiplexedConnection,
+    script: &Cmd,
+    replicas: Option<u32>,
+    asking: bool,
+    timeout: Duration,
+) -> RedisResult<(Value, Option<i64>)> {
+    // The connection's own response timeout: one timer per call.
+    connection.set_response_timeout(timeout);
+    if replicas.is_none() && !asking {
+        let reply = connection.send_packed_command(script).await?;
+        return Ok((server_error_as_err(reply)?, None));
+    }
+    let (pipeline, count) = pipeline(script, replicas, asking, timeout);
+    // ASKING's own OK is skipped.
+    let skip = usize::from(asking);
+    replies_of(
+        connection
+            .send_packed_commands(&pipeline, skip, count)
+            .await?,
+    )
+}
+
+/// The pipeline that carries `script` with `ASKING` or `WAIT`, and how many replies matter: the
+/// script's, and `WAIT`'s with `replicas`.
+fn pipeline(
+    script: &Cmd,
+    replicas: Option<u32>,
+    asking: bool,
+    timeout: Duration,
+) -> (Pipeline, usize) {
+    let mut pipeline = Pipeline::with_capacity(3);
+    if asking {
+        pipeline.add_command(::redis::cmd("ASKING"));
+    }
+    pipeline.add_command(script.clone());
+    let Some(replicas) = replicas else {
+        return (pipeline, 1);
+    };
+    // The replicas get half the timeout (WAIT 0 would wait for ever): a replica that doesn't
+    // acknowledge in time is told apart from a node that doesn't answer.
+    let wait_ms = u64::try_from((timeout / 2).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    pipeline.add_command(::redis::cmd("WAIT").arg(replicas).arg(wait_ms).to_owned());
+    (pipeline, 2)
+}
+
+/// The script's reply and `WAIT`'s count, if sent, from a call's replies.
+fn replies_of(replies: Vec<Value>) -> RedisResult<(Value, Option<i64>)> {
+    let mut replies = replies.into_iter();
+    let reply = replies
+        .next()
+        .ok_or_else(|| RedisError::from((ErrorKind::Client, "a script call answered nothing")))?;
+    let reply = server_error_as_err(reply)?;
+    match replies.next().map(server_error_as_err).transpose()? {
+        None => Ok((reply, None)),
+        Some(Value::Int(count)) => Ok((reply, Some(count))),
+        Some(other) => Err(RedisError::from((
+            ErrorKind::Client,
+            "WAIT answered something else than a count",
+            format!("{other:?}"),
+        ))),
     }
 }
 

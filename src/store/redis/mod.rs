@@ -26,6 +26,8 @@ use self::connection::{Connection, Connector, eval_of, is_no_script, store_error
 use super::{CheckFuture, CheckRequest, Store, StoreError};
 use crate::policy::Algorithm;
 
+#[cfg(feature = "cluster")]
+mod cluster;
 mod command;
 mod connection;
 #[cfg(feature = "tls")]
@@ -264,14 +266,13 @@ impl Target {
                         "a cluster needs at least one node URL".into(),
                     ));
                 }
-                let builder =
-                    ::redis::cluster::ClusterClientBuilder::new(urls.iter().map(String::as_str));
-                #[cfg(feature = "tls")]
-                let builder = match tls {
-                    Some(tls) => tls.cluster_builder(builder),
-                    None => builder,
-                };
-                Connector::Cluster(builder.build().map_err(invalid)?)
+                let router = cluster::ClusterRouter::new(
+                    urls,
+                    #[cfg(feature = "tls")]
+                    tls.cloned(),
+                )
+                .map_err(invalid)?;
+                Connector::Cluster(Arc::new(router))
             }
             #[cfg(feature = "sentinel")]
             Target::Sentinel { master, urls } => {

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ::redis::{ConnectionAddr, IntoConnectionInfo, RedisResult, TlsCertificates, TlsMode};
+use ::redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, TlsCertificates};
 
 /// How the store's own clients check a `rediss://` server: against the system's roots (the
 /// default), against a CA you give, or not at all. Used with [`RedisStore::with_tls`].
@@ -45,17 +45,22 @@ impl TlsOptions {
         }
     }
 
-    fn mode(&self) -> TlsMode {
+    #[cfg(feature = "sentinel")]
+    fn mode(&self) -> ::redis::TlsMode {
         if self.insecure {
-            TlsMode::Insecure
+            ::redis::TlsMode::Insecure
         } else {
-            TlsMode::Secure
+            ::redis::TlsMode::Secure
         }
     }
 
     /// A client for one node at `url`.
     pub(super) fn node_client(&self, url: &str) -> RedisResult<::redis::Client> {
-        let mut info = url.into_connection_info()?;
+        self.client(url.into_connection_info()?)
+    }
+
+    /// A client for the node `info` names.
+    pub(super) fn client(&self, mut info: ConnectionInfo) -> RedisResult<::redis::Client> {
         if self.insecure
             && let ConnectionAddr::TcpTls { host, port, .. } = info.addr()
         {
@@ -68,15 +73,6 @@ impl TlsOptions {
             info = info.set_addr(addr);
         }
         ::redis::Client::build_with_tls(info, self.certificates())
-    }
-
-    /// The cluster client's builder with these settings for every node.
-    #[cfg(feature = "cluster")]
-    pub(super) fn cluster_builder(
-        &self,
-        builder: ::redis::cluster::ClusterClientBuilder,
-    ) -> ::redis::cluster::ClusterClientBuilder {
-        builder.tls(self.mode()).certs(self.certificates())
     }
 
     /// The Sentinel client's builder with these settings for the sentinels and the primary.
