@@ -2182,7 +2182,7 @@ QXvkTTxEd9w=
                 "line 1, column 1",
                 "unknown field `colour`, expected one of `listen`, `store`, `prefix`, \
                  `trusted_proxies`, `legacy_headers`, `forwarded_header`, `on_store_error`, \
-                 `store_timeout`, `tls_ca`, `tls_insecure`, `routes`, `quota`",
+                 `store_timeout`, `tls_ca`, `tls_insecure`, `wait_for_replicas`, `routes`, `quota`",
             ),
             (
                 edited("key = \"ip\"", "methods = [\"GET\"]"),
