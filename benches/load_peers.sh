@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Loopback load run of this crate next to its peers, interleaved in one run (benches/load_server):
+# bare axum, tower_governor (in memory), a naive Redis middleware (one EVALSHA of INCR + PEXPIRE on
+# a shared ConnectionManager), and this crate on its memory and Redis stores. Each at 64
+# connections and at 1, and a rejection flood (every request after the first refused).
+#
+#   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
+#
+# Prints req/s, p50/p99, and the CPU time per request of the server and of redis-server (a server
+# of the script's own) for each run, then medians over the rounds with req/s as a ratio to bare
+# axum at the same connection count. Needs wrk and redis-server; only loopback is targeted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source benches/load_lib.sh
+
+seconds=${1:-5}
+rounds=${2:-3}
+only=${3:-.}
+port=38280
+redis_port=41100
+
+cargo build --release -p load-server -q
+server=target/release/load-server
+
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
+
+if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
+  echo "port $redis_port is taken by another Redis" >&2; exit 1
+fi
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+  >"$work/redis.log" 2>&1 &
+redis_pid=$!
+for _ in $(seq 1 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis_url="redis://127.0.0.1:$redis_port/0"
+
+# setup LABEL MODE CONNECTIONS [--refuse]: one run; prints measure's line.
+setup() {
+  local label=$1 mode=$2 connections=$3; shift 3
+  redis-cli -p "$redis_port" flushall >/dev/null
+  RUST_LOG=info "$server" "$mode" "127.0.0.1:$port" --redis "$redis_url" "$@" \
+    >/dev/null 2>"$work/$label.log" &
+  local pid=$!
+  wait_for_http "http://127.0.0.1:$port/healthz"
+  local redis_pids=()
+  [[ $mode == naive || $mode == redis ]] && redis_pids=("$redis_pid")
+  if [[ $* == *--refuse* ]]; then export ALLOW_REFUSED=1; else unset ALLOW_REFUSED; fi
+  measure "$label" "http://127.0.0.1:$port/api/ping" "$seconds" "$connections" "$pid" "${redis_pids[@]}"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+setups=()
+for connections in 64 1; do
+  for mode in bare governor memory naive redis; do
+    setups+=("$mode-c$connections|$mode|$connections|")
+  done
+done
+for mode in governor memory naive redis; do
+  setups+=("$mode-flood|$mode|64|--refuse")
+done
+selected=()
+for entry in "${setups[@]}"; do
+  [[ ${entry%%|*} =~ $only ]] && selected+=("$entry")
+done
+setups=("${selected[@]}")
+
+printf '%-6s %-16s %10s %9s %9s %14s %14s\n' round setup "req/s" p50 p99 "server µs/req" "redis µs/req"
+for round in $(seq 1 "$rounds"); do
+  # The order rotates each round, so no setup always runs first or last.
+  for i in $(seq 0 $((${#setups[@]} - 1))); do
+    IFS='|' read -r label mode connections extra <<<"${setups[$(((i + round - 1) % ${#setups[@]}))]}"
+    # shellcheck disable=SC2086 # $extra is one flag or nothing
+    read -r _ rps p50 p99 server_us redis_us < <(setup "$label" "$mode" "$connections" $extra) || true
+    [[ -n ${redis_us:-} ]] || { echo "the $label run failed (see above)" >&2; exit 1; }
+    printf '%-6s %-16s %10s %9s %9s %14s %14s\n' "$round" "$label" "$rps" "$p50" "$p99" "$server_us" "$redis_us"
+    echo "$label $rps $server_us $redis_us $p50" >>"$work/results"
+  done
+done
+
+echo
+echo "medians over $rounds rounds; ratio: req/s over bare axum's at the same connections (floods: at 64)"
+printf '%-16s %10s %8s %10s %14s %14s\n' setup "req/s" ratio p50 "server µs/req" "redis µs/req"
+for entry in "${setups[@]}"; do
+  label=${entry%%|*}
+  column() { awk -v l="$label" -v c="$1" '$1 == l {print $c}' "$work/results"; }
+  rps=$(column 2 | median)
+  server_us=$(column 3 | median)
+  redis_us=$(column 4 | median)
+  # p50 as wrk prints it (us or ms): the median of the values in microseconds.
+  p50=$(column 5 | awk '/ms$/ {sub("ms", ""); print $1 * 1000; next} /us$/ {sub("us", ""); print $1; next} {print $1 * 1e6}' | median)
+  bare=$label
+  case $label in
+    *-flood) bare=bare-c64 ;;
+    *) bare="bare-${label##*-}" ;;
+  esac
+  bare_rps=$(awk -v l="$bare" '$1 == l {print $2}' "$work/results" | median)
+  ratio=$([[ -n $bare_rps ]] && awk -v a="$rps" -v b="$bare_rps" 'BEGIN { printf "%.2f", a / b }' || echo "-")
+  printf '%-16s %10s %8s %8sus %14s %14s\n' "$label" "$rps" "$ratio" "$p50" "$server_us" "$redis_us"
+done

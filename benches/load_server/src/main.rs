@@ -1,0 +1,156 @@
+//! The servers that `benches/load_peers.sh` loads, one binary so that every setup serves the same
+//! axum app (`GET /api/ping` answering `PONG`, `GET /healthz` unlimited) on the same runtime:
+//!
+//! - `bare`: no limiter, the baseline;
+//! - `governor`: `tower_governor` 0.8 (in memory, GCRA), keyed by peer IP;
+//! - `naive`: a naive Redis middleware, one `EVALSHA` of an INCR + PEXPIRE script per request on a
+//!   shared redis-rs `ConnectionManager`, keyed by peer IP;
+//! - `memory`, `redis`: this crate's `RateLimitLayer` on its memory or Redis store, keyed by client
+//!   IP, fixed window, one rule.
+//!
+//! ```text
+//! load_server <bare|governor|naive|memory|redis> <listen address> [--redis URL] [--refuse]
+//! ```
+//!
+//! Limits are far above what a run reaches (every request admitted), or, with `--refuse`, one
+//! request per hour (a rejection flood: all but the first refused). Logs go to stderr at `info`,
+//! as a service would have them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use redis::aio::ConnectionManager;
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_redis_ratelimit::store::RedisStore;
+use tower_redis_ratelimit::{Algorithm, MemoryStore, OnStoreError, Policy, RateLimitLayer, Rule};
+
+/// Admitted requests: a limit no run reaches.
+const HUGE: u64 = 1_000_000_000;
+
+/// The naive middleware's whole script: count, set the window on the first count, compare.
+const NAIVE_SCRIPT: &str = r"
+local count = redis.call('INCR', KEYS[1])
+if count == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if count > tonumber(ARGV[1]) then return 0 end
+return 1
+";
+
+#[derive(Clone)]
+struct Naive {
+    connection: ConnectionManager,
+    script: redis::Script,
+    limit: u64,
+    window_ms: u64,
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage =
+        "usage: load_server <bare|governor|naive|memory|redis> <listen> [--redis URL] [--refuse]";
+    let (Some(mode), Some(listen)) = (args.get(1), args.get(2)) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let refuse = args.iter().any(|arg| arg == "--refuse");
+    let redis_url = args
+        .iter()
+        .position(|arg| arg == "--redis")
+        .and_then(|at| args.get(at + 1))
+        .map_or("redis://127.0.0.1:6379/0", String::as_str);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let (limit, period) = if refuse {
+        (1, Duration::from_secs(3600))
+    } else {
+        (HUGE, Duration::from_secs(1))
+    };
+    let ping = Router::new().route("/api/ping", get(|| async { "PONG" }));
+    let ping = match mode.as_str() {
+        "bare" => ping,
+        "governor" => {
+            let config = GovernorConfigBuilder::default()
+                .period(period / u32::try_from(limit.min(u64::from(u32::MAX))).unwrap())
+                .burst_size(u32::try_from(limit).unwrap_or(u32::MAX))
+                .finish()
+                .expect("a valid governor config");
+            ping.layer(GovernorLayer::new(config))
+        }
+        "naive" => {
+            let client = redis::Client::open(redis_url).expect("a Redis URL");
+            let connection = ConnectionManager::new(client)
+                .await
+                .expect("a connection to Redis");
+            let naive = Naive {
+                connection,
+                script: redis::Script::new(NAIVE_SCRIPT),
+                limit,
+                window_ms: u64::try_from(period.as_millis()).unwrap(),
+            };
+            ping.layer(middleware::from_fn_with_state(naive, naive_limit))
+        }
+        "memory" | "redis" => {
+            let policy = Policy::builder("ping")
+                .prefix("load")
+                .algorithm(Algorithm::FixedWindow)
+                .rule(Rule::new(limit, period))
+                .on_store_error(OnStoreError::Deny)
+                .build()
+                .expect("a valid policy");
+            if mode == "memory" {
+                ping.layer(RateLimitLayer::new(policy, MemoryStore::new()))
+            } else {
+                let store = RedisStore::from_url(redis_url).expect("a Redis URL");
+                ping.layer(RateLimitLayer::new(policy, store))
+            }
+        }
+        other => {
+            eprintln!("unknown mode {other:?}; {usage}");
+            std::process::exit(2);
+        }
+    };
+    let app = ping.route("/healthz", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(listen.as_str())
+        .await
+        .expect("the listen address");
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+    .expect("the server");
+}
+
+/// The naive middleware: one script call per request, 429 over the limit, 503 on a Redis error.
+async fn naive_limit(
+    State(mut naive): State<Naive>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let key = format!("naive:{}", peer.ip());
+    let admitted: Result<i64, _> = naive
+        .script
+        .key(key)
+        .arg(naive.limit)
+        .arg(naive.window_ms)
+        .invoke_async(&mut naive.connection)
+        .await;
+    match admitted {
+        Ok(1) => next.run(request).await,
+        Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
