@@ -8,6 +8,7 @@ use http::Response;
 use tower::Layer;
 
 use crate::policy::{Policy, PolicyError};
+use crate::refusals::Refusals;
 use crate::response::Rejected;
 use crate::service::{Limiter, RateLimit};
 use crate::store::Store;
@@ -89,6 +90,17 @@ impl RateLimitLayer {
         F: Fn(&Rejected) -> Response<Body> + Send + Sync + 'static,
     {
         Arc::make_mut(&mut self.limiter).on_rejected = Some(Arc::new(respond));
+        self
+    }
+
+    /// How many refused identities the layer remembers (default 10 000 over a networked store such
+    /// as Redis, none over the memory store, which answers as fast; `0` turns the cache off). After the store refuses a request, the same identity is refused without asking the
+    /// store until that refusal's retry time, for the same cost and the same quota tier (not
+    /// for a policy with a penalty block, whose refusals always ask the store). That is exact, not an estimate: other instances can only make the wait longer, and a
+    /// refused request counts nowhere. So a refusal flood costs no store calls, and logs one line
+    /// per identity and window; the rest are counted in the next line's `unlogged_refusals`.
+    pub fn refusal_cache(mut self, capacity: usize) -> Self {
+        Arc::make_mut(&mut self.limiter).refusals = Arc::new(Refusals::new(capacity));
         self
     }
 

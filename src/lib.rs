@@ -84,6 +84,7 @@ mod key;
 mod layer;
 pub mod policy;
 pub mod quota;
+mod refusals;
 pub mod response;
 mod service;
 pub mod store;

@@ -15,6 +15,7 @@ use crate::decision::Decision;
 use crate::future::ResponseFuture;
 use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, PolicyError, StorageKey};
 use crate::quota::QuotaLookup;
+use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
 use crate::response::{self, LimitHeaders, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 
@@ -29,6 +30,8 @@ pub(crate) struct Limiter {
     pub(crate) on_rejected: Option<RejectHandler>,
     /// Requests a shadow-mode policy would have refused; shared by the clones of a layer.
     pub(crate) shadow_refusals: Arc<AtomicU64>,
+    /// Refused identities answered without the store, and the refusal log's budget.
+    pub(crate) refusals: Arc<Refusals>,
 }
 
 /// A request ready for the store: its key, cost and daily quota.
@@ -78,12 +81,18 @@ impl Limiter {
     }
 
     pub(crate) fn new(policy: Policy, store: Arc<dyn Store>) -> Self {
+        let cache = if store.is_remote() {
+            DEFAULT_REFUSAL_CACHE
+        } else {
+            0
+        };
         Limiter {
             policy,
             store,
             legacy_headers: false,
             on_rejected: None,
             shadow_refusals: Arc::new(AtomicU64::new(0)),
+            refusals: Arc::new(Refusals::new(cache)),
         }
     }
 
@@ -135,7 +144,15 @@ impl Limiter {
             }
             return Prepared::Respond(response::too_costly(policy, cost, rule, at_most));
         }
-        Prepared::Check(Checked { key, cost, quota })
+        let checked = Checked { key, cost, quota };
+        // Shadow mode asks the store every time: it counts what it lets through.
+        if policy.mode() != Mode::Shadow
+            && let Some(decision) = self.refusals.answer(&checked)
+        {
+            self.refusals.count_unlogged();
+            return Prepared::Respond(self.refusal(decision, None));
+        }
+        Prepared::Check(checked)
     }
 
     /// Asks the store about a request: the policy's rules, algorithm, reservation and block.
@@ -199,16 +216,20 @@ impl Limiter {
                         decision.now_unix_ms,
                     );
                 }
-                let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
                 if decision.allowed {
+                    // An admission (of another cost) used quota: a refusal cached before it may
+                    // now have to wait longer.
+                    self.refusals.forget(checked);
+                    let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
                     if !decision.delay.is_zero() {
                         return Verdict::Delay(decision.delay, headers);
                     }
                     return Verdict::Admit(Some(headers));
                 }
-                let rejected = Rejected::new(self.policy.clone(), decision);
                 if self.policy.mode() == Mode::Shadow {
                     self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                    let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                    let rejected = Rejected::new(self.policy.clone(), decision);
                     self.log_rejection(
                         &rejected,
                         key,
@@ -216,12 +237,13 @@ impl Limiter {
                     );
                     return Verdict::Admit(Some(headers));
                 }
-                self.log_rejection(&rejected, key, "request rate limited");
-                let response = match &self.on_rejected {
-                    Some(respond) => respond(&rejected),
-                    None => rejected.problem_response(),
-                };
-                Verdict::Respond(response::finish_rejection(response, &rejected, headers))
+                // A penalty block's refusals are not cached: the property test shows the store's
+                // later answers under a block may wait longer than a cached one would say.
+                if self.policy.block_for().is_none() {
+                    self.refusals.remember(checked, &decision);
+                }
+                let log = self.refusals.may_log().then_some(key);
+                Verdict::Respond(self.refusal(decision, log))
             }
             Err(error) => match self.policy.on_store_error() {
                 OnStoreError::Allow => {
@@ -244,6 +266,22 @@ impl Limiter {
         }
     }
 
+    /// The 429 for a refusal: the problem body (or the app's own), `Retry-After` and the headers;
+    /// logged with `key` when given.
+    fn refusal(&self, decision: Decision, log: Option<&StorageKey>) -> Response<Body> {
+        let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+        let rejected = Rejected::new(self.policy.clone(), decision);
+        if let Some(key) = log {
+            self.log_rejection(&rejected, key, "request rate limited");
+        }
+        let response = match &self.on_rejected {
+            Some(respond) => respond(&rejected),
+            None => rejected.problem_response(),
+        };
+        response::finish_rejection(response, &rejected, headers)
+    }
+
+    /// Logs a refusal at `info`, with the count of refusals not logged since the last line.
     fn log_rejection(&self, rejected: &Rejected, key: &StorageKey, message: &str) {
         let rules: Vec<&str> = rejected.violated_rules().collect();
         tracing::info!(
@@ -252,6 +290,7 @@ impl Limiter {
             key_kind = key.kind(),
             key = key.identity(),
             retry_after_s = rejected.retry_after_secs(),
+            unlogged_refusals = self.refusals.take_unlogged(),
             "{message}"
         );
     }

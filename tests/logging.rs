@@ -1,13 +1,16 @@
-//! A refused request is logged with its policy, rule, key kind and a non-secret form of the key.
+//! A refused request is logged with its policy, rule, key kind and a non-secret form of the key,
+//! and a refusal flood is not a log flood.
 
 mod common;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
 use common::{app, request_from, send};
 use http::{HeaderName, HeaderValue, StatusCode};
-use tower_redis_ratelimit::{Key, MemoryStore, Policy, Rule};
+use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule};
 
 /// Collects everything the subscriber writes.
 #[derive(Clone, Default)]
@@ -69,4 +72,50 @@ async fn a_rejection_is_logged_without_the_raw_api_key() {
     assert!(!log.contains("sk_live_very_secret_key"), "{log}");
     // Exactly one rejection, one line.
     assert_eq!(log.matches("request rate limited").count(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_flood_is_not_a_log_flood() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let policy = Policy::builder("login")
+        .rule(Rule::per_hour(1))
+        .build()
+        .unwrap();
+    // Without the cache every refusal reaches the log budget: 1 000 identities, one second.
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(policy, MemoryStore::new()).refusal_cache(0));
+    let mut refused = 0;
+    for n in 0..1_000u32 {
+        let peer = format!("10.{}.{}.1:1000", n / 250, n % 250);
+        for _ in 0..2 {
+            let response = send(&app, request_from(&peer, "/")).await;
+            refused += usize::from(response.status() == StatusCode::TOO_MANY_REQUESTS);
+        }
+    }
+    assert_eq!(refused, 1_000);
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines = log.matches("request rate limited").count();
+    assert_eq!(lines, 16, "{log}");
+
+    // The next second's first line says how many went unlogged.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let response = send(&app, request_from("10.9.9.9:1", "/")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let response = send(&app, request_from("10.9.9.9:1", "/")).await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let last = log
+        .lines()
+        .rfind(|line| line.contains("request rate limited"))
+        .unwrap();
+    assert!(last.contains("unlogged_refusals=984"), "{last}");
 }

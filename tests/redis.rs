@@ -306,6 +306,13 @@ fn failing_open_and_closed(
             .build()
             .unwrap()
     };
+    // Without the refusal cache, so that every request asks Redis: a refusal it already gave
+    // would otherwise be answered from the cache while Redis is down (rightly: it still stands).
+    let app = |policy, store| {
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(RateLimitLayer::new(policy, store).refusal_cache(0))
+    };
     (
         app(policy(OnStoreError::Allow), store(redis).timeout(timeout)),
         app(policy(OnStoreError::Deny), store(redis).timeout(timeout)),

@@ -193,6 +193,14 @@ pub trait Store: Send + Sync + 'static {
     fn keys_share_one_slot(&self) -> bool {
         false
     }
+
+    /// Whether a check costs a round trip (a networked store): then a layer caches refused
+    /// identities by default ([`RateLimitLayer::refusal_cache`](crate::RateLimitLayer::refusal_cache)),
+    /// measuring their retry times on the local monotonic clock. `false` by default: an in-process
+    /// store answers as fast as the cache would, and may run on a clock of its own.
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -202,6 +210,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn keys_share_one_slot(&self) -> bool {
         (**self).keys_share_one_slot()
+    }
+
+    fn is_remote(&self) -> bool {
+        (**self).is_remote()
     }
 }
 

@@ -359,6 +359,10 @@ impl Store for RedisStore {
     fn keys_share_one_slot(&self) -> bool {
         self.shared.connector.is_cluster()
     }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
 }
 
 impl Shared {

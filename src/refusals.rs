@@ -1,0 +1,157 @@
+//! What a layer remembers of its refusals: a cache of refused identities, answered without the
+//! store, and a log budget, so that a refusal flood is neither a store flood nor a log flood.
+//!
+//! The cache is exact. After the store refuses a request, every rule that refused it stays refused
+//! at least until the refusal's retry time whatever other instances do (their requests only add
+//! to the counts), and a refused request recorded nothing, so answering the next ones locally
+//! changes nothing in the store; an admission of the identity (at another cost or tier) drops its
+//! entry, since it used quota. An entry is used only for the same identity, the same cost (a
+//! smaller one may fit sooner; a larger one would be refused too, but may have to wait longer than
+//! the cached `Retry-After` says) and the same quota tier and limit, and only until the earliest of the retry time and the
+//! next reset of any rule (so no window rolls over behind a cached answer's headers). Its
+//! headers are the refusal's, with every time counted down: `r` as the store last said, `t` and
+//! `Retry-After` to the same instants.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::decision::Decision;
+use crate::service::Checked;
+
+/// Identities a layer's cache holds by default.
+pub const DEFAULT_REFUSAL_CACHE: usize = 10_000;
+
+/// Refusal log lines a policy writes per second at most; the rest are counted and reported in the
+/// next line.
+const LOG_LINES_PER_SECOND: u64 = 16;
+
+/// The refusals of one layer (shared by its clones).
+pub(crate) struct Refusals {
+    /// Refused identities by storage key; `None` when the cache is off.
+    cache: Option<quick_cache::sync::Cache<String, Arc<Entry>>>,
+    /// The second (since `epoch`) the log budget counts in, and the lines written in it.
+    log_second: AtomicU64,
+    log_lines: AtomicU64,
+    /// Refusals not logged since the last line (over budget, or answered from the cache).
+    unlogged: AtomicU64,
+    epoch: Instant,
+}
+
+/// One refused identity.
+struct Entry {
+    /// The store's refusal.
+    decision: Decision,
+    /// Its cost: only a request of the same cost gets the same answer.
+    cost: u64,
+    /// Its quota tier and limit: another tier may admit sooner.
+    quota: Option<(usize, u64)>,
+    /// When the store answered, and until when the refusal stands for sure.
+    at: Instant,
+    until: Instant,
+}
+
+impl Refusals {
+    /// A cache of at most `capacity` identities (0: no cache).
+    pub(crate) fn new(capacity: usize) -> Self {
+        Refusals {
+            cache: (capacity > 0).then(|| quick_cache::sync::Cache::new(capacity)),
+            log_second: AtomicU64::new(0),
+            log_lines: AtomicU64::new(0),
+            unlogged: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Remembers the store's refusal of `checked`.
+    pub(crate) fn remember(&self, checked: &Checked, decision: &Decision) {
+        let Some(cache) = &self.cache else { return };
+        let Some(retry) = decision.retry_after() else {
+            return;
+        };
+        // Until the first time any rule's state could improve.
+        let stands_for = decision
+            .rules
+            .iter()
+            .map(|state| state.reset)
+            .filter(|reset| !reset.is_zero())
+            .fold(retry, Duration::min);
+        if stands_for.is_zero() {
+            return;
+        }
+        let at = Instant::now();
+        let entry = Entry {
+            decision: decision.clone(),
+            cost: checked.cost,
+            quota: checked
+                .quota
+                .as_ref()
+                .map(|quota| (quota.tier, quota.limit)),
+            at,
+            until: at + stands_for,
+        };
+        cache.insert(checked.key.as_str().to_owned(), Arc::new(entry));
+    }
+
+    /// Forgets the refusal cached for `checked`'s identity, after the store admitted it (at another
+    /// cost or tier): the admission used quota, so that refusal's retry time may have moved.
+    pub(crate) fn forget(&self, checked: &Checked) {
+        if let Some(cache) = &self.cache
+            && !cache.is_empty()
+        {
+            cache.remove(checked.key.as_str());
+        }
+    }
+
+    /// The cached refusal of `checked`, moved forward to now, if one stands.
+    pub(crate) fn answer(&self, checked: &Checked) -> Option<Decision> {
+        let entry = self.cache.as_ref()?.get(checked.key.as_str())?;
+        let now = Instant::now();
+        let same_quota = checked
+            .quota
+            .as_ref()
+            .map(|quota| (quota.tier, quota.limit))
+            == entry.quota;
+        if now >= entry.until || checked.cost != entry.cost || !same_quota {
+            return None;
+        }
+        let elapsed = now - entry.at;
+        let mut decision = entry.decision.clone();
+        decision.now_unix_ms = decision
+            .now_unix_ms
+            .saturating_add(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+        for state in &mut decision.rules {
+            state.reset = state.reset.saturating_sub(elapsed);
+            state.retry_after = state.retry_after.map(|retry| retry.saturating_sub(elapsed));
+        }
+        // Alerts fired with the store's answer, not again.
+        decision.quota_alerts.clear();
+        Some(decision)
+    }
+
+    /// Whether a refusal may be logged now; if not, it is counted for the next line.
+    pub(crate) fn may_log(&self) -> bool {
+        let second = self.epoch.elapsed().as_secs();
+        if self.log_second.swap(second, Ordering::Relaxed) != second {
+            self.log_lines.store(0, Ordering::Relaxed);
+        }
+        if self.log_lines.fetch_add(1, Ordering::Relaxed) < LOG_LINES_PER_SECOND {
+            true
+        } else {
+            self.count_unlogged();
+            false
+        }
+    }
+
+    /// A refusal that is not logged (answered from the cache, or over the budget).
+    pub(crate) fn count_unlogged(&self) {
+        self.unlogged.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The refusals not logged since the last line; starts the count over.
+    pub(crate) fn take_unlogged(&self) -> u64 {
+        self.unlogged.swap(0, Ordering::Relaxed)
+    }
+}
