@@ -16,6 +16,20 @@ use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule};
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
+impl Captured {
+    /// A capturing subscriber at `info`, the default on this thread while the guard lives.
+    fn install() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
+}
+
 impl Write for Captured {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(bytes);
@@ -29,14 +43,7 @@ impl Write for Captured {
 
 #[tokio::test]
 async fn a_rejection_is_logged_without_the_raw_api_key() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = Captured::install();
 
     let app = app(
         Policy::builder("partner-api")
@@ -76,14 +83,7 @@ async fn a_rejection_is_logged_without_the_raw_api_key() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refusal_flood_is_not_a_log_flood() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = Captured::install();
 
     let policy = Policy::builder("login")
         .rule(Rule::per_hour(1))

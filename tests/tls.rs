@@ -6,14 +6,13 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use common::redis_server::{assert_every_key_expires, command_calls, unique_prefix};
 use common::redis_tls::TlsRedis;
-use common::{admitted_and_refused, limits, request_from, send};
+use common::{limits, request_from, send};
 use http::StatusCode;
 use tower_redis_ratelimit::store::{RedisStore, TlsOptions};
 use tower_redis_ratelimit::{Algorithm, OnStoreError, Policy, RateLimitLayer, Rule};
@@ -69,18 +68,11 @@ async fn over_tls_two_stores_share_a_limit_exactly_and_every_key_expires() {
             app(policy.clone(), store(&redis)),
             app(policy, store(&redis)),
         ];
-        let barrier = Arc::new(tokio::sync::Barrier::new(200));
-        let tasks = (0..200)
-            .map(|n| {
-                let app = instances[n % 2].clone();
-                let barrier = barrier.clone();
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    send(&app, request_from(PEER, "/")).await.status()
-                })
-            })
-            .collect();
-        assert_eq!(admitted_and_refused(tasks).await, (50, 150), "{algorithm}");
+        assert_eq!(
+            common::race(&instances, 200, PEER).await,
+            (50, 150),
+            "{algorithm}"
+        );
         // Both stores' connections came in through the TLS listener.
         let tls_clients = client_listener_ports(&redis)
             .into_iter()

@@ -96,6 +96,24 @@ pub async fn admitted_and_refused(
     (admitted, refused)
 }
 
+/// `requests` requests from `peer`, spread in turn over `apps`, all started together (a barrier):
+/// how many were admitted and refused.
+pub async fn race(apps: &[Router], requests: usize, peer: &str) -> (usize, usize) {
+    let barrier = Arc::new(tokio::sync::Barrier::new(requests));
+    let tasks = (0..requests)
+        .map(|n| {
+            let app = apps[n % apps.len()].clone();
+            let barrier = barrier.clone();
+            let peer = peer.to_owned();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&app, request_from(&peer, "/")).await.status()
+            })
+        })
+        .collect();
+    admitted_and_refused(tasks).await
+}
+
 /// One limited router for the feature checks: `GET /` through a layer of `policy`, keyed globally.
 fn feature_app(policy: Policy, store: impl Store) -> (Router, RateLimitLayer) {
     let layer = RateLimitLayer::new(policy, store).legacy_headers(true);

@@ -273,19 +273,7 @@ impl ClusterRouter {
     /// A failed call: a connection that the error shows broken is dropped (the next request makes
     /// a new one), and the table is refreshed, since the node may have failed over.
     fn failed(self: &Arc<Self>, node: usize, generation: u64, error: &RedisError) {
-        let broken = error.is_io_error()
-            || error.is_timeout()
-            || error.is_connection_dropped()
-            || error.is_connection_refusal()
-            || error.is_unrecoverable_error();
-        if broken {
-            let mut routes = self.write();
-            if let Some(node) = routes.nodes.get_mut(node)
-                && node.connection.as_ref().map(|(g, _)| *g) == Some(generation)
-            {
-                node.connection = None;
-            }
-        }
+        let broken = self.drop_if_broken(node, generation, error);
         if broken || error.kind() == ErrorKind::Server(ServerErrorKind::ClusterDown) {
             self.refresh_soon();
         }
@@ -363,8 +351,7 @@ impl ClusterRouter {
                         .query_async::<Value>(&mut connection)
                         .await;
                     if let Err(error) = &reply {
-                        let error = error.clone();
-                        self.drop_if_broken(node, generation, &error);
+                        self.drop_if_broken(node, generation, error);
                     }
                     reply.and_then(|reply| parse_slots(&reply, &host))
                 }
@@ -381,8 +368,15 @@ impl ClusterRouter {
         Err(last_error)
     }
 
-    fn drop_if_broken(&self, node: usize, generation: u64, error: &RedisError) {
-        if error.is_io_error() || error.is_connection_dropped() || error.is_timeout() {
+    /// Drops the node's connection (that generation of it) when `error` shows it broken; says
+    /// whether it did.
+    fn drop_if_broken(&self, node: usize, generation: u64, error: &RedisError) -> bool {
+        let broken = error.is_io_error()
+            || error.is_timeout()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || error.is_unrecoverable_error();
+        if broken {
             let mut routes = self.write();
             if let Some(node) = routes.nodes.get_mut(node)
                 && node.connection.as_ref().map(|(g, _)| *g) == Some(generation)
@@ -390,6 +384,7 @@ impl ClusterRouter {
                 node.connection = None;
             }
         }
+        broken
     }
 
     /// A new table from `CLUSTER SLOTS` ranges; nodes no range names are forgotten (with their
