@@ -1,7 +1,8 @@
--- The start of every rate-limit script; an algorithm's part and lua/tail.lua follow it (the store
--- joins the three into one script per algorithm). Every rule of one request is checked in one call
--- and recorded in all or none.
+-- The start of every check (lua/batch.lua makes one function of this, an algorithm's part and
+-- lua/tail.lua per algorithm: `function(KEYS, ARGV, now_us)`, called once per request of a batch).
+-- Every rule of one request is checked, and recorded in all or none.
 --
+-- now_us         the batch's time (µs, Redis TIME): every request of a batch is checked at it
 -- KEYS[i]        the counter of counted rule i (i = 1..n), in the algorithm's own layout
 -- then, in this order, only those that apply:
 --   the duplicate guard: a string holding the admission time (ms)
@@ -19,15 +20,13 @@
 --                threshold: percent, count that reaches it
 -- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
--- Reply: {allowed (1|0), now (ms, Redis TIME), delay (ms to wait before going on), then per rule
--- (the counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if
--- this rule admits the request), then the percents of the quota alerts this request fired}. Every
+-- Returns {allowed (1|0), now (ms), delay (ms to wait before going on), then per rule (the
+-- counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if this
+-- rule admits the request), then the percents of the quota alerts this request fired}. Every
 -- number is an integer below 2^53, so Lua's doubles hold it exactly.
 local call = redis.call
 local floor = math.floor
 
-local time = call('TIME')
-local now_us = time[1] * 1000000 + time[2]
 local now = floor(now_us / 1000)
 local cost = tonumber(ARGV[1])
 local options = {}

@@ -25,7 +25,7 @@ mod weighted;
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[cfg(feature = "tls")]
 pub use self::redis::TlsOptions;
-pub use self::redis::{DEFAULT_TIMEOUT, RedisStore};
+pub use self::redis::{BatchStats, DEFAULT_TIMEOUT, RedisStore};
 
 /// One request to check: the key, the rules (all must pass), the algorithm and the request's cost,
 /// and what the policy asks for beyond plain counting (a reservation, a penalty block).

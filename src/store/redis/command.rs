@@ -9,7 +9,7 @@ use crate::decision::{Decision, RuleState};
 use crate::policy::{Algorithm, Rule};
 
 /// What the reply needs to know of each rule of `request`, in its rule order (the quota last).
-pub(super) fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
+fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
     let mut limits: Vec<RuleLimit> = request
         .rules
         .iter()
@@ -29,101 +29,222 @@ pub(super) fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
     limits
 }
 
-/// `EVALSHA <sha> <keys> <counter key per counted rule> [<guard key>] [<quota key> <flag keys>]
-/// [<block key>] <cost> <options> <limit, period[, burst] per counted rule>` (see `lua/head.lua`),
-/// written straight into one command buffer.
-pub(super) fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
-    let counted = || {
-        request
-            .rules
-            .iter()
-            .filter(|rule| !rule.is_duplicate_guard())
-    };
-    let rules = counted().count();
-    let guard = request.rules.iter().find(|rule| rule.is_duplicate_guard());
-    let block_ms = request.block_for.map_or(0, |block| block.as_millis());
-    let quota = request.quota;
-    let thresholds = quota.map_or(&[][..], |quota| quota.thresholds);
-    let keys = rules
-        + usize::from(guard.is_some())
-        + quota.map_or(0, |quota| 1 + quota.thresholds.len())
-        + usize::from(block_ms > 0);
-    let mut command = Cmd::with_capacity(
-        3 + keys + 2 + 3 * rules,
-        hash.len() + keys * (2 * request.key.len() + 48) + rules * 48 + 96,
-    );
-    command.arg("EVALSHA").arg(hash).arg(keys);
-    let mut key = String::with_capacity(2 * request.key.len() + 48);
-    for rule in counted() {
-        write_rule_key(&mut key, request, rule);
-        command.arg(key.as_str());
-    }
-    if let Some(guard) = guard {
-        let mut window = itoa::Buffer::new();
-        write_key(
-            &mut key,
-            request.key,
-            request.identity,
-            &["dup", window.format(guard.period_ms())],
-        );
-        command.arg(key.as_str());
-    }
-    if let Some(quota) = quota {
-        let (mut day, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let (day, offset) = (
-            day.format(quota.day_ms),
-            offset.format(quota.day_start_offset_ms),
-        );
-        write_key(&mut key, quota.key, quota.identity, &["q", day, offset]);
-        command.arg(key.as_str());
-        for threshold in quota.thresholds {
-            let mut percent = itoa::Buffer::new();
+/// One check packed for the batch script (see `lua/batch.lua` and `lua/head.lua`): its keys
+/// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<block key>]`) and
+/// its arguments (`<cost> <options> <limit, period[, burst] per counted rule>`), back to back in
+/// one buffer, so a check costs one allocation whatever its rules, and a batch copies them once.
+pub(super) struct PackedCheck {
+    /// The keys, then the arguments.
+    data: Vec<u8>,
+    /// Where each key, then each argument, ends in `data`.
+    ends: Vec<usize>,
+    /// How many of the pieces are keys.
+    keys: usize,
+    algorithm: Algorithm,
+    /// What the reply needs to know of each rule.
+    pub(super) limits: Vec<RuleLimit>,
+}
+
+impl PackedCheck {
+    pub(super) fn new(request: &CheckRequest<'_>) -> Self {
+        let counted = || {
+            request
+                .rules
+                .iter()
+                .filter(|rule| !rule.is_duplicate_guard())
+        };
+        let rules = counted().count();
+        let guard = request.rules.iter().find(|rule| rule.is_duplicate_guard());
+        let block_ms = request.block_for.map_or(0, |block| block.as_millis());
+        let quota = request.quota;
+        let thresholds = quota.map_or(&[][..], |quota| quota.thresholds);
+        let keys = rules
+            + usize::from(guard.is_some())
+            + quota.map_or(0, |quota| 1 + quota.thresholds.len())
+            + usize::from(block_ms > 0);
+        let mut packed = PackedCheck {
+            data: Vec::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
+            ends: Vec::with_capacity(keys + 2 + 3 * rules),
+            keys,
+            algorithm: request.algorithm,
+            limits: rule_limits(request),
+        };
+        let mut key = String::with_capacity(2 * request.key.len() + 48);
+        for rule in counted() {
+            write_rule_key(&mut key, request, rule);
+            packed.push(key.as_bytes());
+        }
+        if let Some(guard) = guard {
+            let mut window = itoa::Buffer::new();
             write_key(
                 &mut key,
-                quota.key,
-                quota.identity,
-                &["qa", percent.format(threshold.percent)],
+                request.key,
+                request.identity,
+                &["dup", window.format(guard.period_ms())],
             );
-            command.arg(key.as_str());
+            packed.push(key.as_bytes());
         }
-    }
-    if block_ms > 0 {
-        write_key(&mut key, request.key, request.identity, &["block"]);
-        command.arg(key.as_str());
-    }
-    // The options travel packed in one argument, empty when there are none: Redis spends about
-    // as much on each argument as on a command inside the script.
-    let max_delay = request.max_delay.as_millis();
-    let guard_ms = guard.map_or(0, Rule::period_ms);
-    let mut options = String::new();
-    if max_delay > 0 || guard_ms > 0 || block_ms > 0 || quota.is_some() {
-        let mut number = itoa::Buffer::new();
-        let mut push = |value: u128| {
-            if !options.is_empty() {
-                options.push(',');
+        if let Some(quota) = quota {
+            let (mut day, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
+            let (day, offset) = (
+                day.format(quota.day_ms),
+                offset.format(quota.day_start_offset_ms),
+            );
+            write_key(&mut key, quota.key, quota.identity, &["q", day, offset]);
+            packed.push(key.as_bytes());
+            for threshold in quota.thresholds {
+                let mut percent = itoa::Buffer::new();
+                write_key(
+                    &mut key,
+                    quota.key,
+                    quota.identity,
+                    &["qa", percent.format(threshold.percent)],
+                );
+                packed.push(key.as_bytes());
             }
-            options.push_str(number.format(value));
-        };
-        push(max_delay);
-        push(guard_ms.into());
-        push(block_ms);
-        push(quota.map_or(0, |quota| quota.limit).into());
-        push(quota.map_or(0, |quota| quota.day_ms).into());
-        push(quota.map_or(0, |quota| quota.day_start_offset_ms).into());
-        for threshold in thresholds {
-            push(threshold.percent.into());
-            push(threshold.used.into());
+        }
+        if block_ms > 0 {
+            write_key(&mut key, request.key, request.identity, &["block"]);
+            packed.push(key.as_bytes());
+        }
+        packed.push_number(request.cost);
+        // The options travel packed in one argument, empty when there are none: Redis spends about
+        // as much on each argument as on a command inside the script.
+        let max_delay = request.max_delay.as_millis();
+        let guard_ms = guard.map_or(0, Rule::period_ms);
+        let mut options = String::new();
+        if max_delay > 0 || guard_ms > 0 || block_ms > 0 || quota.is_some() {
+            let mut number = itoa::Buffer::new();
+            let mut push = |value: u128| {
+                if !options.is_empty() {
+                    options.push(',');
+                }
+                options.push_str(number.format(value));
+            };
+            push(max_delay);
+            push(guard_ms.into());
+            push(block_ms);
+            push(quota.map_or(0, |quota| quota.limit).into());
+            push(quota.map_or(0, |quota| quota.day_ms).into());
+            push(quota.map_or(0, |quota| quota.day_start_offset_ms).into());
+            for threshold in thresholds {
+                push(threshold.percent.into());
+                push(threshold.used.into());
+            }
+        }
+        packed.push(options.as_bytes());
+        let with_burst = request.algorithm == Algorithm::TokenBucket;
+        for rule in counted() {
+            packed.push_number(rule.limit());
+            packed.push_number(rule.period_ms());
+            if with_burst {
+                packed.push_number(rule.burst_size());
+            }
+        }
+        packed
+    }
+
+    fn push(&mut self, piece: &[u8]) {
+        self.data.extend_from_slice(piece);
+        self.ends.push(self.data.len());
+    }
+
+    fn push_number(&mut self, number: u64) {
+        self.push(itoa::Buffer::new().format(number).as_bytes());
+    }
+
+    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(self.ends.iter().copied())
+            .map(|(start, end)| &self.data[start..end])
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        self.pieces().take(self.keys)
+    }
+
+    fn args(&self) -> impl Iterator<Item = &[u8]> {
+        self.pieces().skip(self.keys)
+    }
+
+    pub(super) fn key_count(&self) -> usize {
+        self.keys
+    }
+
+    /// The bytes it adds to a batch's command.
+    pub(super) fn len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// The batch script's code of an algorithm (see `lua/batch.lua`).
+fn algorithm_code(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow => "fw",
+        Algorithm::SlidingLog => "sl",
+        Algorithm::SlidingCounter => "sc",
+        Algorithm::TokenBucket => "tb",
+    }
+}
+
+/// `EVALSHA <sha> <keys> <every check's keys> <time> <per check: algorithm, key count, argument
+/// count, arguments>` (see `lua/batch.lua`): one script call that runs `checks` in order. `time`:
+/// a fixed time (µs) for tests, or none (Redis TIME).
+pub(super) fn batch_command<'a>(
+    hash: &str,
+    checks: impl Iterator<Item = &'a PackedCheck> + Clone,
+    fixed_time_us: Option<u64>,
+) -> Cmd {
+    let (mut keys, mut pieces, mut bytes) = (0, 0, 0);
+    for check in checks.clone() {
+        keys += check.keys;
+        pieces += check.ends.len() + 3;
+        bytes += check.data.len() + 24;
+    }
+    let mut command = Cmd::with_capacity(4 + pieces, hash.len() + 48 + bytes);
+    command.arg("EVALSHA").arg(hash).arg(keys);
+    for check in checks.clone() {
+        for key in check.keys() {
+            command.arg(key);
         }
     }
-    command.arg(request.cost).arg(options.as_str());
-    let with_burst = request.algorithm == Algorithm::TokenBucket;
-    for rule in counted() {
-        command.arg(rule.limit()).arg(rule.period_ms());
-        if with_burst {
-            command.arg(rule.burst_size());
+    match fixed_time_us {
+        Some(time) => command.arg(time),
+        None => command.arg(""),
+    };
+    for check in checks {
+        command
+            .arg(algorithm_code(check.algorithm))
+            .arg(check.keys)
+            .arg(check.ends.len() - check.keys);
+        for arg in check.args() {
+            command.arg(arg);
         }
     }
     command
+}
+
+/// The batch script's reply split into each check's: its reply's items, or the error its check
+/// raised.
+pub(super) fn check_replies(
+    reply: Value,
+) -> Result<Vec<Result<Vec<Value>, StoreError>>, StoreError> {
+    let Value::Array(replies) = reply else {
+        return Err(StoreError::Protocol(format!(
+            "unexpected batch reply {reply:?}"
+        )));
+    };
+    Ok(replies
+        .into_iter()
+        .map(|reply| match reply {
+            Value::Array(items) => Ok(items),
+            Value::ServerError(error) => Err(StoreError::Protocol(error.to_string())),
+            other => Err(StoreError::Protocol(format!(
+                "unexpected script reply {other:?}"
+            ))),
+        })
+        .collect())
 }
 
 /// The key of one counted rule:
@@ -133,12 +254,7 @@ pub(super) fn evalsha_command(hash: &str, request: &CheckRequest<'_>) -> Cmd {
 /// key (a policy can't hold the same rule twice) and keeps rule sets that share a key apart, as in
 /// the memory store.
 fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
-    let code = match request.algorithm {
-        Algorithm::FixedWindow => "fw",
-        Algorithm::SlidingLog => "sl",
-        Algorithm::SlidingCounter => "sc",
-        Algorithm::TokenBucket => "tb",
-    };
+    let code = algorithm_code(request.algorithm);
     let (mut period, mut limit, mut burst) = (
         itoa::Buffer::new(),
         itoa::Buffer::new(),
@@ -300,6 +416,11 @@ mod tests {
         );
     }
 
+    /// The batch command of `request` alone.
+    fn command_of(hash: &str, request: &CheckRequest<'_>) -> Cmd {
+        batch_command(hash, std::iter::once(&PackedCheck::new(request)), None)
+    }
+
     fn args_of(command: &Cmd) -> Vec<String> {
         command
             .args_iter()
@@ -325,10 +446,10 @@ mod tests {
     }
 
     #[test]
-    fn one_evalsha_carries_keys_cost_limits_and_periods() {
+    fn one_check_carries_keys_cost_limits_and_periods() {
         let rules = [Rule::per_second(2), Rule::per_minute(30)];
         let request = CheckRequest::new("rl:api:global", &rules, Algorithm::FixedWindow).cost(3);
-        let args = args_of(&evalsha_command("abc123", &request));
+        let args = args_of(&command_of("abc123", &request));
         assert_eq!(
             args,
             [
@@ -337,6 +458,10 @@ mod tests {
                 "2",
                 "rl:{rl:api:global}:fw:1000:2",
                 "rl:{rl:api:global}:fw:60000:30",
+                "",
+                "fw",
+                "2",
+                "6",
                 "3",
                 "",
                 "2",
@@ -362,7 +487,7 @@ mod tests {
         let request = CheckRequest::new("rl:otp:user:bob", policy.rules(), policy.algorithm())
             .max_delay(policy.mode().max_delay())
             .block_for(policy.block_for());
-        let args = args_of(&evalsha_command("abc", &request));
+        let args = args_of(&command_of("abc", &request));
         assert_eq!(
             args,
             [
@@ -372,6 +497,10 @@ mod tests {
                 "rl:{rl:otp:user:bob}:tb:60000:3:5",
                 "rl:{rl:otp:user:bob}:dup:5000",
                 "rl:{rl:otp:user:bob}:block",
+                "",
+                "tb",
+                "3",
+                "5",
                 "1",
                 "2000,5000,900000,0,0,0",
                 "3",
@@ -407,7 +536,7 @@ mod tests {
             .identity("user:ann")
             .quota(Some(quota));
         assert_eq!(
-            args_of(&evalsha_command("abc", &request)),
+            args_of(&command_of("abc", &request)),
             [
                 "EVALSHA",
                 "abc",
@@ -416,6 +545,10 @@ mod tests {
                 "rl:{user:ann}:daily:q:86400000:61200000",
                 "rl:{user:ann}:daily:qa:80",
                 "rl:{user:ann}:daily:qa:100",
+                "",
+                "sl",
+                "4",
+                "4",
                 "1",
                 "0,0,0,100,86400000,61200000,80,80,100,100",
                 "20",

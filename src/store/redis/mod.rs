@@ -15,17 +15,20 @@
 //! second round trip).
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ::redis::{Cmd, RedisError, Script, Value};
 use tokio::time::Instant;
 
-use self::command::{decision_from, evalsha_command, rule_limits};
+use self::batch::{Batcher, Member};
+use self::command::{PackedCheck, batch_command, check_replies, decision_from};
 use self::connection::{Connection, Connector, eval_of, is_no_script, store_error};
 use super::{CheckFuture, CheckRequest, Store, StoreError};
-use crate::policy::Algorithm;
+use crate::decision::Decision;
 
+mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod command;
@@ -33,23 +36,41 @@ mod connection;
 #[cfg(feature = "tls")]
 mod tls;
 
+pub use self::batch::BatchStats;
 #[cfg(feature = "tls")]
 pub use self::tls::TlsOptions;
 
 /// How long a check may take by default before it counts as a store failure.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// One algorithm's script: the shared head (arguments, penalty block, duplicate guard), the
-/// algorithm's part, the shared tail (check all, record in all or none, reply).
-macro_rules! script {
-    ($algorithm:literal) => {
+/// A check function of the batch script for one algorithm (see `lua/batch.lua`): the shared head
+/// (arguments, penalty block, duplicate guard), the algorithm's part, the shared tail (check all,
+/// record in all or none, reply).
+macro_rules! check_function {
+    ($code:literal, $algorithm:literal) => {
         concat!(
+            "checks.",
+            $code,
+            " = function(KEYS, ARGV, now_us)\n",
             include_str!("../../../lua/head.lua"),
             include_str!(concat!("../../../lua/", $algorithm, ".lua")),
-            include_str!("../../../lua/tail.lua")
+            include_str!("../../../lua/tail.lua"),
+            "end\n"
         )
     };
 }
+
+/// The one script of the store: a check function per algorithm, then the loop over a batch of
+/// checks (`lua/batch.lua`).
+const SCRIPT: &str = concat!(
+    "-- tower-redis-ratelimit: a batch of rate-limit checks (see lua/batch.lua)\n",
+    "local checks = {}\n",
+    check_function!("fw", "fixed_window"),
+    check_function!("sl", "sliding_log"),
+    check_function!("sc", "sliding_counter"),
+    check_function!("tb", "token_bucket"),
+    include_str!("../../../lua/batch.lua")
+);
 
 /// A [`Store`] in Redis. Cheap to clone; clones share the connection.
 ///
@@ -79,10 +100,10 @@ struct Shared {
     connection: Mutex<Option<Connection>>,
     /// Held while a new connection is fetched, so a reconnect storm asks the pool once.
     reconnecting: tokio::sync::Mutex<()>,
-    fixed_window: Script,
-    sliding_log: Script,
-    sliding_counter: Script,
-    token_bucket: Script,
+    script: Script,
+    batcher: Batcher,
+    /// A time (µs) that every script call takes instead of Redis TIME; 0: none (tests only).
+    fixed_time_us: AtomicU64,
 }
 
 /// What a store of its own connects to, kept so [`RedisStore::with_tls`] can rebuild its client.
@@ -106,10 +127,9 @@ impl RedisStore {
                 target,
                 connection: Mutex::new(None),
                 reconnecting: tokio::sync::Mutex::new(()),
-                fixed_window: Script::new(script!("fixed_window")),
-                sliding_log: Script::new(script!("sliding_log")),
-                sliding_counter: Script::new(script!("sliding_counter")),
-                token_bucket: Script::new(script!("token_bucket")),
+                script: Script::new(SCRIPT),
+                batcher: Batcher::default(),
+                fixed_time_us: AtomicU64::new(0),
             }),
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
@@ -246,6 +266,49 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// How the store's checks were batched so far (shared by its clones): see the README's
+    /// "Performance" section for what group commit is. On a cluster every check is a call of its
+    /// own.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.shared.batcher.stats()
+    }
+
+    /// `request` packed, with this store's timeout and replication.
+    fn member(&self, request: &CheckRequest<'_>) -> Member {
+        Member {
+            check: PackedCheck::new(request),
+            replicas: self.wait_for_replicas,
+            deadline: Instant::now() + self.timeout,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Makes every script call of this store (and its clones) check at `unix_us` instead of
+    /// Redis's time, or at Redis's time again with `None`. For tests that compare decisions
+    /// exactly; never in production.
+    #[doc(hidden)]
+    pub fn fix_time_for_tests(&self, unix_us: Option<u64>) {
+        self.shared
+            .fixed_time_us
+            .store(unix_us.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Sends `requests` as one batch, in order, bypassing the queue: for tests that compare a
+    /// batch with the same checks one at a time.
+    #[doc(hidden)]
+    pub async fn check_batch_for_tests(
+        &self,
+        requests: &[CheckRequest<'_>],
+    ) -> Vec<Result<Decision, StoreError>> {
+        let members: Vec<Member> = requests
+            .iter()
+            .map(|request| self.member(request))
+            .collect();
+        self.shared.call(&members).await
+    }
+}
+
 impl Target {
     /// The store's own client for this target.
     #[cfg_attr(not(feature = "tls"), allow(unused_variables))]
@@ -342,18 +405,16 @@ impl Store for RedisStore {
             ))));
         }
         // Everything that needs the request is done here, before the future: the future then owns
-        // one packed command and a few words, not the request's borrows.
-        let algorithm = request.algorithm;
-        let command = evalsha_command(self.shared.script(algorithm).get_hash(), request);
-        let limits = rule_limits(request);
+        // one packed check and a few words, not the request's borrows.
+        let member = self.member(request);
         let shared = self.shared.clone();
-        let (timeout, replicas) = (self.timeout, self.wait_for_replicas);
-        CheckFuture::from_future(async move {
-            shared
-                .evaluate(algorithm, &command, replicas, timeout)
-                .await
-                .and_then(|reply| decision_from(&reply, &limits))
-        })
+        if shared.connector.is_cluster() {
+            // A batch would need all its keys in one slot: a cluster's checks go one per call.
+            return CheckFuture::from_future(async move {
+                shared.call(std::slice::from_ref(&member)).await.remove(0)
+            });
+        }
+        CheckFuture::from_future(async move { shared.check_batched(member).await })
     }
 
     fn keys_share_one_slot(&self) -> bool {
@@ -366,38 +427,80 @@ impl Store for RedisStore {
 }
 
 impl Shared {
-    fn script(&self, algorithm: Algorithm) -> &Script {
-        match algorithm {
-            Algorithm::FixedWindow => &self.fixed_window,
-            Algorithm::SlidingLog => &self.sliding_log,
-            Algorithm::SlidingCounter => &self.sliding_counter,
-            Algorithm::TokenBucket => &self.token_bucket,
-        }
+    fn fixed_time(&self) -> Option<u64> {
+        Some(self.fixed_time_us.load(Ordering::Relaxed)).filter(|&time| time > 0)
     }
 
-    fn script_body(&self, algorithm: Algorithm) -> &'static str {
-        match algorithm {
-            Algorithm::FixedWindow => script!("fixed_window"),
-            Algorithm::SlidingLog => script!("sliding_log"),
-            Algorithm::SlidingCounter => script!("sliding_counter"),
-            Algorithm::TokenBucket => script!("token_bucket"),
-        }
+    /// Sends `members` as one script call and returns their decisions, in order.
+    async fn call(&self, members: &[Member]) -> Vec<Result<Decision, StoreError>> {
+        self.batcher.record(members.len());
+        let now = Instant::now();
+        // The call may take as long as its most hurried check may still wait.
+        let timeout = members
+            .iter()
+            .map(|member| member.deadline.saturating_duration_since(now))
+            .min()
+            .unwrap_or_default()
+            .max(Duration::from_millis(1));
+        let replicas = members.iter().filter_map(|member| member.replicas).max();
+        let command = batch_command(
+            self.script.get_hash(),
+            members.iter().map(|member| &member.check),
+            self.fixed_time(),
+        );
+        let replies = self
+            .evaluate(&command, replicas, timeout)
+            .await
+            .and_then(|(reply, acknowledged)| Ok((check_replies(reply)?, acknowledged)))
+            .and_then(|(replies, acknowledged)| {
+                if replies.len() == members.len() {
+                    Ok((replies, acknowledged))
+                } else {
+                    Err(StoreError::Protocol(format!(
+                        "a batch of {} checks answered {} replies",
+                        members.len(),
+                        replies.len()
+                    )))
+                }
+            });
+        let (replies, acknowledged) = match replies {
+            Ok(replies) => replies,
+            Err(error) => return each_gets(error, members),
+        };
+        replies
+            .into_iter()
+            .zip(members)
+            .map(|(reply, member)| {
+                let decision = decision_from(&reply?, &member.check.limits)?;
+                // Only an admission must survive a failover: a refusal recorded nothing to lose
+                // (but a penalty block, which a lost write only shortens).
+                if let (Some(wanted), Some(acknowledged)) = (member.replicas, acknowledged)
+                    && acknowledged < i64::from(wanted)
+                    && decision.allowed
+                {
+                    return Err(StoreError::NotReplicated {
+                        wanted,
+                        acknowledged: u32::try_from(acknowledged).unwrap_or(0),
+                    });
+                }
+                Ok(decision)
+            })
+            .collect()
     }
 
-    /// Runs the check's `EVALSHA` (and its `WAIT`) and returns the script's reply, all within
-    /// `timeout`.
+    /// Runs a batch's `EVALSHA` (and its `WAIT`) and returns the script's reply and the replicas'
+    /// acknowledgements, all within `timeout`.
     ///
     /// The common case, a connection at hand and the script cached in Redis, is one send bounded
-    /// by the connection's own response timeout, so a check arms one timer. Connecting and sending
+    /// by the connection's own response timeout, so a call arms one timer. Connecting and sending
     /// the script itself after NOSCRIPT are rare: they run boxed, under a deadline for the whole
-    /// check.
+    /// call.
     async fn evaluate(
         &self,
-        algorithm: Algorithm,
         command: &Cmd,
         replicas: Option<u32>,
         timeout: Duration,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<(Value, Option<i64>), StoreError> {
         let started = Instant::now();
         let reply = match self.cached() {
             Some(mut connection) => {
@@ -408,40 +511,20 @@ impl Shared {
             }
             None => Err(Missing::Connection),
         };
-        let reply = match reply {
+        match reply {
             Ok(reply) => reply.map_err(|error| store_error(error, timeout)),
             Err(missing) => {
-                let slow = self.connect_and_send(missing, algorithm, command, replicas, timeout);
+                let slow = self.connect_and_send(missing, command, replicas, timeout);
                 match tokio::time::timeout_at(started + timeout, Box::pin(slow)).await {
                     Ok(reply) => reply,
                     Err(_elapsed) => {
                         // A connection that stopped answering without an error (a silently dropped
                         // TCP connection) would time out forever: the next request takes a new one.
                         self.forget_connection_after_timeout();
-                        return Err(StoreError::Timeout(timeout));
+                        Err(StoreError::Timeout(timeout))
                     }
                 }
             }
-        };
-        let (reply, acknowledged) = reply?;
-        // Only an admission must survive a failover: a refusal recorded nothing to lose (but a
-        // penalty block, which a lost write only shortens).
-        let admitted =
-            matches!(&reply, Value::Array(items) if items.first() == Some(&Value::Int(1)));
-        if let (Some(wanted), Some(acknowledged)) = (replicas, acknowledged)
-            && acknowledged < i64::from(wanted)
-            && admitted
-        {
-            return Err(StoreError::NotReplicated {
-                wanted,
-                acknowledged: u32::try_from(acknowledged).unwrap_or(0),
-            });
-        }
-        match reply {
-            Value::Array(items) => Ok(items),
-            other => Err(StoreError::Protocol(format!(
-                "unexpected script reply {other:?}"
-            ))),
         }
     }
 
@@ -451,7 +534,6 @@ impl Shared {
     async fn connect_and_send(
         &self,
         missing: Missing,
-        algorithm: Algorithm,
         command: &Cmd,
         replicas: Option<u32>,
         timeout: Duration,
@@ -463,7 +545,7 @@ impl Shared {
                 reply => return reply.map_err(|error| store_error(error, timeout)),
             }
         }
-        let eval = eval_of(self.script_body(algorithm), command);
+        let eval = eval_of(SCRIPT, command);
         self.send(&mut connection, &eval, replicas, timeout)
             .await
             .map_err(|error| store_error(error, timeout))
@@ -529,4 +611,42 @@ enum Missing {
     Connection,
     /// Redis answered NOSCRIPT.
     Script,
+}
+
+/// `error` as the error of each of `members`: a timeout names each one's own store timeout.
+fn each_gets(error: StoreError, members: &[Member]) -> Vec<Result<Decision, StoreError>> {
+    let each =
+        |error: &dyn Fn(&Member) -> StoreError| members.iter().map(|m| Err(error(m))).collect();
+    match error {
+        StoreError::Unavailable(source) => {
+            let source: Arc<dyn std::error::Error + Send + Sync> = Arc::from(source);
+            each(&|_| StoreError::Unavailable(Box::new(SharedError(source.clone()))))
+        }
+        StoreError::Timeout(_) => each(&|member| StoreError::Timeout(member.timeout)),
+        StoreError::Protocol(message) => each(&|_| StoreError::Protocol(message.clone())),
+        StoreError::Config(message) => each(&|_| StoreError::Config(message.clone())),
+        StoreError::NotReplicated {
+            wanted,
+            acknowledged,
+        } => each(&|_| StoreError::NotReplicated {
+            wanted,
+            acknowledged,
+        }),
+    }
+}
+
+/// One error that several checks of a batch report.
+#[derive(Debug)]
+struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl fmt::Display for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }

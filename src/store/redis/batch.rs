@@ -1,0 +1,233 @@
+//! Group commit: the checks that arrive while a script call is in flight wait, and go out together
+//! as the next call, which runs them one after another in arrival order (`lua/batch.lua`).
+//!
+//! A check that finds no call in flight goes at once, from its own task, alone: a lone request
+//! waits for nothing. While its call is in flight, later checks queue. When it returns, the queue
+//! (as much of it as fits [`MAX_CHECKS`], [`MAX_KEYS`] and [`MAX_BYTES`]) becomes the next call,
+//! sent from a task of its own that keeps sending until the queue is empty; the waiting checks get
+//! their decisions through a channel each. So Redis's fixed cost per script call (and per `TIME`)
+//! and the client's per-command work are paid once per batch, and the batch grows with the load:
+//! one check per call when the store is idle, about as many as arrived during one round trip
+//! when it is busy.
+//!
+//! One call is in flight at a time per store: the load runs (`benches/load_peers.sh`) measured two
+//! in flight against one, and one did better (the README has the figures).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::Shared;
+use super::command::PackedCheck;
+use crate::decision::Decision;
+use crate::store::StoreError;
+
+/// At most this many checks go in one script call.
+pub(super) const MAX_CHECKS: usize = 128;
+/// At most this many keys go in one script call (unless one check alone has more).
+pub(super) const MAX_KEYS: usize = 1024;
+/// At most this many bytes of keys and arguments go in one script call (unless one check alone
+/// has more).
+pub(super) const MAX_BYTES: usize = 256 * 1024;
+
+/// A check on its way to Redis.
+pub(super) struct Member {
+    pub(super) check: PackedCheck,
+    /// Replicas that must acknowledge its writes (`WAIT`), if any.
+    pub(super) replicas: Option<u32>,
+    /// When it stops waiting.
+    pub(super) deadline: Instant,
+    /// The store timeout it reports when it runs out of time.
+    pub(super) timeout: Duration,
+}
+
+/// A queued check and where its decision goes.
+struct Waiter {
+    member: Member,
+    decision: oneshot::Sender<Result<Decision, StoreError>>,
+}
+
+/// The queue of one store's connection, and how its batches went.
+#[derive(Default)]
+pub(super) struct Batcher {
+    queue: Mutex<Queue>,
+    calls: AtomicU64,
+    checks: AtomicU64,
+    largest: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Whether a script call is in flight (or about to be sent).
+    in_flight: bool,
+    waiting: VecDeque<Waiter>,
+}
+
+/// How the batches of a [`RedisStore`](super::RedisStore) went since it was made: how many script
+/// calls carried how many checks. `checks / script_calls` is the mean batch size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct BatchStats {
+    /// Script calls sent (each one batch).
+    pub script_calls: u64,
+    /// Checks those calls carried.
+    pub checks: u64,
+    /// The most checks one call carried.
+    pub largest_batch: u64,
+}
+
+impl Batcher {
+    pub(super) fn stats(&self) -> BatchStats {
+        BatchStats {
+            script_calls: self.calls.load(Ordering::Relaxed),
+            checks: self.checks.load(Ordering::Relaxed),
+            largest_batch: self.largest.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(super) fn record(&self, checks: usize) {
+        let checks = checks as u64;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.checks.fetch_add(checks, Ordering::Relaxed);
+        self.largest.fetch_max(checks, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The next batch from the queue, bounded; none (and nothing in flight) when it is empty.
+    /// Checks that stopped waiting (timed out, or their request was dropped) are left out.
+    fn next_batch(&self) -> Option<Vec<Waiter>> {
+        let mut queue = self.lock();
+        let (mut keys, mut bytes) = (0, 0);
+        let mut batch = Vec::new();
+        while let Some(waiter) = queue.waiting.front() {
+            if waiter.decision.is_closed() {
+                queue.waiting.pop_front();
+                continue;
+            }
+            let (more_keys, more_bytes) =
+                (waiter.member.check.key_count(), waiter.member.check.len());
+            if !batch.is_empty()
+                && (batch.len() == MAX_CHECKS
+                    || keys + more_keys > MAX_KEYS
+                    || bytes + more_bytes > MAX_BYTES)
+            {
+                break;
+            }
+            keys += more_keys;
+            bytes += more_bytes;
+            batch.extend(queue.waiting.pop_front());
+        }
+        if batch.is_empty() {
+            queue.in_flight = false;
+            return None;
+        }
+        Some(batch)
+    }
+
+    /// Gives up the queue when no task can send it (the runtime is shutting down): the waiting
+    /// checks get a store error and the next check goes at once.
+    fn abandon(&self) {
+        let mut queue = self.lock();
+        queue.in_flight = false;
+        queue.waiting.clear();
+    }
+}
+
+impl Shared {
+    /// Decides `member` through the group commit.
+    pub(super) async fn check_batched(
+        self: &Arc<Self>,
+        member: Member,
+    ) -> Result<Decision, StoreError> {
+        let (deadline, timeout) = (member.deadline, member.timeout);
+        let waiting = {
+            let mut queue = self.batcher.lock();
+            if queue.in_flight {
+                let (sender, receiver) = oneshot::channel();
+                queue.waiting.push_back(Waiter {
+                    member,
+                    decision: sender,
+                });
+                Ok(receiver)
+            } else {
+                queue.in_flight = true;
+                Err(member)
+            }
+        };
+        match waiting {
+            Ok(receiver) => match tokio::time::timeout_at(deadline, receiver).await {
+                Ok(Ok(decision)) => decision,
+                Ok(Err(_dropped)) => Err(StoreError::Unavailable(
+                    "the batch this check was in was dropped (the runtime is shutting down)".into(),
+                )),
+                Err(_elapsed) => Err(StoreError::Timeout(timeout)),
+            },
+            Err(member) => {
+                // Whether this call completes or its request is dropped, the queue goes on.
+                let _hand_over = HandOver(self);
+                let mut decisions = self.call(std::slice::from_ref(&member)).await;
+                decisions.pop().unwrap_or_else(|| {
+                    Err(StoreError::Protocol(
+                        "a batch of one answered nothing".into(),
+                    ))
+                })
+            }
+        }
+    }
+
+    /// Sends batches until the queue is empty.
+    async fn send_batches(self: Arc<Self>, mut batch: Vec<Waiter>) {
+        let abandoned = Abandon(&self);
+        loop {
+            let (members, senders): (Vec<Member>, Vec<_>) = batch
+                .into_iter()
+                .map(|waiter| (waiter.member, waiter.decision))
+                .unzip();
+            let decisions = self.call(&members).await;
+            for (sender, decision) in senders.into_iter().zip(decisions) {
+                // A check that stopped waiting doesn't want its decision.
+                let _ = sender.send(decision);
+            }
+            match self.batcher.next_batch() {
+                Some(next) => batch = next,
+                None => break,
+            }
+        }
+        std::mem::forget(abandoned);
+    }
+}
+
+/// Passes the queue on when a lone check's call ends: to a task that sends it, or, when it is
+/// empty, to the next check that arrives.
+struct HandOver<'a>(&'a Arc<Shared>);
+
+impl Drop for HandOver<'_> {
+    fn drop(&mut self) {
+        let Some(batch) = self.0.batcher.next_batch() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(self.0.clone().send_batches(batch));
+            }
+            Err(_) => self.0.batcher.abandon(),
+        }
+    }
+}
+
+/// Clears the queue if the task sending it is dropped before it is empty (a runtime shutting
+/// down), so the store doesn't wait for a call that will never return.
+struct Abandon<'a>(&'a Shared);
+
+impl Drop for Abandon<'_> {
+    fn drop(&mut self) {
+        self.0.batcher.abandon();
+    }
+}
