@@ -24,9 +24,6 @@
 -- counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if this
 -- rule admits the request), then the percents of the quota alerts this request fired}. Every
 -- number is an integer below 2^53, so Lua's doubles hold it exactly.
-local call = redis.call
-local floor = math.floor
-
 local now = floor(now_us / 1000)
 local cost = tonumber(ARGV[1])
 local options = {}
@@ -82,30 +79,6 @@ local function rule_args(i)
     return limit, tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   end
   return limit, tonumber(ARGV[base + 1]), limit
-end
-
--- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
-local function div(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
--- Makes `key` live at least until `at` (ms), never shortening a later expiry: a clock that stepped
--- back, or a reservation ahead of `at`, must not cut a counter's life short. A key without an
--- expiry (one just created) gets one; GT alone would take its missing expiry for an infinite one.
--- `created`: whether the caller knows the key is new (true), knows it is not (false), or can't tell
--- (nil: try NX first, which only a new key takes).
-local function expire_at_least(key, at, created)
-  if created == true then
-    call('PEXPIREAT', key, at)
-  elseif created == false or call('PEXPIREAT', key, at, 'NX') == 0 then
-    call('PEXPIREAT', key, at, 'GT')
-  end
 end
 
 -- The start of the quota's day that `now` falls in.

@@ -21,7 +21,8 @@ fn store(redis: &TestRedis) -> RedisStore {
 }
 
 /// The policies the property test mixes: every algorithm, delays, the duplicate guard, penalty
-/// blocks, and (on the requests of policy 4) a daily quota with alerts.
+/// blocks, (on the requests of policy 4) a daily quota with alerts, and the common case of
+/// `lua/fast.lua` (policies 0 and 5: no option at all).
 fn policies() -> Vec<Policy> {
     let delay = |ms| Mode::Delay {
         max_delay: Duration::from_millis(ms),
@@ -55,6 +56,12 @@ fn policies() -> Vec<Policy> {
         Policy::builder("quota")
             .algorithm(Algorithm::SlidingLog)
             .rule(Rule::per_minute(4))
+            .build()
+            .unwrap(),
+        Policy::builder("log")
+            .algorithm(Algorithm::SlidingLog)
+            .rule(Rule::new(3, Duration::from_secs(1)))
+            .rule(Rule::new(6, Duration::from_secs(5)))
             .build()
             .unwrap(),
         Policy::builder("guarded")
@@ -116,7 +123,7 @@ fn planned() -> impl Strategy<Value = Planned> {
     (
         0..6usize,
         0..2usize,
-        prop_oneof![3 => Just(1u64), 1 => 0..4u64],
+        prop_oneof![3 => Just(1u64), 1 => 0..5u64],
     )
         .prop_map(|(policy, identity, cost)| Planned {
             policy,
@@ -149,7 +156,8 @@ proptest! {
 
     /// Rounds of requests, each round at one instant: one batch call on one store decides exactly
     /// what one call per request, in the same order, decides on another (every decision and rule
-    /// state, quota alerts included).
+    /// state, quota alerts included), and the lean functions of the common case exactly what the
+    /// generic ones decide.
     #[test]
     fn a_batch_decides_exactly_as_one_call_per_request(
         rounds in prop::collection::vec(
@@ -162,6 +170,9 @@ proptest! {
         let policies = policies();
         let (batched_prefix, single_prefix) = (unique_prefix("batched"), unique_prefix("single"));
         let (batched, single) = (store(&redis), store(&redis));
+        // One at a time, the checks without options take the generic check functions rather than
+        // the lean ones of lua/fast.lua: they must decide alike too.
+        single.generic_checks_for_tests(true);
         // An hour ahead of Redis's clock, so no key expires by Redis's time while the test runs:
         // every window is the scripts' own arithmetic on the fixed time.
         let mut now_us = unix_us() + 3_600_000_000;

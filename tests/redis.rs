@@ -671,8 +671,9 @@ fn sliding_log_members_never_share_a_name() {
     // window): the count would name it "<at>-3", which is taken.
     let log = include_str!("../lua/sliding_log.lua");
     let script = format!(
-        "local now_us = {at}000\n{}{}\ncommit({{key = KEYS[1], period = 10000, count = 2}}, {at})\n\
+        "{}local now_us = {at}000\n{}{}\ncommit({{key = KEYS[1], period = 10000, count = 2}}, {at})\n\
          return call('ZCARD', KEYS[1])",
+        include_str!("../lua/common.lua"),
         include_str!("../lua/head.lua"),
         &log[..log.find("local function undo").unwrap()],
     );

@@ -46,7 +46,9 @@ pub(super) struct PackedCheck {
 }
 
 impl PackedCheck {
-    pub(super) fn new(request: &CheckRequest<'_>) -> Self {
+    /// `request` packed; `generic`: with its options spelled out even when all are zero, so the
+    /// script takes the generic check function rather than `lua/fast.lua` (tests compare them).
+    pub(super) fn new(request: &CheckRequest<'_>, generic: bool) -> Self {
         let counted = || {
             request
                 .rules
@@ -113,7 +115,7 @@ impl PackedCheck {
         let max_delay = request.max_delay.as_millis();
         let guard_ms = guard.map_or(0, Rule::period_ms);
         let mut options = String::new();
-        if max_delay > 0 || guard_ms > 0 || block_ms > 0 || quota.is_some() {
+        if generic || max_delay > 0 || guard_ms > 0 || block_ms > 0 || quota.is_some() {
             let mut number = itoa::Buffer::new();
             let mut push = |value: u128| {
                 if !options.is_empty() {
@@ -418,7 +420,11 @@ mod tests {
 
     /// The batch command of `request` alone.
     fn command_of(hash: &str, request: &CheckRequest<'_>) -> Cmd {
-        batch_command(hash, std::iter::once(&PackedCheck::new(request)), None)
+        batch_command(
+            hash,
+            std::iter::once(&PackedCheck::new(request, false)),
+            None,
+        )
     }
 
     fn args_of(command: &Cmd) -> Vec<String> {

@@ -15,7 +15,7 @@
 //! second round trip).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -60,15 +60,17 @@ macro_rules! check_function {
     };
 }
 
-/// The one script of the store: a check function per algorithm, then the loop over a batch of
-/// checks (`lua/batch.lua`).
+/// The one script of the store: shared helpers, a check function per algorithm, the lean functions
+/// of the common case, then the loop over a batch of checks (`lua/batch.lua`).
 const SCRIPT: &str = concat!(
     "-- tower-redis-ratelimit: a batch of rate-limit checks (see lua/batch.lua)\n",
+    include_str!("../../../lua/common.lua"),
     "local checks = {}\n",
     check_function!("fw", "fixed_window"),
     check_function!("sl", "sliding_log"),
     check_function!("sc", "sliding_counter"),
     check_function!("tb", "token_bucket"),
+    include_str!("../../../lua/fast.lua"),
     include_str!("../../../lua/batch.lua")
 );
 
@@ -104,6 +106,8 @@ struct Shared {
     batcher: Batcher,
     /// A time (µs) that every script call takes instead of Redis TIME; 0: none (tests only).
     fixed_time_us: AtomicU64,
+    /// Whether checks skip the script's lean functions of the common case (tests only).
+    generic_only: AtomicBool,
 }
 
 /// What a store of its own connects to, kept so [`RedisStore::with_tls`] can rebuild its client.
@@ -130,6 +134,7 @@ impl RedisStore {
                 script: Script::new(SCRIPT),
                 batcher: Batcher::default(),
                 fixed_time_us: AtomicU64::new(0),
+                generic_only: AtomicBool::new(false),
             }),
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
@@ -277,7 +282,7 @@ impl RedisStore {
     /// `request` packed, with this store's timeout and replication.
     fn member(&self, request: &CheckRequest<'_>) -> Member {
         Member {
-            check: PackedCheck::new(request),
+            check: PackedCheck::new(request, self.shared.generic_only.load(Ordering::Relaxed)),
             replicas: self.wait_for_replicas,
             deadline: Instant::now() + self.timeout,
             timeout: self.timeout,
@@ -292,6 +297,13 @@ impl RedisStore {
         self.shared
             .fixed_time_us
             .store(unix_us.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Makes the store's checks skip the script's lean functions of the common case
+    /// (`lua/fast.lua`), for tests that compare them with the generic ones.
+    #[doc(hidden)]
+    pub fn generic_checks_for_tests(&self, generic: bool) {
+        self.shared.generic_only.store(generic, Ordering::Relaxed);
     }
 
     /// Sends `requests` as one batch, in order, bypassing the queue: for tests that compare a

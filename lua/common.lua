@@ -1,0 +1,72 @@
+-- The helpers every check shares (the start of the script, defined once per script call; see
+-- lua/batch.lua): Redis calls and integer arithmetic that don't depend on one request.
+local call = redis.call
+local floor = math.floor
+
+-- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
+local function div(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- Makes `key` live at least until `at` (ms), never shortening a later expiry: a clock that stepped
+-- back, or a reservation ahead of `at`, must not cut a counter's life short. A key without an
+-- expiry (one just created) gets one; GT alone would take its missing expiry for an infinite one.
+-- `created`: whether the caller knows the key is new (true), knows it is not (false), or can't tell
+-- (nil: try NX first, which only a new key takes).
+local function expire_at_least(key, at, created)
+  if created == true then
+    call('PEXPIREAT', key, at)
+  elseif created == false or call('PEXPIREAT', key, at, 'NX') == 0 then
+    call('PEXPIREAT', key, at, 'GT')
+  end
+end
+
+-- The sliding log's (lua/sliding_log.lua) score of the n-th oldest admission (1-based), or nil.
+local function nth_oldest(key, n)
+  local found = call('ZRANGE', key, n - 1, n - 1, 'WITHSCORES')
+  return tonumber(found[2])
+end
+
+-- ZADD takes members in batches, so a costly request never overflows Lua's stack with unpack.
+local ZADD_BATCH = 1000
+
+-- Adds `units` members scored `at` to a sliding log, named `at-<n>` for n from `first` on; returns
+-- how many were new (a name already taken is not added again).
+local function add_members(key, at, first, units)
+  local added = 0
+  local done = 0
+  while done < units do
+    local members = {}
+    for _ = 1, math.min(ZADD_BATCH, units - done) do
+      members[#members + 1] = at
+      members[#members + 1] = at .. '-' .. (first + done)
+      done = done + 1
+    end
+    added = added + call('ZADD', key, unpack(members))
+  end
+  return added
+end
+
+-- Records `cost` admissions at `at` in the sliding log `key` that held `count` of them, and makes
+-- it live until the newest leaves the window of `period`.
+local function log_admit(key, at, count, cost, period)
+  -- Members at one score need distinct names. Numbering them after the log's count works while
+  -- time only moves forward, the common case; when names were taken (a clock that stepped back, a
+  -- reservation made earlier for the same millisecond), the rest go after the highest number at
+  -- that score.
+  local added = add_members(key, at, count + 1, cost)
+  if added < cost then
+    local highest = 0
+    for _, member in ipairs(call('ZRANGEBYSCORE', key, at, at)) do
+      highest = math.max(highest, tonumber(string.match(member, '-(%d+)$')) or 0)
+    end
+    add_members(key, at, highest + 1, cost - added)
+  end
+  expire_at_least(key, at + period, count == 0)
+end
