@@ -78,8 +78,10 @@ for round in $(seq 1 "$rounds"); do
 done
 
 echo
-echo "medians over $rounds rounds; ratio: req/s over bare axum's at the same connections (floods: at 64)"
-printf '%-16s %10s %8s %10s %14s %14s\n' setup "req/s" ratio p50 "server µs/req" "redis µs/req"
+echo "medians over $rounds rounds; ratio: req/s over bare axum's at the same connections (floods: at 64);"
+echo "vs naive: req/s and redis µs/req over the naive middleware's in the same load"
+printf '%-16s %10s %8s %10s %14s %14s %10s %10s\n' setup "req/s" ratio p50 "server µs/req" "redis µs/req" \
+  "vs naive" "redis vs"
 for entry in "${setups[@]}"; do
   label=${entry%%|*}
   column() { awk -v l="$label" -v c="$1" '$1 == l {print $c}' "$work/results"; }
@@ -94,6 +96,11 @@ for entry in "${setups[@]}"; do
     *) bare="bare-${label##*-}" ;;
   esac
   bare_rps=$(awk -v l="$bare" '$1 == l {print $2}' "$work/results" | median)
-  ratio=$([[ -n $bare_rps ]] && awk -v a="$rps" -v b="$bare_rps" 'BEGIN { printf "%.2f", a / b }' || echo "-")
-  printf '%-16s %10s %8s %8sus %14s %14s\n' "$label" "$rps" "$ratio" "$p50" "$server_us" "$redis_us"
+  # ratio A B: A / B with two decimals, or "-" when there is no B.
+  ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 > 0) printf "%.2f", a / b; else print "-" }'; }
+  naive=naive-${label##*-}
+  naive_rps=$(awk -v l="$naive" '$1 == l {print $2}' "$work/results" | median)
+  naive_redis=$(awk -v l="$naive" '$1 == l {print $4}' "$work/results" | median)
+  printf '%-16s %10s %8s %8sus %14s %14s %10s %10s\n' "$label" "$rps" "$(ratio "$rps" "$bare_rps")" \
+    "$p50" "$server_us" "$redis_us" "$(ratio "$rps" "$naive_rps")" "$(ratio "$redis_us" "$naive_redis")"
 done

@@ -11,6 +11,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Method, StatusCode};
 
@@ -530,6 +531,8 @@ struct Inner {
     key_base: String,
     /// The `RateLimit-Policy` header value, built once.
     policy_header: HeaderValue,
+    /// The 429 body of a refusal by one rule, per rule (the quota last), built once.
+    refusal_bodies: Box<[Bytes]>,
 }
 
 impl fmt::Debug for Policy {
@@ -712,6 +715,11 @@ impl Policy {
     /// The `RateLimit-Policy` header value of this policy.
     pub fn policy_header(&self) -> &HeaderValue {
         &self.0.policy_header
+    }
+
+    /// The ready 429 body of a refusal by the rule at `index` alone (past the rules: the quota).
+    pub(crate) fn refusal_body(&self, index: usize) -> Option<&Bytes> {
+        self.0.refusal_bodies.get(index)
     }
 
     /// The store key of a request, or what to do when it has none.
@@ -1087,6 +1095,12 @@ impl PolicyBuilder {
             .collect();
         let policy_header = headers::policy_header_value(&items);
         let key_base = format!("{}:{}:", self.prefix, self.name);
+        let refusal_bodies = rule_names
+            .iter()
+            .map(|name| &**name)
+            .chain(self.quota.as_ref().map(Quota::name))
+            .map(|name| crate::response::refusal_body(&self.message, &[name]))
+            .collect();
         let max_cost = self.rules[..counted_rules]
             .iter()
             .enumerate()
@@ -1113,6 +1127,7 @@ impl PolicyBuilder {
             max_cost,
             key_base,
             policy_header,
+            refusal_bodies,
         })))
     }
 

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde::Serialize;
@@ -75,15 +76,30 @@ impl Rejected {
     /// the policy's message and the violated rules. (The layer adds `Retry-After` and the
     /// rate-limit headers to whatever response is used.)
     pub fn problem_response(&self) -> Response<Body> {
+        // The common refusal, by one rule, has its body ready from when the policy was built.
+        let mut violated = self.decision.violated();
+        if let (Some(index), None) = (violated.next(), violated.next())
+            && let Some(body) = self.policy.refusal_body(index)
+        {
+            return problem_response(StatusCode::TOO_MANY_REQUESTS, body.clone());
+        }
         let violated: Vec<&str> = self.violated_rules().collect();
-        problem(&Problem {
-            kind: QUOTA_EXCEEDED_TYPE,
-            title: QUOTA_EXCEEDED_TITLE,
-            status: StatusCode::TOO_MANY_REQUESTS,
-            detail: self.policy.message(),
-            violated_policies: Some(&violated),
-        })
+        problem_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            refusal_body(self.policy.message(), &violated),
+        )
     }
+}
+
+/// The problem body of a refusal by `violated` rules with the policy's `message`.
+pub(crate) fn refusal_body(message: &str, violated: &[&str]) -> Bytes {
+    problem_bytes(&Problem {
+        kind: QUOTA_EXCEEDED_TYPE,
+        title: QUOTA_EXCEEDED_TITLE,
+        status: StatusCode::TOO_MANY_REQUESTS,
+        detail: message,
+        violated_policies: Some(violated),
+    })
 }
 
 #[derive(Serialize)]
@@ -104,10 +120,17 @@ fn status_number<S: serde::Serializer>(status: &StatusCode, out: S) -> Result<S:
 }
 
 fn problem(problem: &Problem<'_>) -> Response<Body> {
+    problem_response(problem.status, problem_bytes(problem))
+}
+
+fn problem_bytes(problem: &Problem<'_>) -> Bytes {
     // Serialising plain strings and numbers can't fail.
-    let body = serde_json::to_vec(problem).unwrap_or_default();
+    serde_json::to_vec(problem).unwrap_or_default().into()
+}
+
+fn problem_response(status: StatusCode, body: Bytes) -> Response<Body> {
     let mut response = Response::new(Body::from(body));
-    *response.status_mut() = problem.status;
+    *response.status_mut() = status;
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
