@@ -151,22 +151,24 @@ fn delete_keys(redis: &TestRedis, prefix: &str) {
     }
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
-
-    /// Rounds of requests, each round at one instant: one batch call on one store decides exactly
-    /// what one call per request, in the same order, decides on another (every decision and rule
-    /// state, quota alerts included), and the lean functions of the common case exactly what the
-    /// generic ones decide.
-    #[test]
-    fn a_batch_decides_exactly_as_one_call_per_request(
-        rounds in prop::collection::vec(
-            (0..1_500u64, prop::collection::vec(planned(), 1..14)),
-            1..6,
-        ),
-    ) {
-        let redis = TestRedis::shared();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+/// Rounds of requests, each round at one instant: one batch call on one store decides exactly
+/// what one call per request, in the same order, decides on another (every decision and rule
+/// state, quota alerts included), and the lean functions of the common case exactly what the
+/// generic ones decide. One Redis serves every case.
+#[test]
+fn a_batch_decides_exactly_as_one_call_per_request() {
+    let redis = TestRedis::shared();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 48,
+        ..ProptestConfig::default()
+    });
+    let rounds =
+        prop::collection::vec((0..1_500u64, prop::collection::vec(planned(), 1..14)), 1..6);
+    let result = runner.run(&rounds, |rounds| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         let policies = policies();
         let (batched_prefix, single_prefix) = (unique_prefix("batched"), unique_prefix("single"));
         let (batched, single) = (store(&redis), store(&redis));
@@ -181,10 +183,14 @@ proptest! {
                 now_us += step_ms * 1_000;
                 batched.fix_time_for_tests(Some(now_us));
                 single.fix_time_for_tests(Some(now_us));
-                let batched_keys: Vec<_> =
-                    requests.iter().map(|p| keys_of(&batched_prefix, p, &policies)).collect();
-                let single_keys: Vec<_> =
-                    requests.iter().map(|p| keys_of(&single_prefix, p, &policies)).collect();
+                let batched_keys: Vec<_> = requests
+                    .iter()
+                    .map(|p| keys_of(&batched_prefix, p, &policies))
+                    .collect();
+                let single_keys: Vec<_> = requests
+                    .iter()
+                    .map(|p| keys_of(&single_prefix, p, &policies))
+                    .collect();
                 let batch: Vec<CheckRequest<'_>> = requests
                     .iter()
                     .zip(&batched_keys)
@@ -195,7 +201,9 @@ proptest! {
                     let alone = single.check(&request_of(planned, &policies, keys)).await;
                     let (in_batch, alone) = (in_batch.unwrap(), alone.unwrap());
                     if in_batch != alone {
-                        return Err(format!("{planned:?} at {now_us} µs: batched {in_batch:?}, alone {alone:?}"));
+                        return Err(format!(
+                            "{planned:?} at {now_us} µs: batched {in_batch:?}, alone {alone:?}"
+                        ));
                     }
                 }
             }
@@ -209,6 +217,10 @@ proptest! {
         if let Err(difference) = outcome {
             return Err(TestCaseError::fail(difference));
         }
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{failure}");
     }
 }
 

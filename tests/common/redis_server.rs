@@ -93,10 +93,11 @@ impl TestRedis {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // Something listens: make sure it is our process.
-        let info: String = redis::cmd("INFO")
-            .arg("server")
-            .query(&mut self.client())
+        // Something listens: make sure it is our process. A connection reset (another test's
+        // server going away on this port) counts as not ours.
+        let info: String = redis::Client::open(self.url.as_str())
+            .and_then(|client| client.get_connection())
+            .and_then(|mut connection| redis::cmd("INFO").arg("server").query(&mut connection))
             .unwrap_or_default();
         let ours = info
             .lines()
