@@ -10,6 +10,11 @@
 -- ARGV[arg_at + 2i + 1].
 local fast = {}
 
+-- The limit and period of the check's rule i.
+local function rule_of(arg_at, i)
+  return tonumber(ARGV[arg_at + 2 * i]), tonumber(ARGV[arg_at + 2 * i + 1])
+end
+
 -- Fixed window (lua/fixed_window.lua): charge every rule with HINCRBY; if one refuses, take every
 -- charge back.
 fast.fw = function(key_at, rules, arg_at, now_us)
@@ -19,21 +24,20 @@ fast.fw = function(key_at, rules, arg_at, now_us)
   local allowed = 1
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    local period = tonumber(ARGV[arg_at + 2 * i + 1])
+    local limit, period = rule_of(arg_at, i)
     local start = now - now % period
     local count = call('HINCRBY', key, start, cost)
     if count == cost then
       expire_at_least(key, start + period)
     end
     counts[i] = count
-    if count > tonumber(ARGV[arg_at + 2 * i]) then
+    if count > limit then
       allowed = 0
     end
   end
   local reply = {allowed, now, 0}
   for i = 1, rules do
-    local limit = tonumber(ARGV[arg_at + 2 * i])
-    local period = tonumber(ARGV[arg_at + 2 * i + 1])
+    local limit, period = rule_of(arg_at, i)
     local start = now - now % period
     local count = counts[i]
     local retry = -1
@@ -69,18 +73,18 @@ fast.sl = function(key_at, rules, arg_at, now_us)
   local allowed = 1
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    call('ZREMRANGEBYSCORE', key, '-inf', now - tonumber(ARGV[arg_at + 2 * i + 1]))
+    local limit, period = rule_of(arg_at, i)
+    call('ZREMRANGEBYSCORE', key, '-inf', now - period)
     local count = call('ZCARD', key)
     counts[i] = count
-    if count + cost > tonumber(ARGV[arg_at + 2 * i]) then
+    if count + cost > limit then
       allowed = 0
     end
   end
   local reply = {allowed, now, 0}
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    local limit = tonumber(ARGV[arg_at + 2 * i])
-    local period = tonumber(ARGV[arg_at + 2 * i + 1])
+    local limit, period = rule_of(arg_at, i)
     local count = counts[i]
     local retry = -1
     if allowed == 1 then

@@ -29,12 +29,12 @@ use crate::decision::Decision;
 use crate::store::StoreError;
 
 /// At most this many checks go in one script call.
-pub(super) const MAX_CHECKS: usize = 128;
+const MAX_CHECKS: usize = 128;
 /// At most this many keys go in one script call (unless one check alone has more).
-pub(super) const MAX_KEYS: usize = 1024;
+const MAX_KEYS: usize = 1024;
 /// At most this many bytes of keys and arguments go in one script call (unless one check alone
 /// has more).
-pub(super) const MAX_BYTES: usize = 256 * 1024;
+const MAX_BYTES: usize = 256 * 1024;
 
 /// A check on its way to Redis.
 pub(super) struct Member {
@@ -63,7 +63,7 @@ pub(super) struct Batcher {
 }
 
 /// At most this many script calls are in flight at once per store (see the module's notes).
-pub(super) const MAX_IN_FLIGHT: usize = 1;
+const MAX_IN_FLIGHT: usize = 1;
 
 #[derive(Default)]
 struct Queue {
@@ -177,12 +177,7 @@ impl Shared {
             Err(member) => {
                 // Whether this call completes or its request is dropped, the queue goes on.
                 let _hand_over = HandOver(self);
-                let mut decisions = self.call(std::slice::from_ref(&member)).await;
-                decisions.pop().unwrap_or_else(|| {
-                    Err(StoreError::Protocol(
-                        "a batch of one answered nothing".into(),
-                    ))
-                })
+                self.call_alone(&member).await
             }
         }
     }

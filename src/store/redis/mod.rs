@@ -422,9 +422,7 @@ impl Store for RedisStore {
         let shared = self.shared.clone();
         if shared.connector.is_cluster() {
             // A batch would need all its keys in one slot: a cluster's checks go one per call.
-            return CheckFuture::from_future(async move {
-                shared.call(std::slice::from_ref(&member)).await.remove(0)
-            });
+            return CheckFuture::from_future(async move { shared.call_alone(&member).await });
         }
         CheckFuture::from_future(async move { shared.check_batched(member).await })
     }
@@ -441,6 +439,16 @@ impl Store for RedisStore {
 impl Shared {
     fn fixed_time(&self) -> Option<u64> {
         Some(self.fixed_time_us.load(Ordering::Relaxed)).filter(|&time| time > 0)
+    }
+
+    /// Sends `member` as a script call of its own.
+    async fn call_alone(&self, member: &Member) -> Result<Decision, StoreError> {
+        let mut decisions = self.call(std::slice::from_ref(member)).await;
+        decisions.pop().unwrap_or_else(|| {
+            Err(StoreError::Protocol(
+                "a call of one check answered nothing".into(),
+            ))
+        })
     }
 
     /// Sends `members` as one script call and returns their decisions, in order.
