@@ -11,8 +11,10 @@
 -- then per request: its algorithm's code, its number of keys, its number of arguments, and its
 --                arguments (as lua/head.lua lists them)
 --
--- Reply: per request, in order, the reply of its check (see lua/head.lua), or an error reply for a
--- request whose check failed (a key of the wrong type): the others still count.
+-- Reply: one flat array (a nested one costs Redis and the client a table and an array per
+-- request): per request, in order, the length of its check's reply (see lua/head.lua) and that
+-- reply's items, or -1 and the error of a request whose check failed (a key of the wrong type):
+-- the others still count.
 local now_us
 if ARGV[1] == '' then
   local time = redis.call('TIME')
@@ -20,36 +22,65 @@ if ARGV[1] == '' then
 else
   now_us = tonumber(ARGV[1])
 end
+local now = floor(now_us / 1000)
 
-local replies = {}
+local out = {}
+local n = 0
 local key_at = 0
 local arg_at = 2
 local last = #ARGV
-while arg_at <= last do
-  local code = ARGV[arg_at]
-  local key_count = tonumber(ARGV[arg_at + 1])
-  local arg_count = tonumber(ARGV[arg_at + 2])
-  local ok, reply
-  if ARGV[arg_at + 4] == '' and fast[code] then
-    ok, reply = pcall(fast[code], key_at, key_count, arg_at + 3, now_us)
-  else
-    local keys = {}
-    for i = 1, key_count do
-      keys[i] = KEYS[key_at + i]
+-- The key and argument counts of the check being run, nil while they are read.
+local key_count, arg_count
+
+-- Runs the checks from the one at key_at and arg_at on, writing their replies after out[n].
+local function run_checks()
+  while arg_at <= last do
+    key_count, arg_count = nil, nil
+    local code = ARGV[arg_at]
+    local keys, args = number_of(ARGV[arg_at + 1]), number_of(ARGV[arg_at + 2])
+    key_count, arg_count = keys, args
+    local lean = fast[code]
+    if lean and ARGV[arg_at + 4] == '' then
+      n = lean(KEYS, ARGV, key_at, keys, arg_at + 3, now, out, n)
+    else
+      local check_keys = {}
+      for i = 1, keys do
+        check_keys[i] = KEYS[key_at + i]
+      end
+      local check_args = {}
+      for i = 1, args do
+        check_args[i] = ARGV[arg_at + 2 + i]
+      end
+      local reply = checks[code](check_keys, check_args, now_us)
+      out[n + 1] = #reply
+      for i = 1, #reply do
+        out[n + 1 + i] = reply[i]
+      end
+      n = n + 1 + #reply
     end
-    local args = {}
-    for i = 1, arg_count do
-      args[i] = ARGV[arg_at + 2 + i]
-    end
-    ok, reply = pcall(checks[code], keys, args, now_us)
+    key_at = key_at + keys
+    arg_at = arg_at + 3 + args
   end
+end
+
+-- One pcall for the run, not one per check: a check that raises an error (a key of the wrong
+-- type) gets it as its reply, and the run goes on after it. A check writes its reply only after
+-- its last Redis command, so a failed one left nothing in `out`.
+while true do
+  local ok, failure = pcall(run_checks)
+  if ok then
+    break
+  end
+  if key_count == nil then
+    return redis.error_reply('malformed batch: ' .. tostring(failure))
+  end
+  if type(failure) == 'table' and failure.err ~= nil then
+    failure = failure.err
+  end
+  out[n + 1] = -1
+  out[n + 2] = tostring(failure)
+  n = n + 2
   key_at = key_at + key_count
   arg_at = arg_at + 3 + arg_count
-  if not ok then
-    if type(reply) ~= 'table' or reply.err == nil then
-      reply = {err = tostring(reply)}
-    end
-  end
-  replies[#replies + 1] = reply
 end
-return replies
+return out

@@ -3,6 +3,32 @@
 local call = redis.call
 local floor = math.floor
 
+-- tonumber, remembered for the call: a batch's checks repeat the same limits, periods and costs,
+-- and parsing a number costs Redis more than a table lookup.
+local numbers = {}
+local function number_of(text)
+  local number = numbers[text]
+  if number == nil then
+    number = tonumber(text)
+    numbers[text] = number
+  end
+  return number
+end
+
+-- The hash field of the window that starts at `start` (ms), remembered for the call: every check
+-- of a batch shares its time, so a period's window is the same for all, and a number handed to
+-- redis.call is formatted anew each time. The same text Redis makes of the number (integers below
+-- 2^53 print whole), so a counter reads alike whichever path wrote it.
+local fields = {}
+local function field_of(start)
+  local field = fields[start]
+  if field == nil then
+    field = string.format('%d', start)
+    fields[start] = field
+  end
+  return field
+end
+
 -- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
 local function div(a, b)
   local q = floor(a / b)

@@ -13,7 +13,7 @@ max_delay = -1
 local function inspect(i, limit, period)
   local key = KEYS[i]
   local start = now - now % period
-  local count = call('HINCRBY', key, start, cost)
+  local count = call('HINCRBY', key, field_of(start), cost)
   if count == cost then
     -- A window's first charge. The key is usually new (an earlier window's has expired), but
     -- may not be: at the very edge of a window Redis may not have expired the last one's yet, and a
@@ -36,7 +36,7 @@ end
 
 local function undo(state)
   -- (0 - cost, not -cost: a cost of 0 would be sent as "-0", which HINCRBY refuses.)
-  call('HINCRBY', state.key, state.start, 0 - cost)
+  call('HINCRBY', state.key, field_of(state.start), 0 - cost)
   state.count = state.count - cost
 end
 

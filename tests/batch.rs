@@ -22,7 +22,8 @@ fn store(redis: &TestRedis) -> RedisStore {
 
 /// The policies the property test mixes: every algorithm, delays, the duplicate guard, penalty
 /// blocks, (on the requests of policy 4) a daily quota with alerts, and the common case of
-/// `lua/fast.lua` (policies 0 and 5: no option at all).
+/// `lua/fast.lua` (policies 0, 5, 7 and 8: no option at all; 7 and 8 with one rule, which
+/// `fast.fw` takes without tables).
 fn policies() -> Vec<Policy> {
     let delay = |ms| Mode::Delay {
         max_delay: Duration::from_millis(ms),
@@ -69,6 +70,16 @@ fn policies() -> Vec<Policy> {
             .rule(Rule::new(2, Duration::from_millis(500)))
             .prevent_duplicate(Duration::from_millis(300))
             .block_for(Duration::from_secs(2))
+            .build()
+            .unwrap(),
+        Policy::builder("window")
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::new(3, Duration::from_secs(1)))
+            .build()
+            .unwrap(),
+        Policy::builder("one_log")
+            .algorithm(Algorithm::SlidingLog)
+            .rule(Rule::new(2, Duration::from_millis(700)))
             .build()
             .unwrap(),
     ]
@@ -121,7 +132,7 @@ fn request_of<'a>(
 
 fn planned() -> impl Strategy<Value = Planned> {
     (
-        0..6usize,
+        0..policies().len(),
         0..2usize,
         prop_oneof![3 => Just(1u64), 1 => 0..5u64],
     )

@@ -12,6 +12,9 @@
 //! load_server <bare|governor|naive|memory|redis> <listen address> [--redis URL] [--refuse]
 //! ```
 //!
+//! In `redis` mode, `GET /batch_stats` (unlimited) tells how many checks went out in how many
+//! script calls (the store's group commit).
+//!
 //! Limits are far above what a run reaches (every request admitted), or, with `--refuse`, one
 //! request per hour (a rejection flood: all but the first refused). Logs go to stderr at `info`,
 //! as a service would have them.
@@ -113,7 +116,19 @@ async fn main() {
                 ping.layer(RateLimitLayer::new(policy, MemoryStore::new()))
             } else {
                 let store = RedisStore::from_url(redis_url).expect("a Redis URL");
-                ping.layer(RateLimitLayer::new(policy, store))
+                let stats = store.clone();
+                ping.layer(RateLimitLayer::new(policy, store)).route(
+                    "/batch_stats",
+                    get(move || {
+                        let stats = stats.batch_stats();
+                        async move {
+                            format!(
+                                "{} checks in {} script calls, largest batch {}\n",
+                                stats.checks, stats.script_calls, stats.largest_batch
+                            )
+                        }
+                    }),
+                )
             }
         }
         other => {

@@ -1,5 +1,6 @@
 //! The script call of one check: its `EVALSHA` (keys and arguments) and its reply.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use ::redis::{Cmd, Value};
@@ -227,26 +228,41 @@ pub(super) fn batch_command<'a>(
     command
 }
 
-/// The batch script's reply split into each check's: its reply's items, or the error its check
-/// raised.
+/// Where each check's reply lies in the batch script's flat reply (see `lua/batch.lua`): the range
+/// of its items, or the error its check raised.
 pub(super) fn check_replies(
-    reply: Value,
-) -> Result<Vec<Result<Vec<Value>, StoreError>>, StoreError> {
-    let Value::Array(replies) = reply else {
-        return Err(StoreError::Protocol(format!(
-            "unexpected batch reply {reply:?}"
-        )));
-    };
-    Ok(replies
-        .into_iter()
-        .map(|reply| match reply {
-            Value::Array(items) => Ok(items),
-            Value::ServerError(error) => Err(StoreError::Protocol(error.to_string())),
-            other => Err(StoreError::Protocol(format!(
-                "unexpected script reply {other:?}"
-            ))),
-        })
-        .collect())
+    reply: &[Value],
+) -> Result<Vec<Result<Range<usize>, StoreError>>, StoreError> {
+    let malformed = || StoreError::Protocol(format!("unexpected batch reply {reply:?}"));
+    let mut checks = Vec::new();
+    let mut at = 0;
+    while at < reply.len() {
+        match &reply[at] {
+            Value::Int(-1) => {
+                let error = match reply.get(at + 1) {
+                    Some(Value::BulkString(message)) => {
+                        String::from_utf8_lossy(message).into_owned()
+                    }
+                    Some(Value::SimpleString(message)) => message.clone(),
+                    _ => return Err(malformed()),
+                };
+                checks.push(Err(StoreError::Protocol(error)));
+                at += 2;
+            }
+            Value::Int(length) => {
+                let start = at + 1;
+                let end = usize::try_from(*length)
+                    .ok()
+                    .and_then(|length| start.checked_add(length))
+                    .filter(|&end| end <= reply.len())
+                    .ok_or_else(malformed)?;
+                checks.push(Ok(start..end));
+                at = end;
+            }
+            _ => return Err(malformed()),
+        }
+    }
+    Ok(checks)
 }
 
 /// The key of one counted rule:
@@ -416,6 +432,30 @@ mod tests {
                 "rl:{ip:2001:db8::/64}:login:sl:3600000:100"
             ]
         );
+    }
+
+    #[test]
+    fn a_flat_batch_reply_splits_into_each_checks_items_or_error() {
+        let reply = [
+            Value::Int(3),
+            Value::Int(1),
+            Value::Int(10),
+            Value::Int(0),
+            Value::Int(-1),
+            Value::BulkString(b"WRONGTYPE no".to_vec()),
+            Value::Int(0),
+        ];
+        let checks = check_replies(&reply).unwrap();
+        assert_eq!(checks.len(), 3);
+        assert_eq!(checks[0].as_ref().unwrap(), &(1..4));
+        assert!(
+            matches!(&checks[1], Err(StoreError::Protocol(message)) if message == "WRONGTYPE no")
+        );
+        assert_eq!(checks[2].as_ref().unwrap(), &(7..7));
+        // A length past the end, or an item where a length belongs, is a protocol error.
+        assert!(check_replies(&[Value::Int(2), Value::Int(1)]).is_err());
+        assert!(check_replies(&[Value::Nil]).is_err());
+        assert!(check_replies(&[Value::Int(-1)]).is_err());
     }
 
     /// The batch command of `request` alone.

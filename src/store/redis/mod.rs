@@ -471,27 +471,33 @@ impl Shared {
         let replies = self
             .evaluate(&command, replicas, timeout)
             .await
-            .and_then(|(reply, acknowledged)| Ok((check_replies(reply)?, acknowledged)))
-            .and_then(|(replies, acknowledged)| {
-                if replies.len() == members.len() {
-                    Ok((replies, acknowledged))
+            .and_then(|(reply, acknowledged)| match reply {
+                Value::Array(reply) => Ok((reply, acknowledged)),
+                other => Err(StoreError::Protocol(format!(
+                    "unexpected batch reply {other:?}"
+                ))),
+            })
+            .and_then(|(reply, acknowledged)| {
+                let checks = check_replies(&reply)?;
+                if checks.len() == members.len() {
+                    Ok((reply, checks, acknowledged))
                 } else {
                     Err(StoreError::Protocol(format!(
                         "a batch of {} checks answered {} replies",
                         members.len(),
-                        replies.len()
+                        checks.len()
                     )))
                 }
             });
-        let (replies, acknowledged) = match replies {
+        let (reply, checks, acknowledged) = match replies {
             Ok(replies) => replies,
             Err(error) => return each_gets(error, members),
         };
-        replies
+        checks
             .into_iter()
             .zip(members)
-            .map(|(reply, member)| {
-                let decision = decision_from(&reply?, &member.check.limits)?;
+            .map(|(items, member)| {
+                let decision = decision_from(&reply[items?], &member.check.limits)?;
                 // Only an admission must survive a failover: a refusal recorded nothing to lose
                 // (but a penalty block, which a lost write only shortens).
                 if let (Some(wanted), Some(acknowledged)) = (member.replicas, acknowledged)
