@@ -1,11 +1,12 @@
--- The helpers every check shares (the start of the script, defined once per script call; see
--- lua/batch.lua): Redis calls and integer arithmetic that don't depend on one request.
-local call = redis.call
-local floor = math.floor
+-- The helpers every check shares (the start of the script; see lua/batch.lua): Redis calls and
+-- integer arithmetic that don't depend on one request. Loaded as a Redis function library, this
+-- part runs once, when the library loads, and may then touch no global: what it needs from
+-- `redis` and `math`, and the caches of one call, are set by lua/batch.lua at each call.
+local call, floor
 
 -- tonumber, remembered for the call: a batch's checks repeat the same limits, periods and costs,
 -- and parsing a number costs Redis more than a table lookup.
-local numbers = {}
+local numbers
 local function number_of(text)
   local number = numbers[text]
   if number == nil then
@@ -19,7 +20,7 @@ end
 -- of a batch shares its time, so a period's window is the same for all, and a number handed to
 -- redis.call is formatted anew each time. The same text Redis makes of the number (integers below
 -- 2^53 print whole), so a counter reads alike whichever path wrote it.
-local fields = {}
+local fields
 local function field_of(start)
   local field = fields[start]
   if field == nil then

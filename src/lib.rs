@@ -12,7 +12,7 @@
 //! shadow or delay [`Mode`]; see [`PolicyBuilder`].
 //!
 //! The [`MemoryStore`] keeps counts in-process; the [`RedisStore`] lets many app instances share one
-//! limit. Either checks and records every rule of a request in one atomic step (one `EVALSHA` on
+//! limit. Either checks and records every rule of a request in one atomic step (one function call on
 //! Redis), so a refused request consumes nothing.
 //!
 //! # Example

@@ -939,7 +939,7 @@ impl PolicyBuilder {
     }
 
     /// A daily quota by tier, checked and recorded with the policy's rules in the same atomic step
-    /// (one `EVALSHA`). It is keyed by its own key, so one quota given to several policies (routes)
+    /// (one call on Redis). It is keyed by its own key, so one quota given to several policies (routes)
     /// caps their sum. On Redis Cluster every key of a check must hash to one slot: there, key the
     /// quota like the policy, or the check fails with a cross-slot error.
     pub fn quota(mut self, quota: Quota) -> Self {

@@ -177,7 +177,7 @@ async fn one_round_trip_per_request_whatever_the_rules() {
         .build()
         .unwrap();
     let app = app(policy, store(&redis));
-    // The first request loads the script (EVALSHA, NOSCRIPT, then EVAL of the script itself).
+    // The first request loads the library (FCALL, "Function not found", FUNCTION LOAD, FCALL).
     assert_eq!(
         send(&app, request_from(PEER, "/")).await.status(),
         StatusCode::OK
@@ -202,12 +202,12 @@ async fn one_round_trip_per_request_whatever_the_rules() {
         .collect();
     // Redis counts the commands a script runs too: one TIME per script run, and per rule the
     // sliding log's trim, count, add, expiry and oldest-entry read. Anything the client sent besides
-    // EVALSHA (a pool health check's PING, a second read) would show up or change these counts.
+    // FCALL (a pool health check's PING, a second read) would show up or change these counts.
     let rules = 3;
     assert_eq!(
         sent,
         HashMap::from([
-            ("evalsha", 50),
+            ("fcall", 50),
             ("time", 50),
             ("zremrangebyscore", 50 * rules),
             ("zcard", 50 * rules),
@@ -251,16 +251,16 @@ async fn a_quota_rides_in_the_same_round_trip() {
         );
     }
     let after = command_calls(&redis);
-    let evalsha = after["evalsha"] - before.get("evalsha").copied().unwrap_or(0);
+    let fcall = after["fcall"] - before.get("fcall").copied().unwrap_or(0);
     assert_eq!(
-        evalsha, 20,
-        "one EVALSHA per request, quota, guard and block included"
+        fcall, 20,
+        "one FCALL per request, quota, guard and block included"
     );
     assert_every_key_expires(&redis, &prefix);
 }
 
 #[tokio::test]
-async fn script_flush_between_requests_is_recovered_in_the_request() {
+async fn a_function_flush_between_requests_is_recovered_in_the_request() {
     let redis = TestRedis::own();
     let prefix = unique_prefix("flush");
     let app = app(
@@ -273,18 +273,85 @@ async fn script_flush_between_requests_is_recovered_in_the_request() {
     );
     let first = send(&app, request_from(PEER, "/")).await;
     assert_eq!(limits(&first).status("3-per-3600s").unwrap().remaining, 2);
-    let _: () = redis::cmd("SCRIPT")
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query(&mut redis.client())
         .unwrap();
     let second = send(&app, request_from(PEER, "/")).await;
     assert_eq!(second.status(), StatusCode::OK);
     assert_eq!(limits(&second).status("3-per-3600s").unwrap().remaining, 1);
-    // Both times (the first request, and after the flush) the script went once as EVAL, which
-    // ran it and cached it; no separate SCRIPT LOAD round trip.
+    // Both times (the first request, and after the flush) the library was loaded within the
+    // request, which then went through; the script was never needed.
     let calls = command_calls(&redis);
+    assert_eq!(calls.get("function|load").copied(), Some(2), "{calls:?}");
+    assert_eq!(calls.get("fcall").copied(), Some(4), "{calls:?}");
+    assert_eq!(calls.get("eval"), None, "{calls:?}");
+    assert_eq!(calls.get("evalsha"), None, "{calls:?}");
+}
+
+/// A Redis that won't run functions (here an ACL without them; before 7.0, a server without the
+/// commands): the store turns to its script for good, and recovers a `SCRIPT FLUSH` in the request.
+#[tokio::test]
+async fn without_functions_the_script_serves_and_a_script_flush_is_recovered() {
+    let redis = TestRedis::own();
+    let _: () = redis::cmd("ACL")
+        .arg(
+            &[
+                "SETUSER",
+                "nofunctions",
+                "on",
+                ">secret",
+                "~*",
+                "&*",
+                "+@all",
+                "-function",
+                "-fcall",
+                "-fcall_ro",
+            ][..],
+        )
+        .query(&mut redis.client())
+        .unwrap();
+    let url = redis
+        .url
+        .replacen("redis://", "redis://nofunctions:secret@", 1);
+    let store = RedisStore::from_url(&url)
+        .unwrap()
+        .timeout(Duration::from_secs(10));
+    let prefix = unique_prefix("no-functions");
+    let app = app(
+        Policy::builder("flush")
+            .prefix(&prefix)
+            .rule(Rule::per_hour(5))
+            .build()
+            .unwrap(),
+        store,
+    );
+    for remaining in [4, 3] {
+        let response = send(&app, request_from(PEER, "/")).await;
+        assert_eq!(
+            limits(&response).status("5-per-3600s").unwrap().remaining,
+            remaining
+        );
+    }
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut redis.client())
+        .unwrap();
+    for remaining in [2, 1] {
+        let response = send(&app, request_from(PEER, "/")).await;
+        assert_eq!(
+            limits(&response).status("5-per-3600s").unwrap().remaining,
+            remaining
+        );
+    }
+    // FCALL refused once (Redis lists it, with no call run); then the script went as EVAL (the
+    // first request, and the first after the flush, each caching it) and as EVALSHA (the other
+    // two, and the flushed request's first try, answered NOSCRIPT).
+    let calls = command_calls(&redis);
+    assert_eq!(calls.get("fcall").copied().unwrap_or(0), 0, "{calls:?}");
     assert_eq!(calls.get("eval").copied(), Some(2), "{calls:?}");
-    assert_eq!(calls.get("script|load"), None, "{calls:?}");
+    assert_eq!(calls.get("evalsha").copied(), Some(3), "{calls:?}");
+    assert_eq!(calls.get("function|load"), None, "{calls:?}");
 }
 
 /// Two apps limiting one key by `rule`: one fails open, one fails closed.
@@ -671,7 +738,7 @@ fn sliding_log_members_never_share_a_name() {
     // window): the count would name it "<at>-3", which is taken.
     let log = include_str!("../lua/sliding_log.lua");
     let script = format!(
-        "{}local now_us = {at}000\n{}{}\ncommit({{key = KEYS[1], period = 10000, count = 2}}, {at})\n\
+        "{}call, floor = redis.call, math.floor\nlocal now_us = {at}000\n{}{}\ncommit({{key = KEYS[1], period = 10000, count = 2}}, {at})\n\
          return call('ZCARD', KEYS[1])",
         include_str!("../lua/common.lua"),
         include_str!("../lua/head.lua"),

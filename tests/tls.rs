@@ -84,7 +84,7 @@ async fn over_tls_two_stores_share_a_limit_exactly_and_every_key_expires() {
 }
 
 #[tokio::test]
-async fn over_tls_a_script_flush_is_recovered_in_the_request() {
+async fn over_tls_a_function_flush_is_recovered_in_the_request() {
     let redis = TlsRedis::start();
     let prefix = unique_prefix("tls-flush");
     // The CA from its file this time, as a deployment would give it.
@@ -97,7 +97,7 @@ async fn over_tls_a_script_flush_is_recovered_in_the_request() {
 
     let first = send(&app, request_from(PEER, "/")).await;
     assert_eq!(limits(&first).status("3-per-3600s").unwrap().remaining, 2);
-    let _: () = redis::cmd("SCRIPT")
+    let _: () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query(&mut redis.client())
         .unwrap();
@@ -105,8 +105,8 @@ async fn over_tls_a_script_flush_is_recovered_in_the_request() {
     assert_eq!(second.status(), StatusCode::OK);
     assert_eq!(limits(&second).status("3-per-3600s").unwrap().remaining, 1);
     let calls = command_calls(&mut redis.client());
-    assert_eq!(calls.get("eval").copied(), Some(2), "{calls:?}");
-    assert_eq!(calls.get("script|load"), None, "{calls:?}");
+    assert_eq!(calls.get("function|load").copied(), Some(2), "{calls:?}");
+    assert_eq!(calls.get("eval"), None, "{calls:?}");
     assert_eq!(assert_every_key_expires(&mut redis.client(), &prefix), 1);
 }
 

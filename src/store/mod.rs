@@ -1,8 +1,8 @@
 //! Where counts live: the [`Store`] trait and its implementations.
 //!
 //! A store answers one question per request, in one call: *check every rule of this policy for this
-//! key and, only if all pass, record the request in all of them*. That one call is one `EVALSHA` on
-//! Redis and one locked map update in memory, so a request costs one round trip whatever the number
+//! key and, only if all pass, record the request in all of them*. That one call is one `FCALL` (or
+//! `EVALSHA`) on Redis and one locked map update in memory, so a request costs one round trip whatever the number
 //! of rules. Stores know nothing of HTTP.
 
 use std::error::Error as StdError;

@@ -1,4 +1,5 @@
-//! The script call of one check: its `EVALSHA` (keys and arguments) and its reply.
+//! The script call of a batch of checks: its `FCALL` or `EVALSHA` (keys and arguments) and its
+//! reply.
 
 use std::ops::Range;
 use std::time::Duration;
@@ -191,11 +192,12 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// `EVALSHA <sha> <keys> <every check's keys> <time> <per check: algorithm, key count, argument
-/// count, arguments>` (see `lua/batch.lua`): one script call that runs `checks` in order. `time`:
-/// a fixed time (µs) for tests, or none (Redis TIME).
+/// `<FCALL function | EVALSHA sha> <keys> <every check's keys> <time> <per check: algorithm, key
+/// count, argument count, arguments>` (see `lua/batch.lua`): one call that runs `checks` in order.
+/// `invocation`: the command and the function's name or the script's hash. `time`: a fixed time
+/// (µs) for tests, or none (Redis TIME).
 pub(super) fn batch_command<'a>(
-    hash: &str,
+    (verb, name): (&str, &str),
     checks: impl Iterator<Item = &'a PackedCheck> + Clone,
     fixed_time_us: Option<u64>,
 ) -> Cmd {
@@ -205,8 +207,8 @@ pub(super) fn batch_command<'a>(
         pieces += check.ends.len() + 3;
         bytes += check.data.len() + 24;
     }
-    let mut command = Cmd::with_capacity(4 + pieces, hash.len() + 48 + bytes);
-    command.arg("EVALSHA").arg(hash).arg(keys);
+    let mut command = Cmd::with_capacity(4 + pieces, name.len() + 48 + bytes);
+    command.arg(verb).arg(name).arg(keys);
     for check in checks.clone() {
         for key in check.keys() {
             command.arg(key);
@@ -461,7 +463,7 @@ mod tests {
     /// The batch command of `request` alone.
     fn command_of(hash: &str, request: &CheckRequest<'_>) -> Cmd {
         batch_command(
-            hash,
+            ("EVALSHA", hash),
             std::iter::once(&PackedCheck::new(request, false)),
             None,
         )

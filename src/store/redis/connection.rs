@@ -250,8 +250,9 @@ async fn within<T>(
         })
 }
 
-/// `EVAL <script> …` with the arguments of `EVALSHA <sha> …`: runs the script and leaves it in
-/// the node's script cache, in one round trip, on whichever node the call is routed to.
+/// `EVAL <script> …` with the arguments of `EVALSHA <sha> …` (or `FCALL <function> …`): runs the
+/// script and leaves it in the node's script cache, in one round trip, on whichever node the call
+/// is routed to.
 pub(super) fn eval_of(body: &str, evalsha: &Cmd) -> Cmd {
     let mut eval = ::redis::cmd("EVAL");
     eval.arg(body);
