@@ -1,0 +1,237 @@
+//! The counters of one key, and the step every check shares whatever the algorithm: check every
+//! rule (and the daily quota), then record in all or none; answer a penalty block. The counterpart
+//! of `lua/head.lua` and `lua/tail.lua`; each rule's own arithmetic is its [`Counter`]'s.
+
+use std::time::Duration;
+
+use super::super::{CheckRequest, QuotaRequest};
+use super::clock::millis;
+use super::counter::Counter;
+use super::quota::QuotaCounter;
+use crate::decision::{Decision, RuleState};
+use crate::policy::Rule;
+
+/// The counters of one key.
+pub(super) struct Entry {
+    pub(super) key: Box<str>,
+    /// The key's hash, kept for growing the table.
+    pub(super) hash: u64,
+    /// One counter per (algorithm, period, limit), so one per rule of a policy. The first ones match
+    /// the rules of the latest check, in rule order; counters of other rules on the same key (two policies of one name, a policy
+    /// redeployed with new rules) follow, kept until they expire rather than wiped.
+    pub(super) counters: Vec<Counter>,
+    /// When every counter is empty again and the entry can go.
+    pub(super) expires_at_ms: u64,
+    /// The latest check of this key, admitted or refused: eviction takes the least recent, so a
+    /// client that keeps knocking while refused is not evicted by a flood of new keys.
+    pub(super) last_seen_ms: u64,
+    /// The end of a penalty block (0 or past: none).
+    pub(super) blocked_until_ms: u64,
+}
+
+impl Entry {
+    pub(super) fn new(request: &CheckRequest<'_>, hash: u64) -> Self {
+        let counters = request
+            .rules
+            .iter()
+            .map(|rule| Counter::new(request.algorithm, rule))
+            .collect();
+        Entry {
+            key: request.key.into(),
+            hash,
+            counters,
+            expires_at_ms: 0,
+            last_seen_ms: 0,
+            blocked_until_ms: 0,
+        }
+    }
+
+    /// Puts the counters of the request's rules first, in rule order, creating missing ones. Almost
+    /// always a no-op: only a key shared by different rule sets moves anything.
+    pub(super) fn arrange(&mut self, request: &CheckRequest<'_>) {
+        for (index, rule) in request.rules.iter().enumerate() {
+            let algorithm = request.algorithm;
+            let found = self.counters[index.min(self.counters.len())..]
+                .iter()
+                .position(|counter| counter.counts(algorithm, rule));
+            match found {
+                Some(0) => {}
+                Some(offset) => self.counters.swap(index, index + offset),
+                None => {
+                    self.counters.push(Counter::new(algorithm, rule));
+                    let last = self.counters.len() - 1;
+                    self.counters.swap(index, last);
+                }
+            }
+        }
+    }
+
+    /// Checks every rule, then records in all of them only if all admit the request, now or (when
+    /// the request may wait) at the first time they all do.
+    pub(super) fn check(
+        &mut self,
+        request: &CheckRequest<'_>,
+        now: u64,
+        quota: Option<&mut (&mut QuotaCounter, QuotaRequest<'_>)>,
+    ) -> Decision {
+        self.last_seen_ms = now;
+        if self.blocked_until_ms > now {
+            return self.blocked(request, now, quota.as_deref());
+        }
+        let cost = request.cost;
+        let mut allowed = true;
+        // The wait until every refusing rule admits the request, if they all ever do.
+        let mut wait = Some(0);
+        let mut guard_refused = false;
+        // A refusal by a rule other than the guard starts a penalty block.
+        let mut counted_refused = false;
+        for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
+            counter.forget_before(now);
+            let cost = rule_cost(rule, cost);
+            if !counter.fits(now, cost) {
+                allowed = false;
+                guard_refused |= rule.is_duplicate_guard();
+                counted_refused |= !rule.is_duplicate_guard();
+                wait = wait
+                    .zip(counter.admits_after(now, cost))
+                    .map(|(a, b)| a.max(b));
+            }
+        }
+        // The quota, a calendar day, can't reserve: when it refuses, the request is refused.
+        let quota_refused = quota
+            .as_ref()
+            .is_some_and(|(counter, request_quota)| !counter.fits(cost, request_quota.limit));
+        if quota_refused {
+            allowed = false;
+        }
+        // A reservation: the request is recorded when it fits, and waits until then.
+        let delay = match wait {
+            Some(wait)
+                if !allowed
+                    && !guard_refused
+                    && !quota_refused
+                    && request.algorithm.can_reserve()
+                    && u128::from(wait) <= request.max_delay.as_millis() =>
+            {
+                allowed = true;
+                wait
+            }
+            _ => 0,
+        };
+        let block_ms = request
+            .block_for
+            .filter(|_| !allowed && (quota_refused || counted_refused))
+            .map(millis);
+        let mut rules = Vec::with_capacity(request.rules.len());
+        for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
+            let cost = rule_cost(rule, cost);
+            let retry_after = if allowed {
+                counter.record(now + delay, cost);
+                None
+            } else if counter.fits(now, cost) {
+                None
+            } else {
+                // Costs more than the limit: it never fits; say one period.
+                let wait = counter
+                    .admits_after(now, cost)
+                    .unwrap_or(counter.period_ms());
+                Some(Duration::from_millis(wait.max(block_ms.unwrap_or(0))))
+            };
+            rules.push(RuleState {
+                limit: rule.limit(),
+                remaining: counter.remaining(now),
+                reset: Duration::from_millis(counter.frees_after(now)),
+                retry_after,
+            });
+        }
+        let mut quota_alerts = Vec::new();
+        if let Some((counter, request_quota)) = quota {
+            let retry_after = if allowed {
+                quota_alerts = counter.record(cost, request_quota, now);
+                None
+            } else if quota_refused {
+                let wait = counter.admits_after(cost, request_quota, now);
+                Some(Duration::from_millis(wait.max(block_ms.unwrap_or(0))))
+            } else {
+                None
+            };
+            rules.push(RuleState {
+                limit: request_quota.limit,
+                remaining: request_quota.limit.saturating_sub(counter.count),
+                reset: Duration::from_millis(counter.frees_after(request_quota, now)),
+                retry_after,
+            });
+        }
+        if let Some(block_ms) = block_ms {
+            self.blocked_until_ms = now.saturating_add(block_ms);
+        }
+        let rule_count = request.rules.len();
+        if self.counters.len() > rule_count {
+            // Counters of other rule sets stay only while they still hold something.
+            let mut index = rule_count;
+            while index < self.counters.len() {
+                if self.counters[index].expires_at() <= now {
+                    self.counters.swap_remove(index);
+                } else {
+                    index += 1;
+                }
+            }
+        }
+        self.expires_at_ms = self
+            .counters
+            .iter()
+            .map(Counter::expires_at)
+            .max()
+            .unwrap_or(0)
+            .max(self.blocked_until_ms);
+        Decision {
+            allowed,
+            rules,
+            now_unix_ms: now,
+            delay: Duration::from_millis(delay),
+            quota_alerts,
+        }
+    }
+
+    /// The answer during a penalty block: nothing is available until it ends. A quota that is used
+    /// up stays so past the block, to the end of its day: its item says when.
+    fn blocked(
+        &self,
+        request: &CheckRequest<'_>,
+        now: u64,
+        quota: Option<&(&mut QuotaCounter, QuotaRequest<'_>)>,
+    ) -> Decision {
+        let left = self.blocked_until_ms - now;
+        let state = |limit, wait: u64| RuleState {
+            limit,
+            remaining: 0,
+            reset: Duration::from_millis(wait),
+            retry_after: Some(Duration::from_millis(wait)),
+        };
+        let mut rules: Vec<RuleState> = request
+            .rules
+            .iter()
+            .map(|rule| state(rule.limit(), left))
+            .collect();
+        if let Some((counter, quota)) = quota {
+            let wait = if counter.fits(request.cost, quota.limit) {
+                left
+            } else {
+                left.max(counter.admits_after(request.cost, quota, now))
+            };
+            rules.push(state(quota.limit, wait));
+        }
+        Decision {
+            allowed: false,
+            rules,
+            now_unix_ms: now,
+            delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
+        }
+    }
+}
+
+/// What a request costs in `rule`: the duplicate guard counts requests, not units.
+fn rule_cost(rule: &Rule, cost: u64) -> u64 {
+    if rule.is_duplicate_guard() { 1 } else { cost }
+}

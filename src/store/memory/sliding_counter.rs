@@ -1,0 +1,103 @@
+//! The sliding-window counter: the counts of the current and the previous fixed window, the
+//! previous one weighted by how much of it the sliding window still covers (the arithmetic of
+//! [`weighted`]). The counterpart of `lua/sliding_counter.lua`.
+
+use super::super::weighted;
+
+/// A sliding-window counter for one rule.
+pub(super) struct SlidingCounter {
+    /// The limit of the rule this counter counts for (part of its identity, with the period).
+    limit: u64,
+    period_ms: u64,
+    start_ms: u64,
+    previous: u64,
+    current: u64,
+}
+
+impl SlidingCounter {
+    pub(super) fn new(limit: u64, period_ms: u64) -> Self {
+        SlidingCounter {
+            limit,
+            period_ms,
+            start_ms: 0,
+            previous: 0,
+            current: 0,
+        }
+    }
+
+    /// Whether this counter counts for the rule of `limit` per `period_ms`.
+    pub(super) fn counts(&self, limit: u64, period_ms: u64) -> bool {
+        self.limit == limit && self.period_ms == period_ms
+    }
+
+    pub(super) fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    /// Moves on to the window of `now`.
+    pub(super) fn forget_before(&mut self, now: u64) {
+        let window = now - now % self.period_ms;
+        if window > self.start_ms {
+            // The window just ended becomes the previous one; older ones count for nothing.
+            self.previous = if window - self.start_ms == self.period_ms {
+                self.current
+            } else {
+                0
+            };
+            self.current = 0;
+            self.start_ms = window;
+        }
+    }
+
+    /// The units in use at `now` (after `forget_before(now)`).
+    fn used(&self, now: u64) -> u64 {
+        weighted::weighted(self.previous, self.period_ms, now - self.start_ms) + self.current
+    }
+
+    pub(super) fn fits(&self, now: u64, cost: u64) -> bool {
+        self.used(now).saturating_add(cost) <= self.limit
+    }
+
+    pub(super) fn remaining(&self, now: u64) -> u64 {
+        self.limit.saturating_sub(self.used(now))
+    }
+
+    pub(super) fn record(&mut self, cost: u64) {
+        self.current += cost;
+    }
+
+    pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
+        (cost <= self.limit).then(|| {
+            weighted::wait_until_fits(
+                self.previous,
+                self.current,
+                cost,
+                self.limit,
+                self.period_ms,
+                now - self.start_ms,
+            )
+        })
+    }
+
+    pub(super) fn frees_after(&self, now: u64) -> u64 {
+        weighted::wait_until_frees(
+            self.previous,
+            self.current,
+            self.period_ms,
+            now - self.start_ms,
+        )
+    }
+
+    pub(super) fn expires_at(&self) -> u64 {
+        // This window's count matters until the next window ends; the previous one's until this
+        // one ends.
+        if self.current > 0 {
+            self.start_ms
+                .saturating_add(self.period_ms.saturating_mul(2))
+        } else if self.previous > 0 {
+            self.start_ms.saturating_add(self.period_ms)
+        } else {
+            0
+        }
+    }
+}

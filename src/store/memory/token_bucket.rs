@@ -1,0 +1,72 @@
+//! The token bucket, as GCRA: one theoretical arrival time per rule, in microseconds (the
+//! arithmetic of [`gcra`]). The counterpart of `lua/token_bucket.lua`.
+
+use super::super::gcra::{self, Bucket};
+
+/// A token bucket for one rule.
+pub(super) struct TokenBucket {
+    /// The limit of the rule this counter counts for (part of its identity, with the period
+    /// and the burst).
+    limit: u64,
+    period_ms: u64,
+    burst: u64,
+    bucket: Bucket,
+    /// The theoretical arrival time, in microseconds since the Unix epoch.
+    tat_us: u64,
+}
+
+impl TokenBucket {
+    pub(super) fn new(limit: u64, period_ms: u64, burst: u64) -> Self {
+        TokenBucket {
+            limit,
+            period_ms,
+            burst,
+            bucket: Bucket::new(limit, period_ms, burst),
+            tat_us: 0,
+        }
+    }
+
+    /// Whether this counter counts for the rule of `limit` per `period_ms` with a bucket of `burst`.
+    pub(super) fn counts(&self, limit: u64, period_ms: u64, burst: u64) -> bool {
+        self.limit == limit && self.period_ms == period_ms && self.burst == burst
+    }
+
+    pub(super) fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    pub(super) fn fits(&self, now: u64, cost: u64) -> bool {
+        self.bucket
+            .conforms_at(self.tat_us, micros(now), cost)
+            .is_some_and(|at| at <= micros(now))
+    }
+
+    pub(super) fn remaining(&self, now: u64) -> u64 {
+        self.bucket.remaining(self.tat_us, micros(now))
+    }
+
+    pub(super) fn record(&mut self, at: u64, cost: u64) {
+        // A free request moves nothing, as in lua/token_bucket.lua.
+        if cost > 0 {
+            self.tat_us = self.bucket.admit(self.tat_us, micros(at), cost);
+        }
+    }
+
+    pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
+        let at = self.bucket.conforms_at(self.tat_us, micros(now), cost)?;
+        Some(gcra::ceil_ms(at.saturating_sub(micros(now))))
+    }
+
+    pub(super) fn frees_after(&self, now: u64) -> u64 {
+        gcra::ceil_ms(self.bucket.refills_after(self.tat_us, micros(now)))
+    }
+
+    pub(super) fn expires_at(&self) -> u64 {
+        // The bucket is full again at its theoretical arrival time.
+        gcra::ceil_ms(self.tat_us)
+    }
+}
+
+fn micros(ms: u64) -> u64 {
+    ms.saturating_mul(1_000)
+}
