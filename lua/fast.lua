@@ -13,6 +13,11 @@
 -- that fails leaves `out` as it was.
 local fast = {}
 
+-- The limit and period of the check's rule i.
+local function rule_of(ARGV, arg_at, i)
+  return number_of(ARGV[arg_at + 2 * i]), number_of(ARGV[arg_at + 2 * i + 1])
+end
+
 -- Writes a reply's head (length, allowed, now, no delay) after item n; returns the index of its
 -- last item.
 local function reply_head(out, n, rules, allowed, now)
@@ -45,6 +50,7 @@ fast.fw = function(KEYS, ARGV, key_at, rules, arg_at, now, out, n)
   local cost = number_of(ARGV[arg_at])
   if rules == 1 then
     local key = KEYS[key_at + 1]
+    -- rule_of(ARGV, arg_at, 1), inlined: this path runs once per admitted request.
     local limit, period = number_of(ARGV[arg_at + 2]), number_of(ARGV[arg_at + 3])
     local start = now - now % period
     local count = call('HINCRBY', key, field_of(start), cost)
@@ -79,7 +85,7 @@ fast.fw = function(KEYS, ARGV, key_at, rules, arg_at, now, out, n)
   local allowed = 1
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    local limit, period = number_of(ARGV[arg_at + 2 * i]), number_of(ARGV[arg_at + 2 * i + 1])
+    local limit, period = rule_of(ARGV, arg_at, i)
     local start = now - now % period
     local count = call('HINCRBY', key, field_of(start), cost)
     if count == cost then
@@ -92,13 +98,13 @@ fast.fw = function(KEYS, ARGV, key_at, rules, arg_at, now, out, n)
   end
   if allowed == 0 then
     for i = 1, rules do
-      local period = number_of(ARGV[arg_at + 2 * i + 1])
+      local _, period = rule_of(ARGV, arg_at, i)
       call('HINCRBY', KEYS[key_at + i], field_of(now - now % period), 0 - cost)
     end
   end
   n = reply_head(out, n, rules, allowed, now)
   for i = 1, rules do
-    local limit, period = number_of(ARGV[arg_at + 2 * i]), number_of(ARGV[arg_at + 2 * i + 1])
+    local limit, period = rule_of(ARGV, arg_at, i)
     local ends = now - now % period + period
     local count = counts[i]
     local retry = -1
@@ -123,7 +129,7 @@ fast.sl = function(KEYS, ARGV, key_at, rules, arg_at, now, out, n)
   local allowed = 1
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    local limit, period = number_of(ARGV[arg_at + 2 * i]), number_of(ARGV[arg_at + 2 * i + 1])
+    local limit, period = rule_of(ARGV, arg_at, i)
     call('ZREMRANGEBYSCORE', key, '-inf', now - period)
     local count = call('ZCARD', key)
     counts[i] = count
@@ -135,7 +141,7 @@ fast.sl = function(KEYS, ARGV, key_at, rules, arg_at, now, out, n)
   local items = {}
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    local limit, period = number_of(ARGV[arg_at + 2 * i]), number_of(ARGV[arg_at + 2 * i + 1])
+    local limit, period = rule_of(ARGV, arg_at, i)
     local count = counts[i]
     local retry = -1
     if allowed == 1 then

@@ -33,7 +33,6 @@ pub(super) struct QuotaCounter {
 }
 
 impl QuotaTable {
-    /// The counter of `quota`'s key, rolled over to the day of `now`.
     /// The counter of `quota`'s key, rolled over to the day of `now`. A full table (as many quota
     /// keys as the store's `max_keys`) makes room as the shards do: expired counters go, then the
     /// least recently checked one.
