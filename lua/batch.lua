@@ -13,13 +13,21 @@
 --
 -- KEYS           every request's keys, request after request (as lua/head.lua lists them)
 -- ARGV[1]        empty (the time is Redis TIME), or a time in µs that tests fix
--- then per request: its algorithm's code, its number of keys, its number of arguments, and its
+-- ARGV[2]        how many shapes follow: a shape is what the checks of one policy and cost share,
+--                sent once per batch rather than once per check (every argument costs Redis about
+--                as much as a command in the script)
+-- then per shape: its algorithm's code, its number of keys, its number of arguments, and its
 --                arguments (as lua/head.lua lists them)
+-- then per request, in order: the number of its shape (1-based)
 --
 -- Reply: one flat array (a nested one costs Redis and the client a table and an array per
--- request): per request, in order, the length of its check's reply (see lua/head.lua) and that
--- reply's items, or -1 and the error of a request whose check failed (a key of the wrong type):
--- the others still count.
+-- request; every item costs Redis about as much as an argument): the batch's time (ms), then per
+-- request, in order, the length of its entry and the entry's items, which are
+--   - an admission's short form (only from lua/fast.lua: two items per rule), remaining and reset
+--     per rule: the request was admitted without delay and no rule has a retry;
+--   - or the check's reply (see lua/head.lua), which is longer;
+-- or -1 and the error of a request whose check failed (a key of the wrong type): the others still
+-- count.
 local function batch(KEYS, ARGV)
   call, floor = redis.call, math.floor
   numbers, fields = {}, {}
@@ -32,54 +40,67 @@ local function batch(KEYS, ARGV)
   end
   local now = floor(now_us / 1000)
 
-  local out = {}
-  local n = 0
-  local key_at = 0
-  local arg_at = 2
-  local last = #ARGV
-  -- The key and argument counts of the check being run, nil while they are read.
-  local key_count, arg_count
+  local shapes = {}
+  local at = 3
+  for s = 1, tonumber(ARGV[2]) do
+    local code, keys, arg_count = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+    local args = {}
+    for i = 1, arg_count do
+      args[i] = ARGV[at + 2 + i]
+    end
+    local shape = {code = code, keys = keys, args = args}
+    -- Without options every key is a counted rule's, and its limit and period follow the cost.
+    if fast[code] and args[2] == '' then
+      shape.lean, shape.cost, shape.rules = fast[code], tonumber(args[1]), keys
+      shape.limits, shape.periods = {}, {}
+      for i = 1, keys do
+        shape.limits[i], shape.periods[i] = tonumber(args[1 + 2 * i]), tonumber(args[2 + 2 * i])
+      end
+    end
+    shapes[s] = shape
+    at = at + 3 + arg_count
+  end
 
-  -- Runs the checks from the one at key_at and arg_at on, writing their replies after out[n].
+  local out = {now}
+  local n = 1
+  local key_at = 0
+  local last = #ARGV
+  -- The shape of the check being run, nil while it is read.
+  local shape
+
+  -- Runs the checks from the one at key_at and at on, writing their entries after out[n].
   local function run_checks()
-    while arg_at <= last do
-      key_count, arg_count = nil, nil
-      local code = ARGV[arg_at]
-      local keys, args = number_of(ARGV[arg_at + 1]), number_of(ARGV[arg_at + 2])
-      key_count, arg_count = keys, args
-      local lean = fast[code]
-      if lean and ARGV[arg_at + 4] == '' then
-        n = lean(KEYS, ARGV, key_at, keys, arg_at + 3, now, out, n)
+    while at <= last do
+      shape = nil
+      shape = shapes[number_of(ARGV[at])]
+      if shape.lean then
+        n = shape.lean(KEYS, key_at, shape, now, out, n)
       else
         local check_keys = {}
-        for i = 1, keys do
+        for i = 1, shape.keys do
           check_keys[i] = KEYS[key_at + i]
         end
-        local check_args = {}
-        for i = 1, args do
-          check_args[i] = ARGV[arg_at + 2 + i]
-        end
-        local reply = checks[code](check_keys, check_args, now_us)
+        local reply = checks[shape.code](check_keys, shape.args, now_us)
         out[n + 1] = #reply
         for i = 1, #reply do
           out[n + 1 + i] = reply[i]
         end
         n = n + 1 + #reply
       end
-      key_at = key_at + keys
-      arg_at = arg_at + 3 + args
+      key_at = key_at + shape.keys
+      at = at + 1
     end
   end
 
   -- One pcall for the run, not one per check: a check that raises an error (a key of the wrong
-  -- type) gets it as its reply, and the run goes on after it. A check writes its reply only after
+  -- type) gets it as its entry, and the run goes on after it. A check writes its entry only after
   -- its last Redis command, so a failed one left nothing in `out`.
   while true do
     local ok, failure = pcall(run_checks)
     if ok then
       break
     end
-    if key_count == nil then
+    if shape == nil then
       return redis.error_reply('malformed batch: ' .. tostring(failure))
     end
     if type(failure) == 'table' and failure.err ~= nil then
@@ -88,8 +109,8 @@ local function batch(KEYS, ARGV)
     out[n + 1] = -1
     out[n + 2] = tostring(failure)
     n = n + 2
-    key_at = key_at + key_count
-    arg_at = arg_at + 3 + arg_count
+    key_at = key_at + shape.keys
+    at = at + 1
   end
   return out
 end

@@ -20,10 +20,11 @@
 --                threshold: percent, count that reaches it
 -- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
--- Returns {allowed (1|0), now (ms), delay (ms to wait before going on), then per rule (the
--- counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if this
--- rule admits the request), then the percents of the quota alerts this request fired}. Every
--- number is an integer below 2^53, so Lua's doubles hold it exactly.
+-- Returns {allowed (1|0), delay (ms to wait before going on), then per rule (the counted rules,
+-- then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if this rule admits the
+-- request), then the percents of the quota alerts this request fired}; the time it was checked at
+-- is the batch's, which lua/batch.lua replies once. Every number is an integer below 2^53, so
+-- Lua's doubles hold it exactly.
 local now = floor(now_us / 1000)
 local cost = tonumber(ARGV[1])
 local options = {}
@@ -91,7 +92,7 @@ end
 if block > 0 then
   local left = (tonumber(call('GET', block_key)) or 0) - now
   if left > 0 then
-    local reply = {0, now, 0}
+    local reply = {0, 0}
     local reported = rules
     if guard_window > 0 then
       reported = reported + 1

@@ -87,7 +87,7 @@ local function retry_of(wait_ms)
   return wait_ms
 end
 
-local reply = {allowed, now, delay}
+local reply = {allowed, delay}
 for i = 1, rules do
   local state = states[i]
   local retry = -1

@@ -172,6 +172,12 @@ impl PackedCheck {
         self.pieces().skip(self.keys)
     }
 
+    /// Whether `other` goes to the script with the same algorithm, key count and arguments, so
+    /// that one shape serves both (see [`batch_command`]).
+    fn same_shape(&self, other: &PackedCheck) -> bool {
+        self.algorithm == other.algorithm && self.keys == other.keys && self.args().eq(other.args())
+    }
+
     pub(super) fn key_count(&self) -> usize {
         self.keys
     }
@@ -192,24 +198,41 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// `<FCALL function | EVALSHA sha> <keys> <every check's keys> <time> <per check: algorithm, key
-/// count, argument count, arguments>` (see `lua/batch.lua`): one call that runs `checks` in order.
-/// `invocation`: the command and the function's name or the script's hash. `time`: a fixed time
-/// (µs) for tests, or none (Redis TIME).
+/// `<FCALL function | EVALSHA sha> <keys> <every check's keys> <time> <shapes> <per shape: algorithm,
+/// key count, argument count, arguments> <per check: its shape>` (see `lua/batch.lua`): one call
+/// that runs `checks` in order. Checks with the same algorithm, keys count and arguments (one
+/// policy, one cost) share one shape, sent once. `invocation`: the command and the function's name
+/// or the script's hash. `time`: a fixed time (µs) for tests, or none (Redis TIME).
 pub(super) fn batch_command<'a>(
     (verb, name): (&str, &str),
     checks: impl Iterator<Item = &'a PackedCheck> + Clone,
     fixed_time_us: Option<u64>,
 ) -> Cmd {
-    let (mut keys, mut pieces, mut bytes) = (0, 0, 0);
+    // A batch holds few shapes (about one per policy), so a linear search finds them.
+    let mut shapes: Vec<&PackedCheck> = Vec::new();
+    let mut shape_numbers = Vec::new();
+    let (mut keys, mut bytes) = (0, 0);
     for check in checks.clone() {
+        let number = match shapes.iter().position(|shape| shape.same_shape(check)) {
+            Some(index) => index + 1,
+            None => {
+                shapes.push(check);
+                shapes.len()
+            }
+        };
+        shape_numbers.push(number);
         keys += check.keys;
-        pieces += check.ends.len() + 3;
-        bytes += check.data.len() + 24;
+        bytes += check.data.len() + 4;
     }
-    let mut command = Cmd::with_capacity(4 + pieces, name.len() + 48 + bytes);
+    let pieces = keys
+        + shape_numbers.len()
+        + shapes
+            .iter()
+            .map(|shape| shape.ends.len() - shape.keys + 3)
+            .sum::<usize>();
+    let mut command = Cmd::with_capacity(5 + pieces, name.len() + 48 + bytes);
     command.arg(verb).arg(name).arg(keys);
-    for check in checks.clone() {
+    for check in checks {
         for key in check.keys() {
             command.arg(key);
         }
@@ -218,26 +241,38 @@ pub(super) fn batch_command<'a>(
         Some(time) => command.arg(time),
         None => command.arg(""),
     };
-    for check in checks {
+    command.arg(shapes.len());
+    for shape in &shapes {
         command
-            .arg(algorithm_code(check.algorithm))
-            .arg(check.keys)
-            .arg(check.ends.len() - check.keys);
-        for arg in check.args() {
+            .arg(algorithm_code(shape.algorithm))
+            .arg(shape.keys)
+            .arg(shape.ends.len() - shape.keys);
+        for arg in shape.args() {
             command.arg(arg);
         }
+    }
+    for number in shape_numbers {
+        command.arg(number);
     }
     command
 }
 
-/// Where each check's reply lies in the batch script's flat reply (see `lua/batch.lua`): the range
-/// of its items, or the error its check raised.
-pub(super) fn check_replies(
-    reply: &[Value],
-) -> Result<Vec<Result<Range<usize>, StoreError>>, StoreError> {
+/// The batch script's flat reply (see `lua/batch.lua`) read: the batch's time (ms since the Unix
+/// epoch) and where each check's entry lies in the reply, or the error its check raised.
+pub(super) struct BatchReply {
+    pub(super) now_unix_ms: u64,
+    pub(super) entries: Vec<Result<Range<usize>, StoreError>>,
+}
+
+/// Splits the batch script's flat reply into its time and each check's entry.
+pub(super) fn check_replies(reply: &[Value]) -> Result<BatchReply, StoreError> {
     let malformed = || StoreError::Protocol(format!("unexpected batch reply {reply:?}"));
-    let mut checks = Vec::new();
-    let mut at = 0;
+    let now_unix_ms = match reply.first() {
+        Some(Value::Int(now)) => u64::try_from(*now).map_err(|_| malformed())?,
+        _ => return Err(malformed()),
+    };
+    let mut entries = Vec::new();
+    let mut at = 1;
     while at < reply.len() {
         match &reply[at] {
             Value::Int(-1) => {
@@ -248,7 +283,7 @@ pub(super) fn check_replies(
                     Some(Value::SimpleString(message)) => message.clone(),
                     _ => return Err(malformed()),
                 };
-                checks.push(Err(StoreError::Protocol(error)));
+                entries.push(Err(StoreError::Protocol(error)));
                 at += 2;
             }
             Value::Int(length) => {
@@ -258,13 +293,16 @@ pub(super) fn check_replies(
                     .and_then(|length| start.checked_add(length))
                     .filter(|&end| end <= reply.len())
                     .ok_or_else(malformed)?;
-                checks.push(Ok(start..end));
+                entries.push(Ok(start..end));
                 at = end;
             }
             _ => return Err(malformed()),
         }
     }
-    Ok(checks)
+    Ok(BatchReply {
+        now_unix_ms,
+        entries,
+    })
 }
 
 /// The key of one counted rule:
@@ -340,28 +378,41 @@ pub(super) struct RuleLimit {
     quota: bool,
 }
 
-/// Reads the script's reply: `allowed, now, delay, then remaining, reset, retry per rule` (the
-/// counted rules, then the guard, then the quota), then the percents of the alerts that fired, all
-/// integers, into a decision in the request's rule order.
-pub(super) fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Decision, StoreError> {
-    let malformed = || StoreError::Protocol(format!("unexpected script reply {reply:?}"));
-    let states_end = 3 + 3 * limits.len();
-    if reply.len() < states_end {
-        return Err(malformed());
-    }
+/// Reads a check's entry in the batch reply (see `lua/batch.lua`) into a decision at
+/// `now_unix_ms` (the batch's time), its rules in the request's rule order. The entry is either an
+/// admission's short form (`remaining, reset` per rule: admitted, no delay, no retry, no alert), or
+/// the check's reply (`allowed, delay, then remaining, reset, retry` per rule, the counted rules,
+/// then the guard, then the quota, then the percents of the alerts that fired), all integers. The
+/// short form is told by its length, two items per rule, which the other can't have.
+pub(super) fn decision_from(
+    entry: &[Value],
+    now_unix_ms: u64,
+    limits: &[RuleLimit],
+) -> Result<Decision, StoreError> {
+    let malformed = || StoreError::Protocol(format!("unexpected script reply {entry:?}"));
     let integer = |value: &Value| match value {
         Value::Int(value) => Ok(*value),
         _ => Err(malformed()),
     };
     let unsigned = |value: &Value| u64::try_from(integer(value)?).map_err(|_| malformed());
-    let allowed = match integer(&reply[0])? {
-        1 => true,
-        0 => false,
-        _ => return Err(malformed()),
+    let short = entry.len() == 2 * limits.len();
+    let (allowed, delay, width, states_start) = if short {
+        (true, Duration::ZERO, 2, 0)
+    } else {
+        if entry.len() < 2 + 3 * limits.len() {
+            return Err(malformed());
+        }
+        let allowed = match integer(&entry[0])? {
+            1 => true,
+            0 => false,
+            _ => return Err(malformed()),
+        };
+        (allowed, Duration::from_millis(unsigned(&entry[1])?), 3, 2)
     };
-    let now_unix_ms = unsigned(&reply[1])?;
-    let delay = Duration::from_millis(unsigned(&reply[2])?);
-    let states: Vec<&[Value]> = reply[3..states_end].chunks_exact(3).collect();
+    let states_end = states_start + width * limits.len();
+    let states: Vec<&[Value]> = entry[states_start..states_end]
+        .chunks_exact(width)
+        .collect();
     let counted = limits
         .iter()
         .filter(|rule| !rule.guard && !rule.quota)
@@ -380,18 +431,24 @@ pub(super) fn decision_from(reply: &[Value], limits: &[RuleLimit]) -> Result<Dec
             };
             let state = states.get(*slot).ok_or_else(malformed)?;
             *slot += 1;
+            let retry = match state.get(2) {
+                None => -1,
+                Some(retry) => integer(retry)?,
+            };
             Ok(RuleState {
                 limit: rule.limit,
                 remaining: unsigned(&state[0])?,
                 reset: Duration::from_millis(unsigned(&state[1])?),
-                retry_after: match integer(&state[2])? {
+                retry_after: match retry {
                     -1 => None,
-                    _ => Some(Duration::from_millis(unsigned(&state[2])?)),
+                    retry => Some(Duration::from_millis(
+                        u64::try_from(retry).map_err(|_| malformed())?,
+                    )),
                 },
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let quota_alerts = reply[states_end..]
+    let quota_alerts = entry[states_end..]
         .iter()
         .map(|value| {
             u8::try_from(integer(value)?)
@@ -439,6 +496,7 @@ mod tests {
     #[test]
     fn a_flat_batch_reply_splits_into_each_checks_items_or_error() {
         let reply = [
+            Value::Int(1_000),
             Value::Int(3),
             Value::Int(1),
             Value::Int(10),
@@ -447,17 +505,21 @@ mod tests {
             Value::BulkString(b"WRONGTYPE no".to_vec()),
             Value::Int(0),
         ];
-        let checks = check_replies(&reply).unwrap();
+        let read = check_replies(&reply).unwrap();
+        assert_eq!(read.now_unix_ms, 1_000);
+        let checks = read.entries;
         assert_eq!(checks.len(), 3);
-        assert_eq!(checks[0].as_ref().unwrap(), &(1..4));
+        assert_eq!(checks[0].as_ref().unwrap(), &(2..5));
         assert!(
             matches!(&checks[1], Err(StoreError::Protocol(message)) if message == "WRONGTYPE no")
         );
-        assert_eq!(checks[2].as_ref().unwrap(), &(7..7));
-        // A length past the end, or an item where a length belongs, is a protocol error.
-        assert!(check_replies(&[Value::Int(2), Value::Int(1)]).is_err());
-        assert!(check_replies(&[Value::Nil]).is_err());
-        assert!(check_replies(&[Value::Int(-1)]).is_err());
+        assert_eq!(checks[2].as_ref().unwrap(), &(8..8));
+        // No time, a length past the end, or an item where a length belongs: protocol errors.
+        assert!(check_replies(&[]).is_err());
+        assert!(check_replies(&[Value::Int(-5)]).is_err());
+        assert!(check_replies(&[Value::Int(1), Value::Int(2), Value::Int(1)]).is_err());
+        assert!(check_replies(&[Value::Int(1), Value::Nil]).is_err());
+        assert!(check_replies(&[Value::Int(1), Value::Int(-1)]).is_err());
     }
 
     /// The batch command of `request` alone.
@@ -507,6 +569,7 @@ mod tests {
                 "rl:{rl:api:global}:fw:1000:2",
                 "rl:{rl:api:global}:fw:60000:30",
                 "",
+                "1",
                 "fw",
                 "2",
                 "6",
@@ -515,7 +578,8 @@ mod tests {
                 "2",
                 "1000",
                 "30",
-                "60000"
+                "60000",
+                "1"
             ]
         );
     }
@@ -546,6 +610,7 @@ mod tests {
                 "rl:{rl:otp:user:bob}:dup:5000",
                 "rl:{rl:otp:user:bob}:block",
                 "",
+                "1",
                 "tb",
                 "3",
                 "5",
@@ -553,7 +618,8 @@ mod tests {
                 "2000,5000,900000,0,0,0",
                 "3",
                 "60000",
-                "5"
+                "5",
+                "1"
             ]
         );
     }
@@ -594,19 +660,22 @@ mod tests {
                 "rl:{user:ann}:daily:qa:80",
                 "rl:{user:ann}:daily:qa:100",
                 "",
+                "1",
                 "sl",
                 "4",
                 "4",
                 "1",
                 "0,0,0,100,86400000,61200000,80,80,100,100",
                 "20",
-                "60000"
+                "60000",
+                "1"
             ]
         );
         // The quota's state comes last, then the alerts fired.
-        let reply = ints(&[1, 1_000, 0, 19, 60_000, -1, 20, 5_000, -1, 80]);
+        let reply = ints(&[1, 0, 19, 60_000, -1, 20, 5_000, -1, 80]);
         let decision = decision_from(
             &reply,
+            1_000,
             &[
                 counted(20),
                 RuleLimit {
@@ -623,8 +692,8 @@ mod tests {
 
     #[test]
     fn replies_become_decisions() {
-        let reply = ints(&[0, 1_000, 0, 0, 500, 500, 7, 90_000, -1]);
-        let decision = decision_from(&reply, &[counted(5), counted(10)]).unwrap();
+        let reply = ints(&[0, 0, 0, 500, 500, 7, 90_000, -1]);
+        let decision = decision_from(&reply, 1_000, &[counted(5), counted(10)]).unwrap();
         assert!(!decision.allowed);
         assert_eq!(decision.now_unix_ms, 1_000);
         assert_eq!(decision.delay, Duration::ZERO);
@@ -648,9 +717,79 @@ mod tests {
     }
 
     #[test]
+    fn an_admissions_short_form_is_two_items_per_rule() {
+        let reply = ints(&[4, 500, 29, 59_500]);
+        let decision = decision_from(&reply, 1_000, &[counted(5), counted(30)]).unwrap();
+        assert!(decision.allowed);
+        assert_eq!(decision.now_unix_ms, 1_000);
+        assert_eq!(decision.delay, Duration::ZERO);
+        assert!(decision.quota_alerts.is_empty());
+        assert_eq!(
+            decision.rules,
+            [
+                RuleState {
+                    limit: 5,
+                    remaining: 4,
+                    reset: Duration::from_millis(500),
+                    retry_after: None,
+                },
+                RuleState {
+                    limit: 30,
+                    remaining: 29,
+                    reset: Duration::from_millis(59_500),
+                    retry_after: None,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn checks_of_one_policy_and_cost_share_one_shape() {
+        let rules = [Rule::per_second(2)];
+        let ann = CheckRequest::new("rl:api:ann", &rules, Algorithm::FixedWindow);
+        let bob = CheckRequest::new("rl:api:bob", &rules, Algorithm::FixedWindow);
+        let costly = CheckRequest::new("rl:api:ann", &rules, Algorithm::FixedWindow).cost(2);
+        let checks = [
+            PackedCheck::new(&ann, false),
+            PackedCheck::new(&costly, false),
+            PackedCheck::new(&bob, false),
+        ];
+        assert_eq!(
+            args_of(&batch_command(("FCALL", "f"), checks.iter(), Some(7))),
+            [
+                "FCALL",
+                "f",
+                "3",
+                "rl:{rl:api:ann}:fw:1000:2",
+                "rl:{rl:api:ann}:fw:1000:2",
+                "rl:{rl:api:bob}:fw:1000:2",
+                "7",
+                "2",
+                "fw",
+                "1",
+                "4",
+                "1",
+                "",
+                "2",
+                "1000",
+                "fw",
+                "1",
+                "4",
+                "2",
+                "",
+                "2",
+                "1000",
+                "1",
+                "2",
+                "1"
+            ]
+        );
+    }
+
+    #[test]
     fn the_guard_state_comes_last_and_goes_back_to_its_rule() {
         // A guard that isn't the last rule (a hand-made request) still gets its own state.
-        let reply = ints(&[1, 1_000, 250, 0, 5_000, -1, 4, 900, -1]);
+        let reply = ints(&[1, 250, 0, 5_000, -1, 4, 900, -1]);
         let limits = [
             RuleLimit {
                 limit: 1,
@@ -659,7 +798,7 @@ mod tests {
             },
             counted(5),
         ];
-        let decision = decision_from(&reply, &limits).unwrap();
+        let decision = decision_from(&reply, 1_000, &limits).unwrap();
         assert_eq!(decision.delay, Duration::from_millis(250));
         assert_eq!(
             (decision.rules[0].limit, decision.rules[0].remaining),
@@ -682,17 +821,19 @@ mod tests {
     #[test]
     fn malformed_replies_are_protocol_errors() {
         for reply in [
-            &[1, 1_000, 0][..],
-            &[1, 1_000, 0, 1, 2],
-            &[2, 1_000, 0, 1, 2, -1],
-            &[1, -5, 0, 1, 2, -1],
-            &[1, 1_000, -1, 1, 2, -1],
-            &[0, 1_000, 0, -1, 2, -1],
-            &[0, 1_000, 0, 1, 2, -7],
+            &[1][..],
+            &[1, 0, 1],
+            &[1, 0, 1, 2],
+            &[2, 0, 1, 2, -1],
+            &[1, -1, 1, 2, -1],
+            &[0, 0, -1, 2, -1],
+            &[0, 0, 1, 2, -7],
+            &[-1, 2],
+            &[1, -2],
         ] {
             assert!(
                 matches!(
-                    decision_from(&ints(reply), &[counted(5)]),
+                    decision_from(&ints(reply), 1_000, &[counted(5)]),
                     Err(StoreError::Protocol(_))
                 ),
                 "{reply:?}"
@@ -702,10 +843,16 @@ mod tests {
 
     #[test]
     fn replies_that_are_not_integers_are_protocol_errors() {
-        let mut reply = ints(&[1, 1_000, 0, 4, 500, -1]);
-        reply[3] = Value::BulkString(b"4".to_vec());
+        let mut reply = ints(&[1, 0, 4, 500, -1]);
+        reply[2] = Value::BulkString(b"4".to_vec());
         assert!(matches!(
-            decision_from(&reply, &[counted(5)]),
+            decision_from(&reply, 1_000, &[counted(5)]),
+            Err(StoreError::Protocol(_))
+        ));
+        let mut short = ints(&[4, 500]);
+        short[1] = Value::Nil;
+        assert!(matches!(
+            decision_from(&short, 1_000, &[counted(5)]),
             Err(StoreError::Protocol(_))
         ));
     }

@@ -519,26 +519,27 @@ impl Shared {
                 ))),
             })
             .and_then(|(reply, acknowledged)| {
-                let checks = check_replies(&reply)?;
-                if checks.len() == members.len() {
-                    Ok((reply, checks, acknowledged))
+                let read = check_replies(&reply)?;
+                if read.entries.len() == members.len() {
+                    Ok((reply, read, acknowledged))
                 } else {
                     Err(StoreError::Protocol(format!(
                         "a batch of {} checks answered {} replies",
                         members.len(),
-                        checks.len()
+                        read.entries.len()
                     )))
                 }
             });
-        let (reply, checks, acknowledged) = match replies {
+        let (reply, read, acknowledged) = match replies {
             Ok(replies) => replies,
             Err(error) => return each_gets(error, members),
         };
-        checks
+        read.entries
             .into_iter()
             .zip(members)
-            .map(|(items, member)| {
-                let decision = decision_from(&reply[items?], &member.check.limits)?;
+            .map(|(entry, member)| {
+                let decision =
+                    decision_from(&reply[entry?], read.now_unix_ms, &member.check.limits)?;
                 // Only an admission must survive a failover: a refusal recorded nothing to lose
                 // (but a penalty block, which a lost write only shortens).
                 if let (Some(wanted), Some(acknowledged)) = (member.replicas, acknowledged)
