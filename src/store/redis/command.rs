@@ -36,8 +36,8 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
 /// its arguments (`<cost> <options> <limit, period[, burst] per counted rule>`), back to back in
 /// one buffer, so a check costs one allocation whatever its rules, and a batch copies them once.
 pub(super) struct PackedCheck {
-    /// The keys, then the arguments.
-    data: Vec<u8>,
+    /// The keys, then the arguments (keys are written here directly).
+    data: String,
     /// Where each key, then each argument, ends in `data`.
     ends: Vec<usize>,
     /// How many of the pieces are keys.
@@ -67,26 +67,25 @@ impl PackedCheck {
             + quota.map_or(0, |quota| 1 + quota.thresholds.len())
             + usize::from(block_ms > 0);
         let mut packed = PackedCheck {
-            data: Vec::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
+            data: String::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
             ends: Vec::with_capacity(keys + 2 + 3 * rules),
             keys,
             algorithm: request.algorithm,
             limits: rule_limits(request),
         };
-        let mut key = String::with_capacity(2 * request.key.len() + 48);
         for rule in counted() {
-            write_rule_key(&mut key, request, rule);
-            packed.push(key.as_bytes());
+            write_rule_key(&mut packed.data, request, rule);
+            packed.end_piece();
         }
         if let Some(guard) = guard {
             let mut window = itoa::Buffer::new();
             write_key(
-                &mut key,
+                &mut packed.data,
                 request.key,
                 request.identity,
                 &["dup", window.format(guard.period_ms())],
             );
-            packed.push(key.as_bytes());
+            packed.end_piece();
         }
         if let Some(quota) = quota {
             let (mut day, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -94,22 +93,27 @@ impl PackedCheck {
                 day.format(quota.day_ms),
                 offset.format(quota.day_start_offset_ms),
             );
-            write_key(&mut key, quota.key, quota.identity, &["q", day, offset]);
-            packed.push(key.as_bytes());
+            write_key(
+                &mut packed.data,
+                quota.key,
+                quota.identity,
+                &["q", day, offset],
+            );
+            packed.end_piece();
             for threshold in quota.thresholds {
                 let mut percent = itoa::Buffer::new();
                 write_key(
-                    &mut key,
+                    &mut packed.data,
                     quota.key,
                     quota.identity,
                     &["qa", percent.format(threshold.percent)],
                 );
-                packed.push(key.as_bytes());
+                packed.end_piece();
             }
         }
         if block_ms > 0 {
-            write_key(&mut key, request.key, request.identity, &["block"]);
-            packed.push(key.as_bytes());
+            write_key(&mut packed.data, request.key, request.identity, &["block"]);
+            packed.end_piece();
         }
         packed.push_number(request.cost);
         // The options travel packed in one argument, empty when there are none: Redis spends about
@@ -136,7 +140,7 @@ impl PackedCheck {
                 push(threshold.used.into());
             }
         }
-        packed.push(options.as_bytes());
+        packed.push(&options);
         let with_burst = request.algorithm == Algorithm::TokenBucket;
         for rule in counted() {
             packed.push_number(rule.limit());
@@ -148,20 +152,25 @@ impl PackedCheck {
         packed
     }
 
-    fn push(&mut self, piece: &[u8]) {
-        self.data.extend_from_slice(piece);
+    fn push(&mut self, piece: &str) {
+        self.data.push_str(piece);
+        self.end_piece();
+    }
+
+    /// Ends the piece written into `data` since the last one.
+    fn end_piece(&mut self) {
         self.ends.push(self.data.len());
     }
 
     fn push_number(&mut self, number: u64) {
-        self.push(itoa::Buffer::new().format(number).as_bytes());
+        self.push(itoa::Buffer::new().format(number));
     }
 
     fn pieces(&self) -> impl Iterator<Item = &[u8]> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts
             .zip(self.ends.iter().copied())
-            .map(|(start, end)| &self.data[start..end])
+            .map(|(start, end)| &self.data.as_bytes()[start..end])
     }
 
     fn keys(&self) -> impl Iterator<Item = &[u8]> {
@@ -333,8 +342,8 @@ fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
     );
 }
 
-/// Writes the store key of `parts` under `base` (a policy's or a quota's key,
-/// `<prefix>:<name>:<identity>`) into `key`, replacing what it held:
+/// Appends the store key of `parts` under `base` (a policy's or a quota's key,
+/// `<prefix>:<name>:<identity>`) to `key`:
 /// `<prefix>:{<identity>}:<name>:<part>:<part>…`. The identity is the hash tag, so every key of one
 /// identity (every rule of every policy, and a quota keyed the same way) lands on one Redis
 /// Cluster slot. A `base` that doesn't end with `identity` is the tag whole:
@@ -348,7 +357,6 @@ fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
         .and_then(|rest| rest.strip_prefix(prefix))
         .and_then(|rest| rest.strip_prefix(':'))
         .filter(|name| !name.is_empty() && !identity.is_empty());
-    key.clear();
     key.push_str(prefix);
     key.push_str(":{");
     match name {
@@ -410,9 +418,10 @@ pub(super) fn decision_from(
         (allowed, Duration::from_millis(unsigned(&entry[1])?), 3, 2)
     };
     let states_end = states_start + width * limits.len();
-    let states: Vec<&[Value]> = entry[states_start..states_end]
-        .chunks_exact(width)
-        .collect();
+    let state_at = |slot: usize| {
+        let start = states_start + width * slot;
+        entry.get(start..start + width).ok_or_else(malformed)
+    };
     let counted = limits
         .iter()
         .filter(|rule| !rule.guard && !rule.quota)
@@ -429,7 +438,7 @@ pub(super) fn decision_from(
             } else {
                 &mut next_counted
             };
-            let state = states.get(*slot).ok_or_else(malformed)?;
+            let state = state_at(*slot)?;
             *slot += 1;
             let retry = match state.get(2) {
                 None => -1,
@@ -546,6 +555,7 @@ mod tests {
         let mut key = String::new();
         write_key(&mut key, "rl:api:global", "user:x", &["fw"]);
         assert_eq!(key, "rl:{rl:api:global}:fw");
+        key.clear();
         write_key(
             &mut key,
             "rl:api:GETunmatched:ip:192.0.2.1",
