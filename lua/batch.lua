@@ -13,11 +13,11 @@
 --
 -- KEYS           every request's keys, request after request (as lua/head.lua lists them)
 -- ARGV[1]        empty (the time is Redis TIME), or a time in µs that tests fix
--- ARGV[2]        how many shapes follow: a shape is what the checks of one policy and cost share,
---                sent once per batch rather than once per check (every argument costs Redis about
---                as much as a command in the script)
--- then per shape: its algorithm's code, its number of keys, its number of arguments, and its
---                arguments (as lua/head.lua lists them)
+-- ARGV[2]        how many shapes follow
+-- then the shapes: what the requests of one policy and cost share, sent once per batch rather
+--                than per request (every argument costs Redis about as much as a command in the
+--                script), as one piece, `<algorithm's code>|<key count>|<arguments>` with the
+--                arguments as lua/head.lua lists them, separated by `|`
 -- then per request, in order: the number of its shape (1-based)
 --
 -- Reply: one flat array (a nested one costs Redis and the client a table and an array per
@@ -28,69 +28,90 @@
 --   - or the check's reply (see lua/head.lua), which is longer;
 -- or -1 and the error of a request whose check failed (a key of the wrong type): the others still
 -- count.
+
+-- The shapes met so far, parsed, by their piece: kept from call to call and forgotten past
+-- CACHED, like the caches of lua/common.lua.
+local shapes, shapes_held = {}, 0
+local function shape_of(piece)
+  local shape = shapes[piece]
+  if shape ~= nil then
+    return shape
+  end
+  local pieces = {}
+  for text in string.gmatch(piece .. '|', '([^|]*)|') do
+    pieces[#pieces + 1] = text
+  end
+  local code, keys = pieces[1], tonumber(pieces[2])
+  local args = {}
+  for i = 3, #pieces do
+    args[i - 2] = pieces[i]
+  end
+  if checks[code] == nil or keys == nil then
+    error('malformed shape ' .. piece)
+  end
+  shape = {code = code, keys = keys, args = args}
+  -- Without options every key is a counted rule's, and its limit and period follow the cost.
+  if fast[code] and args[2] == '' then
+    shape.lean, shape.cost, shape.rules = fast[code], tonumber(args[1]), keys
+    shape.limits, shape.periods = {}, {}
+    for i = 1, keys do
+      shape.limits[i], shape.periods[i] = tonumber(args[1 + 2 * i]), tonumber(args[2 + 2 * i])
+    end
+  end
+  if shapes_held == CACHED then
+    shapes, shapes_held = {}, 0
+  end
+  shapes[piece] = shape
+  shapes_held = shapes_held + 1
+  return shape
+end
+
+-- The batch being run, set by batch() (a library's calls run one at a time): its keys and
+-- arguments, its time in ms and µs, the reply so far (`out`, up to item n; a table kept from call
+-- to call, cut at n + 1 when returned, since Redis reads a reply up to its first nil), the next
+-- check's first key (after key_at) and shape number (ARGV[at]), and the shape of the check being
+-- run (nil while it is read).
+local batch_keys, batch_args, now, now_us
+local out, n = {}, 0
+local key_at, at, shape
+
+-- Runs the checks from the one at key_at and at on, writing their entries after out[n].
+local function run_checks()
+  local last = #batch_args
+  while at <= last do
+    shape = nil
+    shape = shape_of(batch_args[2 + number_of(batch_args[at])])
+    if shape.lean then
+      n = shape.lean(batch_keys, key_at, shape, now, out, n)
+    else
+      local check_keys = {}
+      for i = 1, shape.keys do
+        check_keys[i] = batch_keys[key_at + i]
+      end
+      local reply = checks[shape.code](check_keys, shape.args, now_us)
+      out[n + 1] = #reply
+      for i = 1, #reply do
+        out[n + 1 + i] = reply[i]
+      end
+      n = n + 1 + #reply
+    end
+    key_at = key_at + shape.keys
+    at = at + 1
+  end
+end
+
 local function batch(KEYS, ARGV)
   call, floor = redis.call, math.floor
-  numbers, fields = {}, {}
-  local now_us
   if ARGV[1] == '' then
     local time = redis.call('TIME')
     now_us = time[1] * 1000000 + time[2]
   else
     now_us = tonumber(ARGV[1])
   end
-  local now = floor(now_us / 1000)
-
-  local shapes = {}
-  local at = 3
-  for s = 1, tonumber(ARGV[2]) do
-    local code, keys, arg_count = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-    local args = {}
-    for i = 1, arg_count do
-      args[i] = ARGV[at + 2 + i]
-    end
-    local shape = {code = code, keys = keys, args = args}
-    -- Without options every key is a counted rule's, and its limit and period follow the cost.
-    if fast[code] and args[2] == '' then
-      shape.lean, shape.cost, shape.rules = fast[code], tonumber(args[1]), keys
-      shape.limits, shape.periods = {}, {}
-      for i = 1, keys do
-        shape.limits[i], shape.periods[i] = tonumber(args[1 + 2 * i]), tonumber(args[2 + 2 * i])
-      end
-    end
-    shapes[s] = shape
-    at = at + 3 + arg_count
-  end
-
-  local out = {now}
-  local n = 1
-  local key_at = 0
-  local last = #ARGV
-  -- The shape of the check being run, nil while it is read.
-  local shape
-
-  -- Runs the checks from the one at key_at and at on, writing their entries after out[n].
-  local function run_checks()
-    while at <= last do
-      shape = nil
-      shape = shapes[number_of(ARGV[at])]
-      if shape.lean then
-        n = shape.lean(KEYS, key_at, shape, now, out, n)
-      else
-        local check_keys = {}
-        for i = 1, shape.keys do
-          check_keys[i] = KEYS[key_at + i]
-        end
-        local reply = checks[shape.code](check_keys, shape.args, now_us)
-        out[n + 1] = #reply
-        for i = 1, #reply do
-          out[n + 1 + i] = reply[i]
-        end
-        n = n + 1 + #reply
-      end
-      key_at = key_at + shape.keys
-      at = at + 1
-    end
-  end
+  now = floor(now_us / 1000)
+  batch_keys, batch_args = KEYS, ARGV
+  out[1], n = now, 1
+  key_at, at = 0, 3 + tonumber(ARGV[2])
 
   -- One pcall for the run, not one per check: a check that raises an error (a key of the wrong
   -- type) gets it as its entry, and the run goes on after it. A check writes its entry only after
@@ -101,6 +122,7 @@ local function batch(KEYS, ARGV)
       break
     end
     if shape == nil then
+      batch_keys, batch_args = nil, nil
       return redis.error_reply('malformed batch: ' .. tostring(failure))
     end
     if type(failure) == 'table' and failure.err ~= nil then
@@ -112,5 +134,8 @@ local function batch(KEYS, ARGV)
     key_at = key_at + shape.keys
     at = at + 1
   end
+  out[n + 1] = nil
+  -- The call's keys and arguments are not kept past it.
+  batch_keys, batch_args = nil, nil
   return out
 end

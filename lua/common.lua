@@ -1,31 +1,45 @@
 -- The helpers every check shares (the start of the script; see lua/batch.lua): Redis calls and
 -- integer arithmetic that don't depend on one request. Loaded as a Redis function library, this
 -- part runs once, when the library loads, and may then touch no global: what it needs from
--- `redis` and `math`, and the caches of one call, are set by lua/batch.lua at each call.
+-- `redis` and `math` is set by lua/batch.lua at each call.
 local call, floor
 
--- tonumber, remembered for the call: a batch's checks repeat the same limits, periods and costs,
+-- Caches of a function library live from one call to the next (a script's, for one call): they
+-- save work that every call would repeat, and each forgets everything past `CACHED` entries, so
+-- they don't grow with what callers send. Tables made per call cost Redis more than their use
+-- (allocation and garbage collection), which is why these outlive the call.
+local CACHED = 1000
+
+-- tonumber, remembered: the same limits, periods, costs and shape numbers come call after call,
 -- and parsing a number costs Redis more than a table lookup.
-local numbers
+local numbers, numbers_held = {}, 0
 local function number_of(text)
   local number = numbers[text]
   if number == nil then
     number = tonumber(text)
+    if numbers_held == CACHED then
+      numbers, numbers_held = {}, 0
+    end
     numbers[text] = number
+    numbers_held = numbers_held + 1
   end
   return number
 end
 
--- The hash field of the window that starts at `start` (ms), remembered for the call: every check
--- of a batch shares its time, so a period's window is the same for all, and a number handed to
--- redis.call is formatted anew each time. The same text Redis makes of the number (integers below
--- 2^53 print whole), so a counter reads alike whichever path wrote it.
-local fields
+-- The hash field of the window that starts at `start` (ms), remembered: the checks of a batch
+-- share its time, so a period's window is the same for all, and a number handed to redis.call is
+-- formatted anew each time. The same text Redis makes of the number (integers below 2^53 print
+-- whole), so a counter reads alike whichever path wrote it.
+local fields, fields_held = {}, 0
 local function field_of(start)
   local field = fields[start]
   if field == nil then
     field = string.format('%d', start)
+    if fields_held == CACHED then
+      fields, fields_held = {}, 0
+    end
     fields[start] = field
+    fields_held = fields_held + 1
   end
   return field
 end

@@ -2,9 +2,9 @@
 -- whose options are empty (no delay, duplicate guard, penalty block or quota) of a fixed window or
 -- a sliding log. Each function decides exactly what the algorithm's check function (lua/head.lua,
 -- the algorithm's part, lua/tail.lua) decides for such a check, but reads its keys in place, takes
--- its numbers parsed once per batch, and defines nothing per check: the generic function creates
--- a dozen closures and tables per check, which cost Redis about as much as the check's own
--- commands.
+-- its numbers from its shape (parsed once, see lua/batch.lua), and defines nothing per check: the
+-- generic function creates a dozen closures and tables per check, which cost Redis about as much
+-- as the check's own commands.
 --
 -- fast.<code>(KEYS, key_at, shape, now, out, n): the check's keys are
 -- KEYS[key_at + 1 .. key_at + shape.rules]; `shape` holds its cost and, per rule i, limits[i] and

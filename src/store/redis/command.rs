@@ -32,17 +32,16 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
 }
 
 /// One check packed for the batch script (see `lua/batch.lua` and `lua/head.lua`): its keys
-/// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<block key>]`) and
-/// its arguments (`<cost> <options> <limit, period[, burst] per counted rule>`), back to back in
-/// one buffer, so a check costs one allocation whatever its rules, and a batch copies them once.
+/// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<block key>]`), then
+/// its shape: `<algorithm>|<key count>|<cost>|<options>|<limit>|<period>[|<burst>]…` (a limit,
+/// period and, for a token bucket, burst per counted rule), all back to back in one buffer, so a
+/// check costs one allocation whatever its rules, and a batch copies them once. Checks of one
+/// policy and cost have the same shape, which a batch sends once and the script parses once.
 pub(super) struct PackedCheck {
-    /// The keys, then the arguments (keys are written here directly).
+    /// The keys, then the shape (keys are written here directly).
     data: String,
-    /// Where each key, then each argument, ends in `data`.
+    /// Where each key ends in `data`; the shape follows the last.
     ends: Vec<usize>,
-    /// How many of the pieces are keys.
-    keys: usize,
-    algorithm: Algorithm,
     /// What the reply needs to know of each rule.
     pub(super) limits: Vec<RuleLimit>,
 }
@@ -68,14 +67,12 @@ impl PackedCheck {
             + usize::from(block_ms > 0);
         let mut packed = PackedCheck {
             data: String::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
-            ends: Vec::with_capacity(keys + 2 + 3 * rules),
-            keys,
-            algorithm: request.algorithm,
+            ends: Vec::with_capacity(keys),
             limits: rule_limits(request),
         };
         for rule in counted() {
             write_rule_key(&mut packed.data, request, rule);
-            packed.end_piece();
+            packed.end_key();
         }
         if let Some(guard) = guard {
             let mut window = itoa::Buffer::new();
@@ -85,7 +82,7 @@ impl PackedCheck {
                 request.identity,
                 &["dup", window.format(guard.period_ms())],
             );
-            packed.end_piece();
+            packed.end_key();
         }
         if let Some(quota) = quota {
             let (mut day, mut offset) = (itoa::Buffer::new(), itoa::Buffer::new());
@@ -99,7 +96,7 @@ impl PackedCheck {
                 quota.identity,
                 &["q", day, offset],
             );
-            packed.end_piece();
+            packed.end_key();
             for threshold in quota.thresholds {
                 let mut percent = itoa::Buffer::new();
                 write_key(
@@ -108,87 +105,76 @@ impl PackedCheck {
                     quota.identity,
                     &["qa", percent.format(threshold.percent)],
                 );
-                packed.end_piece();
+                packed.end_key();
             }
         }
         if block_ms > 0 {
             write_key(&mut packed.data, request.key, request.identity, &["block"]);
-            packed.end_piece();
+            packed.end_key();
         }
-        packed.push_number(request.cost);
-        // The options travel packed in one argument, empty when there are none: Redis spends about
-        // as much on each argument as on a command inside the script.
+        let data = &mut packed.data;
+        data.push_str(algorithm_code(request.algorithm));
+        let mut number = itoa::Buffer::new();
+        let mut piece = |data: &mut String, value: u64| {
+            data.push('|');
+            data.push_str(number.format(value));
+        };
+        piece(data, keys as u64);
+        piece(data, request.cost);
+        // The options are one piece, empty when there are none (the script's lean functions of
+        // the common case take checks without options).
+        data.push('|');
         let max_delay = request.max_delay.as_millis();
         let guard_ms = guard.map_or(0, Rule::period_ms);
-        let mut options = String::new();
         if generic || max_delay > 0 || guard_ms > 0 || block_ms > 0 || quota.is_some() {
-            let mut number = itoa::Buffer::new();
-            let mut push = |value: u128| {
-                if !options.is_empty() {
-                    options.push(',');
-                }
-                options.push_str(number.format(value));
-            };
-            push(max_delay);
-            push(guard_ms.into());
-            push(block_ms);
-            push(quota.map_or(0, |quota| quota.limit).into());
-            push(quota.map_or(0, |quota| quota.day_ms).into());
-            push(quota.map_or(0, |quota| quota.day_start_offset_ms).into());
+            let mut options = vec![
+                u64::try_from(max_delay).unwrap_or(u64::MAX),
+                guard_ms,
+                u64::try_from(block_ms).unwrap_or(u64::MAX),
+                quota.map_or(0, |quota| quota.limit),
+                quota.map_or(0, |quota| quota.day_ms),
+                quota.map_or(0, |quota| quota.day_start_offset_ms),
+            ];
             for threshold in thresholds {
-                push(threshold.percent.into());
-                push(threshold.used.into());
+                options.extend([threshold.percent.into(), threshold.used]);
+            }
+            for (index, option) in options.into_iter().enumerate() {
+                if index > 0 {
+                    data.push(',');
+                }
+                data.push_str(itoa::Buffer::new().format(option));
             }
         }
-        packed.push(&options);
         let with_burst = request.algorithm == Algorithm::TokenBucket;
         for rule in counted() {
-            packed.push_number(rule.limit());
-            packed.push_number(rule.period_ms());
+            piece(data, rule.limit());
+            piece(data, rule.period_ms());
             if with_burst {
-                packed.push_number(rule.burst_size());
+                piece(data, rule.burst_size());
             }
         }
         packed
     }
 
-    fn push(&mut self, piece: &str) {
-        self.data.push_str(piece);
-        self.end_piece();
-    }
-
-    /// Ends the piece written into `data` since the last one.
-    fn end_piece(&mut self) {
+    /// Ends the key written into `data` since the last one.
+    fn end_key(&mut self) {
         self.ends.push(self.data.len());
     }
 
-    fn push_number(&mut self, number: u64) {
-        self.push(itoa::Buffer::new().format(number));
-    }
-
-    fn pieces(&self) -> impl Iterator<Item = &[u8]> {
+    fn keys(&self) -> impl Iterator<Item = &[u8]> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts
             .zip(self.ends.iter().copied())
             .map(|(start, end)| &self.data.as_bytes()[start..end])
     }
 
-    fn keys(&self) -> impl Iterator<Item = &[u8]> {
-        self.pieces().take(self.keys)
-    }
-
-    fn args(&self) -> impl Iterator<Item = &[u8]> {
-        self.pieces().skip(self.keys)
-    }
-
-    /// Whether `other` goes to the script with the same algorithm, key count and arguments, so
-    /// that one shape serves both (see [`batch_command`]).
-    fn same_shape(&self, other: &PackedCheck) -> bool {
-        self.algorithm == other.algorithm && self.keys == other.keys && self.args().eq(other.args())
+    /// Its shape (see [`PackedCheck`]).
+    fn shape(&self) -> &str {
+        &self.data[self.ends.last().copied().unwrap_or(0)..]
     }
 
     pub(super) fn key_count(&self) -> usize {
-        self.keys
+        self.ends.len()
     }
 
     /// The bytes it adds to a batch's command.
@@ -207,39 +193,37 @@ fn algorithm_code(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// `<FCALL function | EVALSHA sha> <keys> <every check's keys> <time> <shapes> <per shape: algorithm,
-/// key count, argument count, arguments> <per check: its shape>` (see `lua/batch.lua`): one call
-/// that runs `checks` in order. Checks with the same algorithm, keys count and arguments (one
-/// policy, one cost) share one shape, sent once. `invocation`: the command and the function's name
-/// or the script's hash. `time`: a fixed time (µs) for tests, or none (Redis TIME).
+/// `<FCALL function | EVALSHA sha> <keys> <every check's keys> <time> <shape count> <shapes>
+/// <per check: its shape's number>` (see `lua/batch.lua`): one call that runs `checks` in order.
+/// Checks of one shape (one policy, one cost) share it, sent once. `invocation`: the command and
+/// the function's name or the script's hash. `time`: a fixed time (µs) for tests, or none (Redis
+/// TIME).
 pub(super) fn batch_command<'a>(
     (verb, name): (&str, &str),
     checks: impl Iterator<Item = &'a PackedCheck> + Clone,
     fixed_time_us: Option<u64>,
 ) -> Cmd {
     // A batch holds few shapes (about one per policy), so a linear search finds them.
-    let mut shapes: Vec<&PackedCheck> = Vec::new();
+    let mut shapes: Vec<&str> = Vec::new();
     let mut shape_numbers = Vec::new();
     let (mut keys, mut bytes) = (0, 0);
     for check in checks.clone() {
-        let number = match shapes.iter().position(|shape| shape.same_shape(check)) {
+        let shape = check.shape();
+        let number = match shapes.iter().position(|known| *known == shape) {
             Some(index) => index + 1,
             None => {
-                shapes.push(check);
+                shapes.push(shape);
                 shapes.len()
             }
         };
         shape_numbers.push(number);
-        keys += check.keys;
+        keys += check.key_count();
         bytes += check.data.len() + 4;
     }
-    let pieces = keys
-        + shape_numbers.len()
-        + shapes
-            .iter()
-            .map(|shape| shape.ends.len() - shape.keys + 3)
-            .sum::<usize>();
-    let mut command = Cmd::with_capacity(5 + pieces, name.len() + 48 + bytes);
+    let mut command = Cmd::with_capacity(
+        5 + keys + shapes.len() + shape_numbers.len(),
+        name.len() + 48 + bytes,
+    );
     command.arg(verb).arg(name).arg(keys);
     for check in checks {
         for key in check.keys() {
@@ -251,14 +235,8 @@ pub(super) fn batch_command<'a>(
         None => command.arg(""),
     };
     command.arg(shapes.len());
-    for shape in &shapes {
-        command
-            .arg(algorithm_code(shape.algorithm))
-            .arg(shape.keys)
-            .arg(shape.ends.len() - shape.keys);
-        for arg in shape.args() {
-            command.arg(arg);
-        }
+    for shape in shapes {
+        command.arg(shape);
     }
     for number in shape_numbers {
         command.arg(number);
@@ -580,15 +558,7 @@ mod tests {
                 "rl:{rl:api:global}:fw:60000:30",
                 "",
                 "1",
-                "fw",
-                "2",
-                "6",
-                "3",
-                "",
-                "2",
-                "1000",
-                "30",
-                "60000",
+                "fw|2|3||2|1000|30|60000",
                 "1"
             ]
         );
@@ -621,14 +591,7 @@ mod tests {
                 "rl:{rl:otp:user:bob}:block",
                 "",
                 "1",
-                "tb",
-                "3",
-                "5",
-                "1",
-                "2000,5000,900000,0,0,0",
-                "3",
-                "60000",
-                "5",
+                "tb|3|1|2000,5000,900000,0,0,0|3|60000|5",
                 "1"
             ]
         );
@@ -671,13 +634,7 @@ mod tests {
                 "rl:{user:ann}:daily:qa:100",
                 "",
                 "1",
-                "sl",
-                "4",
-                "4",
-                "1",
-                "0,0,0,100,86400000,61200000,80,80,100,100",
-                "20",
-                "60000",
+                "sl|4|1|0,0,0,100,86400000,61200000,80,80,100,100|20|60000",
                 "1"
             ]
         );
@@ -775,20 +732,8 @@ mod tests {
                 "rl:{rl:api:bob}:fw:1000:2",
                 "7",
                 "2",
-                "fw",
-                "1",
-                "4",
-                "1",
-                "",
-                "2",
-                "1000",
-                "fw",
-                "1",
-                "4",
-                "2",
-                "",
-                "2",
-                "1000",
+                "fw|1|1||2|1000",
+                "fw|1|2||2|1000",
                 "1",
                 "2",
                 "1"
