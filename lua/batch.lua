@@ -29,14 +29,8 @@
 -- or -1 and the error of a request whose check failed (a key of the wrong type): the others still
 -- count.
 
--- The shapes met so far, parsed, by their piece: kept from call to call and forgotten past
--- CACHED, like the caches of lua/common.lua.
-local shapes, shapes_held = {}, 0
-local function shape_of(piece)
-  local shape = shapes[piece]
-  if shape ~= nil then
-    return shape
-  end
+-- A shape, parsed from its piece; remembered (see lua/common.lua).
+local shape_of = remembered(function(piece)
   local pieces = {}
   for text in string.gmatch(piece .. '|', '([^|]*)|') do
     pieces[#pieces + 1] = text
@@ -49,7 +43,7 @@ local function shape_of(piece)
   if checks[code] == nil or keys == nil then
     error('malformed shape ' .. piece)
   end
-  shape = {code = code, keys = keys, args = args}
+  local shape = {code = code, keys = keys, args = args}
   -- Without options every key is a counted rule's, and its limit and period follow the cost.
   if fast[code] and args[2] == '' then
     shape.lean, shape.cost, shape.rules = fast[code], tonumber(args[1]), keys
@@ -58,13 +52,8 @@ local function shape_of(piece)
       shape.limits[i], shape.periods[i] = tonumber(args[1 + 2 * i]), tonumber(args[2 + 2 * i])
     end
   end
-  if shapes_held == CACHED then
-    shapes, shapes_held = {}, 0
-  end
-  shapes[piece] = shape
-  shapes_held = shapes_held + 1
   return shape
-end
+end)
 
 -- The batch being run, set by batch() (a library's calls run one at a time): its keys and
 -- arguments, its time in ms and µs, the reply so far (`out`, up to item n; a table kept from call

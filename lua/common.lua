@@ -5,44 +5,41 @@
 local call, floor
 
 -- Caches of a function library live from one call to the next (a script's, for one call): they
--- save work that every call would repeat, and each forgets everything past `CACHED` entries, so
--- they don't grow with what callers send. Tables made per call cost Redis more than their use
+-- save work that every call would repeat. Tables made per call cost Redis more than their use
 -- (allocation and garbage collection), which is why these outlive the call.
-local CACHED = 1000
+--
+-- `make`, remembered: a function of one key that calls `make(key)` only for a key it hasn't met,
+-- and forgets everything past 1 000 keys, so it doesn't grow with what callers send.
+local function remembered(make)
+  local known, held = {}, 0
+  return function(key)
+    local value = known[key]
+    if value == nil then
+      value = make(key)
+      if held == 1000 then
+        known, held = {}, 0
+      end
+      known[key] = value
+      held = held + 1
+    end
+    return value
+  end
+end
 
 -- tonumber, remembered: the same limits, periods, costs and shape numbers come call after call,
 -- and parsing a number costs Redis more than a table lookup.
-local numbers, numbers_held = {}, 0
-local function number_of(text)
-  local number = numbers[text]
-  if number == nil then
-    number = tonumber(text)
-    if numbers_held == CACHED then
-      numbers, numbers_held = {}, 0
-    end
-    numbers[text] = number
-    numbers_held = numbers_held + 1
-  end
-  return number
-end
+-- (tonumber is looked up at each call: a library may touch no global while it loads.)
+local number_of = remembered(function(text)
+  return tonumber(text)
+end)
 
 -- The hash field of the window that starts at `start` (ms), remembered: the checks of a batch
 -- share its time, so a period's window is the same for all, and a number handed to redis.call is
 -- formatted anew each time. The same text Redis makes of the number (integers below 2^53 print
 -- whole), so a counter reads alike whichever path wrote it.
-local fields, fields_held = {}, 0
-local function field_of(start)
-  local field = fields[start]
-  if field == nil then
-    field = string.format('%d', start)
-    if fields_held == CACHED then
-      fields, fields_held = {}, 0
-    end
-    fields[start] = field
-    fields_held = fields_held + 1
-  end
-  return field
-end
+local field_of = remembered(function(start)
+  return string.format('%d', start)
+end)
 
 -- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
 local function div(a, b)
