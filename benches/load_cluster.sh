@@ -161,7 +161,7 @@ for round in $(seq 1 "$rounds"); do
   # The order rotates each round, so no setup always runs first or last.
   for i in $(seq 0 $((${#setups[@]} - 1))); do
     IFS='|' read -r label store key wait <<<"${setups[$(((i + round - 1) % ${#setups[@]}))]}"
-    read -r _ rps p50 p99 demo_us redis_us per_read < <(setup "$label" "$store" "$key" "$wait") || true
+    read -r _ rps p50 p99 demo_us redis_us _wrk_us per_read < <(setup "$label" "$store" "$key" "$wait") || true
     [[ -n ${per_read:-} ]] || { echo "the $label run failed (see above)" >&2; exit 1; }
     printf '%-6s %-24s %10s %9s %9s %12s %12s %10s\n' "$round" "$label" "$rps" "$p50" "$p99" "$demo_us" "$redis_us" "$per_read"
     echo "$label $rps $demo_us $redis_us $per_read" >>"$work/results"

@@ -30,7 +30,8 @@ wait_for_http() {
 
 # measure LABEL URL SECONDS CONNECTIONS SERVER_PID [REDIS_PID...]
 #   Loads URL with wrk (one thread; $WRK_SCRIPT, if set, is its Lua script) and prints
-#   "LABEL req/s p50 p99 server-µs/request redis-µs/request". Any non-2xx answer is an error:
+#   "LABEL req/s p50 p99 server-µs/request redis-µs/request wrk-µs/request". wrk's own CPU shows
+#   what is left of the two cores for the server and Redis. Any non-2xx answer is an error:
 #   the runs measure admissions, so a refusal means a limit was set too low; with ALLOW_REFUSED
 #   set (a rejection flood), it is the other way round: a run without refusals is an error.
 measure() {
@@ -42,7 +43,10 @@ measure() {
   local server_before redis_before=0
   server_before=$(cpu_ticks "$server")
   (($# > 0)) && redis_before=$(cpu_ticks "$@")
-  wrk -t1 -c"$connections" -d"${seconds}s" --latency "${script_args[@]}" "$url" >"$out"
+  local wrk_cpu
+  # bash's `time` reports wrk's user and system seconds on stderr, in TIMEFORMAT.
+  wrk_cpu=$({ TIMEFORMAT='%U %S'; time wrk -t1 -c"$connections" -d"${seconds}s" --latency \
+    "${script_args[@]}" "$url" >"$out"; } 2>&1 | awk '{print $1 + $2}')
   local server_after redis_after=0
   server_after=$(cpu_ticks "$server")
   (($# > 0)) && redis_after=$(cpu_ticks "$@")
@@ -61,8 +65,8 @@ measure() {
   p99=$(awk '$1 == "99%" {print $2}' "$out")
   rm -f "$out"
   awk -v l="$label" -v rps="$rps" -v p50="$p50" -v p99="$p99" -v n="$requests" -v hz="$clock_ticks" \
-    -v s="$((server_after - server_before))" -v r="$((redis_after - redis_before))" \
-    'BEGIN { printf "%s %s %s %s %.1f %.1f\n", l, rps, p50, p99, s * 1e6 / hz / n, r * 1e6 / hz / n }'
+    -v s="$((server_after - server_before))" -v r="$((redis_after - redis_before))" -v w="$wrk_cpu" \
+    'BEGIN { printf "%s %s %s %s %.1f %.1f %.1f\n", l, rps, p50, p99, s * 1e6 / hz / n, r * 1e6 / hz / n, w * 1e6 / n }'
 }
 
 # median: the median of the numbers on stdin.

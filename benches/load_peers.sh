@@ -6,8 +6,8 @@
 #
 #   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
 #
-# Prints req/s, p50/p99, and the CPU time per request of the server and of redis-server (a server
-# of the script's own) for each run, then medians over the rounds with req/s as a ratio to bare
+# Prints req/s, p50/p99, and the CPU time per request of the server, of redis-server (a server
+# of the script's own) and of wrk for each run, then medians over the rounds with req/s as a ratio to bare
 # axum at the same connection count. Needs wrk and redis-server; only loopback is targeted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,30 +64,33 @@ for entry in "${setups[@]}"; do
 done
 setups=("${selected[@]}")
 
-printf '%-6s %-16s %10s %9s %9s %14s %14s\n' round setup "req/s" p50 p99 "server µs/req" "redis µs/req"
+printf '%-6s %-16s %10s %9s %9s %14s %14s %12s\n' round setup "req/s" p50 p99 "server µs/req" "redis µs/req" \
+  "wrk µs/req"
 for round in $(seq 1 "$rounds"); do
   # The order rotates each round, so no setup always runs first or last.
   for i in $(seq 0 $((${#setups[@]} - 1))); do
     IFS='|' read -r label mode connections extra <<<"${setups[$(((i + round - 1) % ${#setups[@]}))]}"
     # shellcheck disable=SC2086 # $extra is one flag or nothing
-    read -r _ rps p50 p99 server_us redis_us < <(setup "$label" "$mode" "$connections" $extra) || true
-    [[ -n ${redis_us:-} ]] || { echo "the $label run failed (see above)" >&2; exit 1; }
-    printf '%-6s %-16s %10s %9s %9s %14s %14s\n' "$round" "$label" "$rps" "$p50" "$p99" "$server_us" "$redis_us"
-    echo "$label $rps $server_us $redis_us $p50" >>"$work/results"
+    read -r _ rps p50 p99 server_us redis_us wrk_us < <(setup "$label" "$mode" "$connections" $extra) || true
+    [[ -n ${wrk_us:-} ]] || { echo "the $label run failed (see above)" >&2; exit 1; }
+    printf '%-6s %-16s %10s %9s %9s %14s %14s %12s\n' "$round" "$label" "$rps" "$p50" "$p99" "$server_us" \
+      "$redis_us" "$wrk_us"
+    echo "$label $rps $server_us $redis_us $p50 $wrk_us" >>"$work/results"
   done
 done
 
 echo
 echo "medians over $rounds rounds; ratio: req/s over bare axum's at the same connections (floods: at 64);"
 echo "vs naive: req/s and redis µs/req over the naive middleware's in the same load"
-printf '%-16s %10s %8s %10s %14s %14s %10s %10s\n' setup "req/s" ratio p50 "server µs/req" "redis µs/req" \
-  "vs naive" "redis vs"
+printf '%-16s %10s %8s %10s %14s %14s %12s %10s %10s\n' setup "req/s" ratio p50 "server µs/req" \
+  "redis µs/req" "wrk µs/req" "vs naive" "redis vs"
 for entry in "${setups[@]}"; do
   label=${entry%%|*}
   column() { awk -v l="$label" -v c="$1" '$1 == l {print $c}' "$work/results"; }
   rps=$(column 2 | median)
   server_us=$(column 3 | median)
   redis_us=$(column 4 | median)
+  wrk_us=$(column 6 | median)
   # p50 as wrk prints it (us or ms): the median of the values in microseconds.
   p50=$(column 5 | awk '/ms$/ {sub("ms", ""); print $1 * 1000; next} /us$/ {sub("us", ""); print $1; next} {print $1 * 1e6}' | median)
   bare=$label
@@ -101,6 +104,6 @@ for entry in "${setups[@]}"; do
   naive=naive-${label##*-}
   naive_rps=$(awk -v l="$naive" '$1 == l {print $2}' "$work/results" | median)
   naive_redis=$(awk -v l="$naive" '$1 == l {print $4}' "$work/results" | median)
-  printf '%-16s %10s %8s %8sus %14s %14s %10s %10s\n' "$label" "$rps" "$(ratio "$rps" "$bare_rps")" \
-    "$p50" "$server_us" "$redis_us" "$(ratio "$rps" "$naive_rps")" "$(ratio "$redis_us" "$naive_redis")"
+  printf '%-16s %10s %8s %8sus %14s %14s %12s %10s %10s\n' "$label" "$rps" "$(ratio "$rps" "$bare_rps")" \
+    "$p50" "$server_us" "$redis_us" "$wrk_us" "$(ratio "$rps" "$naive_rps")" "$(ratio "$redis_us" "$naive_redis")"
 done
