@@ -45,9 +45,9 @@ use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 use http::StatusCode;
 use http::request::Parts;
 
+use crate::limiter::{Limiter, Prepared, Verdict};
 use crate::policy::{Policy, PolicyError};
 use crate::response::LimitHeaders;
-use crate::service::{Limiter, Prepared, Verdict};
 use crate::store::Store;
 
 /// A rate-limit policy as a type, for [`Limited`]. Its policy is built once per [`LimitStore`], on

@@ -13,8 +13,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
+use crate::limiter::{Checked, Limiter, Verdict};
 use crate::response::LimitHeaders;
-use crate::service::{Checked, Limiter, Verdict};
 use crate::store::CheckFuture;
 
 pin_project! {

@@ -7,10 +7,11 @@ use axum::body::Body;
 use http::Response;
 use tower::Layer;
 
+use crate::limiter::Limiter;
 use crate::policy::{Policy, PolicyError};
 use crate::refusals::Refusals;
 use crate::response::Rejected;
-use crate::service::{Limiter, RateLimit};
+use crate::service::RateLimit;
 use crate::store::Store;
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service, counting in a [`Store`].

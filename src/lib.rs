@@ -82,6 +82,7 @@ mod future;
 pub mod headers;
 mod key;
 mod layer;
+mod limiter;
 pub mod policy;
 pub mod quota;
 mod refusals;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::decision::Decision;
-use crate::service::Checked;
+use crate::limiter::Checked;
 
 /// Identities a layer's cache holds by default.
 pub const DEFAULT_REFUSAL_CACHE: usize = 10_000;

@@ -1,0 +1,304 @@
+//! [`Limiter`]: what a layer (or a [`Limited`](crate::Limited) extractor) decides with: a request's
+//! key and cost, the store's answer, and what to do with it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Response, StatusCode};
+
+use crate::decision::Decision;
+use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, PolicyError, StorageKey};
+use crate::quota::QuotaLookup;
+use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
+use crate::response::{self, LimitHeaders, Rejected};
+use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
+
+type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
+
+/// Everything a layer decides with, shared by all its services.
+#[derive(Clone)]
+pub(crate) struct Limiter {
+    pub(crate) policy: Policy,
+    store: Arc<dyn Store>,
+    pub(crate) legacy_headers: bool,
+    pub(crate) on_rejected: Option<RejectHandler>,
+    /// Requests a shadow-mode policy would have refused; shared by the clones of a layer.
+    pub(crate) shadow_refusals: Arc<AtomicU64>,
+    /// Refused identities answered without the store, and the refusal log's budget.
+    pub(crate) refusals: Arc<Refusals>,
+}
+
+/// A request ready for the store: its key, cost and daily quota.
+#[derive(Debug, Clone)]
+pub(crate) struct Checked {
+    pub(crate) key: StorageKey,
+    pub(crate) cost: u64,
+    pub(crate) quota: Option<QuotaLookup>,
+}
+
+/// What to do with a request before asking the store.
+pub(crate) enum Prepared {
+    /// Check it.
+    Check(Checked),
+    /// Let it through unlimited (no key, and the policy allows that).
+    Unlimited,
+    /// Answer at once (no key and the policy refuses, no client IP, a cost no rule admits).
+    Respond(Response<Body>),
+}
+
+/// What to do with a request once its check is known.
+pub(crate) enum Verdict {
+    /// Call the inner service, then add these headers (none when the store failed open).
+    Admit(Option<LimitHeaders>),
+    /// Wait this long (a reserved admission), then as `Admit`.
+    Delay(Duration, LimitHeaders),
+    /// Answer at once.
+    Respond(Response<Body>),
+}
+
+impl Limiter {
+    /// A limiter of `policy` in `store`, unless the store can't take the policy's keys in one call
+    /// (a quota keyed apart from the rules, on Redis Cluster).
+    pub(crate) fn try_new(policy: Policy, store: Arc<dyn Store>) -> Result<Self, PolicyError> {
+        if store.keys_share_one_slot()
+            && let Some(quota) = policy.quota()
+            && !quota.key().same_identity_as(policy.key())
+        {
+            return Err(PolicyError::QuotaKeyedApart {
+                policy: policy.name().to_owned(),
+                key: format!("{:?}", policy.key()),
+                quota: quota.name().to_owned(),
+                quota_key: format!("{:?}", quota.key()),
+            });
+        }
+        Ok(Limiter::new(policy, store))
+    }
+
+    pub(crate) fn new(policy: Policy, store: Arc<dyn Store>) -> Self {
+        let cache = if store.is_remote() {
+            DEFAULT_REFUSAL_CACHE
+        } else {
+            0
+        };
+        Limiter {
+            policy,
+            store,
+            legacy_headers: false,
+            on_rejected: None,
+            shadow_refusals: Arc::new(AtomicU64::new(0)),
+            refusals: Arc::new(Refusals::new(cache)),
+        }
+    }
+
+    /// Finds a request's key and cost, or what to do without a store check.
+    pub(crate) fn prepare(&self, parts: &http::request::Parts) -> Prepared {
+        let policy = &self.policy;
+        let key = match policy.storage_key(parts) {
+            KeyLookup::Found(key) => key,
+            KeyLookup::Unlimited => return Prepared::Unlimited,
+            KeyLookup::Refuse(status) => {
+                return Prepared::Respond(response::key_unavailable(status));
+            }
+            KeyLookup::NoClientIp => {
+                tracing::error!(
+                    policy = policy.name(),
+                    "no client IP to rate-limit by: serve with \
+                     `into_make_service_with_connect_info::<SocketAddr>()`"
+                );
+                return Prepared::Respond(response::key_unavailable(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                ));
+            }
+        };
+        let cost = policy.cost(parts);
+        let quota = policy
+            .quota()
+            .and_then(|quota| quota.lookup(parts, policy.client_ip()));
+        // A request no rule (nor the day's quota) could ever admit: waiting won't help.
+        let too_costly = match (policy.too_costly(cost), &quota) {
+            (Some(rule), _) => Some((&*policy.rule_names()[rule], policy.max_cost())),
+            (None, Some(lookup)) if cost > lookup.limit => {
+                policy.quota().map(|quota| (quota.name(), lookup.limit))
+            }
+            _ => None,
+        };
+        if let Some((rule, at_most)) = too_costly {
+            if policy.mode() == Mode::Shadow {
+                // Shadow mode refuses nothing, not even this; the store has nothing to say about it.
+                self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    policy = policy.name(),
+                    rule,
+                    cost,
+                    key_kind = key.kind(),
+                    key = key.identity(),
+                    "request would be refused as too costly (shadow mode)"
+                );
+                return Prepared::Unlimited;
+            }
+            return Prepared::Respond(response::too_costly(policy, cost, rule, at_most));
+        }
+        let checked = Checked { key, cost, quota };
+        // Shadow mode asks the store every time: it counts what it lets through.
+        if policy.mode() != Mode::Shadow
+            && let Some(decision) = self.refusals.answer(&checked)
+        {
+            self.refusals.count_unlogged();
+            return Prepared::Respond(self.refusal(decision, None));
+        }
+        Prepared::Check(checked)
+    }
+
+    /// Asks the store about a request: the policy's rules, algorithm, reservation and block.
+    pub(crate) fn check(&self, checked: &Checked) -> crate::store::CheckFuture {
+        let policy = &self.policy;
+        let quota = policy
+            .quota()
+            .zip(checked.quota.as_ref())
+            .map(|(quota, lookup)| {
+                QuotaRequest::new(
+                    lookup.key.as_str(),
+                    lookup.limit,
+                    quota.day_ms(),
+                    quota.day_start_offset_ms(),
+                    quota.thresholds(lookup.tier),
+                )
+                .identity(lookup.key.identity())
+            });
+        self.store.check(
+            &CheckRequest::new(checked.key.as_str(), policy.rules(), policy.algorithm())
+                .identity(checked.key.identity())
+                .cost(checked.cost)
+                .max_delay(policy.mode().max_delay())
+                .block_for(policy.block_for())
+                .quota(quota),
+        )
+    }
+
+    pub(crate) fn settle(
+        &self,
+        result: Result<Decision, StoreError>,
+        checked: &Checked,
+    ) -> Verdict {
+        let key = &checked.key;
+        let expected_states = self.policy.rules().len() + usize::from(checked.quota.is_some());
+        // A store must answer for every rule; anything else is a broken store, not a decision.
+        let result = result.and_then(|decision| {
+            if decision.rules.len() == expected_states {
+                Ok(decision)
+            } else {
+                Err(StoreError::Protocol(format!(
+                    "{} rule states for a policy of {} rules",
+                    decision.rules.len(),
+                    expected_states
+                )))
+            }
+        });
+        match result {
+            Ok(decision) => {
+                if !decision.quota_alerts.is_empty()
+                    && let (Some(quota), Some(lookup), Some(state)) = (
+                        self.policy.quota(),
+                        checked.quota.as_ref(),
+                        decision.rules.last(),
+                    )
+                {
+                    quota.alert(
+                        lookup,
+                        &decision.quota_alerts,
+                        state.remaining,
+                        decision.now_unix_ms,
+                    );
+                }
+                if decision.allowed {
+                    // An admission (of another cost) used quota: a refusal cached before it may
+                    // now have to wait longer.
+                    self.refusals.forget(checked);
+                    let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                    if !decision.delay.is_zero() {
+                        return Verdict::Delay(decision.delay, headers);
+                    }
+                    return Verdict::Admit(Some(headers));
+                }
+                if self.policy.mode() == Mode::Shadow {
+                    self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                    let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                    let rejected = Rejected::new(self.policy.clone(), decision);
+                    self.log_rejection(
+                        &rejected,
+                        key,
+                        "request would be rate limited (shadow mode)",
+                    );
+                    return Verdict::Admit(Some(headers));
+                }
+                // A penalty block's refusals are not cached: the property test shows the store's
+                // later answers under a block may wait longer than a cached one would say.
+                if self.policy.block_for().is_none() {
+                    self.refusals.remember(checked, &decision);
+                }
+                let log = self.refusals.may_log().then_some(key);
+                Verdict::Respond(self.refusal(decision, log))
+            }
+            Err(error) => match self.policy.on_store_error() {
+                OnStoreError::Allow => {
+                    tracing::warn!(
+                        policy = self.policy.name(),
+                        %error,
+                        "rate-limit store failed; letting the request through"
+                    );
+                    Verdict::Admit(None)
+                }
+                OnStoreError::Deny => {
+                    tracing::warn!(
+                        policy = self.policy.name(),
+                        %error,
+                        "rate-limit store failed; refusing the request"
+                    );
+                    Verdict::Respond(response::store_unavailable())
+                }
+            },
+        }
+    }
+
+    /// The 429 for a refusal: the problem body (or the app's own), `Retry-After` and the headers;
+    /// logged with `key` when given.
+    fn refusal(&self, decision: Decision, log: Option<&StorageKey>) -> Response<Body> {
+        let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+        let rejected = Rejected::new(self.policy.clone(), decision);
+        if let Some(key) = log {
+            self.log_rejection(&rejected, key, "request rate limited");
+        }
+        let response = match &self.on_rejected {
+            Some(respond) => respond(&rejected),
+            None => rejected.problem_response(),
+        };
+        response::finish_rejection(response, &rejected, headers)
+    }
+
+    /// Logs a refusal at `info`, with the count of refusals not logged since the last line.
+    fn log_rejection(&self, rejected: &Rejected, key: &StorageKey, message: &str) {
+        let rules: Vec<&str> = rejected.violated_rules().collect();
+        tracing::info!(
+            policy = self.policy.name(),
+            rule = %rules.join(", "),
+            key_kind = key.kind(),
+            key = key.identity(),
+            retry_after_s = rejected.retry_after_secs(),
+            unlogged_refusals = self.refusals.take_unlogged(),
+            "{message}"
+        );
+    }
+}
+
+impl fmt::Debug for Limiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter")
+            .field("policy", &self.policy)
+            .field("legacy_headers", &self.legacy_headers)
+            .field("custom_rejection", &self.on_rejected.is_some())
+            .finish_non_exhaustive()
+    }
+}
