@@ -16,6 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
+
+use crate::telemetry;
 use tokio::sync::mpsc;
 
 /// The error a notifier reports.
@@ -83,6 +85,8 @@ impl AlertStats {
 
 /// The bounded queue between requests and a notifier.
 pub(crate) struct AlertQueue {
+    /// The quota's name (the `quota` label of `ratelimit_quota_alerts_total`).
+    quota: Arc<str>,
     notifier: Arc<dyn QuotaNotifier>,
     capacity: usize,
     /// Made, with its draining task, by the first alert (which runs on the app's runtime), and
@@ -101,8 +105,9 @@ impl fmt::Debug for AlertQueue {
 }
 
 impl AlertQueue {
-    pub(crate) fn new(notifier: Arc<dyn QuotaNotifier>, capacity: usize) -> Self {
+    pub(crate) fn new(quota: &str, notifier: Arc<dyn QuotaNotifier>, capacity: usize) -> Self {
         AlertQueue {
+            quota: quota.into(),
             notifier,
             capacity: capacity.max(1),
             sender: Mutex::new(None),
@@ -124,7 +129,12 @@ impl AlertQueue {
                 return;
             };
             let (new_sender, receiver) = mpsc::channel(self.capacity);
-            runtime.spawn(drain(receiver, self.notifier.clone(), self.stats.clone()));
+            runtime.spawn(drain(
+                receiver,
+                self.notifier.clone(),
+                self.stats.clone(),
+                self.quota.clone(),
+            ));
             *sender = Some(new_sender);
         }
         let result = sender.as_ref().map(|sender| sender.try_send(alert));
@@ -142,6 +152,7 @@ impl AlertQueue {
 
     fn drop_alert(&self, alert: &QuotaAlert, why: &str) {
         self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        telemetry::quota_alert(&self.quota, alert.percent, "dropped");
         tracing::warn!(
             user = %alert.user,
             percent = alert.percent,
@@ -156,14 +167,17 @@ async fn drain(
     mut receiver: mpsc::Receiver<QuotaAlert>,
     notifier: Arc<dyn QuotaNotifier>,
     stats: Arc<AlertStats>,
+    quota: Arc<str>,
 ) {
     while let Some(alert) = receiver.recv().await {
         match notifier.notify(&alert).await {
             Ok(()) => {
                 stats.sent.fetch_add(1, Ordering::Relaxed);
+                telemetry::quota_alert(&quota, alert.percent, "sent");
             }
             Err(error) => {
                 stats.failed.fetch_add(1, Ordering::Relaxed);
+                telemetry::quota_alert(&quota, alert.percent, "failed");
                 tracing::warn!(
                     user = %alert.user,
                     percent = alert.percent,

@@ -49,6 +49,7 @@ use crate::limiter::{Limiter, Prepared, Verdict};
 use crate::policy::{Policy, PolicyError};
 use crate::response::LimitHeaders;
 use crate::store::Store;
+use crate::top_refused::RefusedIdentity;
 
 /// A rate-limit policy as a type, for [`Limited`]. Its policy is built once per [`LimitStore`], on
 /// the first request that needs it.
@@ -77,6 +78,15 @@ impl LimitStore {
             store: Arc::new(store),
             limiters: RwLock::new(HashMap::new()),
         }))
+    }
+
+    /// The `n` identities the policy `P` refused most recently, as
+    /// [`RateLimitLayer::top_refused`](crate::RateLimitLayer::top_refused) counts them.
+    pub fn top_refused<P: LimitPolicy>(&self, n: usize) -> Vec<RefusedIdentity> {
+        self.limiter::<P>().map_or_else(
+            |_| Vec::new(),
+            |limiter| limiter.top_refused.top(n, tokio::time::Instant::now()),
+        )
     }
 
     /// How many requests the policy `P` let through in shadow mode that it would have refused.

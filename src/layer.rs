@@ -13,6 +13,7 @@ use crate::refusals::Refusals;
 use crate::response::Rejected;
 use crate::service::RateLimit;
 use crate::store::Store;
+use crate::top_refused::{DEFAULT_TOP_REFUSED_GENERATION, RefusedIdentity, TopRefused};
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service, counting in a [`Store`].
 ///
@@ -103,6 +104,44 @@ impl RateLimitLayer {
     pub fn refusal_cache(mut self, capacity: usize) -> Self {
         Arc::make_mut(&mut self.limiter).refusals = Arc::new(Refusals::new(capacity));
         self
+    }
+
+    /// How many identities [`RateLimitLayer::top_refused`] tracks (default 64; 0 turns it off).
+    /// Memory is fixed by it: about 100 bytes per identity plus the identity itself.
+    pub fn top_refused_capacity(mut self, capacity: usize) -> Self {
+        Arc::make_mut(&mut self.limiter).top_refused =
+            Arc::new(TopRefused::new(capacity, DEFAULT_TOP_REFUSED_GENERATION));
+        self
+    }
+
+    /// The `n` identities this layer refused most in the last five to ten minutes (two five-minute
+    /// generations), most refused first: the abusers to look at. Counts come from a Space-Saving
+    /// summary in fixed memory, so they are approximate: each is an upper bound, at most its
+    /// `error` above the true count, and every identity refused more than 1/64 of the time (1 in
+    /// [`top_refused_capacity`](Self::top_refused_capacity)) is listed. Shadow-mode refusals count
+    /// too. An API key appears only as its hash, as in the logs. Clones of the layer share it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use axum::{Router, body::Body, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule, UserId};
+    ///
+    /// let policy = Policy::builder("otp").key(Key::user()).rule(Rule::per_minute(1)).build().unwrap();
+    /// let layer = RateLimitLayer::new(policy, MemoryStore::new());
+    /// let app = Router::new().route("/otp", get(|| async { "sent" })).layer(layer.clone());
+    /// for _ in 0..3 {
+    ///     let mut request = http::Request::get("/otp").body(Body::empty()).unwrap();
+    ///     request.extensions_mut().insert(UserId::new("mallory"));
+    ///     app.clone().oneshot(request).await.unwrap();
+    /// }
+    /// let top = layer.top_refused(10);
+    /// assert_eq!((top[0].identity.as_str(), top[0].count), ("user:mallory", 2));
+    /// # }
+    /// ```
+    pub fn top_refused(&self, n: usize) -> Vec<RefusedIdentity> {
+        self.limiter.top_refused.top(n, tokio::time::Instant::now())
     }
 
     /// How many requests this layer let through that its policy refused, in

@@ -89,6 +89,8 @@ mod refusals;
 pub mod response;
 mod service;
 pub mod store;
+mod telemetry;
+mod top_refused;
 
 pub use alert::{QuotaAlert, QuotaNotifier};
 pub use client_ip::{ClientIp, ForwardedHeader};
@@ -105,6 +107,7 @@ pub use quota::{Quota, QuotaBuilder, QuotaError, Tier};
 pub use response::Rejected;
 pub use service::RateLimit;
 pub use store::{MemoryStore, RedisStore, Store, StoreError};
+pub use top_refused::RefusedIdentity;
 
 // The README's examples are compiled and run as doctests.
 #[cfg(doctest)]

@@ -2,9 +2,9 @@
 //! key and cost, the store's answer, and what to do with it.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use http::{Response, StatusCode};
@@ -15,6 +15,8 @@ use crate::quota::QuotaLookup;
 use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
 use crate::response::{self, LimitHeaders, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
+use crate::telemetry::{Outcome, PolicyMetrics};
+use crate::top_refused::{DEFAULT_TOP_REFUSED, DEFAULT_TOP_REFUSED_GENERATION, TopRefused};
 
 type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
 
@@ -29,6 +31,10 @@ pub(crate) struct Limiter {
     pub(crate) shadow_refusals: Arc<AtomicU64>,
     /// Refused identities answered without the store, and the refusal log's budget.
     pub(crate) refusals: Arc<Refusals>,
+    /// The most refused identities, recently.
+    pub(crate) top_refused: Arc<TopRefused>,
+    /// Metric handles, registered at the first request (see [`crate::telemetry`]).
+    metrics: Arc<OnceLock<PolicyMetrics>>,
 }
 
 /// A request ready for the store: its key, cost and daily quota.
@@ -37,6 +43,10 @@ pub(crate) struct Checked {
     pub(crate) key: StorageKey,
     pub(crate) cost: u64,
     pub(crate) quota: Option<QuotaLookup>,
+    /// The check's span (`rate_limit`, at `debug`): policy, key kind, outcome, store latency.
+    span: tracing::Span,
+    /// When the store was asked.
+    started: Instant,
 }
 
 /// What to do with a request before asking the store.
@@ -90,7 +100,32 @@ impl Limiter {
             on_rejected: None,
             shadow_refusals: Arc::new(AtomicU64::new(0)),
             refusals: Arc::new(Refusals::new(cache)),
+            top_refused: Arc::new(TopRefused::new(
+                DEFAULT_TOP_REFUSED,
+                DEFAULT_TOP_REFUSED_GENERATION,
+            )),
+            metrics: Arc::default(),
         }
+    }
+
+    /// The layer's metric handles.
+    fn metrics(&self) -> &PolicyMetrics {
+        self.metrics
+            .get_or_init(|| PolicyMetrics::new(&self.policy, self.store.name()))
+    }
+
+    /// Counts a refusal (or, in shadow mode, what would have been one) of `key` by `rules`.
+    fn count_refusal(
+        &self,
+        outcome: Outcome,
+        key: &StorageKey,
+        rules: impl Iterator<Item = usize>,
+    ) {
+        let metrics = self.metrics();
+        metrics.request(outcome);
+        metrics.rule_refusals(rules);
+        self.top_refused
+            .record(key.kind(), key.identity(), tokio::time::Instant::now());
     }
 
     /// Finds a request's key and cost, or what to do without a store check.
@@ -98,11 +133,16 @@ impl Limiter {
         let policy = &self.policy;
         let key = match policy.storage_key(parts) {
             KeyLookup::Found(key) => key,
-            KeyLookup::Unlimited => return Prepared::Unlimited,
+            KeyLookup::Unlimited => {
+                self.metrics().request(Outcome::NoKey);
+                return Prepared::Unlimited;
+            }
             KeyLookup::Refuse(status) => {
+                self.metrics().request(Outcome::NoKey);
                 return Prepared::Respond(response::key_unavailable(status));
             }
             KeyLookup::NoClientIp => {
+                self.metrics().request(Outcome::NoKey);
                 tracing::error!(
                     policy = policy.name(),
                     "no client IP to rate-limit by: serve with \
@@ -119,13 +159,20 @@ impl Limiter {
             .and_then(|quota| quota.lookup(parts, policy.client_ip()));
         // A request no rule (nor the day's quota) could ever admit: waiting won't help.
         let too_costly = match (policy.too_costly(cost), &quota) {
-            (Some(rule), _) => Some((&*policy.rule_names()[rule], policy.max_cost())),
-            (None, Some(lookup)) if cost > lookup.limit => {
-                policy.quota().map(|quota| (quota.name(), lookup.limit))
-            }
+            (Some(rule), _) => Some((rule, &*policy.rule_names()[rule], policy.max_cost())),
+            // The quota's state comes after the rules'.
+            (None, Some(lookup)) if cost > lookup.limit => policy
+                .quota()
+                .map(|quota| (policy.rules().len(), quota.name(), lookup.limit)),
             _ => None,
         };
-        if let Some((rule, at_most)) = too_costly {
+        if let Some((index, rule, at_most)) = too_costly {
+            let outcome = if policy.mode() == Mode::Shadow {
+                Outcome::ShadowRefused
+            } else {
+                Outcome::TooCostly
+            };
+            self.count_refusal(outcome, &key, std::iter::once(index));
             if policy.mode() == Mode::Shadow {
                 // Shadow mode refuses nothing, not even this; the store has nothing to say about it.
                 self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
@@ -141,12 +188,26 @@ impl Limiter {
             }
             return Prepared::Respond(response::too_costly(policy, cost, rule, at_most));
         }
-        let checked = Checked { key, cost, quota };
+        let span = tracing::debug_span!(
+            "rate_limit",
+            policy = policy.name(),
+            key_kind = key.kind(),
+            outcome = tracing::field::Empty,
+            store_latency_us = tracing::field::Empty,
+        );
+        let checked = Checked {
+            key,
+            cost,
+            quota,
+            span,
+            started: Instant::now(),
+        };
         // Shadow mode asks the store every time: it counts what it lets through.
         if policy.mode() != Mode::Shadow
             && let Some(decision) = self.refusals.answer(&checked)
         {
             self.refusals.count_unlogged();
+            self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
             return Prepared::Respond(self.refusal(decision, None));
         }
         Prepared::Check(checked)
@@ -183,6 +244,9 @@ impl Limiter {
         result: Result<Decision, StoreError>,
         checked: &Checked,
     ) -> Verdict {
+        let took = checked.started.elapsed();
+        // The refusal log and the alerts below belong to the check's span.
+        let _entered = checked.span.enter();
         let key = &checked.key;
         let expected_states = self.policy.rules().len() + usize::from(checked.quota.is_some());
         // A store must answer for every rule; anything else is a broken store, not a decision.
@@ -197,6 +261,15 @@ impl Limiter {
                 )))
             }
         });
+        let metrics = self.metrics();
+        metrics.store_call(took, result.as_ref().map(|_| ()));
+        checked
+            .span
+            .record("store_latency_us", took.as_micros() as u64);
+        let outcome = |outcome: Outcome| {
+            checked.span.record("outcome", outcome.label());
+            outcome
+        };
         match result {
             Ok(decision) => {
                 if !decision.quota_alerts.is_empty()
@@ -217,14 +290,19 @@ impl Limiter {
                     // An admission (of another cost) used quota: a refusal cached before it may
                     // now have to wait longer.
                     self.refusals.forget(checked);
+                    metrics.admitted(&decision);
                     let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
                     if !decision.delay.is_zero() {
+                        metrics.request(outcome(Outcome::Delayed));
+                        metrics.delay(decision.delay);
                         return Verdict::Delay(decision.delay, headers);
                     }
+                    metrics.request(outcome(Outcome::Allowed));
                     return Verdict::Admit(Some(headers));
                 }
                 if self.policy.mode() == Mode::Shadow {
                     self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                    self.count_refusal(outcome(Outcome::ShadowRefused), key, decision.violated());
                     let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
                     let rejected = Rejected::new(self.policy.clone(), decision);
                     self.log_rejection(
@@ -239,11 +317,13 @@ impl Limiter {
                 if self.policy.block_for().is_none() {
                     self.refusals.remember(checked, &decision);
                 }
+                self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
                 let log = self.refusals.may_log().then_some(key);
                 Verdict::Respond(self.refusal(decision, log))
             }
             Err(error) => match self.policy.on_store_error() {
                 OnStoreError::Allow => {
+                    metrics.request(outcome(Outcome::StoreErrorAllowed));
                     tracing::warn!(
                         policy = self.policy.name(),
                         %error,
@@ -252,6 +332,7 @@ impl Limiter {
                     Verdict::Admit(None)
                 }
                 OnStoreError::Deny => {
+                    metrics.request(outcome(Outcome::StoreErrorDenied));
                     tracing::warn!(
                         policy = self.policy.name(),
                         %error,

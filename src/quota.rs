@@ -504,6 +504,9 @@ impl QuotaBuilder {
                     .collect()
             })
             .collect();
+        let alerts = self
+            .notifier
+            .map(|notifier| AlertQueue::new(&self.name, notifier, self.queue_capacity));
         Ok(Quota(Arc::new(Inner {
             name: self.name,
             keys,
@@ -515,9 +518,7 @@ impl QuotaBuilder {
             alert_percents,
             thresholds,
             sf_name,
-            alerts: self
-                .notifier
-                .map(|notifier| AlertQueue::new(notifier, self.queue_capacity)),
+            alerts,
         })))
     }
 }

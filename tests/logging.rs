@@ -19,14 +19,24 @@ struct Captured(Arc<Mutex<Vec<u8>>>);
 impl Captured {
     /// A capturing subscriber at `info`, the default on this thread while the guard lives.
     fn install() -> (Captured, tracing::subscriber::DefaultGuard) {
+        Captured::install_at(tracing::Level::INFO)
+    }
+
+    /// A capturing subscriber at `level` that also logs each span as it closes.
+    fn install_at(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
         let captured = Captured::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
             .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
+            .with_max_level(level)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
             .finish();
         (captured, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
 }
 
@@ -118,4 +128,37 @@ async fn a_refusal_flood_is_not_a_log_flood() {
         .rfind(|line| line.contains("request rate limited"))
         .unwrap();
     assert!(last.contains("unlogged_refusals=984"), "{last}");
+}
+
+#[tokio::test]
+async fn each_check_has_a_span_with_its_policy_outcome_and_store_latency() {
+    let (captured, _guard) = Captured::install_at(tracing::Level::DEBUG);
+    let app = app(
+        Policy::builder("spanned")
+            .key(Key::ip())
+            .rule(Rule::per_minute(1))
+            .build()
+            .unwrap(),
+        MemoryStore::new(),
+    );
+    for status in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+        let response = send(&app, request_from("198.51.100.4:1", "/")).await;
+        assert_eq!(response.status(), status);
+    }
+    let text = captured.text();
+    let closed: Vec<&str> = text.lines().filter(|line| line.contains("close")).collect();
+    assert_eq!(closed.len(), 2, "{text}");
+    for (line, outcome) in closed.iter().zip(["allowed", "refused"]) {
+        assert!(line.contains("rate_limit{policy=\"spanned\" key_kind=\"ip\""), "{line}");
+        assert!(line.contains(&format!("outcome=\"{outcome}\"")), "{line}");
+        assert!(line.contains("store_latency_us="), "{line}");
+        // The identity is only in the refusal's log line, as before.
+        assert!(!line.contains("198.51.100.4"), "{line}");
+    }
+    // The refusal is logged inside the check's span.
+    let refusal = text
+        .lines()
+        .find(|line| line.contains("request rate limited"))
+        .expect("a refusal line");
+    assert!(refusal.contains("rate_limit{policy=\"spanned\""), "{refusal}");
 }

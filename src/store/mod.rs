@@ -201,6 +201,12 @@ pub trait Store: Send + Sync + 'static {
     fn is_remote(&self) -> bool {
         false
     }
+
+    /// The store's name in the crate's metrics (the `store` label): `memory`, `redis`, or, unless
+    /// a store of your own says otherwise, `custom`.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -214,6 +220,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn is_remote(&self) -> bool {
         (**self).is_remote()
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
     }
 }
 

@@ -163,6 +163,10 @@ impl Store for MemoryStore {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         CheckFuture::ready(Ok(self.check_now(request)))
     }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
 }
 
 /// A poisoned shard only means another thread panicked mid-check; its counters are still whole

@@ -475,6 +475,10 @@ impl Store for RedisStore {
     fn is_remote(&self) -> bool {
         true
     }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
 }
 
 impl Shared {

@@ -1,0 +1,248 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (the `metrics` feature): what
+//! each request came to, which rules refused, how the store answered.
+//!
+//! Handles are registered once per layer, at its first request, and kept: recording is then an
+//! atomic add in the installed recorder, with no label built or looked up per request. So install
+//! the recorder (e.g. `metrics-exporter-prometheus`) before the app serves; without one, every
+//! handle is a no-op. Labels are policy, rule, quota and store names, bounded by the
+//! configuration; identities never become labels.
+
+use std::time::Duration;
+
+use crate::decision::Decision;
+use crate::policy::Policy;
+use crate::store::StoreError;
+
+/// What became of a request (`ratelimit_requests_total`'s `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Admitted at once.
+    Allowed,
+    /// Refused by the store.
+    Refused,
+    /// Would have been refused; shadow mode let it through.
+    ShadowRefused,
+    /// Admitted after a wait (delay mode).
+    Delayed,
+    /// Refused at once: no rule (or quota) could ever admit its cost.
+    TooCostly,
+    /// The policy's key was missing (let through or refused, as the policy says).
+    NoKey,
+    /// The store failed and the policy lets requests through.
+    StoreErrorAllowed,
+    /// The store failed and the policy refuses requests.
+    StoreErrorDenied,
+    /// Refused from the layer's cache of refusals, without a store call.
+    CachedRefusal,
+}
+
+impl Outcome {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Outcome; 9] = [
+        Outcome::Allowed,
+        Outcome::Refused,
+        Outcome::ShadowRefused,
+        Outcome::Delayed,
+        Outcome::TooCostly,
+        Outcome::NoKey,
+        Outcome::StoreErrorAllowed,
+        Outcome::StoreErrorDenied,
+        Outcome::CachedRefusal,
+    ];
+
+    /// The label value.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Refused => "refused",
+            Outcome::ShadowRefused => "shadow_refused",
+            Outcome::Delayed => "delayed",
+            Outcome::TooCostly => "too_costly",
+            Outcome::NoKey => "no_key",
+            Outcome::StoreErrorAllowed => "store_error_allowed",
+            Outcome::StoreErrorDenied => "store_error_denied",
+            Outcome::CachedRefusal => "cached_refusal",
+        }
+    }
+}
+
+/// `ratelimit_store_duration_seconds`'s `outcome` labels, indexed by [`store_outcome`].
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+const STORE_OUTCOMES: [&str; 3] = ["ok", "error", "timeout"];
+
+/// How a store call ended, as an index into [`STORE_OUTCOMES`].
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+fn store_outcome(result: Result<(), &StoreError>) -> usize {
+    match result {
+        Ok(()) => 0,
+        Err(StoreError::Timeout(_)) => 2,
+        Err(_) => 1,
+    }
+}
+
+/// The `kind` label of `ratelimit_store_errors_total`.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) fn error_kind(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::Timeout(_) => "timeout",
+        StoreError::Protocol(_) => "protocol",
+        StoreError::Config(_) => "config",
+        StoreError::NotReplicated { .. } => "not_replicated",
+    }
+}
+
+/// Below this share of a rule's limit left, an admission is "near the limit".
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+const NEAR_LIMIT_PERCENT: u64 = 10;
+
+/// Whether an admission that left `remaining` of `limit` is near the limit (under 10 % left).
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) fn near_limit(remaining: u64, limit: u64) -> bool {
+    u128::from(remaining) * 100 < u128::from(limit) * u128::from(NEAR_LIMIT_PERCENT)
+}
+
+#[cfg(feature = "metrics")]
+mod handles {
+    use metrics::{Counter, Histogram, counter, histogram};
+
+    use super::*;
+
+    /// One layer's metric handles, registered at its first request.
+    #[derive(Clone)]
+    pub(crate) struct PolicyMetrics {
+        requests: [Counter; Outcome::ALL.len()],
+        /// Per rule in policy order, then the daily quota's, if any.
+        rule_refusals: Vec<Counter>,
+        near_limit: Vec<Counter>,
+        delay: Histogram,
+        store_durations: [Histogram; 3],
+        store: &'static str,
+    }
+
+    impl PolicyMetrics {
+        pub(crate) fn new(policy: &Policy, store: &'static str) -> Self {
+            let name = policy.name().to_owned();
+            let requests = Outcome::ALL.map(|outcome| {
+                counter!("ratelimit_requests_total", "policy" => name.clone(), "outcome" => outcome.label())
+            });
+            let rules: Vec<String> = policy
+                .rule_names()
+                .iter()
+                .map(|rule| rule.to_string())
+                .chain(policy.quota().map(|quota| quota.name().to_owned()))
+                .collect();
+            let per_rule = |metric: &'static str| -> Vec<Counter> {
+                rules
+                    .iter()
+                    .map(|rule| counter!(metric, "policy" => name.clone(), "rule" => rule.clone()))
+                    .collect()
+            };
+            PolicyMetrics {
+                requests,
+                rule_refusals: per_rule("ratelimit_rule_refusals_total"),
+                near_limit: per_rule("ratelimit_near_limit_total"),
+                delay: histogram!("ratelimit_delay_seconds", "policy" => name.clone()),
+                store_durations: STORE_OUTCOMES.map(|outcome| {
+                    histogram!("ratelimit_store_duration_seconds", "store" => store, "outcome" => outcome)
+                }),
+                store,
+            }
+        }
+
+        pub(crate) fn request(&self, outcome: Outcome) {
+            self.requests[outcome as usize].increment(1);
+        }
+
+        /// Counts a refusal against each rule that refused (a rule index past the rules is the
+        /// quota's).
+        pub(crate) fn rule_refusals(&self, rules: impl Iterator<Item = usize>) {
+            for rule in rules {
+                if let Some(counter) = self.rule_refusals.get(rule) {
+                    counter.increment(1);
+                }
+            }
+        }
+
+        /// Counts, for an admission, each rule it left with less than 10 % of its limit.
+        pub(crate) fn admitted(&self, decision: &Decision) {
+            for (state, counter) in decision.rules.iter().zip(&self.near_limit) {
+                if near_limit(state.remaining, state.limit) {
+                    counter.increment(1);
+                }
+            }
+        }
+
+        pub(crate) fn delay(&self, delay: Duration) {
+            self.delay.record(delay.as_secs_f64());
+        }
+
+        /// Records how long a store call took and, for a failure, what kind it was.
+        pub(crate) fn store_call(&self, took: Duration, result: Result<(), &StoreError>) {
+            self.store_durations[store_outcome(result)].record(took.as_secs_f64());
+            if let Err(error) = result {
+                // Errors are rare: this handle is looked up when one happens.
+                counter!("ratelimit_store_errors_total", "store" => self.store, "kind" => error_kind(error))
+                    .increment(1);
+            }
+        }
+    }
+
+    /// Counts what became of a quota alert (`sent`, `failed` or `dropped`).
+    pub(crate) fn quota_alert(quota: &str, percent: u8, outcome: &'static str) {
+        counter!(
+            "ratelimit_quota_alerts_total",
+            "quota" => quota.to_owned(),
+            "percent" => percent.to_string(),
+            "outcome" => outcome
+        )
+        .increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod handles {
+    use super::*;
+
+    /// Without the `metrics` feature: nothing is recorded.
+    #[derive(Clone)]
+    pub(crate) struct PolicyMetrics;
+
+    impl PolicyMetrics {
+        pub(crate) fn new(_policy: &Policy, _store: &'static str) -> Self {
+            PolicyMetrics
+        }
+        pub(crate) fn request(&self, _outcome: Outcome) {}
+        pub(crate) fn rule_refusals(&self, _rules: impl Iterator<Item = usize>) {}
+        pub(crate) fn admitted(&self, _decision: &Decision) {}
+        pub(crate) fn delay(&self, _delay: Duration) {}
+        pub(crate) fn store_call(&self, _took: Duration, _result: Result<(), &StoreError>) {}
+    }
+
+    pub(crate) fn quota_alert(_quota: &str, _percent: u8, _outcome: &'static str) {}
+}
+
+pub(crate) use handles::{PolicyMetrics, quota_alert};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_limit_is_under_a_tenth_left() {
+        assert!(near_limit(0, 10));
+        assert!(!near_limit(1, 10));
+        assert!(near_limit(9, 100));
+        assert!(!near_limit(10, 100));
+        assert!(near_limit(0, 1));
+        assert!(!near_limit(1, 1));
+        assert!(near_limit(u64::MAX / 20, u64::MAX));
+    }
+
+    #[test]
+    fn outcomes_index_their_own_handles() {
+        for (index, outcome) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(*outcome as usize, index, "{}", outcome.label());
+        }
+    }
+}
