@@ -21,6 +21,10 @@
 //! top level:
 //! `forwarded_header = "x-forwarded-for" | "forwarded" | "x-real-ip"` pins the proxy header read
 //! from `trusted_proxies` (absent: the first present of the three).
+//! `metrics = "127.0.0.1:9091"` starts the operator listener there: Prometheus text at
+//! `GET /metrics` and the most refused identities of each route's policy as JSON at
+//! `GET /debug/ratelimit/top` (`?n=`, default 10). It answers whoever reaches it: bind it to
+//! loopback or a private interface. Absent, nothing more listens.
 //!
 //! - `listen`: an IP address and port (no host names).
 //! - `store`: where the counts live. `"memory"`; or Redis, so that several demo instances share one
@@ -95,6 +99,9 @@ use tower_redis_ratelimit::{
     PolicyError, Quota, RateLimitLayer, RedisStore, Rule, Scope, Store, StoreError, policy,
 };
 use tracing_subscriber::EnvFilter;
+
+#[path = "demo_parts/operator.rs"]
+mod operator;
 
 /// The built-in config, also shipped as `examples/demo.toml`.
 const DEFAULT_CONFIG: &str = include_str!("demo.toml");
@@ -245,6 +252,9 @@ struct Config {
     /// Optional, with a Redis store only: replicas that must acknowledge an admission (default 0).
     #[serde(default)]
     wait_for_replicas: Option<u32>,
+    /// Where the operator listener serves `/metrics` and `/debug/ratelimit/…` (absent: nowhere).
+    #[serde(default)]
+    metrics: Option<String>,
     routes: Vec<RouteConfig>,
     /// Optional: a daily quota by tier on every limited route.
     #[serde(default)]
@@ -343,6 +353,8 @@ struct DemoConfig {
     trusted_proxies: Vec<IpNet>,
     forwarded_header: Option<ForwardedHeader>,
     legacy_headers: bool,
+    /// The operator listener's address, if any.
+    metrics: Option<SocketAddr>,
     routes: Vec<Route>,
     /// Set by `--no-limiter`, not by the file: serve the routes without any limiter.
     no_limiter: bool,
@@ -547,6 +559,12 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
         }
     };
     let store = check_store(&raw.store, store_timeout)?;
+    let metrics = raw
+        .metrics
+        .as_deref()
+        .map(operator::parse_address)
+        .transpose()
+        .map_err(|message| ConfigError::field("metrics", message))?;
     let store_tls = check_tls(raw.tls_ca.as_deref(), raw.tls_insecure, &store)?;
     let wait_for_replicas = match raw.wait_for_replicas {
         Some(replicas) if replicas > 0 && store == StoreKind::Memory => {
@@ -631,6 +649,7 @@ fn check_config(raw: Config) -> Result<DemoConfig, ConfigError> {
         trusted_proxies,
         forwarded_header,
         legacy_headers: raw.legacy_headers,
+        metrics,
         routes,
         no_limiter: false,
     })
@@ -1221,7 +1240,13 @@ fn open_store(
 
 /// The app: every configured route answers `GET` and `POST` with `200 PONG` behind its own limit,
 /// and `/healthz` answers `200 ok`, unlimited. All routes count in one shared store.
+#[cfg(test)]
 fn build_app(config: &DemoConfig) -> Result<Router, StoreError> {
+    build_app_with_layers(config).map(|(app, _)| app)
+}
+
+/// [`build_app`], and the layer of each limited route (for the operator listener).
+fn build_app_with_layers(config: &DemoConfig) -> Result<(Router, Vec<RateLimitLayer>), StoreError> {
     // One store for every route, as one app would share it.
     let store = open_store(
         &config.store,
@@ -1229,6 +1254,7 @@ fn build_app(config: &DemoConfig) -> Result<Router, StoreError> {
         config.wait_for_replicas,
     )?;
     let mut app = Router::new().route(HEALTHZ, get(|| async { "ok" }));
+    let mut layers = Vec::new();
     for route in &config.routes {
         let handler = get(pong).post(pong);
         if config.no_limiter {
@@ -1237,10 +1263,11 @@ fn build_app(config: &DemoConfig) -> Result<Router, StoreError> {
         }
         let limit = RateLimitLayer::new(route.policy.clone(), store.clone())
             .legacy_headers(config.legacy_headers);
+        layers.push(limit.clone());
         // The layer sits on the route's method router, so it covers this route only.
         app = app.route(&route.path, handler.layer(limit));
     }
-    Ok(app)
+    Ok((app, layers))
 }
 
 async fn pong() -> &'static str {
@@ -1269,7 +1296,25 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
         legacy_headers = config.legacy_headers,
         "serving"
     );
-    let app = build_app(&config).map_err(io::Error::other)?;
+    // The recorder goes in before the layers are built and serve their first request.
+    let prometheus = match config.metrics {
+        Some(_) => Some(operator::install_recorder().map_err(io::Error::other)?),
+        None => None,
+    };
+    let (app, layers) = build_app_with_layers(&config).map_err(io::Error::other)?;
+    if let (Some(address), Some(prometheus)) = (config.metrics, prometheus) {
+        let listener = TcpListener::bind(address).await.map_err(|error| {
+            io::Error::new(
+                error.kind(),
+                format!("metrics: cannot listen on {address}: {error}"),
+            )
+        })?;
+        tracing::info!(%address, "operator listener: /metrics, /debug/ratelimit/top");
+        tokio::spawn(operator::serve(
+            listener,
+            operator::Operator { prometheus, layers },
+        ));
+    }
     // The client IP key needs the peer address, which only this kind of make-service provides.
     axum::serve(
         listener,
@@ -2182,11 +2227,12 @@ QXvkTTxEd9w=
                 "line 1, column 1",
                 "unknown field `colour`, expected one of `listen`, `store`, `prefix`, \
                  `trusted_proxies`, `legacy_headers`, `forwarded_header`, `on_store_error`, \
-                 `store_timeout`, `tls_ca`, `tls_insecure`, `wait_for_replicas`, `routes`, `quota`",
+                 `store_timeout`, `tls_ca`, `tls_insecure`, `wait_for_replicas`, `metrics`, `routes`, \
+                 `quota`",
             ),
             (
                 edited("key = \"ip\"", "methods = [\"GET\"]"),
-                "line 18, column 1",
+                "line 19, column 1",
                 "unknown field `methods`, expected one of `path`, `key`, `algorithm`, `rules`, \
                  `prevent_duplicate`, `block_for`, `mode`, `max_delay`, `cost_header`",
             ),
@@ -2195,7 +2241,7 @@ QXvkTTxEd9w=
                     "{ limit = 100, period = \"1h\" }",
                     "{ limit = 100, period = \"1h\", colour = 5 }",
                 ),
-                "line 20, column 71",
+                "line 21, column 71",
                 "unknown field `colour`, expected one of `limit`, `period`, `burst`",
             ),
             (
@@ -2205,22 +2251,22 @@ QXvkTTxEd9w=
             ),
             (
                 edited("path = \"/api/ping\" ", "# no path "),
-                "line 16, column 1",
+                "line 17, column 1",
                 "missing field `path`",
             ),
             (
                 edited("{ limit = 100, period = \"1h\" }", "{ limit = 100 }"),
-                "line 20, column 41",
+                "line 21, column 41",
                 "missing field `period`",
             ),
             (
                 edited("limit = 20,", "limit = \"20\","),
-                "line 20, column 20",
+                "line 21, column 20",
                 "invalid type: string \"20\", expected u64",
             ),
             (
                 edited("limit = 20,", "limit = -1,"),
-                "line 20, column 20",
+                "line 21, column 20",
                 "invalid value: integer `-1`, expected u64",
             ),
             (
@@ -2562,6 +2608,365 @@ QXvkTTxEd9w=
         assert_eq!(status, StatusCode::OK);
         let (status, _, _) = send(&app, Method::GET, "/api/ping", &forwarded("127.0.0.3")).await;
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[test]
+    fn the_metrics_listener_is_an_address_or_absent() {
+        let config = load_config(DEFAULT_CONFIG).unwrap();
+        assert_eq!(config.metrics, None);
+        let with = |value: &str| {
+            DEFAULT_CONFIG.replacen(
+                "legacy_headers = false",
+                &format!("legacy_headers = false\nmetrics = {value}"),
+                1,
+            )
+        };
+        let config = load_config(&with("\"127.0.0.1:9091\"")).unwrap();
+        assert_eq!(
+            config.metrics,
+            Some(SocketAddr::from(([127, 0, 0, 1], 9091)))
+        );
+        let error = load_config(&with("\"localhost:9091\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("metrics: \"localhost:9091\" is not an IP address and port"),
+            "{error}"
+        );
+    }
+
+    /// A port nothing listens on right now.
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// The sum of the series `name` whose labels include all of `labels`, in Prometheus text.
+    fn scraped(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+        text.lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+                let matches = metric == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")));
+                matches.then(|| value.parse::<f64>().unwrap())
+            })
+            .sum()
+    }
+
+    /// The metric names in the `expr` of every panel of the shipped Grafana dashboard.
+    fn dashboard_metrics() -> std::collections::BTreeSet<String> {
+        let text = include_str!("grafana/ratelimit.json");
+        let dashboard: serde_json::Value = serde_json::from_str(text).unwrap();
+        let mut names = std::collections::BTreeSet::new();
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                let mut rest = expr;
+                while let Some(at) = rest.find("ratelimit_") {
+                    let name: String = rest[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    rest = &rest[at + name.len()..];
+                    names.insert(name);
+                }
+            }
+        }
+        names
+    }
+
+    /// Serves alerts: 200 for the one at 80 %, 500 for any other (the notifier retries, then
+    /// gives up: a failed alert).
+    async fn alert_webhook() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route(
+            "/alerts",
+            axum::routing::post(|body: axum::body::Bytes| async move {
+                let alert: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                if alert["percent"] == 80 {
+                    StatusCode::OK
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    }
+
+    /// Starts the demo on a free port; its address.
+    async fn start(text: String) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(run(load_config(&text).unwrap(), listener));
+        addr
+    }
+
+    /// The one test of this binary that installs the Prometheus recorder (a process has one): a
+    /// known mix of traffic, then every counter of `/metrics` is what was sent, the top refused
+    /// identities are who was refused, and every metric the Grafana dashboard queries is there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_operator_listener_counts_a_known_traffic_mix_exactly() {
+        let metrics_port = free_port();
+        let hook = alert_webhook().await;
+        let main = start(format!(
+            r#"listen = "127.0.0.1:0"
+store = "memory"
+prefix = "ops"
+trusted_proxies = []
+legacy_headers = false
+metrics = "127.0.0.1:{metrics_port}"
+
+[[routes]]
+path = "/two-rules"
+key = "user"
+algorithm = "sliding_log"
+rules = [{{ limit = 2, period = "1s" }}, {{ limit = 3, period = "1h" }}]
+cost_header = "x-cost"
+
+[[routes]]
+path = "/shadow"
+key = "user"
+algorithm = "sliding_log"
+rules = [{{ limit = 1, period = "1m" }}]
+mode = "shadow"
+
+[[routes]]
+path = "/delay"
+key = "user"
+algorithm = "sliding_log"
+rules = [{{ limit = 1, period = "1s" }}]
+mode = "delay"
+max_delay = "5s"
+
+[[routes]]
+path = "/quota"
+key = "user"
+algorithm = "sliding_log"
+rules = [{{ limit = 100, period = "1m" }}]
+
+[quota]
+tiers = {{ free = 5 }}
+alert_at = [80, 100]
+alert_webhook = "http://{hook}/alerts"
+"#
+        ))
+        .await;
+        // Two more instances on a Redis that isn't there: one fails open, one closed. Their layers
+        // record into the same process's recorder.
+        let down = free_port();
+        let outage = |path: &str, on_error: &str| {
+            format!(
+                r#"listen = "127.0.0.1:0"
+store = "redis://127.0.0.1:{down}/0"
+prefix = "ops"
+on_store_error = "{on_error}"
+trusted_proxies = []
+legacy_headers = false
+
+[[routes]]
+path = "{path}"
+key = "ip"
+algorithm = "fixed_window"
+rules = [{{ limit = 10, period = "1m" }}]
+"#
+            )
+        };
+        let open = start(outage("/down-open", "allow")).await;
+        let closed = start(outage("/down-closed", "deny")).await;
+
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let get = |addr: SocketAddr, path: &str, user: &str, cost: &str| {
+            let request = client
+                .get(format!("http://{addr}{path}"))
+                .header("x-user-id", user)
+                .header("x-cost", cost);
+            async move { request.send().await.unwrap().status().as_u16() }
+        };
+        // Two admitted, the third refused by the per-second rule alone; a second later one more
+        // admitted (the hour's last) and the next refused by the hour's rule alone; then a cost
+        // no rule admits.
+        let mut two_rules = Vec::new();
+        for _ in 0..3 {
+            two_rules.push(get(main, "/two-rules", "alice", "1").await);
+        }
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        for _ in 0..2 {
+            two_rules.push(get(main, "/two-rules", "alice", "1").await);
+        }
+        two_rules.push(get(main, "/two-rules", "alice", "100").await);
+        assert_eq!(two_rules, [200, 200, 429, 200, 429, 413]);
+        let mut shadow = Vec::new();
+        for _ in 0..3 {
+            shadow.push(get(main, "/shadow", "sam", "1").await);
+        }
+        assert_eq!(shadow, [200; 3]);
+        let delay = [
+            get(main, "/delay", "dora", "1").await,
+            get(main, "/delay", "dora", "1").await,
+        ];
+        assert_eq!(delay, [200, 200]);
+        let mut quota = Vec::new();
+        for _ in 0..6 {
+            quota.push(get(main, "/quota", "quinn", "1").await);
+        }
+        assert_eq!(quota, [200, 200, 200, 200, 200, 429]);
+        for _ in 0..2 {
+            assert_eq!(get(open, "/down-open", "x", "1").await, 200);
+            assert_eq!(get(closed, "/down-closed", "x", "1").await, 503);
+        }
+
+        let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
+        let alerts = [
+            ("quota", "daily"),
+            ("percent", "100"),
+            ("outcome", "failed"),
+        ];
+        let mut text = String::new();
+        // The alert at 100 % fails after the notifier's retries (100 + 200 + 400 ms).
+        for _ in 0..100 {
+            text = client
+                .get(&metrics_url)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if scraped(&text, "ratelimit_quota_alerts_total", &alerts) == 1.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let requests = |policy: &str, outcome: &str| {
+            scraped(
+                &text,
+                "ratelimit_requests_total",
+                &[("policy", policy), ("outcome", outcome)],
+            )
+        };
+        let expected = [
+            ("/two-rules", "allowed", 3.0),
+            ("/two-rules", "refused", 2.0),
+            ("/two-rules", "too_costly", 1.0),
+            ("/shadow", "allowed", 1.0),
+            ("/shadow", "shadow_refused", 2.0),
+            ("/delay", "allowed", 1.0),
+            ("/delay", "delayed", 1.0),
+            ("/quota", "allowed", 5.0),
+            ("/quota", "refused", 1.0),
+            ("/down-open", "store_error_allowed", 2.0),
+            ("/down-closed", "store_error_denied", 2.0),
+        ];
+        for (policy, outcome, count) in expected {
+            assert_eq!(
+                requests(policy, outcome),
+                count,
+                "{policy} {outcome}\n{text}"
+            );
+        }
+        // Nothing else was counted for these policies (other tests of this process may count
+        // under their own).
+        let policies: std::collections::BTreeSet<&str> =
+            expected.iter().map(|(policy, _, _)| *policy).collect();
+        for policy in policies {
+            let sent: f64 = expected
+                .iter()
+                .filter(|(name, _, _)| *name == policy)
+                .map(|(_, _, count)| count)
+                .sum();
+            let counted = scraped(&text, "ratelimit_requests_total", &[("policy", policy)]);
+            assert_eq!(counted, sent, "{policy}\n{text}");
+        }
+        let rule = |metric: &str, policy: &str, rule: &str| {
+            scraped(&text, metric, &[("policy", policy), ("rule", rule)])
+        };
+        let refusals = "ratelimit_rule_refusals_total";
+        // The too-costly request counts against the rule with the smallest limit.
+        assert_eq!(rule(refusals, "/two-rules", "2-per-1s"), 2.0);
+        assert_eq!(rule(refusals, "/two-rules", "3-per-3600s"), 1.0);
+        assert_eq!(rule(refusals, "/shadow", "1-per-60s"), 2.0);
+        assert_eq!(rule(refusals, "/quota", "daily"), 1.0);
+        let refused_here: f64 = ["/two-rules", "/shadow", "/quota", "/delay"]
+            .iter()
+            .map(|policy| scraped(&text, refusals, &[("policy", policy)]))
+            .sum();
+        assert_eq!(refused_here, 6.0, "{text}");
+        let near = "ratelimit_near_limit_total";
+        assert_eq!(rule(near, "/two-rules", "2-per-1s"), 1.0);
+        assert_eq!(rule(near, "/two-rules", "3-per-3600s"), 1.0);
+        assert_eq!(rule(near, "/quota", "daily"), 1.0);
+        let quota_alert = |percent: &str, outcome: &str| {
+            let labels = [
+                ("quota", "daily"),
+                ("percent", percent),
+                ("outcome", outcome),
+            ];
+            scraped(&text, "ratelimit_quota_alerts_total", &labels)
+        };
+        assert_eq!(quota_alert("80", "sent"), 1.0);
+        assert_eq!(quota_alert("100", "failed"), 1.0);
+        assert_eq!(scraped(&text, "ratelimit_quota_alerts_total", &[]), 2.0);
+        let redis = [("store", "redis")];
+        assert_eq!(scraped(&text, "ratelimit_store_errors_total", &redis), 4.0);
+        let failed_calls = [("store", "redis"), ("outcome", "error")];
+        let timed_out = [("store", "redis"), ("outcome", "timeout")];
+        let count = "ratelimit_store_duration_seconds_count";
+        assert_eq!(
+            scraped(&text, count, &failed_calls) + scraped(&text, count, &timed_out),
+            4.0
+        );
+        let delays = [("policy", "/delay")];
+        assert_eq!(
+            scraped(&text, "ratelimit_delay_seconds_count", &delays),
+            1.0
+        );
+        assert!(
+            !text.contains("alice") && !text.contains("quinn"),
+            "identities in labels"
+        );
+
+        // Every metric the dashboard queries is exported.
+        let names = dashboard_metrics();
+        assert!(names.len() >= 7, "{names:?}");
+        for name in &names {
+            let exported = text
+                .lines()
+                .any(|line| !line.starts_with('#') && line.starts_with(&format!("{name}{{")));
+            assert!(
+                exported,
+                "the dashboard queries {name}, which /metrics lacks:\n{text}"
+            );
+        }
+
+        // The most refused identities, per policy.
+        let top: serde_json::Value = client
+            .get(format!(
+                "http://127.0.0.1:{metrics_port}/debug/ratelimit/top?n=5"
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let alice = &top["/two-rules"][0];
+        assert_eq!(alice["identity"], "user:alice", "{top}");
+        assert_eq!(
+            (alice["count"].as_u64(), alice["error"].as_u64()),
+            (Some(3), Some(0))
+        );
+        assert_eq!(top["/quota"][0]["identity"], "user:quinn", "{top}");
+        assert_eq!(top["/shadow"][0]["count"], 2, "{top}");
+        assert_eq!(top["/delay"], serde_json::json!([]), "{top}");
     }
 
     #[tokio::test]

@@ -149,7 +149,10 @@ async fn each_check_has_a_span_with_its_policy_outcome_and_store_latency() {
     let closed: Vec<&str> = text.lines().filter(|line| line.contains("close")).collect();
     assert_eq!(closed.len(), 2, "{text}");
     for (line, outcome) in closed.iter().zip(["allowed", "refused"]) {
-        assert!(line.contains("rate_limit{policy=\"spanned\" key_kind=\"ip\""), "{line}");
+        assert!(
+            line.contains("rate_limit{policy=\"spanned\" key_kind=\"ip\""),
+            "{line}"
+        );
         assert!(line.contains(&format!("outcome=\"{outcome}\"")), "{line}");
         assert!(line.contains("store_latency_us="), "{line}");
         // The identity is only in the refusal's log line, as before.
@@ -160,5 +163,8 @@ async fn each_check_has_a_span_with_its_policy_outcome_and_store_latency() {
         .lines()
         .find(|line| line.contains("request rate limited"))
         .expect("a refusal line");
-    assert!(refusal.contains("rate_limit{policy=\"spanned\""), "{refusal}");
+    assert!(
+        refusal.contains("rate_limit{policy=\"spanned\""),
+        "{refusal}"
+    );
 }
