@@ -23,8 +23,11 @@
 //! from `trusted_proxies` (absent: the first present of the three).
 //! `metrics = "127.0.0.1:9091"` starts the operator listener there: Prometheus text at
 //! `GET /metrics` and the most refused identities of each route's policy as JSON at
-//! `GET /debug/ratelimit/top` (`?n=`, default 10). It answers whoever reaches it: bind it to
-//! loopback or a private interface. Absent, nothing more listens.
+//! `GET /debug/ratelimit/top` (`?n=`, default 10); `GET /debug/ratelimit/{policy}/{identity}`
+//! reads one identity's state without counting and `DELETE` on it resets its counts and lifts its
+//! block (a policy name's slashes as `%2F`: `/debug/ratelimit/%2Fapi%2Fping/ip:127.0.0.1`). It
+//! answers whoever reaches it: bind it to loopback or a private interface. Absent, nothing more
+//! listens.
 //!
 //! - `listen`: an IP address and port (no host names).
 //! - `store`: where the counts live. `"memory"`; or Redis, so that several demo instances share one
@@ -2967,6 +2970,40 @@ rules = [{{ limit = 10, period = "1m" }}]
         assert_eq!(top["/quota"][0]["identity"], "user:quinn", "{top}");
         assert_eq!(top["/shadow"][0]["count"], 2, "{top}");
         assert_eq!(top["/delay"], serde_json::json!([]), "{top}");
+
+        // One identity: inspected (nothing counted), reset, admitted again.
+        let one = |identity: &str| {
+            format!("http://127.0.0.1:{metrics_port}/debug/ratelimit/%2Ftwo-rules/{identity}")
+        };
+        let inspect = || async {
+            let response = client.get(one("user:alice")).send().await.unwrap();
+            assert_eq!(response.status(), reqwest::StatusCode::OK);
+            response.json::<serde_json::Value>().await.unwrap()
+        };
+        let state = inspect().await;
+        let remaining = |state: &serde_json::Value| [0, 1].map(|i| state[i]["remaining"].clone());
+        assert_eq!(
+            remaining(&state),
+            remaining(&inspect().await),
+            "inspection counts nothing"
+        );
+        assert_eq!(state[1]["rule"], "3-per-3600s", "{state}");
+        assert_eq!(
+            (state[1]["limit"].as_u64(), state[1]["remaining"].as_u64()),
+            (Some(3), Some(0))
+        );
+        assert_eq!(get(main, "/two-rules", "alice", "1").await, 429);
+        let deleted = client.delete(one("user:alice")).send().await.unwrap();
+        assert_eq!(deleted.status(), reqwest::StatusCode::NO_CONTENT);
+        assert_eq!(inspect().await[1]["remaining"], 3);
+        assert_eq!(get(main, "/two-rules", "alice", "1").await, 200);
+        let unknown = format!("http://127.0.0.1:{metrics_port}/debug/ratelimit/%2Fnope/user:alice");
+        let status = |url: String| {
+            let request = client.get(url);
+            async move { request.send().await.unwrap().status().as_u16() }
+        };
+        assert_eq!(status(unknown).await, 404);
+        assert_eq!(status(one("user:%7Bx%7D")).await, 400);
     }
 
     #[tokio::test]

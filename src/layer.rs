@@ -8,6 +8,7 @@ use http::Response;
 use tower::Layer;
 
 use crate::limiter::Limiter;
+use crate::operate::{OperatorError, RuleStatus};
 use crate::policy::{Policy, PolicyError};
 use crate::refusals::Refusals;
 use crate::response::Rejected;
@@ -142,6 +143,35 @@ impl RateLimitLayer {
     /// ```
     pub fn top_refused(&self, n: usize) -> Vec<RefusedIdentity> {
         self.limiter.top_refused.top(n, tokio::time::Instant::now())
+    }
+
+    /// Forgets what `identity` (as the logs and [`top_refused`](Self::top_refused) show it,
+    /// `user:alice`) has counted under this layer's policy, and lifts its penalty block: on every
+    /// instance that shares the store at once (a refusal another instance cached stands at most
+    /// one second more). For support unblocking a customer locked out of an OTP flow. The daily
+    /// quota is left alone. Fails for a route-scoped policy, a malformed identity, or a store
+    /// without [`Store::reset`](crate::Store::reset).
+    pub async fn reset(&self, identity: &str) -> Result<(), OperatorError> {
+        self.limiter.reset(identity).await
+    }
+
+    /// The state of each counted rule of this layer's policy for `identity` (remaining and reset),
+    /// read without counting a request. The duplicate guard, a penalty block and the daily quota
+    /// are not shown.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule};
+    ///
+    /// let policy = Policy::builder("otp").key(Key::user()).rule(Rule::per_minute(5)).build().unwrap();
+    /// let layer = RateLimitLayer::new(policy, MemoryStore::new());
+    /// let state = layer.inspect("user:alice").await.unwrap();
+    /// assert_eq!((state[0].rule.as_str(), state[0].remaining), ("5-per-60s", 5));
+    /// # }
+    /// ```
+    pub async fn inspect(&self, identity: &str) -> Result<Vec<RuleStatus>, OperatorError> {
+        self.limiter.inspect(identity).await
     }
 
     /// How many requests this layer let through that its policy refused, in

@@ -83,6 +83,7 @@ pub mod headers;
 mod key;
 mod layer;
 mod limiter;
+mod operate;
 pub mod policy;
 pub mod quota;
 mod refusals;
@@ -99,6 +100,7 @@ pub use extract::{LimitPolicy, LimitStore, Limited};
 pub use future::ResponseFuture;
 pub use key::{Identity, Key, KeyExtractor, UserId};
 pub use layer::RateLimitLayer;
+pub use operate::{OperatorError, RuleStatus};
 pub use policy::{
     Algorithm, Cost, MissingKey, Mode, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule,
     Scope,

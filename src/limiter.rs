@@ -108,6 +108,11 @@ impl Limiter {
         }
     }
 
+    /// The store.
+    pub(crate) fn store(&self) -> &dyn Store {
+        &*self.store
+    }
+
     /// The layer's metric handles.
     fn metrics(&self) -> &PolicyMetrics {
         self.metrics

@@ -759,6 +759,24 @@ impl Policy {
             kind,
         })
     }
+
+    /// The store key of `identity` as the logs show it (`user:alice`), for an operator: `None`
+    /// for a route-scoped policy, whose keys also name a route.
+    pub(crate) fn storage_key_of(&self, identity: &str) -> Option<StorageKey> {
+        let inner = &self.0;
+        if inner.scope == Scope::Route {
+            return None;
+        }
+        let kind = match identity.split_once(':') {
+            Some(("ip", _)) => "ip",
+            _ => inner.key.kind(),
+        };
+        Some(StorageKey {
+            key: format!("{}{identity}", inner.key_base),
+            identity_at: inner.key_base.len(),
+            kind,
+        })
+    }
 }
 
 /// Appends the route component: method and matched path, hashed when odd (paths with `{param}`).

@@ -11,6 +11,12 @@
 //! next reset of any rule (so no window rolls over behind a cached answer's headers). Its
 //! headers are the refusal's, with every time counted down: `r` as the store last said, `t` and
 //! `Retry-After` to the same instants.
+//!
+//! One thing can shorten a refusal: an operator's reset ([`RateLimitLayer::reset`]) on another
+//! instance. So an entry stands at most [`MAX_CACHED_FOR`]: a reset reaches every instance within
+//! a second, and a flooding identity costs the store one call a second per instance.
+//!
+//! [`RateLimitLayer::reset`]: crate::RateLimitLayer::reset
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +26,9 @@ use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::limiter::Checked;
+
+/// The longest a cached refusal is answered without asking the store again.
+pub(crate) const MAX_CACHED_FOR: Duration = Duration::from_secs(1);
 
 /// Identities a layer's cache holds by default.
 pub const DEFAULT_REFUSAL_CACHE: usize = 10_000;
@@ -77,7 +86,8 @@ impl Refusals {
             .iter()
             .map(|state| state.reset)
             .filter(|reset| !reset.is_zero())
-            .fold(retry, Duration::min);
+            .fold(retry, Duration::min)
+            .min(MAX_CACHED_FOR);
         if stands_for.is_zero() {
             return;
         }
@@ -98,10 +108,15 @@ impl Refusals {
     /// Forgets the refusal cached for `checked`'s identity, after the store admitted it (at another
     /// cost or tier): the admission used quota, so that refusal's retry time may have moved.
     pub(crate) fn forget(&self, checked: &Checked) {
+        self.forget_key(checked.key.as_str());
+    }
+
+    /// Drops the cached refusal of the store key `key`, if any.
+    pub(crate) fn forget_key(&self, key: &str) {
         if let Some(cache) = &self.cache
             && !cache.is_empty()
         {
-            cache.remove(checked.key.as_str());
+            cache.remove(key);
         }
     }
 

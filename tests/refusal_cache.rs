@@ -64,7 +64,7 @@ async fn advance(clock: &ManualClock, by: Duration) {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_flood_of_refusals_asks_the_store_once_per_window() {
+async fn a_flood_of_refusals_asks_the_store_once_a_second_at_most() {
     let clock = ManualClock::new(1_700_000_000_000);
     let checks = Arc::new(AtomicU64::new(0));
     let counting = Counting {
@@ -87,16 +87,28 @@ async fn a_flood_of_refusals_asks_the_store_once_per_window() {
 
     // A cached refusal counts down to the same instant as the store's.
     let window_end = 60 - (clock_secs(&clock) % 60);
-    advance(&clock, Duration::from_secs(10)).await;
+    advance(&clock, Duration::from_millis(900)).await;
     let cached = send(&app, request(1)).await;
     assert_eq!(cached.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(retry_after(&cached), Some((window_end - 10).to_string()));
+    // 0.9 s later, rounded up: the same whole second.
+    assert_eq!(retry_after(&cached), Some(window_end.to_string()));
     assert_eq!(checks.load(Ordering::Relaxed), 4);
 
-    // Once the window is over the store is asked again, and admits.
-    advance(&clock, Duration::from_secs(window_end - 10)).await;
-    assert_eq!(send(&app, request(1)).await.status(), StatusCode::OK);
+    // A cached refusal stands a second at most (an operator's reset elsewhere may lift it): then
+    // the store is asked again, which refuses again, and the cache answers for another second.
+    advance(&clock, Duration::from_secs(9)).await;
+    for _ in 0..10 {
+        let refused = send(&app, request(1)).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        // 9.9 s later, rounded up.
+        assert_eq!(retry_after(&refused), Some((window_end - 9).to_string()));
+    }
     assert_eq!(checks.load(Ordering::Relaxed), 5);
+
+    // Once the window is over the store is asked again, and admits.
+    advance(&clock, Duration::from_millis(window_end * 1000 - 9_900)).await;
+    assert_eq!(send(&app, request(1)).await.status(), StatusCode::OK);
+    assert_eq!(checks.load(Ordering::Relaxed), 6);
 }
 
 fn clock_secs(clock: &ManualClock) -> u64 {

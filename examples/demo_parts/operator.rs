@@ -1,16 +1,20 @@
-//! The demo's operator listener (`metrics = "127.0.0.1:9091"`): Prometheus text at `GET /metrics`
-//! and the most refused identities per policy at `GET /debug/ratelimit/top`. It answers anyone who
-//! can reach it, so bind it to loopback or a private interface.
+//! The demo's operator listener (`metrics = "127.0.0.1:9091"`): Prometheus text at `GET /metrics`,
+//! the most refused identities per policy at `GET /debug/ratelimit/top`, and one identity's state
+//! at `GET /debug/ratelimit/{policy}/{identity}` (`DELETE` resets it). Policy names are paths, so
+//! their slashes are sent as `%2F`. It answers anyone who can reach it, so bind it to loopback
+//! or a private interface.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
-use tower_redis_ratelimit::{RateLimitLayer, RefusedIdentity};
+use tower_redis_ratelimit::{OperatorError, RateLimitLayer, RefusedIdentity};
 
 /// Store calls take from tens of microseconds (memory) to a timeout (250 ms by default).
 const STORE_BUCKETS: &[f64] = &[
@@ -54,6 +58,10 @@ pub fn router(operator: Operator) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/debug/ratelimit/top", get(top))
+        .route(
+            "/debug/ratelimit/{policy}/{identity}",
+            get(inspect).delete(reset),
+        )
         .with_state(operator)
 }
 
@@ -74,6 +82,55 @@ async fn top(
             .map(|layer| (layer.policy().name().to_owned(), layer.top_refused(n)))
             .collect(),
     )
+}
+
+/// The layer of `policy`.
+fn layer_of<'a>(operator: &'a Operator, policy: &str) -> Option<&'a RateLimitLayer> {
+    operator
+        .layers
+        .iter()
+        .find(|layer| layer.policy().name() == policy)
+}
+
+fn no_policy(policy: &str) -> Response {
+    (StatusCode::NOT_FOUND, format!("no policy {policy:?}\n")).into_response()
+}
+
+/// An operator error as an answer: the store's failures are 503, the rest the caller's (400).
+fn failed(error: OperatorError) -> Response {
+    let status = match error {
+        OperatorError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    (status, format!("{error}\n")).into_response()
+}
+
+/// `[{"rule", "limit", "remaining", "reset_ms"}, …]`: the identity's state, nothing counted.
+async fn inspect(
+    State(operator): State<Operator>,
+    Path((policy, identity)): Path<(String, String)>,
+) -> Response {
+    let Some(layer) = layer_of(&operator, &policy) else {
+        return no_policy(&policy);
+    };
+    match layer.inspect(&identity).await {
+        Ok(state) => Json(state).into_response(),
+        Err(error) => failed(error),
+    }
+}
+
+/// Forgets the identity's counts and lifts its block: 204.
+async fn reset(
+    State(operator): State<Operator>,
+    Path((policy, identity)): Path<(String, String)>,
+) -> Response {
+    let Some(layer) = layer_of(&operator, &policy) else {
+        return no_policy(&policy);
+    };
+    match layer.reset(&identity).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(error) => failed(error),
+    }
 }
 
 /// Serves the operator routes on `listener` until the process ends.

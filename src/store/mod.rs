@@ -202,6 +202,21 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Forgets what `request.key` has counted under `request.rules` (every counter, reservation and
+    /// duplicate guard of them) and lifts its penalty block (with `request.block_for` set), as if
+    /// it had never been seen. A daily quota is left alone: it is often what a customer pays for,
+    /// and may be shared with other policies. Nothing is counted.
+    ///
+    /// The default refuses with [`StoreError::Config`]: a store of your own resets only if it
+    /// says how.
+    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+        let _ = request;
+        Box::pin(std::future::ready(Err(StoreError::Config(format!(
+            "the {} store can't reset a key",
+            self.name()
+        )))))
+    }
+
     /// The store's name in the crate's metrics (the `store` label): `memory`, `redis`, or, unless
     /// a store of your own says otherwise, `custom`.
     fn name(&self) -> &'static str {
@@ -225,7 +240,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     fn name(&self) -> &'static str {
         (**self).name()
     }
+
+    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+        (**self).reset(request)
+    }
 }
+
+/// What [`Store::reset`] returns: done, or why not.
+pub type ResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'static>>;
 
 type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
 

@@ -23,7 +23,7 @@ use hashbrown::HashTable;
 
 use self::entry::Entry;
 use self::quota::QuotaTable;
-use super::{CheckFuture, CheckRequest, Store};
+use super::{CheckFuture, CheckRequest, ResetFuture, Store};
 use crate::decision::Decision;
 
 mod clock;
@@ -108,13 +108,28 @@ impl MemoryStore {
         self.0.evictions.load(Ordering::Relaxed)
     }
 
+    /// Drops the entry of `key`: its counters, reservations, guard and block (every rule's, since
+    /// an entry holds them all).
+    fn forget(&self, key: &str) {
+        let (hash, mut shard) = self.shard_of(key);
+        if let Ok(entry) = shard.entries.find_entry(hash, |entry| *entry.key == *key) {
+            entry.remove();
+        }
+    }
+
+    /// The keyed hash of `key`, and its shard, locked.
+    fn shard_of(&self, key: &str) -> (u64, std::sync::MutexGuard<'_, Shard>) {
+        let shared = &*self.0;
+        let hash = shared.hasher.hash_one(key);
+        // Bits 32..48 pick the shard: the table inside indexes by the low bits and tags by the top 7.
+        let index = usize::from((hash >> 32) as u16) % shared.shards.len();
+        (hash, lock(&shared.shards[index]))
+    }
+
     fn check_now(&self, request: &CheckRequest<'_>) -> Decision {
         let shared = &*self.0;
         let now = shared.clock.now_unix_ms();
-        let hash = shared.hasher.hash_one(request.key);
-        // Bits 32..48 pick the shard: the table inside indexes by the low bits and tags by the top 7.
-        let index = usize::from((hash >> 32) as u16) % shared.shards.len();
-        let mut shard = lock(&shared.shards[index]);
+        let (hash, mut shard) = self.shard_of(request.key);
         shard.latest_ms = shard.latest_ms.max(now);
         let now = shard.latest_ms;
         if now >= shard.next_sweep_ms {
@@ -136,8 +151,11 @@ impl MemoryStore {
         }
         let mut entry = Entry::new(request, hash);
         let decision = entry.check(request, now, quota.as_mut());
-        // A refused request leaves nothing behind, except the penalty block it started.
-        if decision.allowed || entry.blocked_until_ms > now {
+        // A refused request leaves nothing behind, except the penalty block it started; nor does a
+        // free one (cost 0, no duplicate guard, which counts requests): an operator's inspection.
+        let recorded =
+            request.cost > 0 || request.rules.iter().any(|rule| rule.is_duplicate_guard());
+        if (decision.allowed && recorded) || entry.blocked_until_ms > now {
             shard.insert(entry, now, shared);
         }
         decision
@@ -166,6 +184,11 @@ impl Store for MemoryStore {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+        self.forget(request.key);
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

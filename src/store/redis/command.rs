@@ -161,7 +161,8 @@ impl PackedCheck {
         self.ends.push(self.data.len());
     }
 
-    fn keys(&self) -> impl Iterator<Item = &[u8]> {
+    /// Its keys, in order.
+    pub(super) fn keys(&self) -> impl Iterator<Item = &[u8]> {
         let starts = std::iter::once(0).chain(self.ends.iter().copied());
         starts
             .zip(self.ends.iter().copied())

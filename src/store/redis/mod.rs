@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use self::batch::{Batcher, Member};
 use self::command::{PackedCheck, batch_command, check_replies, decision_from};
 use self::connection::{Connection, Connector, eval_of, is_no_script, store_error};
-use super::{CheckFuture, CheckRequest, Store, StoreError};
+use super::{CheckFuture, CheckRequest, ResetFuture, Store, StoreError};
 use crate::decision::Decision;
 
 mod batch;
@@ -478,6 +478,33 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+        // The keys a check of the same request writes, but the quota's.
+        let request = CheckRequest {
+            quota: None,
+            ..*request
+        };
+        let packed = PackedCheck::new(&request, true);
+        // EVAL rather than DEL: its first key is where a cluster router looks for the slot (all
+        // of them share the identity's hash tag).
+        let mut command = ::redis::cmd("EVAL");
+        command
+            .arg("return redis.call('DEL', unpack(KEYS))")
+            .arg(packed.key_count());
+        for key in packed.keys() {
+            command.arg(key);
+        }
+        let (shared, timeout) = (self.shared.clone(), self.timeout);
+        Box::pin(async move {
+            let mut connection = shared.connection().await?;
+            shared
+                .send(&mut connection, &command, None, timeout)
+                .await
+                .map(drop)
+                .map_err(|error| store_error(error, timeout))
+        })
     }
 }
 

@@ -1,0 +1,127 @@
+//! What an operator does to one identity: read its state ([`RateLimitLayer::inspect`]) without
+//! counting a request, or forget it ([`RateLimitLayer::reset`]) when support unblocks a customer.
+//!
+//! [`RateLimitLayer::inspect`]: crate::RateLimitLayer::inspect
+//! [`RateLimitLayer::reset`]: crate::RateLimitLayer::reset
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::limiter::Limiter;
+use crate::policy::{Rule, StorageKey};
+use crate::store::{CheckRequest, StoreError};
+
+/// The longest identity an operator may name, in bytes (a hashed API key is far shorter).
+const MAX_IDENTITY_LEN: usize = 512;
+
+/// Why an operator's action on an identity failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OperatorError {
+    /// The identity can't be a key of this policy: empty, too long, or with braces or control
+    /// characters.
+    #[error("{0:?} is not an identity (the form the logs show, such as \"user:alice\")")]
+    BadIdentity(String),
+    /// The policy counts per route too ([`Scope::Route`](crate::Scope::Route)): an identity alone
+    /// doesn't name its keys.
+    #[error("policy {0:?} counts per route: an identity alone doesn't name its keys")]
+    RouteScoped(String),
+    /// The store failed, or can't do this.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One rule's state for one identity, as [`RateLimitLayer::inspect`](crate::RateLimitLayer::inspect)
+/// reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RuleStatus {
+    /// The rule's name, as in the `RateLimit-Policy` header (`10-per-60s`).
+    pub rule: String,
+    /// Its limit.
+    pub limit: u64,
+    /// What a request of cost 1 would find left now.
+    pub remaining: u64,
+    /// Until the rule has more quota than now, in milliseconds (0: nothing in use).
+    pub reset_ms: u64,
+}
+
+impl Limiter {
+    /// The store key of `identity` under this limiter's policy.
+    fn key_of(&self, identity: &str) -> Result<StorageKey, OperatorError> {
+        let valid = !identity.is_empty()
+            && identity.len() <= MAX_IDENTITY_LEN
+            && !identity
+                .chars()
+                .any(|c| c == '{' || c == '}' || c.is_control());
+        if !valid {
+            return Err(OperatorError::BadIdentity(identity.to_owned()));
+        }
+        self.policy
+            .storage_key_of(identity)
+            .ok_or_else(|| OperatorError::RouteScoped(self.policy.name().to_owned()))
+    }
+
+    /// The policy's counted rules (a duplicate guard is not a count), with their names.
+    fn counted_rules(&self) -> (Vec<Rule>, Vec<String>) {
+        self.policy
+            .rules()
+            .iter()
+            .zip(self.policy.rule_names())
+            .filter(|(rule, _)| !rule.is_duplicate_guard())
+            .map(|(rule, name)| (rule.clone(), name.to_string()))
+            .unzip()
+    }
+
+    /// See [`RateLimitLayer::inspect`](crate::RateLimitLayer::inspect).
+    pub(crate) async fn inspect(&self, identity: &str) -> Result<Vec<RuleStatus>, OperatorError> {
+        let key = self.key_of(identity)?;
+        let (rules, names) = self.counted_rules();
+        // A request of cost 0, without guard, block, quota or wait: it fits in every rule and
+        // records nothing, so the store answers each rule's state as it is.
+        let request = CheckRequest::new(key.as_str(), &rules, self.policy.algorithm())
+            .identity(key.identity())
+            .cost(0);
+        let decision = self.store().check(&request).await?;
+        if decision.rules.len() != rules.len() {
+            return Err(StoreError::Protocol(format!(
+                "{} rule states for {} rules",
+                decision.rules.len(),
+                rules.len()
+            ))
+            .into());
+        }
+        Ok(decision
+            .rules
+            .iter()
+            .zip(names)
+            .map(|(state, rule)| RuleStatus {
+                rule,
+                limit: state.limit,
+                remaining: state.remaining,
+                reset_ms: millis(state.reset),
+            })
+            .collect())
+    }
+
+    /// See [`RateLimitLayer::reset`](crate::RateLimitLayer::reset).
+    pub(crate) async fn reset(&self, identity: &str) -> Result<(), OperatorError> {
+        let key = self.key_of(identity)?;
+        let request = CheckRequest::new(key.as_str(), self.policy.rules(), self.policy.algorithm())
+            .identity(key.identity())
+            .block_for(self.policy.block_for());
+        self.store().reset(&request).await?;
+        self.refusals.forget_key(key.as_str());
+        tracing::info!(
+            policy = self.policy.name(),
+            key = key.identity(),
+            "rate-limit counts reset"
+        );
+        Ok(())
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
