@@ -35,6 +35,22 @@
 //! - `memory_1_rule`: our layer refusing with 429 (1 per hour, already used, sliding log);
 //! - `tower_governor_1_rule`: `tower_governor` refusing with 429 (burst 1, one per hour), for scale.
 //!
+//! Group `recorder` (what recording metrics costs; run LAST, since it installs the process's global
+//! `metrics` recorder, which can be installed only once): one fixed-window rule on a [`MemoryStore`]
+//! as in `one_request`, built twice. A layer registers its metric handles at its first request,
+//! from whatever recorder is installed then, and keeps them; so the first app is built and sent its
+//! first request before any recorder is installed (no-op handles), then a Prometheus recorder
+//! (`metrics-exporter-prometheus`, `PrometheusBuilder::new().install_recorder()`, upkeep every 5 s
+//! on a thread, as its `install` would) is installed, and the second app's first request registers
+//! real handles. Both are checked through the exporter's output: the first adds no series, the
+//! second its `ratelimit_requests_total`. Groups before this one bound their layers' handles (to
+//! no-ops) before the install, whatever the filter, since every group function builds and checks
+//! its services even when none of its functions is measured.
+//! - `no_limiter`: the bare router, the baseline;
+//! - `memory_fixed_1_rule_no_recorder`: the layer with no-op handles;
+//! - `memory_fixed_1_rule_with_recorder`: the layer recording into Prometheus (a counter per request,
+//!   a store-latency summary sample, the near-limit check).
+//!
 //! Each service is checked once before it is measured (status, and our `RateLimit` header; a request
 //! without `ConnectInfo` must get a 500, which shows the limiter really sits in the path), and every
 //! measured response's status is asserted, so a misconfigured bench panics instead of measuring an
@@ -48,6 +64,7 @@
 //! cargo bench --bench layer -- one_request/memory                      # a subset
 //! cargo bench --bench layer -- '^one_request/no_limiter$'               # one function
 //! cargo bench --bench layer -- algorithms                               # one group
+//! cargo bench --bench layer -- recorder                                 # metrics cost
 //! ```
 //!
 //! Differences are a few hundred nanoseconds to a couple of microseconds, so on a shared or virtual
@@ -65,6 +82,7 @@ use axum::http::{Request, StatusCode};
 use axum::routing::get;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
 use tower_governor::GovernorLayer;
@@ -391,5 +409,75 @@ fn redis(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, one_request, refused, redis, algorithms);
+/// The series a layer's first request registers, named in the exporter's output.
+const REQUESTS_SERIES: &str = "ratelimit_requests_total";
+
+fn recorder(c: &mut Criterion) {
+    if !cfg!(feature = "metrics") {
+        eprintln!("recorder benches skipped: built without the `metrics` feature");
+        return;
+    }
+    let rt = runtime();
+    let baseline = router();
+    verify(&rt, "no_limiter", &baseline, Limiter::None, StatusCode::OK);
+    let fixed = || ours(Algorithm::FixedWindow, [Rule::per_second(HUGE)]);
+    // Bound to no-op handles: its first request comes before any recorder.
+    let no_recorder = fixed();
+    verify(
+        &rt,
+        "memory_fixed_1_rule_no_recorder",
+        &no_recorder,
+        Limiter::Ours,
+        StatusCode::OK,
+    );
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .expect("group `recorder` runs last: no recorder installed before it");
+    // What `install` would do: drain the histograms every 5 s, so their buckets don't pile up.
+    let upkeep = handle.clone();
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_secs(5));
+            upkeep.run_upkeep();
+        }
+    });
+    verify(
+        &rt,
+        "memory_fixed_1_rule_no_recorder",
+        &no_recorder,
+        Limiter::Ours,
+        StatusCode::OK,
+    );
+    let rendered = handle.render();
+    assert!(
+        !rendered.contains("ratelimit_"),
+        "the layer bound before the install should record nothing:\n{rendered}"
+    );
+    let with_recorder = fixed();
+    verify(
+        &rt,
+        "memory_fixed_1_rule_with_recorder",
+        &with_recorder,
+        Limiter::Ours,
+        StatusCode::OK,
+    );
+    let rendered = handle.render();
+    assert!(
+        rendered.contains(REQUESTS_SERIES),
+        "the layer bound after the install should record {REQUESTS_SERIES}:\n{rendered}"
+    );
+    let services = [
+        ("no_limiter", baseline),
+        ("memory_fixed_1_rule_no_recorder", no_recorder),
+        ("memory_fixed_1_rule_with_recorder", with_recorder),
+    ];
+    let mut group = c.benchmark_group("recorder");
+    for (name, app) in services {
+        bench(&mut group, &rt, name, app, StatusCode::OK);
+    }
+    group.finish();
+}
+
+// `recorder` installs the global recorder: it stays last.
+criterion_group!(benches, one_request, refused, redis, algorithms, recorder);
 criterion_main!(benches);
