@@ -86,6 +86,7 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
     a_quota_keyed_like_its_policy_rides_along_and_one_keyed_apart_is_refused(&cluster, &prefix)
         .await;
     a_slot_moved_between_primaries_keeps_its_count(&mut cluster, &prefix).await;
+    a_reset_reaches_the_identitys_primary_through_either_store(&cluster, &prefix).await;
 
     // No key on any node lacks an expiry after all of that.
     let mut keys = 0;
@@ -93,6 +94,51 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
         keys += common::redis_server::assert_every_key_expires(&mut node_client(port), &prefix);
     }
     assert!(keys > 0, "the scenarios left keys to check");
+}
+
+/// Blocked identities (on every primary) are reset through the store that routes by itself and
+/// through the one over a cluster pool: the other admits them at once.
+async fn a_reset_reaches_the_identitys_primary_through_either_store(
+    cluster: &TestCluster,
+    prefix: &str,
+) {
+    let policy = Policy::builder("reset")
+        .prefix(prefix)
+        .key(Key::user())
+        .rule(Rule::per_minute(2))
+        .block_for(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let own = RateLimitLayer::new(policy.clone(), store(cluster));
+    let pooled = RateLimitLayer::new(policy, pool_store(cluster));
+    let layers = [own, pooled];
+    let apps = layers.clone().map(|layer| {
+        Router::new()
+            .route("/", get(|| async { "hello" }))
+            .layer(layer)
+    });
+    let status = |app: &Router, user: &str| {
+        let request = user_request(user);
+        let app = app.clone();
+        async move { send(&app, request).await.status().as_u16() }
+    };
+    for n in 0..12 {
+        let user = format!("reset-{n}");
+        let (by, other) = (n % 2, 1 - n % 2);
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(status(&apps[other], &user).await);
+        }
+        assert_eq!(statuses, [200, 200, 429], "{user}");
+        assert_eq!(status(&apps[by], &user).await, 429, "{user} blocked");
+        layers[by].reset(&format!("user:{user}")).await.unwrap();
+        let state = layers[other]
+            .inspect(&format!("user:{user}"))
+            .await
+            .unwrap();
+        assert_eq!(state[0].remaining, 2, "{user}");
+        assert_eq!(status(&apps[other], &user).await, 200, "{user} reset");
+    }
 }
 
 /// 400 requests per identity race over two layers with separate stores (one routing by itself,
