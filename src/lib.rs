@@ -11,6 +11,11 @@
 //! extractor, and can add costs per request ([`Cost`]), a duplicate guard, a penalty block, and a
 //! shadow or delay [`Mode`]; see [`PolicyBuilder`].
 //!
+//! Operators get metrics through the `metrics` facade (feature `metrics`, on by default), a `debug`
+//! span per check, the most refused identities ([`RateLimitLayer::top_refused`]) and one
+//! identity's state and reset ([`RateLimitLayer::inspect`], [`RateLimitLayer::reset`]); see the
+//! README's "Monitoring".
+//!
 //! The [`MemoryStore`] keeps counts in-process; the [`RedisStore`] lets many app instances share one
 //! limit. Either checks and records every rule of a request in one atomic step (one function call on
 //! Redis), so a refused request consumes nothing.
