@@ -89,6 +89,7 @@ mod key;
 mod layer;
 mod limiter;
 mod operate;
+pub mod outbound;
 pub mod policy;
 pub mod quota;
 mod refusals;

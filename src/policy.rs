@@ -105,6 +105,14 @@ impl Rule {
         self
     }
 
+    /// The same rule over a period longer by `margin` (the outbound layer's safety margin).
+    pub(crate) fn widened(&self, margin: Duration) -> Rule {
+        Rule {
+            period: self.period.saturating_add(margin),
+            ..self.clone()
+        }
+    }
+
     /// The bucket size: the one given to [`Rule::burst`], else the limit.
     pub fn burst_size(&self) -> u64 {
         self.burst.unwrap_or(self.limit)

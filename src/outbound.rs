@@ -1,0 +1,301 @@
+//! Limiting on the way out: an HTTP client (any tower `Service<http::Request<B>>`) that keeps every
+//! instance's calls to a third-party API under its limit, together.
+//!
+//! Each request asks the store for a slot under the policy's rules, keyed by upstream (the URI's
+//! authority, or [`OutboundLayer::key_from_fn`]). The store *reserves* the first slot that fits,
+//! as [`Mode::Delay`](crate::Mode::Delay) does, so concurrent callers on every instance are spaced
+//! out in the order they asked and none overshoots; the request then waits until its slot and is
+//! sent. A request whose slot is further away than [`OutboundLayer::max_wait`] is not sent: it
+//! fails at once with [`OutboundError::WouldWait`], which says when to try again.
+//!
+//! A request arrives upstream a little after the instant it was counted (the store's answer, the
+//! timer, the network), and not always by the same amount, so an upstream counting arrivals could
+//! see a window a hair short. Each rule's period is counted longer by a safety margin
+//! ([`OutboundLayer::margin`], 20 ms by default) to absorb that.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::time::Duration;
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use tower_redis_ratelimit::outbound::OutboundLayer;
+//! use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, Rule};
+//!
+//! let policy = Policy::builder("partner-api")
+//!     .algorithm(Algorithm::SlidingLog)
+//!     .rule(Rule::per_second(5))
+//!     .build()
+//!     .unwrap();
+//! // Your HTTP client here (hyper-util's, or a reqwest call in a `service_fn`).
+//! let client = service_fn(|_request: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+//! });
+//! let mut client = ServiceBuilder::new()
+//!     .layer(OutboundLayer::new(policy, MemoryStore::new()).max_wait(Duration::from_secs(10)))
+//!     .service(client);
+//! let request = http::Request::get("https://api.example.com/v1/quote").body(String::new()).unwrap();
+//! let response = client.ready().await.unwrap().call(request).await.unwrap();
+//! assert_eq!(response.into_body(), "ok");
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{HeaderMap, Request, Response, Uri};
+use tower::{BoxError, Layer, Service};
+
+use crate::policy::{OnStoreError, Policy, PolicyError, Rule};
+use crate::store::{CheckRequest, Store, StoreError};
+
+/// How long a request may wait for its slot by default.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// How much longer each rule's period is counted by default (see the module documentation).
+pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
+
+type KeyFn = dyn Fn(&Uri, &HeaderMap) -> String + Send + Sync;
+
+/// Why an outbound request was not sent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OutboundError {
+    /// Its slot is further away than the layer's maximum wait: try again after `retry_after`.
+    #[error(
+        "the rate limit of {upstream:?} has no slot within the maximum wait; retry in {retry_after:?}"
+    )]
+    WouldWait {
+        /// The upstream's key.
+        upstream: String,
+        /// When a request could be sent, at the earliest (the store's estimate).
+        retry_after: Duration,
+    },
+    /// The key (from the URI or your closure) can't be a store key: empty, too long, or with
+    /// braces or control characters.
+    #[error("{0:?} can't key an outbound limit")]
+    BadKey(String),
+    /// The store failed and the policy fails closed ([`OnStoreError::Deny`]).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Limits the requests of an HTTP client service: see the [module documentation](self).
+#[derive(Clone)]
+pub struct OutboundLayer {
+    shared: Arc<Shared>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    policy: Policy,
+    /// The policy's rules, widened by the margin.
+    rules: Vec<Rule>,
+    store: Arc<dyn Store>,
+    max_wait: Duration,
+    key: Option<Arc<KeyFn>>,
+}
+
+impl OutboundLayer {
+    /// Limits by `policy`, counting in `store` (share a Redis store between instances to share the
+    /// limit). Panics where [`OutboundLayer::try_new`] fails.
+    pub fn new(policy: Policy, store: impl Store) -> Self {
+        OutboundLayer::try_new(policy, store).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// Limits by `policy`, counting in `store`; refuses a policy whose algorithm can't reserve a
+    /// slot (only [`SlidingLog`](crate::Algorithm::SlidingLog) and
+    /// [`TokenBucket`](crate::Algorithm::TokenBucket) know the exact time a request fits).
+    pub fn try_new(policy: Policy, store: impl Store) -> Result<Self, PolicyError> {
+        if !policy.algorithm().can_reserve() {
+            return Err(PolicyError::InvalidOption {
+                policy: policy.name().to_owned(),
+                option: "algorithm",
+                reason: "outbound limiting waits for a reserved slot: it needs the sliding_log or \
+                         token_bucket algorithm",
+            });
+        }
+        Ok(OutboundLayer {
+            shared: Arc::new(Shared {
+                rules: widened(&policy, DEFAULT_MARGIN),
+                policy,
+                store: Arc::new(store),
+                max_wait: DEFAULT_MAX_WAIT,
+                key: None,
+            }),
+        })
+    }
+
+    /// The longest a request waits for its slot (default 30 s); one whose slot is further away
+    /// fails at once with [`OutboundError::WouldWait`].
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        Arc::make_mut(&mut self.shared).max_wait = max_wait;
+        self
+    }
+
+    /// How much longer each rule's period is counted than the policy says (default 20 ms), so
+    /// that arrivals upstream, a little later and not all equally, still fit the upstream's
+    /// windows. Zero counts exactly the policy's periods.
+    pub fn margin(mut self, margin: Duration) -> Self {
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.rules = widened(&shared.policy, margin);
+        self
+    }
+
+    /// Keys requests by what `key` returns for their URI and headers (e.g. the API key of ours
+    /// they carry) instead of by the URI's authority.
+    pub fn key_from_fn<F>(mut self, key: F) -> Self
+    where
+        F: Fn(&Uri, &HeaderMap) -> String + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.shared).key = Some(Arc::new(key));
+        self
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.shared.policy
+    }
+}
+
+impl fmt::Debug for OutboundLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboundLayer")
+            .field("policy", &self.shared.policy.name())
+            .field("max_wait", &self.shared.max_wait)
+            .field("custom_key", &self.shared.key.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for OutboundLayer {
+    type Service = Outbound<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Outbound {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The client service made by [`OutboundLayer`].
+#[derive(Clone)]
+pub struct Outbound<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: fmt::Debug> fmt::Debug for Outbound<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbound")
+            .field("inner", &self.inner)
+            .field("policy", &self.shared.policy.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future of an [`Outbound`] call.
+pub type OutboundFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send + 'static>>;
+
+impl<S, B, T> Service<Request<B>> for Outbound<S>
+where
+    S: Service<Request<B>, Response = Response<T>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: Send + 'static,
+    T: 'static,
+{
+    type Response = Response<T>;
+    type Error = BoxError;
+    type Future = OutboundFuture<Response<T>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        // The service that was polled ready goes with this request; a fresh clone stays.
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let shared = self.shared.clone();
+        let upstream = shared.upstream_of(request.uri(), request.headers());
+        Box::pin(async move {
+            shared.wait_for_slot(upstream?).await?;
+            inner.call(request).await.map_err(Into::into)
+        })
+    }
+}
+
+/// The policy's rules over periods longer by `margin`.
+fn widened(policy: &Policy, margin: Duration) -> Vec<Rule> {
+    policy
+        .rules()
+        .iter()
+        .map(|rule| rule.widened(margin))
+        .collect()
+}
+
+/// The longest key an upstream may have, in bytes.
+const MAX_KEY_LEN: usize = 512;
+
+impl Shared {
+    /// The key of a request's upstream.
+    fn upstream_of(&self, uri: &Uri, headers: &HeaderMap) -> Result<String, OutboundError> {
+        let key = match &self.key {
+            Some(key) => key(uri, headers),
+            None => uri
+                .authority()
+                .map(|authority| authority.as_str().to_ascii_lowercase())
+                .or_else(|| {
+                    let host = headers.get(http::header::HOST)?.to_str().ok()?;
+                    Some(host.to_ascii_lowercase())
+                })
+                .unwrap_or_default(),
+        };
+        let valid = !key.is_empty()
+            && key.len() <= MAX_KEY_LEN
+            && !key.chars().any(|c| c == '{' || c == '}' || c.is_control());
+        if valid {
+            Ok(key)
+        } else {
+            Err(OutboundError::BadKey(key))
+        }
+    }
+
+    /// Reserves the next slot of `upstream` and sleeps until it; `Ok` when the request may go.
+    async fn wait_for_slot(&self, upstream: String) -> Result<(), OutboundError> {
+        let policy = &self.policy;
+        let identity = format!("upstream:{upstream}");
+        let key = format!("{}:{}:{identity}", policy.prefix(), policy.name());
+        let request = CheckRequest::new(&key, &self.rules, policy.algorithm())
+            .identity(&identity)
+            .max_delay(self.max_wait);
+        match self.store.check(&request).await {
+            Ok(decision) if decision.allowed => {
+                if !decision.delay.is_zero() {
+                    tokio::time::sleep(decision.delay).await;
+                }
+                Ok(())
+            }
+            Ok(decision) => Err(OutboundError::WouldWait {
+                upstream,
+                retry_after: decision.retry_after().unwrap_or(self.max_wait),
+            }),
+            Err(error) => match policy.on_store_error() {
+                OnStoreError::Allow => {
+                    tracing::warn!(
+                        policy = policy.name(),
+                        %error,
+                        "rate-limit store failed; sending the outbound request anyway"
+                    );
+                    Ok(())
+                }
+                OnStoreError::Deny => Err(error.into()),
+            },
+        }
+    }
+}
