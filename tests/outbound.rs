@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use common::redis_server::{TestRedis, unique_prefix};
 use http::{Request, Response};
@@ -43,9 +44,11 @@ fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
         let http = http.clone();
         async move {
             let response = http.execute(reqwest::Request::try_from(request)?).await?;
-            let status = response.status().as_u16();
-            let body = response.text().await?;
-            Ok::<_, BoxError>(Response::builder().status(status).body(body)?)
+            let mut answer = Response::builder().status(response.status().as_u16());
+            for (name, value) in response.headers() {
+                answer = answer.header(name.as_str(), value.as_bytes());
+            }
+            Ok::<_, BoxError>(answer.body(response.text().await?)?)
         }
     });
     let limited = ServiceBuilder::new()
@@ -240,4 +243,171 @@ async fn a_policy_that_cannot_reserve_and_a_bad_key_are_refused() {
         .body(String::new())
         .unwrap();
     assert!(keyed.ready().await.unwrap().call(request).await.is_ok());
+}
+
+/// An upstream whose first answer is a 429 with `header`; it notes each arrival and status.
+async fn upstream_refusing_once(
+    header: (&'static str, String),
+) -> (String, Arc<Mutex<Vec<(Instant, u16)>>>) {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let noted = arrivals.clone();
+    let app = Router::new().route(
+        "/quote",
+        get(move || {
+            let mut arrivals = noted.lock().unwrap();
+            let first = arrivals.is_empty();
+            arrivals.push((Instant::now(), if first { 429 } else { 200 }));
+            let header = header.clone();
+            async move {
+                if first {
+                    (
+                        http::StatusCode::TOO_MANY_REQUESTS,
+                        [(header.0, header.1)],
+                        "slow down",
+                    )
+                        .into_response()
+                } else {
+                    "42".into_response()
+                }
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/quote", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, arrivals)
+}
+
+/// Two clients on one Redis, each sending one request after another for `run`, against an
+/// upstream that first answers 429 with `header`: after that answer (and what was already in
+/// flight), nothing reaches the upstream until `quiet` later.
+async fn an_announced_pause_holds_both_clients(header: (&'static str, String), quiet: Duration) {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("pause");
+    let (url, arrivals) = upstream_refusing_once(header).await;
+    let policy = || {
+        Policy::builder("paused")
+            .prefix(&prefix)
+            .algorithm(Algorithm::SlidingLog)
+            .rule(Rule::per_second(50))
+            .build()
+            .unwrap()
+    };
+    let store = || {
+        RedisStore::from_url(&redis.url)
+            .unwrap()
+            .timeout(Duration::from_secs(10))
+    };
+    let run = quiet + Duration::from_secs(1);
+    let clients = [
+        client(policy(), store(), Duration::from_secs(10)),
+        client(policy(), store(), Duration::from_secs(10)),
+    ];
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let until = Instant::now() + run;
+                while Instant::now() < until {
+                    let request = Request::get(&url).body(String::new()).unwrap();
+                    client.ready().await.unwrap().call(request).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let arrivals = arrivals.lock().unwrap().clone();
+    let (refused_at, status) = arrivals[0];
+    assert_eq!(status, 429);
+    // The other client's request may have been on its way when the 429 left: at most one.
+    let in_flight = Duration::from_millis(50);
+    let early: Vec<Duration> = arrivals[1..]
+        .iter()
+        .map(|(at, _)| *at - refused_at)
+        .filter(|after| *after > in_flight && *after < quiet)
+        .collect();
+    assert!(early.is_empty(), "arrivals during the pause: {early:?}");
+    let right_after = arrivals[1..]
+        .iter()
+        .filter(|(at, _)| *at - refused_at <= in_flight)
+        .count();
+    assert!(
+        right_after <= 1,
+        "{right_after} arrivals right after the 429"
+    );
+    assert!(
+        arrivals.iter().any(|(at, _)| *at - refused_at >= quiet),
+        "requests go again after the pause"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_seconds_pauses_every_client() {
+    an_announced_pause_holds_both_clients(("retry-after", "2".into()), Duration::from_secs(2))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_as_an_http_date_pauses_every_client() {
+    // Three seconds ahead, to the whole second: between 2 and 3 s from now.
+    let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3));
+    an_announced_pause_holds_both_clients(("retry-after", date), Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ietf_ratelimit_item_with_nothing_left_pauses_every_client() {
+    let header = ("ratelimit", "\"upstream\";r=0;t=2".to_owned());
+    an_announced_pause_holds_both_clients(header, Duration::from_secs(2)).await;
+}
+
+/// A hostile `Retry-After` of a day pauses no longer than the cap.
+#[tokio::test]
+async fn a_pause_is_capped() {
+    let store = MemoryStore::new();
+    let mut limited = ServiceBuilder::new()
+        .layer(
+            OutboundLayer::new(five_per_second("capped"), store.clone())
+                .pause_cap(Duration::from_secs(3))
+                .max_wait(Duration::from_millis(100)),
+        )
+        .service(service_fn(|_: Request<String>| async {
+            let response = Response::builder()
+                .status(429)
+                .header("retry-after", "86400")
+                .body(String::new())?;
+            Ok::<_, BoxError>(response)
+        }));
+    let request = || {
+        Request::get("http://api.example/")
+            .body(String::new())
+            .unwrap()
+    };
+    let first = limited
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 429);
+    let error = limited
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap_err();
+    match error.downcast_ref::<OutboundError>() {
+        Some(OutboundError::WouldWait { retry_after, .. }) => {
+            assert!(*retry_after <= Duration::from_secs(3), "{retry_after:?}");
+            assert!(
+                *retry_after > Duration::from_millis(2_500),
+                "{retry_after:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -209,10 +209,24 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The default refuses with [`StoreError::Config`]: a store of your own resets only if it
     /// says how.
-    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+    fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         let _ = request;
         Box::pin(std::future::ready(Err(StoreError::Config(format!(
             "the {} store can't reset a key",
+            self.name()
+        )))))
+    }
+
+    /// Pauses `request.key` for `pause`: until then every check of it with a `block_for` (the
+    /// outbound layer's) is refused with the pause's end as its retry time, on every instance.
+    /// A pause never shortens one already longer. For an upstream that announced its own limit
+    /// (`Retry-After`, `RateLimit: r=0`).
+    ///
+    /// The default refuses with [`StoreError::Config`].
+    fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
+        let _ = (request, pause);
+        Box::pin(std::future::ready(Err(StoreError::Config(format!(
+            "the {} store can't pause a key",
             self.name()
         )))))
     }
@@ -241,13 +255,17 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).name()
     }
 
-    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+    fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         (**self).reset(request)
+    }
+
+    fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
+        (**self).pause(request, pause)
     }
 }
 
-/// What [`Store::reset`] returns: done, or why not.
-pub type ResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'static>>;
+/// What [`Store::reset`] and [`Store::pause`] return: done, or why not.
+pub type ActionFuture = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'static>>;
 
 type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
 

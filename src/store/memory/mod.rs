@@ -18,12 +18,13 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use hashbrown::HashTable;
 
 use self::entry::Entry;
 use self::quota::QuotaTable;
-use super::{CheckFuture, CheckRequest, ResetFuture, Store};
+use super::{ActionFuture, CheckFuture, CheckRequest, Store};
 use crate::decision::Decision;
 
 mod clock;
@@ -186,8 +187,34 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+    fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         self.forget(request.key);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
+        let shared = &*self.0;
+        let now = shared.clock.now_unix_ms();
+        let until = now.saturating_add(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
+        let (hash, mut shard) = self.shard_of(request.key);
+        let now = shard.latest_ms.max(now);
+        match shard
+            .entries
+            .find_mut(hash, |entry| *entry.key == *request.key)
+        {
+            Some(entry) => {
+                entry.blocked_until_ms = entry.blocked_until_ms.max(until);
+                entry.expires_at_ms = entry.expires_at_ms.max(until);
+            }
+            None => {
+                let mut entry = Entry::new(request, hash);
+                entry.blocked_until_ms = until;
+                // Swept once the pause is over, not before.
+                entry.expires_at_ms = until;
+                entry.last_seen_ms = now;
+                shard.insert(entry, now, shared);
+            }
+        }
         Box::pin(std::future::ready(Ok(())))
     }
 }

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use self::batch::{Batcher, Member};
 use self::command::{PackedCheck, batch_command, check_replies, decision_from};
 use self::connection::{Connection, Connector, eval_of, is_no_script, store_error};
-use super::{CheckFuture, CheckRequest, ResetFuture, Store, StoreError};
+use super::{ActionFuture, CheckFuture, CheckRequest, Store, StoreError};
 use crate::decision::Decision;
 
 mod batch;
@@ -480,7 +480,7 @@ impl Store for RedisStore {
         "redis"
     }
 
-    fn reset(&self, request: &CheckRequest<'_>) -> ResetFuture {
+    fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         // The keys a check of the same request writes, but the quota's.
         let request = CheckRequest {
             quota: None,
@@ -496,6 +496,43 @@ impl Store for RedisStore {
         for key in packed.keys() {
             command.arg(key);
         }
+        self.run(command)
+    }
+
+    fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
+        // The block key of the request (the last key of a check with a block), set to the pause's
+        // end in Redis's time unless it already ends later.
+        let request = CheckRequest {
+            quota: None,
+            block_for: Some(Duration::from_millis(1)),
+            ..*request
+        };
+        let packed = PackedCheck::new(&request, true);
+        let Some(block_key) = packed.keys().last() else {
+            return Box::pin(std::future::ready(Err(StoreError::Protocol(
+                "a check with a block has no block key".into(),
+            ))));
+        };
+        let mut command = ::redis::cmd("EVAL");
+        command
+            .arg(PAUSE_SCRIPT)
+            .arg(1)
+            .arg(block_key)
+            .arg(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
+        self.run(command)
+    }
+}
+
+/// Sets `KEYS[1]` to now + `ARGV[1]` ms (Redis's time), expiring then, unless it holds a later end.
+const PAUSE_SCRIPT: &str = "local t = redis.call('TIME') \
+    local untl = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[1]) \
+    if untl > (tonumber(redis.call('GET', KEYS[1])) or 0) then \
+    redis.call('SET', KEYS[1], string.format('%d', untl), 'PXAT', string.format('%d', untl)) end \
+    return 1";
+
+impl RedisStore {
+    /// Sends a store action (reset, pause) on the store's connection.
+    fn run(&self, command: ::redis::Cmd) -> ActionFuture {
         let (shared, timeout) = (self.shared.clone(), self.timeout);
         Box::pin(async move {
             let mut connection = shared.connection().await?;

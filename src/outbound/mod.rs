@@ -8,6 +8,13 @@
 //! sent. A request whose slot is further away than [`OutboundLayer::max_wait`] is not sent: it
 //! fails at once with [`OutboundError::WouldWait`], which says when to try again.
 //!
+//! The upstream's own word counts too: when an answer carries `Retry-After` (on a 429 or 503),
+//! an IETF `RateLimit` item with `r=0`, or `X-RateLimit-Remaining: 0` with a reset
+//! ([`announced_pause`]), the upstream's key is paused in the store until then (at most
+//! [`OutboundLayer::pause_cap`]), so every instance holds its requests, not only the one that was
+//! told. A request that finds its upstream paused waits for the pause's end and then for a slot,
+//! within its maximum wait.
+//!
 //! A request arrives upstream a little after the instant it was counted (the store's answer, the
 //! timer, the network), and not always by the same amount, so an upstream counting arrivals could
 //! see a window a hair short. Each rule's period is counted longer by a safety margin
@@ -44,19 +51,31 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Request, Response, Uri};
+use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
 use crate::policy::{OnStoreError, Policy, PolicyError, Rule};
 use crate::store::{CheckRequest, Store, StoreError};
+
+mod pause;
+
+pub use pause::announced_pause;
 
 /// How long a request may wait for its slot by default.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// How much longer each rule's period is counted by default (see the module documentation).
 pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
+
+/// The longest pause an upstream's headers can set by default.
+pub const DEFAULT_PAUSE_CAP: Duration = Duration::from_secs(600);
+
+/// The block every outbound check carries, so that it sees a pause; what a refusal past the
+/// maximum wait starts is this short.
+const SEES_PAUSES: Option<Duration> = Some(Duration::from_millis(1));
 
 type KeyFn = dyn Fn(&Uri, &HeaderMap) -> String + Send + Sync;
 
@@ -96,6 +115,7 @@ struct Shared {
     rules: Vec<Rule>,
     store: Arc<dyn Store>,
     max_wait: Duration,
+    pause_cap: Duration,
     key: Option<Arc<KeyFn>>,
 }
 
@@ -124,6 +144,7 @@ impl OutboundLayer {
                 policy,
                 store: Arc::new(store),
                 max_wait: DEFAULT_MAX_WAIT,
+                pause_cap: DEFAULT_PAUSE_CAP,
                 key: None,
             }),
         })
@@ -133,6 +154,13 @@ impl OutboundLayer {
     /// fails at once with [`OutboundError::WouldWait`].
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         Arc::make_mut(&mut self.shared).max_wait = max_wait;
+        self
+    }
+
+    /// The longest an upstream's headers can pause its key (default 10 minutes): a malformed or
+    /// hostile `Retry-After` of a year stops nobody for longer.
+    pub fn pause_cap(mut self, cap: Duration) -> Self {
+        Arc::make_mut(&mut self.shared).pause_cap = cap;
         self
     }
 
@@ -207,7 +235,7 @@ where
     S::Future: Send + 'static,
     S::Error: Into<BoxError>,
     B: Send + 'static,
-    T: 'static,
+    T: Send + 'static,
 {
     type Response = Response<T>;
     type Error = BoxError;
@@ -224,8 +252,15 @@ where
         let shared = self.shared.clone();
         let upstream = shared.upstream_of(request.uri(), request.headers());
         Box::pin(async move {
-            shared.wait_for_slot(upstream?).await?;
-            inner.call(request).await.map_err(Into::into)
+            let upstream = upstream?;
+            shared.wait_for_slot(&upstream).await?;
+            let response = inner.call(request).await.map_err(Into::into)?;
+            let announced =
+                announced_pause(response.status(), response.headers(), SystemTime::now());
+            if let Some(pause) = announced {
+                shared.pause(&upstream, pause.min(shared.pause_cap)).await;
+            }
+            Ok(response)
         })
     }
 }
@@ -266,36 +301,81 @@ impl Shared {
         }
     }
 
-    /// Reserves the next slot of `upstream` and sleeps until it; `Ok` when the request may go.
-    async fn wait_for_slot(&self, upstream: String) -> Result<(), OutboundError> {
-        let policy = &self.policy;
+    /// The store key and identity of `upstream`.
+    fn key_of(&self, upstream: &str) -> (String, String) {
         let identity = format!("upstream:{upstream}");
-        let key = format!("{}:{}:{identity}", policy.prefix(), policy.name());
-        let request = CheckRequest::new(&key, &self.rules, policy.algorithm())
-            .identity(&identity)
-            .max_delay(self.max_wait);
-        match self.store.check(&request).await {
-            Ok(decision) if decision.allowed => {
-                if !decision.delay.is_zero() {
-                    tokio::time::sleep(decision.delay).await;
+        let key = format!("{}:{}:{identity}", self.policy.prefix(), self.policy.name());
+        (key, identity)
+    }
+
+    /// Reserves the next slot of `upstream` and sleeps until it (after a pause, if one is on);
+    /// `Ok` when the request may go.
+    async fn wait_for_slot(&self, upstream: &str) -> Result<(), OutboundError> {
+        let policy = &self.policy;
+        let (key, identity) = self.key_of(upstream);
+        let deadline = Instant::now() + self.max_wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let request = CheckRequest::new(&key, &self.rules, policy.algorithm())
+                .identity(&identity)
+                .max_delay(left)
+                .block_for(SEES_PAUSES);
+            match self.store.check(&request).await {
+                Ok(decision) if decision.allowed => {
+                    if !decision.delay.is_zero() {
+                        tokio::time::sleep(decision.delay).await;
+                    }
+                    return Ok(());
                 }
-                Ok(())
+                Ok(decision) => {
+                    let retry_after = decision.retry_after().unwrap_or(self.max_wait);
+                    // Paused by the upstream, and the pause ends in time: wait, then queue.
+                    if retry_after < left {
+                        tokio::time::sleep(retry_after).await;
+                        continue;
+                    }
+                    return Err(OutboundError::WouldWait {
+                        upstream: upstream.to_owned(),
+                        retry_after,
+                    });
+                }
+                Err(error) => {
+                    return match policy.on_store_error() {
+                        OnStoreError::Allow => {
+                            tracing::warn!(
+                                policy = policy.name(),
+                                %error,
+                                "rate-limit store failed; sending the outbound request anyway"
+                            );
+                            Ok(())
+                        }
+                        OnStoreError::Deny => Err(error.into()),
+                    };
+                }
             }
-            Ok(decision) => Err(OutboundError::WouldWait {
+        }
+    }
+
+    /// Pauses `upstream` for `pause` on every instance; a store failure is only logged (the
+    /// response is the caller's either way).
+    async fn pause(&self, upstream: &str, pause: Duration) {
+        let (key, identity) = self.key_of(upstream);
+        let request = CheckRequest::new(&key, &self.rules, self.policy.algorithm())
+            .identity(&identity)
+            .block_for(SEES_PAUSES);
+        match self.store.pause(&request, pause).await {
+            Ok(()) => tracing::info!(
+                policy = self.policy.name(),
                 upstream,
-                retry_after: decision.retry_after().unwrap_or(self.max_wait),
-            }),
-            Err(error) => match policy.on_store_error() {
-                OnStoreError::Allow => {
-                    tracing::warn!(
-                        policy = policy.name(),
-                        %error,
-                        "rate-limit store failed; sending the outbound request anyway"
-                    );
-                    Ok(())
-                }
-                OnStoreError::Deny => Err(error.into()),
-            },
+                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                "the upstream asked for a pause"
+            ),
+            Err(error) => tracing::warn!(
+                policy = self.policy.name(),
+                upstream,
+                %error,
+                "could not pause the upstream's key"
+            ),
         }
     }
 }

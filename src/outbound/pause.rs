@@ -1,0 +1,201 @@
+//! Reading an upstream's own limits from its answer: how long it asks its callers to stop.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName, StatusCode};
+
+use crate::headers::{self, RetryAfter};
+
+/// `X-RateLimit-Reset` values above this are Unix times (seconds); below, seconds from now.
+/// (GitHub sends the former, many APIs the latter; 10^9 s is 2001, and no reset is 31 years away.)
+const UNIX_TIME_FROM: u64 = 1_000_000_000;
+
+/// How long `upstream`'s answer asks every caller to wait before the next request, if at all:
+/// the longest of
+/// - `Retry-After` (delay-seconds or an HTTP-date) on a 429 or a 503;
+/// - the reset `t` of an IETF `RateLimit` item with `r=0`;
+/// - `X-RateLimit-Reset` (Unix seconds, or seconds from now) with `X-RateLimit-Remaining: 0`.
+///
+/// Each header is read on its own, so a malformed one doesn't hide the others; malformed values
+/// are ignored and nothing here panics. `now` turns HTTP-dates and Unix times into waits. The
+/// result is not capped: [`OutboundLayer::pause_cap`](super::OutboundLayer::pause_cap) does that.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use http::{HeaderMap, StatusCode};
+/// use tower_redis_ratelimit::outbound::announced_pause;
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("retry-after", "2".parse().unwrap());
+/// let now = SystemTime::now();
+/// assert_eq!(announced_pause(StatusCode::TOO_MANY_REQUESTS, &headers, now), Some(Duration::from_secs(2)));
+/// assert_eq!(announced_pause(StatusCode::OK, &headers, now), None);
+/// headers.insert("ratelimit", "\"default\";r=0;t=7".parse().unwrap());
+/// assert_eq!(announced_pause(StatusCode::OK, &headers, now), Some(Duration::from_secs(7)));
+/// ```
+pub fn announced_pause(
+    status: StatusCode,
+    upstream: &HeaderMap,
+    now: SystemTime,
+) -> Option<Duration> {
+    let mut longest = Duration::ZERO;
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        let retry = only(upstream, &http::header::RETRY_AFTER)
+            .and_then(|alone| headers::parse(&alone).ok()?.retry_after);
+        if let Some(retry) = retry {
+            longest = longest.max(match retry {
+                RetryAfter::Delay(delay) => delay,
+                date => date.delay_from(now),
+            });
+        }
+    }
+    if let Some(alone) = only(upstream, &HeaderName::from_static("ratelimit"))
+        && let Ok(parsed) = headers::parse(&alone)
+    {
+        for item in parsed.limits.iter().filter(|item| item.remaining == 0) {
+            longest = longest.max(Duration::from_secs(item.reset.unwrap_or(0)));
+        }
+    }
+    let remaining = integer(upstream, "x-ratelimit-remaining");
+    if remaining == Some(0)
+        && let Some(reset) = integer(upstream, "x-ratelimit-reset")
+    {
+        let wait = if reset >= UNIX_TIME_FROM {
+            let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+            Duration::from_secs(reset).saturating_sub(since_epoch)
+        } else {
+            Duration::from_secs(reset)
+        };
+        longest = longest.max(wait);
+    }
+    (!longest.is_zero()).then_some(longest)
+}
+
+/// A map of `name`'s field lines alone, when there are any.
+fn only(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderMap> {
+    let mut alone = HeaderMap::new();
+    for value in headers.get_all(name) {
+        alone.append(name.clone(), value.clone());
+    }
+    (!alone.is_empty()).then_some(alone)
+}
+
+/// A header holding one non-negative integer.
+fn integer(headers: &HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    const NOW: u64 = 1_800_000_000;
+
+    fn pause(status: u16, pairs: &[(&str, &str)]) -> Option<Duration> {
+        let now = UNIX_EPOCH + Duration::from_secs(NOW);
+        announced_pause(StatusCode::from_u16(status).unwrap(), &headers(pairs), now)
+    }
+
+    #[test]
+    fn retry_after_counts_on_429_and_503_only() {
+        assert_eq!(
+            pause(429, &[("retry-after", "2")]),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            pause(503, &[("retry-after", "120")]),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(pause(200, &[("retry-after", "2")]), None);
+        assert_eq!(pause(429, &[]), None);
+        // An HTTP-date 3 s after NOW (2027-01-15T08:00:00Z).
+        let date = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(NOW + 3));
+        assert_eq!(
+            pause(429, &[("retry-after", &date)]),
+            Some(Duration::from_secs(3))
+        );
+        let past = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(NOW - 60));
+        assert_eq!(pause(429, &[("retry-after", &past)]), None);
+    }
+
+    #[test]
+    fn ietf_items_with_nothing_left_pause_until_their_reset() {
+        let both = [("ratelimit", "\"minute\";r=0;t=40, \"hour\";r=3;t=3000")];
+        assert_eq!(pause(200, &both), Some(Duration::from_secs(40)));
+        assert_eq!(pause(200, &[("ratelimit", "\"minute\";r=1;t=40")]), None);
+        assert_eq!(pause(200, &[("ratelimit", "\"minute\";r=0")]), None);
+    }
+
+    #[test]
+    fn the_legacy_trio_takes_unix_times_and_seconds_from_now() {
+        let unix = (NOW + 30).to_string();
+        let legacy = [
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", unix.as_str()),
+        ];
+        assert_eq!(pause(200, &legacy), Some(Duration::from_secs(30)));
+        let relative = [("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "12")];
+        assert_eq!(pause(200, &relative), Some(Duration::from_secs(12)));
+        let left = [("x-ratelimit-remaining", "4"), ("x-ratelimit-reset", "12")];
+        assert_eq!(pause(200, &left), None);
+    }
+
+    #[test]
+    fn a_malformed_header_hides_none_of_the_others_and_the_longest_wins() {
+        let mixed = [
+            ("ratelimit", "not a list;;;"),
+            ("retry-after", "5"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "9"),
+        ];
+        assert_eq!(pause(429, &mixed), Some(Duration::from_secs(9)));
+        assert_eq!(pause(429, &[("retry-after", "-3")]), None);
+        assert_eq!(pause(429, &[("retry-after", "soon")]), None);
+    }
+
+    proptest! {
+        /// Whatever the bytes, no panic; a pause, if any, is what some header said (so at most
+        /// the largest number or date in them, which the layer then caps).
+        #[test]
+        fn arbitrary_header_values_never_panic(
+            values in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 4),
+            numbers in prop::collection::vec(any::<u64>(), 3),
+            status in prop::sample::select(vec![200u16, 429, 503]),
+        ) {
+            let names = ["retry-after", "ratelimit", "x-ratelimit-remaining", "x-ratelimit-reset"];
+            let mut map = HeaderMap::new();
+            for (name, bytes) in names.iter().zip(&values) {
+                if let Ok(value) = http::HeaderValue::from_bytes(bytes) {
+                    map.append(HeaderName::from_static(name), value);
+                }
+            }
+            let now = UNIX_EPOCH + Duration::from_secs(NOW);
+            let _ = announced_pause(StatusCode::from_u16(status).unwrap(), &map, now);
+            let huge = [
+                ("retry-after", numbers[0].to_string()),
+                ("ratelimit", format!("\"q\";r=0;t={}", numbers[1] % 1_000_000_000_000_000)),
+                ("x-ratelimit-remaining", "0".to_owned()),
+                ("x-ratelimit-reset", numbers[2].to_string()),
+            ];
+            let mut map = HeaderMap::new();
+            for (name, value) in &huge {
+                map.append(HeaderName::from_static(name), value.parse().unwrap());
+            }
+            let paused = announced_pause(StatusCode::from_u16(status).unwrap(), &map, now);
+            let largest = Duration::from_secs(*numbers.iter().max().unwrap());
+            prop_assert!(paused.is_none_or(|paused| paused <= largest));
+        }
+    }
+}
