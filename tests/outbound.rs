@@ -15,7 +15,7 @@ use http::{Request, Response};
 use tokio::net::TcpListener;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer};
+use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, RetryAfter};
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, PolicyError, RedisStore, Rule, Store};
 
 /// An upstream on a free port that notes when each request arrived.
@@ -410,4 +410,130 @@ async fn a_pause_is_capped() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// A fake upstream answering from `answers` in turn (the last one again once they run out) and
+/// noting when each request came (tokio's clock, paused in these tests).
+/// When each request came to a fake upstream, on tokio's clock.
+type Arrivals = Arc<Mutex<Vec<tokio::time::Instant>>>;
+
+fn scripted(answers: Vec<(u16, Option<&'static str>)>) -> (Client, Arrivals) {
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let noted = arrivals.clone();
+    let service = service_fn(move |_: Request<String>| {
+        let mut arrivals = noted.lock().unwrap();
+        arrivals.push(tokio::time::Instant::now());
+        let (status, retry_after) = answers[(arrivals.len() - 1).min(answers.len() - 1)];
+        async move {
+            let mut response = Response::builder().status(status);
+            if let Some(retry_after) = retry_after {
+                response = response.header("retry-after", retry_after);
+            }
+            Ok::<_, BoxError>(response.body(String::new())?)
+        }
+    });
+    (BoxCloneSyncService::new(service), arrivals)
+}
+
+async fn call_with_retries(
+    policy: RetryAfter,
+    method: http::Method,
+    answers: Vec<(u16, Option<&'static str>)>,
+) -> (u16, Vec<Duration>) {
+    let (upstream, arrivals) = scripted(answers);
+    let mut client = ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(policy))
+        .service(upstream);
+    let request = Request::builder()
+        .method(method)
+        .uri("http://api.example/")
+        .body(String::new())
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let status = client
+        .ready()
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    let arrivals = arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|at| *at - start)
+        .collect();
+    (status, arrivals)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_policy_waits_as_told_and_not_longer_than_allowed() {
+    use http::Method;
+    // Retried after the announced 2 s, not before.
+    let (status, arrivals) = call_with_retries(
+        RetryAfter::new(),
+        Method::GET,
+        vec![(429, Some("2")), (200, None)],
+    )
+    .await;
+    assert_eq!(
+        (status, arrivals),
+        (200, vec![Duration::ZERO, Duration::from_secs(2)])
+    );
+    // An HTTP-date, 3 s ahead to the whole second, on a 503.
+    let date: &'static str = Box::leak(
+        httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3))
+            .into_boxed_str(),
+    );
+    let (status, arrivals) = call_with_retries(
+        RetryAfter::new(),
+        Method::GET,
+        vec![(503, Some(date)), (200, None)],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        arrivals[1] > Duration::from_secs(2) && arrivals[1] <= Duration::from_secs(3),
+        "{arrivals:?}"
+    );
+    // Past the total wait: the 429 comes back at once.
+    let bounded = RetryAfter::new().max_total_wait(Duration::from_secs(4));
+    let (status, arrivals) = call_with_retries(bounded, Method::GET, vec![(429, Some("5"))]).await;
+    assert_eq!((status, arrivals), (429, vec![Duration::ZERO]));
+    // At most `attempts` retries.
+    let (status, arrivals) = call_with_retries(
+        RetryAfter::new().attempts(2),
+        Method::GET,
+        vec![(429, Some("0"))],
+    )
+    .await;
+    assert_eq!((status, arrivals.len()), (429, 3));
+    // No Retry-After: the fallback.
+    let (_, arrivals) = call_with_retries(
+        RetryAfter::new().fallback(Duration::from_millis(700)),
+        Method::GET,
+        vec![(429, None), (200, None)],
+    )
+    .await;
+    assert_eq!(arrivals, [Duration::ZERO, Duration::from_millis(700)]);
+    // A 500 is not the upstream's limit: not retried.
+    let (status, arrivals) =
+        call_with_retries(RetryAfter::new(), Method::GET, vec![(500, Some("1"))]).await;
+    assert_eq!((status, arrivals.len()), (500, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_policy_never_retries_a_post_unless_told() {
+    let answers = || vec![(429, Some("1")), (201, None)];
+    let (status, arrivals) =
+        call_with_retries(RetryAfter::new(), http::Method::POST, answers()).await;
+    assert_eq!((status, arrivals.len()), (429, 1));
+    let any = RetryAfter::new().any_method(true);
+    let (status, arrivals) = call_with_retries(any, http::Method::POST, answers()).await;
+    assert_eq!(
+        (status, arrivals),
+        (201, vec![Duration::ZERO, Duration::from_secs(1)])
+    );
 }

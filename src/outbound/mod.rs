@@ -61,8 +61,10 @@ use crate::policy::{OnStoreError, Policy, PolicyError, Rule};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod pause;
+mod retry;
 
 pub use pause::announced_pause;
+pub use retry::RetryAfter;
 
 /// How long a request may wait for its slot by default.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
