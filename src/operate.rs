@@ -9,11 +9,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::limiter::Limiter;
-use crate::policy::{Rule, StorageKey};
+use crate::policy::{Rule, StorageKey, is_storable_identity};
 use crate::store::{CheckRequest, StoreError};
-
-/// The longest identity an operator may name, in bytes (a hashed API key is far shorter).
-const MAX_IDENTITY_LEN: usize = 512;
 
 /// Why an operator's action on an identity failed.
 #[derive(Debug, thiserror::Error)]
@@ -50,12 +47,7 @@ pub struct RuleStatus {
 impl Limiter {
     /// The store key of `identity` under this limiter's policy.
     fn key_of(&self, identity: &str) -> Result<StorageKey, OperatorError> {
-        let valid = !identity.is_empty()
-            && identity.len() <= MAX_IDENTITY_LEN
-            && !identity
-                .chars()
-                .any(|c| c == '{' || c == '}' || c.is_control());
-        if !valid {
+        if !is_storable_identity(identity) {
             return Err(OperatorError::BadIdentity(identity.to_owned()));
         }
         self.policy

@@ -787,6 +787,20 @@ impl Policy {
     }
 }
 
+/// The longest identity an operator or an outbound key may name, in bytes.
+const MAX_NAMED_IDENTITY_LEN: usize = 512;
+
+/// Whether `identity`, named from outside a request (an operator's, an outbound upstream's), can
+/// be part of a store key: not empty, at most 512 bytes, no braces (store keys wrap identities in
+/// a hash tag) and no control characters.
+pub(crate) fn is_storable_identity(identity: &str) -> bool {
+    !identity.is_empty()
+        && identity.len() <= MAX_NAMED_IDENTITY_LEN
+        && !identity
+            .chars()
+            .any(|c| c == '{' || c == '}' || c.is_control())
+}
+
 /// Appends the route component: method and matched path, hashed when odd (paths with `{param}`).
 /// Only values the app defines get through: unmatched paths and non-standard methods, which a
 /// client can make up at will, collapse into one bucket each.

@@ -57,7 +57,7 @@ use http::{HeaderMap, Request, Response, Uri};
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
-use crate::policy::{OnStoreError, Policy, PolicyError, Rule};
+use crate::policy::{OnStoreError, Policy, PolicyError, Rule, is_storable_identity};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod pause;
@@ -276,9 +276,6 @@ fn widened(policy: &Policy, margin: Duration) -> Vec<Rule> {
         .collect()
 }
 
-/// The longest key an upstream may have, in bytes.
-const MAX_KEY_LEN: usize = 512;
-
 impl Shared {
     /// The key of a request's upstream.
     fn upstream_of(&self, uri: &Uri, headers: &HeaderMap) -> Result<String, OutboundError> {
@@ -293,10 +290,7 @@ impl Shared {
                 })
                 .unwrap_or_default(),
         };
-        let valid = !key.is_empty()
-            && key.len() <= MAX_KEY_LEN
-            && !key.chars().any(|c| c == '{' || c == '}' || c.is_control());
-        if valid {
+        if is_storable_identity(&key) {
             Ok(key)
         } else {
             Err(OutboundError::BadKey(key))
