@@ -771,19 +771,21 @@ impl Policy {
     /// The store key of `identity` as the logs show it (`user:alice`), for an operator: `None`
     /// for a route-scoped policy, whose keys also name a route.
     pub(crate) fn storage_key_of(&self, identity: &str) -> Option<StorageKey> {
+        (self.0.scope != Scope::Route).then(|| self.unscoped_key_of(identity))
+    }
+
+    /// The store key of `identity` under this policy, whatever its scope: `prefix:policy:identity`.
+    pub(crate) fn unscoped_key_of(&self, identity: &str) -> StorageKey {
         let inner = &self.0;
-        if inner.scope == Scope::Route {
-            return None;
-        }
         let kind = match identity.split_once(':') {
             Some(("ip", _)) => "ip",
             _ => inner.key.kind(),
         };
-        Some(StorageKey {
+        StorageKey {
             key: format!("{}{identity}", inner.key_base),
             identity_at: inner.key_base.len(),
             kind,
-        })
+        }
     }
 }
 

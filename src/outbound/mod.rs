@@ -57,7 +57,7 @@ use http::{HeaderMap, Request, Response, Uri};
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
-use crate::policy::{OnStoreError, Policy, PolicyError, Rule, is_storable_identity};
+use crate::policy::{OnStoreError, Policy, PolicyError, Rule, StorageKey, is_storable_identity};
 use crate::store::{CheckRequest, Store, StoreError};
 
 mod pause;
@@ -298,22 +298,20 @@ impl Shared {
     }
 
     /// The store key and identity of `upstream`.
-    fn key_of(&self, upstream: &str) -> (String, String) {
-        let identity = format!("upstream:{upstream}");
-        let key = format!("{}:{}:{identity}", self.policy.prefix(), self.policy.name());
-        (key, identity)
+    fn key_of(&self, upstream: &str) -> StorageKey {
+        self.policy.unscoped_key_of(&format!("upstream:{upstream}"))
     }
 
     /// Reserves the next slot of `upstream` and sleeps until it (after a pause, if one is on);
     /// `Ok` when the request may go.
     async fn wait_for_slot(&self, upstream: &str) -> Result<(), OutboundError> {
         let policy = &self.policy;
-        let (key, identity) = self.key_of(upstream);
+        let key = self.key_of(upstream);
         let deadline = Instant::now() + self.max_wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let request = CheckRequest::new(&key, &self.rules, policy.algorithm())
-                .identity(&identity)
+            let request = CheckRequest::new(key.as_str(), &self.rules, policy.algorithm())
+                .identity(key.identity())
                 .max_delay(left)
                 .block_for(SEES_PAUSES);
             match self.store.check(&request).await {
@@ -355,9 +353,9 @@ impl Shared {
     /// Pauses `upstream` for `pause` on every instance; a store failure is only logged (the
     /// response is the caller's either way).
     async fn pause(&self, upstream: &str, pause: Duration) {
-        let (key, identity) = self.key_of(upstream);
-        let request = CheckRequest::new(&key, &self.rules, self.policy.algorithm())
-            .identity(&identity)
+        let key = self.key_of(upstream);
+        let request = CheckRequest::new(key.as_str(), &self.rules, self.policy.algorithm())
+            .identity(key.identity())
             .block_for(SEES_PAUSES);
         match self.store.pause(&request, pause).await {
             Ok(()) => tracing::info!(
