@@ -57,6 +57,35 @@ fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
     BoxCloneSyncService::new(limited)
 }
 
+/// The second client of the two-client tests: with feature `reqwest-middleware`, the same layer
+/// as a middleware of a `reqwest_middleware` client, so that both kinds are seen to keep one
+/// count and honour one pause together; without it, another tower client.
+fn second_client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
+    #[cfg(feature = "reqwest-middleware")]
+    {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let limited = reqwest_middleware::ClientBuilder::new(http)
+            .with(OutboundLayer::new(policy, store).max_wait(max_wait))
+            .build();
+        BoxCloneSyncService::new(service_fn(move |request: Request<String>| {
+            let limited = limited.clone();
+            async move {
+                let response = limited
+                    .execute(reqwest::Request::try_from(request)?)
+                    .await?;
+                let status = response.status();
+                Ok::<_, BoxError>(
+                    Response::builder()
+                        .status(status)
+                        .body(response.text().await?)?,
+                )
+            }
+        }))
+    }
+    #[cfg(not(feature = "reqwest-middleware"))]
+    client(policy, store, max_wait)
+}
+
 fn five_per_second(prefix: &str) -> Policy {
     Policy::builder("quotes")
         .prefix(prefix)
@@ -105,8 +134,9 @@ fn assert_at_most_five_a_second(arrivals: &[Instant]) {
 /// Two clients sharing `stores`' counts, `each` requests apiece, 10 in flight each.
 async fn two_clients_share_the_limit(stores: [Arc<dyn Store>; 2], prefix: &str, each: usize) {
     let (url, arrivals) = upstream().await;
-    let [a, b] =
-        stores.map(|store| client(five_per_second(prefix), store, Duration::from_secs(60)));
+    let [a, b] = stores;
+    let a = client(five_per_second(prefix), a, Duration::from_secs(60));
+    let b = second_client(five_per_second(prefix), b, Duration::from_secs(60));
     let started = Instant::now();
     let (from_a, from_b) = tokio::join!(send_all(a, &url, each, 10), send_all(b, &url, each, 10));
     assert!(from_a.iter().chain(&from_b).all(|status| *status == 200));
@@ -301,7 +331,7 @@ async fn an_announced_pause_holds_both_clients(header: (&'static str, String), q
     let run = quiet + Duration::from_secs(1);
     let clients = [
         client(policy(), store(), Duration::from_secs(10)),
-        client(policy(), store(), Duration::from_secs(10)),
+        second_client(policy(), store(), Duration::from_secs(10)),
     ];
     let tasks: Vec<_> = clients
         .into_iter()

@@ -15,6 +15,9 @@
 //! told. A request that finds its upstream paused waits for the pause's end and then for a slot,
 //! within its maximum wait.
 //!
+//! With the `reqwest-middleware` feature the layer is also a `reqwest_middleware::Middleware`, for
+//! `reqwest` clients (see its impl below [`OutboundLayer`]).
+//!
 //! A request arrives upstream a little after the instant it was counted (the store's answer, the
 //! timer, the network), and not always by the same amount, so an upstream counting arrivals could
 //! see a window a hair short. Each rule's period is counted longer by a safety margin
@@ -53,13 +56,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, Request, Response, Uri};
+use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
 use crate::policy::{OnStoreError, Policy, PolicyError, Rule, StorageKey, is_storable_identity};
 use crate::store::{CheckRequest, Store, StoreError};
 
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 mod pause;
 mod retry;
 
@@ -257,11 +262,9 @@ where
             let upstream = upstream?;
             shared.wait_for_slot(&upstream).await?;
             let response = inner.call(request).await.map_err(Into::into)?;
-            let announced =
-                announced_pause(response.status(), response.headers(), SystemTime::now());
-            if let Some(pause) = announced {
-                shared.pause(&upstream, pause.min(shared.pause_cap)).await;
-            }
+            shared
+                .learn(&upstream, response.status(), response.headers())
+                .await;
             Ok(response)
         })
     }
@@ -347,6 +350,13 @@ impl Shared {
                     };
                 }
             }
+        }
+    }
+
+    /// Pauses `upstream` on every instance when its answer announces a pause (at most the cap).
+    async fn learn(&self, upstream: &str, status: StatusCode, headers: &HeaderMap) {
+        if let Some(pause) = announced_pause(status, headers, SystemTime::now()) {
+            self.pause(upstream, pause.min(self.pause_cap)).await;
         }
     }
 
