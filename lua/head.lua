@@ -8,6 +8,7 @@
 --   the duplicate guard: a string holding the admission time (ms)
 --   the daily quota: a hash from day start (ms) to that day's count
 --   one alert flag per quota threshold: a string holding the day start it last fired for
+--   the concurrency limit's leases: a sorted set of lease ids scored by their expiry (ms)
 --   the penalty block (always the last key): a string holding the block's end (ms)
 --                All keys of one identity share a hash tag, so the script runs on Redis Cluster
 --                (a quota keyed like its policy shares it too).
@@ -16,13 +17,16 @@
 --                argument costs Redis about as much as a command, so they are packed):
 --                max delay (ms; 0: refuse what doesn't fit now), duplicate guard window (ms; 0:
 --                none), penalty block (ms; 0: none), quota limit (0: no quota), quota day length
---                (ms), where quota days start after epoch-aligned ones (ms), then per alert
+--                (ms), where quota days start after epoch-aligned ones (ms), most requests in
+--                flight at once (0: no concurrency limit), a lease's length (ms), then per alert
 --                threshold: percent, count that reaches it
 -- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
 -- Returns {allowed (1|0), delay (ms to wait before going on), then per rule (the counted rules,
 -- then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if this rule admits the
--- request), then the percents of the quota alerts this request fired}; the time it was checked at
+-- request), then, with a concurrency limit, its item (remaining slots, ms until the earliest
+-- lease expires, retry) and the lease taken (its id, 0 for none), then the percents of the quota
+-- alerts this request fired}; the time it was checked at
 -- is the batch's, which lua/batch.lua replies once. Every number is an integer below 2^53, so
 -- Lua's doubles hold it exactly.
 local now = floor(now_us / 1000)
@@ -39,7 +43,9 @@ local block = options[3] or 0
 local quota_limit = options[4] or 0
 local quota_day = options[5] or 0
 local quota_offset = options[6] or 0
-local thresholds = math.max(floor((#options - 6) / 2), 0)
+local max_in_flight = options[7] or 0
+local lease = options[8] or 0
+local thresholds = math.max(floor((#options - 8) / 2), 0)
 -- Arguments per counted rule: limit and period; the token bucket's part sets 3 (and a burst).
 local rule_arity = 2
 local extra_keys = 0
@@ -48,6 +54,9 @@ if guard_window > 0 then
 end
 if quota_limit > 0 then
   extra_keys = extra_keys + 1 + thresholds
+end
+if max_in_flight > 0 then
+  extra_keys = extra_keys + 1
 end
 if block > 0 then
   extra_keys = extra_keys + 1
@@ -65,11 +74,15 @@ if quota_limit > 0 then
   quota_key = KEYS[next_key]
   flags_from = next_key + 1
 end
+local in_flight_key = nil
+if max_in_flight > 0 then
+  in_flight_key = KEYS[#KEYS - (block > 0 and 1 or 0)]
+end
 local block_key = KEYS[#KEYS]
 
 -- Alert threshold j's percent and the count that reaches it.
 local function threshold(j)
-  return options[6 + 2 * j - 1], options[6 + 2 * j]
+  return options[8 + 2 * j - 1], options[8 + 2 * j]
 end
 
 -- Counted rule i's limit, period and burst (the limit, unless the rule has its own).
@@ -116,6 +129,12 @@ if block > 0 then
       reply[#reply + 1] = 0
       reply[#reply + 1] = until_free
       reply[#reply + 1] = until_free
+    end
+    if max_in_flight > 0 then
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = left
+      reply[#reply + 1] = left
+      reply[#reply + 1] = 0
     end
     return reply
   end

@@ -33,11 +33,24 @@ if quota_key then
   end
 end
 
+-- The concurrency limit: leases past their expiry are gone (their requests ended without a word,
+-- their instance died), the others each hold a slot.
+local in_flight = nil
+if in_flight_key then
+  call('ZREMRANGEBYSCORE', in_flight_key, '-inf', now)
+  local held = call('ZCARD', in_flight_key)
+  in_flight = {held = held, fits = held < max_in_flight}
+  if not in_flight.fits then
+    allowed = 0
+  end
+end
+
 -- A reservation: a request that may wait is recorded for the time it fits. Never a duplicate, nor
--- past the quota (a calendar day can't be reserved into).
+-- past the quota (a calendar day can't be reserved into), nor for a slot (its end isn't known).
 local delay = 0
 local quota_refused = quota and not quota.fits
-if allowed == 0 and not guard_stamp and not quota_refused and longest_wait
+local slot_refused = in_flight and not in_flight.fits
+if allowed == 0 and not guard_stamp and not quota_refused and not slot_refused and longest_wait
     and longest_wait <= max_delay then
   allowed = 1
   delay = longest_wait
@@ -45,7 +58,20 @@ end
 
 local block_until = 0
 local fired = {}
+local lease_id = 0
 if allowed == 1 then
+  if in_flight then
+    -- The lease is named by the time it was taken (µs), made unique: a number the caller
+    -- releases it by. It runs from the request's admission, after its delay.
+    local expires = now + delay + lease
+    -- (Formatted with %d: Redis would print a number this large in exponent form.)
+    lease_id = now_us
+    while call('ZADD', in_flight_key, 'NX', expires, string.format('%d', lease_id)) == 0 do
+      lease_id = lease_id + 1
+    end
+    in_flight.held = in_flight.held + 1
+    expire_at_least(in_flight_key, expires)
+  end
   for i = 1, rules do
     commit(states[i], now + delay, now_us + delay * 1000)
   end
@@ -132,6 +158,21 @@ if quota then
   else
     reply[#reply + 1] = -1
   end
+end
+if in_flight then
+  reply[#reply + 1] = math.max(max_in_flight - in_flight.held, 0)
+  local earliest = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')[2]
+  local frees = 0
+  if earliest then
+    frees = math.max(tonumber(earliest) - now, 0)
+  end
+  reply[#reply + 1] = frees
+  if slot_refused then
+    reply[#reply + 1] = retry_of(frees)
+  else
+    reply[#reply + 1] = -1
+  end
+  reply[#reply + 1] = lease_id
 end
 for _, percent in ipairs(fired) do
   reply[#reply + 1] = percent

@@ -8,8 +8,10 @@ use std::time::Duration;
 /// The outcome of checking one request against every rule of a policy.
 ///
 /// `rules` holds one [`RuleState`] per rule, in the policy's rule order, then one for the policy's
-/// daily [`Quota`](crate::Quota) when the request had one (so an index past the policy's rules is
-/// the quota's). When `allowed` is `true` the request was recorded in every rule; when it is
+/// daily [`Quota`](crate::Quota) when the request had one, then one for its concurrency limit
+/// ([`PolicyBuilder::max_in_flight`](crate::PolicyBuilder::max_in_flight)) when it has one:
+/// `limit` the slots, `remaining` the free ones, `reset` the time until the earliest lease
+/// expires. When `allowed` is `true` the request was recorded in every rule; when it is
 /// `false` it was recorded in none (all-or-nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -26,6 +28,9 @@ pub struct Decision {
     /// The alert thresholds (percent) of the daily quota that this request reached first, today,
     /// for its key: each fires once per key, threshold and day, however many requests race.
     pub quota_alerts: Vec<u8>,
+    /// The lease of the concurrency slot this request took (admitted under a concurrency limit):
+    /// the id to give [`Store::release`](crate::Store::release) when it is done.
+    pub lease: Option<u64>,
 }
 
 /// The state of one rule after a check.
@@ -126,6 +131,7 @@ mod tests {
             now_unix_ms: 0,
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
+            lease: None,
         };
         assert_eq!(decision.retry_after(), Some(Duration::from_millis(4_100)));
         assert_eq!(decision.violated().collect::<Vec<_>>(), vec![0, 2]);
@@ -139,6 +145,7 @@ mod tests {
             now_unix_ms: 0,
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
+            lease: None,
         };
         assert_eq!(decision.retry_after(), None);
         assert_eq!(decision.violated().count(), 0);
@@ -156,6 +163,7 @@ mod tests {
             now_unix_ms: 0,
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
+            lease: None,
         };
         assert_eq!(decision.most_limiting(), Some(2));
     }

@@ -45,6 +45,7 @@ use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 use http::StatusCode;
 use http::request::Parts;
 
+use crate::concurrency::Lease;
 use crate::limiter::{Limiter, Prepared, Verdict};
 use crate::policy::{Policy, PolicyError};
 use crate::response::LimitHeaders;
@@ -130,10 +131,16 @@ impl fmt::Debug for LimitStore {
 ///
 /// Put it among the handler's arguments; return it with the response (`(limited, body)`) to add the
 /// `RateLimit-Policy` and `RateLimit` headers. See the [module docs](self).
+///
+/// Under a policy with a concurrency limit it holds the request's slot: the slot is released when
+/// the `Limited` value is dropped (when the handler returns, or when the response takes its
+/// headers), not when the body has been sent as with the layer.
 pub struct Limited<P> {
     /// `None` when the request went through unlimited (no key, and the policy allows that) or the
     /// store failed open.
     headers: Option<LimitHeaders>,
+    /// The concurrency slot held, if the policy has a concurrency limit.
+    _lease: Option<Lease>,
     policy: PhantomData<fn() -> P>,
 }
 
@@ -169,15 +176,15 @@ where
         };
         let checked = match limiter.prepare(parts) {
             Prepared::Check(checked) => checked,
-            Prepared::Unlimited => return Ok(Limited::with(None)),
+            Prepared::Unlimited => return Ok(Limited::with(None, None)),
             Prepared::Respond(response) => return Err(response),
         };
         let result = limiter.check(&checked).await;
         match limiter.settle(result, &checked) {
-            Verdict::Admit(headers) => Ok(Limited::with(headers)),
-            Verdict::Delay(delay, headers) => {
+            Verdict::Admit(headers, lease) => Ok(Limited::with(headers, lease)),
+            Verdict::Delay(delay, headers, lease) => {
                 tokio::time::sleep(delay).await;
-                Ok(Limited::with(Some(headers)))
+                Ok(Limited::with(Some(headers), lease))
             }
             Verdict::Respond(response) => Err(response),
         }
@@ -185,9 +192,10 @@ where
 }
 
 impl<P> Limited<P> {
-    fn with(headers: Option<LimitHeaders>) -> Self {
+    fn with(headers: Option<LimitHeaders>, lease: Option<Lease>) -> Self {
         Limited {
             headers,
+            _lease: lease,
             policy: PhantomData,
         }
     }

@@ -13,6 +13,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
+use crate::concurrency::{Lease, LeasedBody};
 use crate::limiter::{Checked, Limiter, Verdict};
 use crate::response::LimitHeaders;
 use crate::store::CheckFuture;
@@ -45,11 +46,13 @@ pin_project! {
             sleep: Pin<Box<tokio::time::Sleep>>,
             waiting: Option<Delayed<S, ReqBody>>,
         },
-        // Admitted: the inner service runs; its response gets these headers.
+        // Admitted: the inner service runs; its response gets these headers, and its body the
+        // concurrency slot's lease (released when the body is done).
         Inner {
             #[pin]
             future: S::Future,
             headers: Option<LimitHeaders>,
+            lease: Option<Lease>,
         },
         // Answered without the inner service (429, 503, missing key).
         Done {
@@ -71,15 +74,24 @@ struct Delayed<S, ReqBody> {
     service: S,
     request: Request<ReqBody>,
     headers: LimitHeaders,
+    lease: Option<Lease>,
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn inner(future: S::Future, headers: Option<LimitHeaders>) -> Self {
+    pub(crate) fn inner(
+        future: S::Future,
+        headers: Option<LimitHeaders>,
+        lease: Option<Lease>,
+    ) -> Self {
         ResponseFuture {
-            state: State::Inner { future, headers },
+            state: State::Inner {
+                future,
+                headers,
+                lease,
+            },
         }
     }
 
@@ -96,6 +108,7 @@ where
         service: S,
         request: Request<ReqBody>,
         headers: LimitHeaders,
+        lease: Option<Lease>,
     ) -> Self {
         ResponseFuture {
             state: State::Delaying {
@@ -104,6 +117,7 @@ where
                     service,
                     request,
                     headers,
+                    lease,
                 }),
             },
         }
@@ -153,16 +167,18 @@ where
                         .take()
                         .expect("ResponseFuture polled after it completed");
                     let next = match limiter.settle(result, &checked) {
-                        Verdict::Admit(headers) => State::Inner {
+                        Verdict::Admit(headers, lease) => State::Inner {
                             future: service.call(request),
                             headers,
+                            lease,
                         },
-                        Verdict::Delay(delay, headers) => State::Delaying {
+                        Verdict::Delay(delay, headers, lease) => State::Delaying {
                             sleep: Box::pin(tokio::time::sleep(delay)),
                             waiting: Some(Delayed {
                                 service,
                                 request,
                                 headers,
+                                lease,
                             }),
                         },
                         Verdict::Respond(response) => State::Done {
@@ -177,16 +193,26 @@ where
                         mut service,
                         request,
                         headers,
+                        lease,
                     } = waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
                     state.set(State::Inner {
                         future: service.call(request),
                         headers: Some(headers),
+                        lease,
                     });
                 }
-                StateProj::Inner { future, headers } => {
-                    let mut response = ready!(future.poll(cx))?.map(Body::new);
+                StateProj::Inner {
+                    future,
+                    headers,
+                    lease,
+                } => {
+                    let response = ready!(future.poll(cx))?;
+                    let mut response = match lease.take() {
+                        Some(lease) => response.map(|body| Body::new(LeasedBody::new(body, lease))),
+                        None => response.map(Body::new),
+                    };
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());
                     }

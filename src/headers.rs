@@ -118,6 +118,11 @@ impl SfName {
             ItemSerializer::new().bare_item(string).finish().into(),
         ))
     }
+
+    /// The serialised name, quotes included.
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 /// One rule's entry in `RateLimit`, as passed to [`ratelimit_header_value`].

@@ -209,6 +209,7 @@ enum Source {
     Ip,
     Global,
     Header(HeaderName),
+    Query(Arc<str>),
     UserExtension,
     UserFn(Arc<UserFn>),
     Custom(Arc<dyn KeyExtractor>),
@@ -232,6 +233,23 @@ impl Key {
         Key(Source::Header(name))
     }
 
+    /// The value of a query-string parameter, such as a one-time token (`?token=…`), decoded as
+    /// forms are. Like a header's, the value is hashed before it reaches a store key or a log line
+    /// (`query#<hash>`): it is untrusted input and often a secret. An absent or empty parameter is
+    /// a missing key; when it appears twice, the first counts.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{ClientIp, Key};
+    ///
+    /// let key = Key::query("token");
+    /// let parts = http::Request::get("/spawn_vm?token=a1b2").body(()).unwrap().into_parts().0;
+    /// let identity = key.extract(&parts, &ClientIp::default()).unwrap();
+    /// assert!(identity.as_str().starts_with("query#"));
+    /// ```
+    pub fn query(name: impl Into<String>) -> Self {
+        Key(Source::Query(name.into().into()))
+    }
+
     /// The [`UserId`] an authentication layer inserted into the request extensions.
     pub fn user() -> Self {
         Key(Source::UserExtension)
@@ -251,12 +269,14 @@ impl Key {
         Key(Source::Custom(Arc::new(extractor)))
     }
 
-    /// A short name of the key kind for logs: `ip`, `global`, `header`, `user` or `custom`.
+    /// A short name of the key kind for logs: `ip`, `global`, `header`, `query`, `user` or
+    /// `custom`.
     pub fn kind(&self) -> &'static str {
         match self.0 {
             Source::Ip => "ip",
             Source::Global => "global",
             Source::Header(_) => "header",
+            Source::Query(_) => "query",
             Source::UserExtension | Source::UserFn(_) => "user",
             Source::Custom(_) => "custom",
         }
@@ -270,6 +290,7 @@ impl Key {
             | (Source::Global, Source::Global)
             | (Source::UserExtension, Source::UserExtension) => true,
             (Source::Header(a), Source::Header(b)) => a == b,
+            (Source::Query(a), Source::Query(b)) => a == b,
             (Source::UserFn(a), Source::UserFn(b)) => Arc::ptr_eq(a, b),
             (Source::Custom(a), Source::Custom(b)) => Arc::ptr_eq(a, b),
             _ => false,
@@ -306,6 +327,19 @@ impl Key {
                 Some(value) if !value.is_empty() => push_secret(out, "header", value.as_bytes()),
                 _ => return false,
             },
+            Source::Query(name) => {
+                let value = parts.uri.query().and_then(|query| {
+                    form_urlencoded::parse(query.as_bytes())
+                        .find(|(key, _)| **key == **name)
+                        .map(|(_, value)| value)
+                });
+                match value {
+                    Some(value) if !value.is_empty() => {
+                        push_secret(out, "query", value.as_bytes());
+                    }
+                    _ => return false,
+                }
+            }
             Source::UserExtension => match parts.extensions.get::<UserId>() {
                 Some(user) if !user.0.is_empty() => push_value(out, "user", &user.0),
                 _ => return false,
@@ -327,6 +361,7 @@ impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             Source::Header(name) => f.debug_tuple("Key::header").field(name).finish(),
+            Source::Query(name) => f.debug_tuple("Key::query").field(name).finish(),
             _ => write!(f, "Key::{}", self.kind()),
         }
     }

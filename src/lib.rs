@@ -81,6 +81,7 @@
 
 pub mod alert;
 pub mod client_ip;
+pub mod concurrency;
 pub mod decision;
 pub mod extract;
 mod future;
@@ -101,6 +102,7 @@ mod top_refused;
 
 pub use alert::{QuotaAlert, QuotaNotifier};
 pub use client_ip::{ClientIp, ForwardedHeader};
+pub use concurrency::ConcurrencyLimit;
 pub use decision::{Decision, RuleState};
 pub use extract::{LimitPolicy, LimitStore, Limited};
 pub use future::ResponseFuture;

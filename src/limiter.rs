@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http::{Response, StatusCode};
 
-use crate::decision::Decision;
+use crate::concurrency::Lease;
+use crate::decision::{Decision, RuleState};
 use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, PolicyError, StorageKey};
 use crate::quota::QuotaLookup;
 use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
@@ -61,10 +62,11 @@ pub(crate) enum Prepared {
 
 /// What to do with a request once its check is known.
 pub(crate) enum Verdict {
-    /// Call the inner service, then add these headers (none when the store failed open).
-    Admit(Option<LimitHeaders>),
+    /// Call the inner service, then add these headers (none when the store failed open); the
+    /// lease of a concurrency slot is held until the response body is done.
+    Admit(Option<LimitHeaders>, Option<Lease>),
     /// Wait this long (a reserved admission), then as `Admit`.
-    Delay(Duration, LimitHeaders),
+    Delay(Duration, LimitHeaders, Option<Lease>),
     /// Answer at once.
     Respond(Response<Body>),
 }
@@ -240,7 +242,8 @@ impl Limiter {
                 .cost(checked.cost)
                 .max_delay(policy.mode().max_delay())
                 .block_for(policy.block_for())
-                .quota(quota),
+                .quota(quota)
+                .concurrency(policy.concurrency()),
         )
     }
 
@@ -253,7 +256,9 @@ impl Limiter {
         // The refusal log and the alerts below belong to the check's span.
         let _entered = checked.span.enter();
         let key = &checked.key;
-        let expected_states = self.policy.rules().len() + usize::from(checked.quota.is_some());
+        let expected_states = self.policy.rules().len()
+            + usize::from(checked.quota.is_some())
+            + usize::from(self.policy.concurrency().is_some());
         // A store must answer for every rule; anything else is a broken store, not a decision.
         let result = result.and_then(|decision| {
             if decision.rules.len() == expected_states {
@@ -297,13 +302,16 @@ impl Limiter {
                     self.refusals.forget(checked);
                     metrics.admitted(&decision);
                     let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                    let lease = decision.lease.map(|id| {
+                        Lease::new(self.store.clone(), self.policy.clone(), key.clone(), id)
+                    });
                     if !decision.delay.is_zero() {
                         metrics.request(outcome(Outcome::Delayed));
                         metrics.delay(decision.delay);
-                        return Verdict::Delay(decision.delay, headers);
+                        return Verdict::Delay(decision.delay, headers, lease);
                     }
                     metrics.request(outcome(Outcome::Allowed));
-                    return Verdict::Admit(Some(headers));
+                    return Verdict::Admit(Some(headers), lease);
                 }
                 if self.policy.mode() == Mode::Shadow {
                     self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
@@ -315,11 +323,15 @@ impl Limiter {
                         key,
                         "request would be rate limited (shadow mode)",
                     );
-                    return Verdict::Admit(Some(headers));
+                    return Verdict::Admit(Some(headers), None);
                 }
                 // A penalty block's refusals are not cached: the property test shows the store's
-                // later answers under a block may wait longer than a cached one would say.
-                if self.policy.block_for().is_none() {
+                // later answers under a block may wait longer than a cached one would say. Nor
+                // are refusals for want of a concurrency slot: one frees when a request ends,
+                // long before the lease's expiry that a cached refusal would wait for.
+                let slot_refused = self.policy.concurrency().is_some()
+                    && decision.rules.last().is_some_and(RuleState::refused);
+                if self.policy.block_for().is_none() && !slot_refused {
                     self.refusals.remember(checked, &decision);
                 }
                 self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
@@ -334,7 +346,7 @@ impl Limiter {
                         %error,
                         "rate-limit store failed; letting the request through"
                     );
-                    Verdict::Admit(None)
+                    Verdict::Admit(None, None)
                 }
                 OnStoreError::Deny => {
                     metrics.request(outcome(Outcome::StoreErrorDenied));

@@ -16,6 +16,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method, StatusCode};
 
 use crate::client_ip::ClientIp;
+use crate::concurrency::ConcurrencyLimit;
 use crate::headers::{self, PolicyItem, SfName};
 use crate::key::{self, Key};
 use crate::quota::Quota;
@@ -532,6 +533,8 @@ struct Inner {
     block_for: Option<Duration>,
     cost_fn: Option<CostFn>,
     quota: Option<Quota>,
+    /// The concurrency limit, its name and its `RateLimit-Policy` item (`"1-in-flight";q=1`).
+    concurrency: Option<(ConcurrencyLimit, Box<str>, SfName, Box<str>)>,
     /// The most a request may cost: the smallest capacity (limit, or burst for a token bucket) of
     /// the counted rules, and the rule that has it.
     max_cost: (u64, usize),
@@ -539,7 +542,8 @@ struct Inner {
     key_base: String,
     /// The `RateLimit-Policy` header value, built once.
     policy_header: HeaderValue,
-    /// The 429 body of a refusal by one rule, per rule (the quota last), built once.
+    /// The 429 body of a refusal by one rule, per rule (then the quota's, the concurrency
+    /// limit's), built once.
     refusal_bodies: Box<[Bytes]>,
 }
 
@@ -560,6 +564,17 @@ impl fmt::Debug for Policy {
             .field("quota", &self.0.quota)
             .finish_non_exhaustive()
     }
+}
+
+/// What one state of a [`Decision`](crate::Decision) describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateOf {
+    /// The policy's rule at this index.
+    Rule(usize),
+    /// The daily quota.
+    Quota,
+    /// The concurrency limit.
+    Concurrency,
 }
 
 /// The store key of one request and who it belongs to.
@@ -621,6 +636,8 @@ impl Policy {
             duplicate_window: None,
             cost_fn: None,
             quota: None,
+            max_in_flight: None,
+            lease: None,
         }
     }
 
@@ -725,9 +742,48 @@ impl Policy {
         &self.0.policy_header
     }
 
-    /// The ready 429 body of a refusal by the rule at `index` alone (past the rules: the quota).
-    pub(crate) fn refusal_body(&self, index: usize) -> Option<&Bytes> {
-        self.0.refusal_bodies.get(index)
+    /// The concurrency limit, if the policy has one.
+    pub fn concurrency(&self) -> Option<ConcurrencyLimit> {
+        self.0.concurrency.as_ref().map(|(limit, ..)| *limit)
+    }
+
+    /// What the state at `index` of a decision of `states` states describes (see
+    /// [`Decision`](crate::Decision)): a rule, the quota, or the concurrency limit.
+    pub(crate) fn state_of(&self, index: usize, states: usize) -> StateOf {
+        if index < self.0.rules.len() {
+            StateOf::Rule(index)
+        } else if self.0.concurrency.is_some() && index + 1 == states {
+            StateOf::Concurrency
+        } else {
+            StateOf::Quota
+        }
+    }
+
+    /// The name clients see of the state at `index` of a decision of `states` states.
+    pub(crate) fn state_name(&self, index: usize, states: usize) -> Option<&str> {
+        match self.state_of(index, states) {
+            StateOf::Rule(index) => self.0.rule_names.get(index).map(|name| &**name),
+            StateOf::Quota => self.quota().map(Quota::name),
+            StateOf::Concurrency => self.0.concurrency.as_ref().map(|(_, name, ..)| &**name),
+        }
+    }
+
+    /// The concurrency limit's name serialised for headers, and its `RateLimit-Policy` item.
+    pub(crate) fn concurrency_items(&self) -> Option<(&SfName, &str)> {
+        self.0
+            .concurrency
+            .as_ref()
+            .map(|(_, _, sf_name, item)| (sf_name, &**item))
+    }
+
+    /// The ready 429 body of a refusal by the state at `index` alone, of a decision of `states`.
+    pub(crate) fn refusal_body(&self, index: usize, states: usize) -> Option<&Bytes> {
+        let at = match self.state_of(index, states) {
+            StateOf::Rule(index) => index,
+            StateOf::Quota => self.0.rules.len(),
+            StateOf::Concurrency => self.0.rules.len() + usize::from(self.0.quota.is_some()),
+        };
+        self.0.refusal_bodies.get(at)
     }
 
     /// The store key of a request, or what to do when it has none.
@@ -853,6 +909,8 @@ pub struct PolicyBuilder {
     duplicate_window: Option<Duration>,
     cost_fn: Option<CostFn>,
     quota: Option<Quota>,
+    max_in_flight: Option<u64>,
+    lease: Option<Duration>,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -989,6 +1047,38 @@ impl PolicyBuilder {
         self
     }
 
+    /// A concurrency limit: at most `n` requests of one identity in progress at once, across every
+    /// instance sharing the store, each holding its slot for at most its [`lease`](Self::lease)
+    /// (required with it). The slot is taken in the same store step as the rate rules, all or
+    /// nothing, and released when the response body has been sent or dropped; see
+    /// [`concurrency`](crate::concurrency). A policy with a concurrency limit needs no rate rule.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Key, Policy};
+    ///
+    /// // One report at a time per user, none held longer than five minutes.
+    /// let policy = Policy::builder("reports")
+    ///     .key(Key::user())
+    ///     .max_in_flight(1)
+    ///     .lease(Duration::from_secs(300))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policy.concurrency().unwrap().max_in_flight(), 1);
+    /// ```
+    pub fn max_in_flight(mut self, n: u64) -> Self {
+        self.max_in_flight = Some(n);
+        self
+    }
+
+    /// The longest a request holds its concurrency slot
+    /// ([`max_in_flight`](Self::max_in_flight)): past it the slot is free again even if the
+    /// request never ended (a crashed instance, a hung handler).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
     /// Checks the policy and builds it.
     pub fn build(mut self) -> Result<Policy, PolicyError> {
         for (what, value) in [("policy name", &self.name), ("key prefix", &self.prefix)] {
@@ -1000,7 +1090,7 @@ impl PolicyBuilder {
             }
         }
         let policy = || self.name.clone();
-        if self.rules.is_empty() {
+        if self.rules.is_empty() && self.max_in_flight.is_none() {
             return Err(PolicyError::NoRules { policy: policy() });
         }
         let option = |option, reason| PolicyError::InvalidOption {
@@ -1026,6 +1116,40 @@ impl PolicyBuilder {
                 return Err(option(name, reason));
             }
         }
+        let concurrency = match (self.max_in_flight, self.lease) {
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(option(
+                    "lease",
+                    "max_in_flight needs a lease: how long a request may hold its slot before \
+                     it is free again (a crashed instance must not hold one for ever)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(option("lease", "a lease only goes with max_in_flight"));
+            }
+            (Some(0), Some(_)) => {
+                return Err(option("max_in_flight", "must be at least 1"));
+            }
+            (Some(n), Some(lease)) => {
+                if let Err(reason) = check_duration(lease) {
+                    return Err(option("lease", reason));
+                }
+                if n > MAX_LIMIT {
+                    return Err(option("max_in_flight", "is larger than any rule may be"));
+                }
+                let limit = ConcurrencyLimit::new(n, lease);
+                let name = limit.name();
+                let sf_name =
+                    SfName::new(&name).map_err(|source| PolicyError::InvalidRuleName {
+                        policy: policy(),
+                        index: self.rules.len(),
+                        source,
+                    })?;
+                let item = format!("{};q={n}", sf_name.as_str());
+                Some((limit, name.into_boxed_str(), sf_name, item.into_boxed_str()))
+            }
+        };
         if matches!(self.mode, Mode::Delay { .. }) && !self.algorithm.can_reserve() {
             return Err(option(
                 "mode",
@@ -1141,6 +1265,7 @@ impl PolicyBuilder {
             .iter()
             .map(|name| &**name)
             .chain(self.quota.as_ref().map(Quota::name))
+            .chain(concurrency.as_ref().map(|(_, name, _, _)| &**name))
             .map(|name| crate::response::refusal_body(&self.message, &[name]))
             .collect();
         let max_cost = self.rules[..counted_rules]
@@ -1166,6 +1291,7 @@ impl PolicyBuilder {
             block_for: self.block_for,
             cost_fn: self.cost_fn,
             quota: self.quota,
+            concurrency,
             max_cost,
             key_base,
             policy_header,

@@ -52,14 +52,10 @@ impl Rejected {
 
     /// The names of the rules that refused the request, as in the `RateLimit` header.
     pub fn violated_rules(&self) -> impl Iterator<Item = &str> + '_ {
-        let names = self.policy.rule_names();
-        // Past the rules: the daily quota's state.
+        let states = self.decision.rules.len();
         self.decision
             .violated()
-            .filter_map(move |index| match names.get(index) {
-                Some(name) => Some(&**name),
-                None => self.policy.quota().map(|quota| quota.name()),
-            })
+            .filter_map(move |index| self.policy.state_name(index, states))
     }
 
     /// The exact time until every refusing rule admits the request.
@@ -79,7 +75,7 @@ impl Rejected {
         // The common refusal, by one rule, has its body ready from when the policy was built.
         let mut violated = self.decision.violated();
         if let (Some(index), None) = (violated.next(), violated.next())
-            && let Some(body) = self.policy.refusal_body(index)
+            && let Some(body) = self.policy.refusal_body(index, self.decision.rules.len())
         {
             return problem_response(StatusCode::TOO_MANY_REQUESTS, body.clone());
         }
@@ -197,14 +193,17 @@ struct Legacy {
 
 impl LimitHeaders {
     pub(crate) fn new(policy: &Policy, decision: &Decision, legacy: bool) -> Self {
-        // A quota's state follows the rules' when the request had one.
-        let quota = policy
-            .quota()
-            .filter(|_| decision.rules.len() > policy.rules().len());
+        // A quota's state follows the rules' when the request had one, then the concurrency
+        // limit's when the policy has one.
+        let concurrency = policy.concurrency_items();
+        let quota = policy.quota().filter(|_| {
+            decision.rules.len() > policy.rules().len() + usize::from(concurrency.is_some())
+        });
         let items = policy
             .sf_names()
             .iter()
             .chain(quota.map(|quota| quota.sf_name()))
+            .chain(concurrency.map(|(name, _)| name))
             .zip(&decision.rules)
             .map(|(name, state)| RateLimitItem {
                 name,
@@ -223,14 +222,28 @@ impl LimitHeaders {
                     reset_unix_secs: HeaderValue::from(ceil_secs(now + state.reset)),
                 }
             });
-        let policy_header = match (quota, decision.rules.last()) {
-            (Some(quota), Some(state)) => {
-                let base = policy.policy_header().to_str().unwrap_or_default();
-                let item = crate::quota::policy_item(quota, state.limit);
-                HeaderValue::try_from(format!("{base}, {item}"))
-                    .unwrap_or_else(|_| policy.policy_header().clone())
+        let quota_item = quota
+            .zip(decision.rules.get(policy.rules().len()))
+            .map(|(quota, state)| crate::quota::policy_item(quota, state.limit));
+        let policy_header = if quota_item.is_none() && concurrency.is_none() {
+            policy.policy_header().clone()
+        } else {
+            let mut value = policy
+                .policy_header()
+                .to_str()
+                .unwrap_or_default()
+                .to_owned();
+            for item in quota_item
+                .as_deref()
+                .into_iter()
+                .chain(concurrency.map(|(_, item)| item))
+            {
+                if !value.is_empty() {
+                    value.push_str(", ");
+                }
+                value.push_str(item);
             }
-            _ => policy.policy_header().clone(),
+            HeaderValue::try_from(value).unwrap_or_else(|_| policy.policy_header().clone())
         };
         LimitHeaders {
             policy: policy_header,

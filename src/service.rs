@@ -88,17 +88,25 @@ where
         let request = Request::from_parts(parts, body);
         let checked = match prepared {
             Prepared::Check(checked) => checked,
-            Prepared::Unlimited => return ResponseFuture::inner(self.inner.call(request), None),
+            Prepared::Unlimited => {
+                return ResponseFuture::inner(self.inner.call(request), None, None);
+            }
             Prepared::Respond(response) => return ResponseFuture::respond(response),
         };
         let mut check = limiter.check(&checked);
         match check.take_ready() {
             // In-process stores answer at once: no clone of the inner service, no extra state.
             Some(result) => match limiter.settle(result, &checked) {
-                Verdict::Admit(headers) => ResponseFuture::inner(self.inner.call(request), headers),
-                Verdict::Delay(delay, headers) => {
-                    ResponseFuture::delaying(delay, self.take_ready_service(), request, headers)
+                Verdict::Admit(headers, lease) => {
+                    ResponseFuture::inner(self.inner.call(request), headers, lease)
                 }
+                Verdict::Delay(delay, headers, lease) => ResponseFuture::delaying(
+                    delay,
+                    self.take_ready_service(),
+                    request,
+                    headers,
+                    lease,
+                ),
                 Verdict::Respond(response) => ResponseFuture::respond(response),
             },
             None => ResponseFuture::checking(

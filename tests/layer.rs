@@ -519,6 +519,7 @@ impl Store for BrokenStore {
             now_unix_ms: 0,
             delay: std::time::Duration::ZERO,
             quota_alerts: Vec::new(),
+            lease: None,
         }))
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::concurrency::ConcurrencyLimit;
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Rule};
 use crate::quota::QuotaThreshold;
@@ -70,6 +71,11 @@ pub struct CheckRequest<'a> {
     /// A daily quota ([`Quota`](crate::Quota)), checked and recorded with the rules; its state is
     /// reported after the rules'.
     pub quota: Option<QuotaRequest<'a>>,
+    /// A concurrency limit ([`PolicyBuilder::max_in_flight`](crate::PolicyBuilder::max_in_flight)):
+    /// an admitted request also takes one of its slots, leased, and is refused when none is free
+    /// (all or nothing with the rules). Its state is reported after the quota's, and the lease's id
+    /// is [`Decision::lease`]: give it to [`Store::release`] when the request is done.
+    pub concurrency: Option<ConcurrencyLimit>,
 }
 
 /// The daily quota of one request: a window of `day_ms` starting `day_start_offset_ms` after each
@@ -139,6 +145,7 @@ impl<'a> CheckRequest<'a> {
             max_delay: Duration::ZERO,
             block_for: None,
             quota: None,
+            concurrency: None,
         }
     }
 
@@ -169,6 +176,12 @@ impl<'a> CheckRequest<'a> {
     /// Sets the daily quota.
     pub fn quota(mut self, quota: Option<QuotaRequest<'a>>) -> Self {
         self.quota = quota;
+        self
+    }
+
+    /// Sets the concurrency limit.
+    pub fn concurrency(mut self, concurrency: Option<ConcurrencyLimit>) -> Self {
+        self.concurrency = concurrency;
         self
     }
 }
@@ -231,6 +244,20 @@ pub trait Store: Send + Sync + 'static {
         )))))
     }
 
+    /// Releases the slot that lease `lease` ([`Decision::lease`]) holds under `request.key`'s
+    /// concurrency limit (`request.concurrency`), before its lease expires. Releasing a lease that
+    /// expired or was released already does nothing.
+    ///
+    /// The default refuses with [`StoreError::Config`]: a store of your own that takes
+    /// concurrency limits says how to release them.
+    fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
+        let _ = (request, lease);
+        Box::pin(std::future::ready(Err(StoreError::Config(format!(
+            "the {} store can't release a concurrency slot",
+            self.name()
+        )))))
+    }
+
     /// The store's name in the crate's metrics (the `store` label): `memory`, `redis`, or, unless
     /// a store of your own says otherwise, `custom`.
     fn name(&self) -> &'static str {
@@ -262,9 +289,13 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
         (**self).pause(request, pause)
     }
+
+    fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
+        (**self).release(request, lease)
+    }
 }
 
-/// What [`Store::reset`] and [`Store::pause`] return: done, or why not.
+/// What [`Store::reset`], [`Store::pause`] and [`Store::release`] return: done, or why not.
 pub type ActionFuture = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'static>>;
 
 type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;

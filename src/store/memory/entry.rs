@@ -27,6 +27,9 @@ pub(super) struct Entry {
     pub(super) last_seen_ms: u64,
     /// The end of a penalty block (0 or past: none).
     pub(super) blocked_until_ms: u64,
+    /// The leases of a concurrency limit: (id, expiry in ms), the counterpart of the script's
+    /// sorted set; expired ones are dropped at the next check.
+    pub(super) leases: Vec<(u64, u64)>,
 }
 
 impl Entry {
@@ -43,6 +46,7 @@ impl Entry {
             expires_at_ms: 0,
             last_seen_ms: 0,
             blocked_until_ms: 0,
+            leases: Vec::new(),
         }
     }
 
@@ -67,12 +71,19 @@ impl Entry {
     }
 
     /// Checks every rule, then records in all of them only if all admit the request, now or (when
-    /// the request may wait) at the first time they all do.
+    /// the request may wait) at the first time they all do; with a concurrency limit, an admitted
+    /// request also takes a slot, leased as `lease_id`.
+    /// Releases lease `id`, if it is still held.
+    pub(super) fn release(&mut self, id: u64) {
+        self.leases.retain(|&(lease, _)| lease != id);
+    }
+
     pub(super) fn check(
         &mut self,
         request: &CheckRequest<'_>,
         now: u64,
         quota: Option<&mut (&mut QuotaCounter, QuotaRequest<'_>)>,
+        lease_id: u64,
     ) -> Decision {
         self.last_seen_ms = now;
         if self.blocked_until_ms > now {
@@ -104,12 +115,22 @@ impl Entry {
         if quota_refused {
             allowed = false;
         }
-        // A reservation: the request is recorded when it fits, and waits until then.
+        // The concurrency limit: expired leases are gone, the others each hold a slot.
+        self.leases.retain(|&(_, expires)| expires > now);
+        let slot_refused = request
+            .concurrency
+            .is_some_and(|limit| self.leases.len() as u64 >= limit.max_in_flight());
+        if slot_refused {
+            allowed = false;
+        }
+        // A reservation: the request is recorded when it fits, and waits until then (never for a
+        // slot, whose end isn't known).
         let delay = match wait {
             Some(wait)
                 if !allowed
                     && !guard_refused
                     && !quota_refused
+                    && !slot_refused
                     && request.algorithm.can_reserve()
                     && u128::from(wait) <= request.max_delay.as_millis() =>
             {
@@ -162,6 +183,31 @@ impl Entry {
                 retry_after,
             });
         }
+        let mut lease = None;
+        if let Some(limit) = request.concurrency {
+            if allowed {
+                let expires = now
+                    .saturating_add(delay)
+                    .saturating_add(millis(limit.lease()));
+                self.leases.push((lease_id, expires));
+                lease = Some(lease_id);
+            }
+            let frees = self
+                .leases
+                .iter()
+                .map(|&(_, expires)| expires - now)
+                .min()
+                .unwrap_or(0);
+            rules.push(RuleState {
+                limit: limit.max_in_flight(),
+                remaining: limit
+                    .max_in_flight()
+                    .saturating_sub(self.leases.len() as u64),
+                reset: Duration::from_millis(frees),
+                retry_after: slot_refused
+                    .then(|| Duration::from_millis(frees.max(block_ms.unwrap_or(0)))),
+            });
+        }
         if let Some(block_ms) = block_ms {
             self.blocked_until_ms = now.saturating_add(block_ms);
         }
@@ -183,13 +229,21 @@ impl Entry {
             .map(Counter::expires_at)
             .max()
             .unwrap_or(0)
-            .max(self.blocked_until_ms);
+            .max(self.blocked_until_ms)
+            .max(
+                self.leases
+                    .iter()
+                    .map(|&(_, expires)| expires)
+                    .max()
+                    .unwrap_or(0),
+            );
         Decision {
             allowed,
             rules,
             now_unix_ms: now,
             delay: Duration::from_millis(delay),
             quota_alerts,
+            lease,
         }
     }
 
@@ -221,12 +275,16 @@ impl Entry {
             };
             rules.push(state(quota.limit, wait));
         }
+        if let Some(limit) = request.concurrency {
+            rules.push(state(limit.max_in_flight(), left));
+        }
         Decision {
             allowed: false,
             rules,
             now_unix_ms: now,
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
+            lease: None,
         }
     }
 }

@@ -62,6 +62,9 @@ struct Shared {
     /// The most quota counters kept (the store's `max_keys`).
     max_keys: usize,
     evictions: AtomicU64,
+    /// The last concurrency lease handed out: ids are unique in the store, so a late release
+    /// never frees another request's slot.
+    next_lease: AtomicU64,
 }
 
 /// The keys of one shard. A `HashTable` rather than a `HashMap`, so that the one keyed hash that
@@ -143,20 +146,26 @@ impl MemoryStore {
             (Some(table), Some(quota)) => Some((table.counter(&quota, now, shared), quota)),
             _ => None,
         };
+        let lease_id = match request.concurrency {
+            Some(_) => shared.next_lease.fetch_add(1, Ordering::Relaxed) + 1,
+            None => 0,
+        };
         if let Some(entry) = shard
             .entries
             .find_mut(hash, |entry| *entry.key == *request.key)
         {
             entry.arrange(request);
-            return entry.check(request, now, quota.as_mut());
+            return entry.check(request, now, quota.as_mut(), lease_id);
         }
         let mut entry = Entry::new(request, hash);
-        let decision = entry.check(request, now, quota.as_mut());
+        let decision = entry.check(request, now, quota.as_mut(), lease_id);
         // A refused request leaves nothing behind, except the penalty block it started; nor does a
         // free one (cost 0, no duplicate guard, which counts requests): an operator's inspection.
         let recorded =
             request.cost > 0 || request.rules.iter().any(|rule| rule.is_duplicate_guard());
-        if (decision.allowed && recorded) || entry.blocked_until_ms > now {
+        if (decision.allowed && (recorded || decision.lease.is_some()))
+            || entry.blocked_until_ms > now
+        {
             shard.insert(entry, now, shared);
         }
         decision
@@ -189,6 +198,17 @@ impl Store for MemoryStore {
 
     fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         self.forget(request.key);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
+        let (hash, mut shard) = self.shard_of(request.key);
+        if let Some(entry) = shard
+            .entries
+            .find_mut(hash, |entry| *entry.key == *request.key)
+        {
+            entry.release(lease);
+        }
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -266,6 +286,7 @@ impl MemoryStoreBuilder {
             max_keys_per_shard,
             max_keys: self.max_keys.max(1),
             evictions: AtomicU64::new(0),
+            next_lease: AtomicU64::new(0),
         }))
     }
 }

@@ -19,6 +19,7 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
             limit: rule.limit(),
             guard: rule.is_duplicate_guard(),
             quota: false,
+            concurrency: false,
         })
         .collect();
     if let Some(quota) = request.quota {
@@ -26,13 +27,24 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
             limit: quota.limit,
             guard: false,
             quota: true,
+            concurrency: false,
+        });
+    }
+    if let Some(concurrency) = request.concurrency {
+        // Its state comes last, after the quota's, as it does in the reply.
+        limits.push(RuleLimit {
+            limit: concurrency.max_in_flight(),
+            guard: false,
+            quota: false,
+            concurrency: true,
         });
     }
     limits
 }
 
 /// One check packed for the batch script (see `lua/batch.lua` and `lua/head.lua`): its keys
-/// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<block key>]`), then
+/// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<leases key>]
+/// [<block key>]`), then
 /// its shape: `<algorithm>|<key count>|<cost>|<options>|<limit>|<period>[|<burst>]…` (a limit,
 /// period and, for a token bucket, burst per counted rule), all back to back in one buffer, so a
 /// check costs one allocation whatever its rules, and a batch copies them once. Checks of one
@@ -60,10 +72,12 @@ impl PackedCheck {
         let guard = request.rules.iter().find(|rule| rule.is_duplicate_guard());
         let block_ms = request.block_for.map_or(0, |block| block.as_millis());
         let quota = request.quota;
+        let concurrency = request.concurrency;
         let thresholds = quota.map_or(&[][..], |quota| quota.thresholds);
         let keys = rules
             + usize::from(guard.is_some())
             + quota.map_or(0, |quota| 1 + quota.thresholds.len())
+            + usize::from(concurrency.is_some())
             + usize::from(block_ms > 0);
         let mut packed = PackedCheck {
             data: String::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
@@ -108,6 +122,15 @@ impl PackedCheck {
                 packed.end_key();
             }
         }
+        if concurrency.is_some() {
+            write_key(
+                &mut packed.data,
+                request.key,
+                request.identity,
+                &["inflight"],
+            );
+            packed.end_key();
+        }
         if block_ms > 0 {
             write_key(&mut packed.data, request.key, request.identity, &["block"]);
             packed.end_key();
@@ -126,7 +149,13 @@ impl PackedCheck {
         data.push('|');
         let max_delay = request.max_delay.as_millis();
         let guard_ms = guard.map_or(0, Rule::period_ms);
-        if generic || max_delay > 0 || guard_ms > 0 || block_ms > 0 || quota.is_some() {
+        if generic
+            || max_delay > 0
+            || guard_ms > 0
+            || block_ms > 0
+            || quota.is_some()
+            || concurrency.is_some()
+        {
             let mut options = vec![
                 u64::try_from(max_delay).unwrap_or(u64::MAX),
                 guard_ms,
@@ -134,6 +163,10 @@ impl PackedCheck {
                 quota.map_or(0, |quota| quota.limit),
                 quota.map_or(0, |quota| quota.day_ms),
                 quota.map_or(0, |quota| quota.day_start_offset_ms),
+                concurrency.map_or(0, |limit| limit.max_in_flight()),
+                concurrency.map_or(0, |limit| {
+                    u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
+                }),
             ];
             for threshold in thresholds {
                 options.extend([threshold.percent.into(), threshold.used]);
@@ -363,13 +396,16 @@ pub(super) struct RuleLimit {
     guard: bool,
     /// The daily quota, whose state comes after the guard's.
     quota: bool,
+    /// The concurrency limit, whose state comes after the quota's and is followed by the lease.
+    concurrency: bool,
 }
 
 /// Reads a check's entry in the batch reply (see `lua/batch.lua`) into a decision at
 /// `now_unix_ms` (the batch's time), its rules in the request's rule order. The entry is either an
 /// admission's short form (`remaining, reset` per rule: admitted, no delay, no retry, no alert), or
 /// the check's reply (`allowed, delay, then remaining, reset, retry` per rule, the counted rules,
-/// then the guard, then the quota, then the percents of the alerts that fired), all integers. The
+/// then the guard, then the quota, then the concurrency limit and the lease taken (0: none), then
+/// the percents of the alerts that fired), all integers. The
 /// short form is told by its length, two items per rule, which the other can't have.
 pub(super) fn decision_from(
     entry: &[Value],
@@ -403,14 +439,14 @@ pub(super) fn decision_from(
     };
     let counted = limits
         .iter()
-        .filter(|rule| !rule.guard && !rule.quota)
+        .filter(|rule| !rule.guard && !rule.quota && !rule.concurrency)
         .count();
     let guards = limits.iter().filter(|rule| rule.guard).count();
     let (mut next_counted, mut next_guard, mut next_quota) = (0, counted, counted + guards);
     let rules = limits
         .iter()
         .map(|rule| {
-            let slot = if rule.quota {
+            let slot = if rule.quota || rule.concurrency {
                 &mut next_quota
             } else if rule.guard {
                 &mut next_guard
@@ -436,7 +472,14 @@ pub(super) fn decision_from(
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let quota_alerts = entry[states_end..]
+    let (lease, alerts_start) = match limits.last() {
+        Some(last) if last.concurrency && !short => {
+            let id = unsigned(entry.get(states_end).ok_or_else(malformed)?)?;
+            (Some(id).filter(|&id| id > 0), states_end + 1)
+        }
+        _ => (None, states_end),
+    };
+    let quota_alerts = entry[alerts_start..]
         .iter()
         .map(|value| {
             u8::try_from(integer(value)?)
@@ -451,6 +494,7 @@ pub(super) fn decision_from(
         now_unix_ms,
         delay,
         quota_alerts,
+        lease,
     })
 }
 
@@ -592,7 +636,7 @@ mod tests {
                 "rl:{rl:otp:user:bob}:block",
                 "",
                 "1",
-                "tb|3|1|2000,5000,900000,0,0,0|3|60000|5",
+                "tb|3|1|2000,5000,900000,0,0,0,0,0|3|60000|5",
                 "1"
             ]
         );
@@ -635,7 +679,7 @@ mod tests {
                 "rl:{user:ann}:daily:qa:100",
                 "",
                 "1",
-                "sl|4|1|0,0,0,100,86400000,61200000,80,80,100,100|20|60000",
+                "sl|4|1|0,0,0,100,86400000,61200000,0,0,80,80,100,100|20|60000",
                 "1"
             ]
         );
@@ -650,6 +694,7 @@ mod tests {
                     limit: 100,
                     guard: false,
                     quota: true,
+                    concurrency: false,
                 },
             ],
         )
@@ -751,6 +796,7 @@ mod tests {
                 limit: 1,
                 guard: true,
                 quota: false,
+                concurrency: false,
             },
             counted(5),
         ];
@@ -771,6 +817,7 @@ mod tests {
             limit,
             guard: false,
             quota: false,
+            concurrency: false,
         }
     }
 

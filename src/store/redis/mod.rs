@@ -521,7 +521,29 @@ impl Store for RedisStore {
             .arg(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
         self.run(command)
     }
+
+    fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
+        // The leases key is the last of a check with a concurrency limit and nothing after it.
+        let request = CheckRequest {
+            quota: None,
+            block_for: None,
+            ..*request
+        };
+        let packed = PackedCheck::new(&request, true);
+        let (Some(leases), true) = (packed.keys().last(), request.concurrency.is_some()) else {
+            return Box::pin(std::future::ready(Err(StoreError::Config(
+                "a release needs the request's concurrency limit".into(),
+            ))));
+        };
+        // EVAL, like reset: a cluster router finds the slot from its first key.
+        let mut command = ::redis::cmd("EVAL");
+        command.arg(RELEASE_SCRIPT).arg(1).arg(leases).arg(lease);
+        self.run(command)
+    }
 }
+
+/// Releases a concurrency lease (see `lua/tail.lua`): one `ZREM` of its id from the leases.
+const RELEASE_SCRIPT: &str = "return redis.call('ZREM', KEYS[1], ARGV[1])";
 
 /// Sets `KEYS[1]` to now + `ARGV[1]` ms (Redis's time), expiring then, unless it holds a later end.
 const PAUSE_SCRIPT: &str = "local t = redis.call('TIME') \
