@@ -47,8 +47,9 @@
 //! - `prefix`: the start of every store key; 1 to 64 letters, digits and `-._~@+=!*(),/`.
 //! - `trusted_proxies`: CIDRs such as `"10.0.0.0/8"`; a bare address means that one address.
 //! - `routes[].path`: a literal path (no `{captures}` or wildcards); `/healthz` is taken.
-//! - `routes[].key`: `ip`, `user` (read from the `x-user-id` header), `global` or `header:<name>`.
-//!   A request without the key (no `x-user-id`, no such header) counts against its client IP.
+//! - `routes[].key`: `ip`, `user` (read from the `x-user-id` header), `global`, `header:<name>` or
+//!   `query:<name>` (a query-string parameter, such as a one-time token). A request without the
+//!   key (no `x-user-id`, no such header or parameter) counts against its client IP.
 //! - `routes[].algorithm`: `fixed_window`, `sliding_log`, `sliding_counter` or `token_bucket`.
 //! - `routes[].rules`: `{ limit, period }` pairs that must all pass; a period is a positive whole
 //!   number and a unit, `ms`, `s`, `m`, `h` or `d` (`"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`). A
@@ -63,6 +64,13 @@
 //!   `sliding_log` or `token_bucket`).
 //! - `cost_header`: a header name; a request costs the whole number in it (absent or not a number
 //!   of at least 1: 1). The demo trusts it, as an app trusts what its own gateway computed.
+//! - `max_in_flight`: at most this many requests of one key in progress at once, across every
+//!   instance sharing the store; requires `lease`, the longest a request holds its slot (`"30s"`),
+//!   which goes only with it.
+//!
+//! Besides the configured routes, `GET`/`POST /work?ms=N` answers `200 done` after N milliseconds
+//! (at most 10 000; anything else is a 400): a slow endpoint to try `max_in_flight` on. It is
+//! limited like any other route when listed in `[[routes]]`, unlimited otherwise.
 //!
 //! Optional at the top level, a `[quota]` section: a daily quota by tier, named `daily`, on every
 //! limited route on top of its rules (one count per user across the routes):
@@ -90,8 +98,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::RawQuery;
 use axum::routing::get;
-use http::HeaderName;
+use http::{HeaderName, StatusCode};
 use ipnet::IpNet;
 use serde::Deserialize;
 use tokio::net::TcpListener;
@@ -311,6 +320,12 @@ struct RouteConfig {
     /// Optional: the header a request's cost is read from.
     #[serde(default)]
     cost_header: Option<String>,
+    /// Optional: requests of one key in progress at once (requires `lease`).
+    #[serde(default)]
+    max_in_flight: Option<u64>,
+    /// Optional, and only with `max_in_flight` (where it is required): a period such as "30s".
+    #[serde(default)]
+    lease: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -465,6 +480,7 @@ enum KeyKind {
     User,
     Global,
     Header(HeaderName),
+    Query(String),
 }
 
 impl KeyKind {
@@ -473,13 +489,16 @@ impl KeyKind {
             "ip" => Ok(KeyKind::Ip),
             "user" => Ok(KeyKind::User),
             "global" => Ok(KeyKind::Global),
-            _ => match text.strip_prefix("header:") {
-                Some(name) => name
+            _ => match (text.strip_prefix("header:"), text.strip_prefix("query:")) {
+                (Some(name), _) => name
                     .parse()
                     .map(KeyKind::Header)
                     .map_err(|_| format!("{name:?} is not a valid header name (in {text:?})")),
-                None => Err(format!(
-                    "unknown key {text:?}: expected \"ip\", \"user\", \"global\" or \"header:<name>\""
+                (_, Some("")) => Err(format!("{text:?} names no query parameter")),
+                (_, Some(name)) => Ok(KeyKind::Query(name.to_owned())),
+                (None, None) => Err(format!(
+                    "unknown key {text:?}: expected \"ip\", \"user\", \"global\", \
+                     \"header:<name>\" or \"query:<name>\""
                 )),
             },
         }
@@ -494,6 +513,7 @@ impl KeyKind {
             }),
             KeyKind::Global => Key::global(),
             KeyKind::Header(name) => Key::header(name.clone()),
+            KeyKind::Query(name) => Key::query(name.as_str()),
         }
     }
 }
@@ -505,6 +525,7 @@ impl fmt::Display for KeyKind {
             KeyKind::User => write!(f, "user ({USER_ID_HEADER} header)"),
             KeyKind::Global => f.write_str("global"),
             KeyKind::Header(name) => write!(f, "header {name}"),
+            KeyKind::Query(name) => write!(f, "query parameter {name}"),
         }
     }
 }
@@ -764,6 +785,31 @@ fn check_route(
             )
         })?;
         builder = builder.cost_from_fn(move |parts| request_cost(parts, &header));
+    }
+    match (raw.max_in_flight, &raw.lease) {
+        (None, None) => {}
+        (Some(0), _) => {
+            return Err(ConfigError::field(
+                field("max_in_flight"),
+                "must be at least 1",
+            ));
+        }
+        (Some(n), Some(text)) => {
+            builder = builder.max_in_flight(n).lease(period_field("lease", text)?);
+        }
+        (Some(_), None) => {
+            return Err(ConfigError::field(
+                field("lease"),
+                "is required with max_in_flight: the longest a request holds its slot, such as \
+                 \"30s\" (a crashed instance must not hold one for ever)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::field(
+                field("lease"),
+                "applies only with max_in_flight",
+            ));
+        }
     }
     if let Some(quota) = quota {
         builder = builder.quota(quota.clone());
@@ -1257,9 +1303,16 @@ fn build_app_with_layers(config: &DemoConfig) -> Result<(Router, Vec<RateLimitLa
         config.wait_for_replicas,
     )?;
     let mut app = Router::new().route(HEALTHZ, get(|| async { "ok" }));
+    if !config.routes.iter().any(|route| route.path == WORK) {
+        app = app.route(WORK, get(work).post(work));
+    }
     let mut layers = Vec::new();
     for route in &config.routes {
-        let handler = get(pong).post(pong);
+        let handler = if route.path == WORK {
+            get(work).post(work)
+        } else {
+            get(pong).post(pong)
+        };
         if config.no_limiter {
             app = app.route(&route.path, handler);
             continue;
@@ -1275,6 +1328,30 @@ fn build_app_with_layers(config: &DemoConfig) -> Result<(Router, Vec<RateLimitLa
 
 async fn pong() -> &'static str {
     "PONG"
+}
+
+/// The slow endpoint.
+const WORK: &str = "/work";
+
+/// The longest `/work` sleeps.
+const MAX_WORK_MS: u64 = 10_000;
+
+/// `/work?ms=N`: `200 done` after N ms, N at most 10 000; anything else is a 400.
+async fn work(RawQuery(query): RawQuery) -> (StatusCode, &'static str) {
+    let mut values = form_urlencoded::parse(query.as_deref().unwrap_or_default().as_bytes())
+        .filter(|(name, _)| name == "ms")
+        .map(|(_, value)| value.parse::<u64>());
+    let ms = match (values.next(), values.next()) {
+        (Some(Ok(ms)), None) if ms <= MAX_WORK_MS => ms,
+        _ => {
+            return (
+                StatusCode::BAD_REQUEST,
+                "expected /work?ms=N, N from 0 to 10000\n",
+            );
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    (StatusCode::OK, "done")
 }
 
 /// Serves `config` on `listener` until Ctrl-C, then finishes the requests in flight.
@@ -1383,12 +1460,21 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
         .map(Rule::limit)
         .min()
         .unwrap_or(1);
-    let header = match &first.key {
-        KeyKind::User => format!("-H \"{USER_ID_HEADER}: alice\" "),
-        KeyKind::Header(name) => format!("-H \"{name}: demo-key\" "),
-        KeyKind::Ip | KeyKind::Global => String::new(),
+    let (header, mut query) = match &first.key {
+        KeyKind::User => (format!("-H \"{USER_ID_HEADER}: alice\" "), vec![]),
+        KeyKind::Header(name) => (format!("-H \"{name}: demo-key\" "), vec![]),
+        KeyKind::Query(name) => (String::new(), vec![format!("{name}=demo-token")]),
+        KeyKind::Ip | KeyKind::Global => (String::new(), vec![]),
     };
-    let url = format!("http://{host}{}", first.path);
+    if first.path == WORK {
+        query.push("ms=100".to_owned());
+    }
+    let url = if query.is_empty() {
+        format!("http://{host}{}", first.path)
+    } else {
+        // Quoted: a shell would take `?` and `&` for its own.
+        format!("\"http://{host}{}?{}\"", first.path, query.join("&"))
+    };
     text += &format!(
         "\nTry it: requests 1-{limit} get 200, the next ones 429 (each refusal is logged):\n  \
          for i in $(seq 1 {}); do curl -s -o /dev/null -w \"%{{http_code}}\\n\" {header}{url}; done\n\
@@ -1533,7 +1619,7 @@ mod tests {
             ),
             (
                 route_config("cookie", "[{ limit = 1, period = \"1s\" }]"),
-                r#"routes[0].key: unknown key "cookie": expected "ip", "user", "global" or "header:<name>""#,
+                r#"routes[0].key: unknown key "cookie": expected "ip", "user", "global", "header:<name>" or "query:<name>""#,
             ),
             (
                 route_config("header:x api", "[{ limit = 1, period = \"1s\" }]"),
@@ -2237,7 +2323,7 @@ QXvkTTxEd9w=
                 edited("key = \"ip\"", "methods = [\"GET\"]"),
                 "line 19, column 1",
                 "unknown field `methods`, expected one of `path`, `key`, `algorithm`, `rules`, \
-                 `prevent_duplicate`, `block_for`, `mode`, `max_delay`, `cost_header`",
+                 `prevent_duplicate`, `block_for`, `mode`, `max_delay`, `cost_header`, `max_in_flight`, `lease`",
             ),
             (
                 edited(
@@ -2465,6 +2551,158 @@ QXvkTTxEd9w=
     }
 
     use super::redis_server;
+
+    /// The default config with `/work` as its route, keyed by user, one job at a time per user.
+    fn one_job_per_user(store: &str, prefix: &str) -> String {
+        route_config("user", "[{ limit = 100, period = \"1m\" }]")
+            .replacen(
+                "path = \"/api/ping\"",
+                "path = \"/work\"\nmax_in_flight = 1\nlease = \"30s\"",
+                1,
+            )
+            .replacen("store = \"memory\"", &format!("store = {store:?}"), 1)
+            .replacen("prefix = \"demo\"", &format!("prefix = {prefix:?}"), 1)
+            .replacen("store_timeout = \"250ms\"", "store_timeout = \"2s\"", 1)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn max_in_flight_runs_one_job_per_user_across_two_instances_on_one_redis() {
+        let redis = redis_server::TestRedis::shared();
+        let prefix = redis_server::unique_prefix("work");
+        let text = one_job_per_user(&redis.url, &prefix);
+        let instances = [app_for(&text), app_for(&text)];
+        let user = [("x-user-id", "ann")];
+        let jobs: Vec<_> = (0..10)
+            .map(|n| {
+                let app = instances[n % 2].clone();
+                tokio::spawn(async move {
+                    send(&app, Method::GET, "/work?ms=1000", &[("x-user-id", "ann")]).await
+                })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for job in jobs {
+            let (status, headers, body) = job.await.unwrap();
+            if status == StatusCode::TOO_MANY_REQUESTS {
+                assert!(
+                    body.contains(r#""violated-policies":["1-in-flight"]"#),
+                    "{body}"
+                );
+                assert!(
+                    headers["ratelimit-policy"]
+                        .to_str()
+                        .unwrap()
+                        .ends_with(r#""1-in-flight";q=1"#),
+                    "{headers:?}"
+                );
+            }
+            statuses.push(status);
+        }
+        let admitted = statuses.iter().filter(|&&s| s == StatusCode::OK).count();
+        let refused = statuses
+            .iter()
+            .filter(|&&s| s == StatusCode::TOO_MANY_REQUESTS)
+            .count();
+        assert_eq!((admitted, refused), (1, 9), "{statuses:?}");
+        // Done: the next job of the user is admitted at once, on either instance; another user
+        // was never held.
+        for app in &instances {
+            let (status, _, body) = send(app, Method::POST, "/work?ms=0", &user).await;
+            assert_eq!((status, body.as_str()), (StatusCode::OK, "done"));
+        }
+        let (status, _, _) = send(
+            &instances[0],
+            Method::GET,
+            "/work?ms=0",
+            &[("x-user-id", "bob")],
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn work_sleeps_as_asked_and_refuses_anything_else() {
+        // Unlimited when not listed in the routes.
+        let app = app_for(DEFAULT_CONFIG);
+        let started = std::time::Instant::now();
+        let (status, headers, body) = send(&app, Method::GET, "/work?ms=150", &[]).await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "done"));
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        assert!(!headers.contains_key("ratelimit"));
+        let (status, _, _) = send(&app, Method::POST, "/work?ms=0", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        for bad in [
+            "/work",
+            "/work?ms=",
+            "/work?ms=-1",
+            "/work?ms=10001",
+            "/work?ms=1.5",
+            "/work?ms=1&ms=2",
+            "/work?n=3",
+        ] {
+            let (status, _, body) = send(&app, Method::GET, bad, &[]).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        }
+        let (status, _, _) = send(&app, Method::GET, "/work?ms=10000&x=1", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    #[test]
+    fn max_in_flight_and_lease_go_together() {
+        let route = |extra: &str| {
+            edited(
+                "path = \"/api/ping\"",
+                &format!("path = \"/work\"\n{extra}"),
+            )
+        };
+        let config = load_config(&route("max_in_flight = 2\nlease = \"30s\"")).unwrap();
+        let limit = config.routes[0].policy.concurrency().unwrap();
+        assert_eq!(
+            (limit.max_in_flight(), limit.lease()),
+            (2, Duration::from_secs(30))
+        );
+        assert!(
+            error_of(&route("max_in_flight = 1"))
+                .contains("routes[0].lease: is required with max_in_flight"),
+            "{}",
+            error_of(&route("max_in_flight = 1"))
+        );
+        assert!(
+            error_of(&route("lease = \"30s\""))
+                .contains("routes[0].lease: applies only with max_in_flight")
+        );
+        assert!(
+            error_of(&route("max_in_flight = 0\nlease = \"30s\""))
+                .contains("routes[0].max_in_flight: must be at least 1")
+        );
+        assert!(
+            error_of(&route("max_in_flight = 1\nlease = \"soon\"")).contains("routes[0].lease")
+        );
+        assert!(error_of(&route("max_in_flight = -1\nlease = \"1s\"")).contains("max_in_flight"));
+    }
+
+    #[tokio::test]
+    async fn a_query_key_counts_each_token_once() {
+        let text = route_config("query:token", "[{ limit = 1, period = \"1h\" }]");
+        let config = load_config(&text).unwrap();
+        assert_eq!(config.routes[0].key, KeyKind::Query("token".into()));
+        let app = app_for(&text);
+        let (first, _, _) = send(&app, Method::GET, "/api/ping?token=abc", &[]).await;
+        let (again, _, _) = send(&app, Method::GET, "/api/ping?token=abc", &[]).await;
+        let (other, _, _) = send(&app, Method::GET, "/api/ping?token=xyz", &[]).await;
+        assert_eq!(
+            [first, again, other],
+            [
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::OK
+            ]
+        );
+        assert!(
+            error_of(&route_config("query:", "[{ limit = 1, period = \"1h\" }]"))
+                .contains("routes[0].key")
+        );
+    }
 
     #[tokio::test]
     async fn a_redis_store_limits_with_keys_under_the_prefix() {
