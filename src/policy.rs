@@ -542,6 +542,9 @@ struct Inner {
     key_base: String,
     /// The `RateLimit-Policy` header value, built once.
     policy_header: HeaderValue,
+    /// The `RateLimit-Policy` value of a request without a quota: the rules' items, then the
+    /// concurrency limit's, built once.
+    policy_header_with_concurrency: HeaderValue,
     /// The 429 body of a refusal by one rule, per rule (then the quota's, the concurrency
     /// limit's), built once.
     refusal_bodies: Box<[Bytes]>,
@@ -766,6 +769,12 @@ impl Policy {
             StateOf::Quota => self.quota().map(Quota::name),
             StateOf::Concurrency => self.0.concurrency.as_ref().map(|(_, name, ..)| &**name),
         }
+    }
+
+    /// The `RateLimit-Policy` value of a request without a quota: the rules', then the concurrency
+    /// limit's item.
+    pub(crate) fn policy_header_with_concurrency(&self) -> &HeaderValue {
+        &self.0.policy_header_with_concurrency
     }
 
     /// The concurrency limit's name serialised for headers, and its `RateLimit-Policy` item.
@@ -1260,6 +1269,18 @@ impl PolicyBuilder {
             })
             .collect();
         let policy_header = headers::policy_header_value(&items);
+        let policy_header_with_concurrency = match &concurrency {
+            None => policy_header.clone(),
+            Some((.., item)) => {
+                let rules = policy_header.to_str().unwrap_or_default();
+                let joined = if rules.is_empty() {
+                    item.to_string()
+                } else {
+                    format!("{rules}, {item}")
+                };
+                HeaderValue::try_from(joined).unwrap_or_else(|_| policy_header.clone())
+            }
+        };
         let key_base = format!("{}:{}:", self.prefix, self.name);
         let refusal_bodies = rule_names
             .iter()
@@ -1295,6 +1316,7 @@ impl PolicyBuilder {
             max_cost,
             key_base,
             policy_header,
+            policy_header_with_concurrency,
             refusal_bodies,
         })))
     }

@@ -225,8 +225,8 @@ impl LimitHeaders {
         let quota_item = quota
             .zip(decision.rules.get(policy.rules().len()))
             .map(|(quota, state)| crate::quota::policy_item(quota, state.limit));
-        let policy_header = if quota_item.is_none() && concurrency.is_none() {
-            policy.policy_header().clone()
+        let policy_header = if quota_item.is_none() {
+            policy.policy_header_with_concurrency().clone()
         } else {
             let mut value = policy
                 .policy_header()

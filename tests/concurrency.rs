@@ -13,9 +13,9 @@ use axum::Router;
 use axum::extract::Query;
 use axum::routing::get;
 use common::redis_server::{TestRedis, unique_prefix};
+use common::serve;
 use http::StatusCode;
 use redis::Commands;
-use tokio::net::TcpListener;
 use tower_redis_ratelimit::store::CheckRequest;
 use tower_redis_ratelimit::{
     Decision, Key, MemoryStore, Policy, PolicyBuilder, RateLimitLayer, RedisStore, Rule, Store,
@@ -37,20 +37,6 @@ fn work_app(policy: Policy, store: impl Store) -> Router {
             }),
         )
         .layer(RateLimitLayer::new(policy, store))
-}
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
 }
 
 fn client() -> reqwest::Client {

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::get;
 use reqwest::StatusCode;
-use tokio::net::TcpListener;
 use tower_redis_ratelimit::headers::{self, RateLimitHeaders};
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, RateLimitLayer, Rule};
 
@@ -17,17 +16,7 @@ async fn serve(policy: Policy) -> SocketAddr {
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(RateLimitLayer::new(policy, MemoryStore::new()));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    addr
+    common::serve(app).await
 }
 
 /// A client that talks to loopback directly, whatever `HTTP_PROXY` says.

@@ -27,6 +27,21 @@ pub fn app(policy: Policy, store: impl Store) -> Router {
         .layer(RateLimitLayer::new(policy, store))
 }
 
+/// Serves `app` on a free loopback port with connect info, as a real deployment does.
+pub async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    addr
+}
+
 /// `GET uri` from `peer`.
 pub fn request_from(peer: &str, uri: &str) -> Request<Body> {
     let peer: SocketAddr = peer.parse().expect("a socket address");
