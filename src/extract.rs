@@ -179,14 +179,14 @@ where
             Prepared::Unlimited => return Ok(Limited::with(None, None)),
             Prepared::Respond(response) => return Err(response),
         };
-        let result = limiter.check(&checked).await;
-        match limiter.settle(result, &checked) {
+        match limiter.decide(checked).await {
             Verdict::Admit(headers, lease) => Ok(Limited::with(headers, lease)),
             Verdict::Delay(delay, headers, lease) => {
                 tokio::time::sleep(delay).await;
                 Ok(Limited::with(Some(headers), lease))
             }
             Verdict::Respond(response) => Err(response),
+            Verdict::AwaitSlot => unreachable!("Limiter::decide waits for the slot"),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! [`ResponseFuture`]: checking → inner service → done.
+//! [`ResponseFuture`]: checking (→ waiting for a slot) (→ delaying) → inner service → done.
 
 use std::fmt;
 use std::future::Future;
@@ -40,6 +40,11 @@ pin_project! {
             check: CheckFuture,
             waiting: Option<Waiting<S, ReqBody>>,
         },
+        // Waiting for a concurrency slot (delay mode); boxed, as only such requests pay for it.
+        WaitingForSlot {
+            wait: SlotWait,
+            waiting: Option<(S, Request<ReqBody>)>,
+        },
         // Admitted by reservation: waiting for the reserved time, then the inner service runs.
         // (The timer is boxed: only delayed requests pay for its size.)
         Delaying {
@@ -60,6 +65,9 @@ pin_project! {
         },
     }
 }
+
+/// [`Limiter::wait_for_slot`]'s future.
+type SlotWait = Pin<Box<dyn Future<Output = Verdict> + Send>>;
 
 /// What a request needs once its check completes.
 struct Waiting<S, ReqBody> {
@@ -123,6 +131,15 @@ where
         }
     }
 
+    pub(crate) fn waiting_for_slot(wait: SlotWait, service: S, request: Request<ReqBody>) -> Self {
+        ResponseFuture {
+            state: State::WaitingForSlot {
+                wait,
+                waiting: Some((service, request)),
+            },
+        }
+    }
+
     pub(crate) fn checking(
         check: CheckFuture,
         service: S,
@@ -144,6 +161,35 @@ where
     }
 }
 
+impl<S, ReqBody> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// The state after a final verdict: the inner service, a delay, or the answer.
+    fn settled(verdict: Verdict, mut service: S, request: Request<ReqBody>) -> Self {
+        match verdict {
+            Verdict::Admit(headers, lease) => State::Inner {
+                future: service.call(request),
+                headers,
+                lease,
+            },
+            Verdict::Delay(delay, headers, lease) => State::Delaying {
+                sleep: Box::pin(tokio::time::sleep(delay)),
+                waiting: Some(Delayed {
+                    service,
+                    request,
+                    headers,
+                    lease,
+                }),
+            },
+            Verdict::Respond(response) => State::Done {
+                response: Some(response),
+            },
+            Verdict::AwaitSlot => unreachable!("a slot is waited for before the verdict is final"),
+        }
+    }
+}
+
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -159,7 +205,7 @@ where
                 StateProj::Checking { check, waiting } => {
                     let result = ready!(Pin::new(check).poll(cx));
                     let Waiting {
-                        mut service,
+                        service,
                         request,
                         limiter,
                         checked,
@@ -167,25 +213,20 @@ where
                         .take()
                         .expect("ResponseFuture polled after it completed");
                     let next = match limiter.settle(result, &checked) {
-                        Verdict::Admit(headers, lease) => State::Inner {
-                            future: service.call(request),
-                            headers,
-                            lease,
+                        Verdict::AwaitSlot => State::WaitingForSlot {
+                            wait: Box::pin(limiter.wait_for_slot(checked, true)),
+                            waiting: Some((service, request)),
                         },
-                        Verdict::Delay(delay, headers, lease) => State::Delaying {
-                            sleep: Box::pin(tokio::time::sleep(delay)),
-                            waiting: Some(Delayed {
-                                service,
-                                request,
-                                headers,
-                                lease,
-                            }),
-                        },
-                        Verdict::Respond(response) => State::Done {
-                            response: Some(response),
-                        },
+                        verdict => State::settled(verdict, service, request),
                     };
                     state.set(next);
+                }
+                StateProj::WaitingForSlot { wait, waiting } => {
+                    let verdict = ready!(wait.as_mut().poll(cx));
+                    let (service, request) = waiting
+                        .take()
+                        .expect("ResponseFuture polled after it completed");
+                    state.set(State::settled(verdict, service, request));
                 }
                 StateProj::Delaying { sleep, waiting } => {
                     ready!(sleep.as_mut().poll(cx));
@@ -235,6 +276,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Checking { .. } => "Checking",
+            State::WaitingForSlot { .. } => "WaitingForSlot",
             State::Delaying { .. } => "Delaying",
             State::Inner { .. } => "Inner",
             State::Done { .. } => "Done",

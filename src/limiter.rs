@@ -9,15 +9,21 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use http::{Response, StatusCode};
 
-use crate::concurrency::Lease;
+use crate::concurrency::{Lease, SlotQueues};
 use crate::decision::{Decision, RuleState};
-use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, PolicyError, StorageKey};
+use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, PolicyError, StateOf, StorageKey};
 use crate::quota::QuotaLookup;
 use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
 use crate::response::{self, LimitHeaders, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 use crate::telemetry::{Outcome, PolicyMetrics};
 use crate::top_refused::{DEFAULT_TOP_REFUSED, DEFAULT_TOP_REFUSED_GENERATION, TopRefused};
+
+/// The first pause of a request polling for a concurrency slot; it doubles up to [`MAX_SLOT_POLL`].
+const FIRST_SLOT_POLL: Duration = Duration::from_millis(5);
+
+/// The longest pause of a request polling for a concurrency slot released by another instance.
+const MAX_SLOT_POLL: Duration = Duration::from_millis(100);
 
 type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
 
@@ -36,6 +42,8 @@ pub(crate) struct Limiter {
     pub(crate) top_refused: Arc<TopRefused>,
     /// Metric handles, registered at the first request (see [`crate::telemetry`]).
     metrics: Arc<OnceLock<PolicyMetrics>>,
+    /// Requests waiting for a concurrency slot (delay mode).
+    slot_queues: Arc<SlotQueues>,
 }
 
 /// A request ready for the store: its key, cost and daily quota.
@@ -67,6 +75,9 @@ pub(crate) enum Verdict {
     Admit(Option<LimitHeaders>, Option<Lease>),
     /// Wait this long (a reserved admission), then as `Admit`.
     Delay(Duration, LimitHeaders, Option<Lease>),
+    /// Wait for a concurrency slot ([`Limiter::wait_for_slot`]): only the slot was missing, and the
+    /// policy's mode lets the request wait.
+    AwaitSlot,
     /// Answer at once.
     Respond(Response<Body>),
 }
@@ -107,6 +118,7 @@ impl Limiter {
                 DEFAULT_TOP_REFUSED_GENERATION,
             )),
             metrics: Arc::default(),
+            slot_queues: Arc::default(),
         }
     }
 
@@ -222,6 +234,11 @@ impl Limiter {
 
     /// Asks the store about a request: the policy's rules, algorithm, reservation and block.
     pub(crate) fn check(&self, checked: &Checked) -> crate::store::CheckFuture {
+        self.check_within(checked, self.policy.mode().max_delay())
+    }
+
+    /// [`Limiter::check`], reserving at most `max_delay` ahead.
+    fn check_within(&self, checked: &Checked, max_delay: Duration) -> crate::store::CheckFuture {
         let policy = &self.policy;
         let quota = policy
             .quota()
@@ -240,17 +257,34 @@ impl Limiter {
             &CheckRequest::new(checked.key.as_str(), policy.rules(), policy.algorithm())
                 .identity(checked.key.identity())
                 .cost(checked.cost)
-                .max_delay(policy.mode().max_delay())
+                .max_delay(max_delay)
                 .block_for(policy.block_for())
                 .quota(quota)
                 .concurrency(policy.concurrency()),
         )
     }
 
+    /// What to do with a request, given the store's answer.
     pub(crate) fn settle(
         &self,
         result: Result<Decision, StoreError>,
         checked: &Checked,
+    ) -> Verdict {
+        self.settle_after(
+            result,
+            checked,
+            self.policy.mode().max_delay(),
+            Duration::ZERO,
+        )
+    }
+
+    /// [`Limiter::settle`] for a request that has `waited` for a slot and may wait `budget` more.
+    fn settle_after(
+        &self,
+        result: Result<Decision, StoreError>,
+        checked: &Checked,
+        budget: Duration,
+        waited: Duration,
     ) -> Verdict {
         let took = checked.started.elapsed();
         // The refusal log and the alerts below belong to the check's span.
@@ -302,16 +336,24 @@ impl Limiter {
                     self.refusals.forget(checked);
                     metrics.admitted(&decision);
                     let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                    let waiting = self.may_wait_for_slots().then(|| self.slot_queues.clone());
                     let lease = decision.lease.map(|id| {
-                        Lease::new(self.store.clone(), self.policy.clone(), key.clone(), id)
+                        let (store, policy) = (self.store.clone(), self.policy.clone());
+                        Lease::new(store, policy, key.clone(), id, waiting)
                     });
-                    if !decision.delay.is_zero() {
+                    if !(decision.delay + waited).is_zero() {
                         metrics.request(outcome(Outcome::Delayed));
-                        metrics.delay(decision.delay);
+                        metrics.delay(decision.delay + waited);
+                    } else {
+                        metrics.request(outcome(Outcome::Allowed));
+                    }
+                    if !decision.delay.is_zero() {
                         return Verdict::Delay(decision.delay, headers, lease);
                     }
-                    metrics.request(outcome(Outcome::Allowed));
                     return Verdict::Admit(Some(headers), lease);
+                }
+                if !budget.is_zero() && self.only_slot_missing(&decision, budget) {
+                    return Verdict::AwaitSlot;
                 }
                 if self.policy.mode() == Mode::Shadow {
                     self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
@@ -358,6 +400,97 @@ impl Limiter {
                     Verdict::Respond(response::store_unavailable())
                 }
             },
+        }
+    }
+
+    /// Whether a request refused for want of a concurrency slot may wait for one: the policy has a
+    /// concurrency limit, in delay mode.
+    fn may_wait_for_slots(&self) -> bool {
+        self.policy.concurrency().is_some() && !self.policy.mode().max_delay().is_zero()
+    }
+
+    /// Whether `decision` refused for want of a slot alone: every other state admits, or is a rate
+    /// rule that would within `budget` (a reservation, once a slot is free). A refusal by the
+    /// quota or the duplicate guard is final however long one waits for a slot.
+    fn only_slot_missing(&self, decision: &Decision, budget: Duration) -> bool {
+        let states = decision.rules.len();
+        self.may_wait_for_slots()
+            && decision.rules.last().is_some_and(RuleState::refused)
+            && decision.rules.iter().enumerate().all(|(index, state)| {
+                match (self.policy.state_of(index, states), state.retry_after) {
+                    (_, None) | (StateOf::Concurrency, _) => true,
+                    (StateOf::Rule(rule), Some(retry)) => {
+                        !self.policy.rules()[rule].is_duplicate_guard() && retry <= budget
+                    }
+                    (StateOf::Quota, Some(_)) => false,
+                }
+            })
+    }
+
+    /// Whether a request should queue behind others of its key waiting for a slot, rather than
+    /// ask the store before them (first come, first served).
+    pub(crate) fn queues_first(&self, checked: &Checked) -> bool {
+        self.may_wait_for_slots() && self.slot_queues.is_waiting(checked.key.as_str())
+    }
+
+    /// Decides about a request: [`Limiter::check`] and [`Limiter::settle`], and
+    /// [`Limiter::wait_for_slot`] when it should wait for a slot.
+    pub(crate) async fn decide(self: Arc<Self>, checked: Checked) -> Verdict {
+        if self.queues_first(&checked) {
+            return self.wait_for_slot(checked, false).await;
+        }
+        let result = self.check(&checked).await;
+        match self.settle(result, &checked) {
+            Verdict::AwaitSlot => self.wait_for_slot(checked, true).await,
+            verdict => verdict,
+        }
+    }
+
+    /// Waits for a concurrency slot, up to the policy's `max_delay` from the request's arrival,
+    /// first come first served among this instance's requests of the key: the head of the key's
+    /// queue asks the store again when this instance releases a slot of the key, and otherwise
+    /// polls (every [`FIRST_SLOT_POLL`], doubling up to [`MAX_SLOT_POLL`]) for slots released
+    /// elsewhere or by a lease's expiry. `just_refused` says the store has just refused the
+    /// request, so the head waits before asking again.
+    pub(crate) async fn wait_for_slot(
+        self: Arc<Self>,
+        mut checked: Checked,
+        just_refused: bool,
+    ) -> Verdict {
+        let arrived = tokio::time::Instant::now() - checked.started.elapsed();
+        let deadline = arrived + self.policy.mode().max_delay();
+        let place = self.slot_queues.join(checked.key.as_str());
+        let (_turn, mut wait_first) = match place.try_turn() {
+            Some(turn) => (turn, just_refused),
+            None => match tokio::time::timeout_at(deadline, place.turn()).await {
+                // The requests ahead have asked the store since: ask at once.
+                Ok(turn) => (turn, false),
+                // Out of time in the queue: one last look (it may admit, without a delay).
+                Err(_) => {
+                    checked.started = Instant::now();
+                    let result = self.check_within(&checked, Duration::ZERO).await;
+                    let waited = arrived.elapsed();
+                    return self.settle_after(result, &checked, Duration::ZERO, waited);
+                }
+            },
+        };
+        let mut poll = FIRST_SLOT_POLL;
+        loop {
+            if wait_first {
+                let pause =
+                    poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                // Woken by a release here, or polling for one elsewhere.
+                let _ = tokio::time::timeout(pause, place.freed()).await;
+                poll = (poll * 2).min(MAX_SLOT_POLL);
+            }
+            wait_first = true;
+            let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
+            checked.started = Instant::now();
+            let result = self.check_within(&checked, budget).await;
+            match self.settle_after(result, &checked, budget, arrived.elapsed()) {
+                Verdict::AwaitSlot => continue,
+                verdict => return verdict,
+            }
         }
     }
 

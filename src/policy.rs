@@ -299,7 +299,9 @@ pub enum Mode {
     /// Hold it until the rules admit it, if that is at most `max_delay` away; a longer wait gets the
     /// 429 at once. The store reserves the request's place at the time it will fit, so waiting
     /// requests are admitted in order, exactly the limit per period, never polling. Needs an
-    /// algorithm that can reserve ([`Algorithm::can_reserve`]).
+    /// algorithm that can reserve ([`Algorithm::can_reserve`]). A request refused for want of a
+    /// concurrency slot ([`PolicyBuilder::max_in_flight`]) waits for one up to `max_delay`, first
+    /// come first served (see [`concurrency`](crate::concurrency)).
     Delay {
         /// The longest a request is held.
         max_delay: Duration,
@@ -1061,6 +1063,7 @@ impl PolicyBuilder {
     /// (required with it). The slot is taken in the same store step as the rate rules, all or
     /// nothing, and released when the response body has been sent or dropped; see
     /// [`concurrency`](crate::concurrency). A policy with a concurrency limit needs no rate rule.
+    /// In [`Mode::Delay`] a request waits for a slot, up to `max_delay`, first come first served.
     ///
     /// ```
     /// use std::time::Duration;

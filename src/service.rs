@@ -93,6 +93,10 @@ where
             }
             Prepared::Respond(response) => return ResponseFuture::respond(response),
         };
+        if limiter.queues_first(&checked) {
+            let wait = Box::pin(self.limiter.clone().wait_for_slot(checked, false));
+            return ResponseFuture::waiting_for_slot(wait, self.take_ready_service(), request);
+        }
         let mut check = limiter.check(&checked);
         match check.take_ready() {
             // In-process stores answer at once: no clone of the inner service, no extra state.
@@ -108,6 +112,11 @@ where
                     lease,
                 ),
                 Verdict::Respond(response) => ResponseFuture::respond(response),
+                Verdict::AwaitSlot => ResponseFuture::waiting_for_slot(
+                    Box::pin(self.limiter.clone().wait_for_slot(checked, true)),
+                    self.take_ready_service(),
+                    request,
+                ),
             },
             None => ResponseFuture::checking(
                 check,

@@ -1,12 +1,14 @@
 //! Concurrency limits (`max_in_flight` with a lease) and once-only tokens, on both stores: one
 //! request of a user in progress at once across two instances, slots freed when the response is
 //! done, when the client goes away, or (a dead instance) when the lease expires; rate rules and the
-//! slot all or nothing; a token used once whatever the race.
+//! slot all or nothing; a token used once whatever the race; in delay mode, jobs that wait for
+//! the slot in the order they came.
 
 mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -18,7 +20,8 @@ use http::StatusCode;
 use redis::Commands;
 use tower_redis_ratelimit::store::CheckRequest;
 use tower_redis_ratelimit::{
-    Decision, Key, MemoryStore, Policy, PolicyBuilder, RateLimitLayer, RedisStore, Rule, Store,
+    Decision, Key, MemoryStore, Mode, Policy, PolicyBuilder, RateLimitLayer, RedisStore, Rule,
+    Store,
 };
 
 #[derive(serde::Deserialize)]
@@ -457,4 +460,226 @@ fn a_concurrency_limit_needs_a_lease_and_a_lease_its_limit() {
         .build()
         .unwrap();
     assert!(only.rules().is_empty());
+}
+
+#[derive(serde::Deserialize)]
+struct NumberedWork {
+    ms: u64,
+    n: usize,
+}
+
+/// What the jobs of [`tracked_app`]s did: the order they started in, and the most running at once.
+#[derive(Default)]
+struct JobLog {
+    started: std::sync::Mutex<Vec<usize>>,
+    running: AtomicUsize,
+    most_running: AtomicUsize,
+}
+
+/// `GET /work?ms=N&n=I` answers after N ms, logging job I in `log`; limited by `policy` in `store`.
+fn tracked_app(policy: Policy, store: Arc<dyn Store>, log: Arc<JobLog>) -> Router {
+    Router::new()
+        .route(
+            "/work",
+            get(move |Query(work): Query<NumberedWork>| async move {
+                log.started.lock().unwrap().push(work.n);
+                let running = log.running.fetch_add(1, Ordering::SeqCst) + 1;
+                log.most_running.fetch_max(running, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(work.ms)).await;
+                log.running.fetch_sub(1, Ordering::SeqCst);
+                "done"
+            }),
+        )
+        .layer(RateLimitLayer::new(policy, store))
+}
+
+/// One job per user at a time, waiting up to `max_delay` for the slot.
+fn one_per_user_waiting(prefix: &str, max_delay: Duration) -> PolicyBuilder {
+    one_per_user(prefix, Duration::from_secs(30)).mode(Mode::Delay { max_delay })
+}
+
+async fn numbered_work(
+    client: &reqwest::Client,
+    addr: SocketAddr,
+    ms: u64,
+    n: usize,
+) -> reqwest::Response {
+    client
+        .get(format!("http://{addr}/work?ms={ms}&n={n}"))
+        .header("x-user", "ann")
+        .send()
+        .await
+        .unwrap()
+}
+
+/// In delay mode, five jobs of one user sent 40 ms apart to one instance all run, one at a time,
+/// in the order they came; none is refused.
+async fn waiting_jobs_take_the_slot_in_arrival_order(store: Arc<dyn Store>, prefix: &str) {
+    let log = Arc::new(JobLog::default());
+    let policy = one_per_user_waiting(prefix, Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let addr = serve(tracked_app(policy, store, log.clone())).await;
+    let client = client();
+    let mut jobs = Vec::new();
+    for n in 0..5 {
+        let client = client.clone();
+        jobs.push(tokio::spawn(async move {
+            numbered_work(&client, addr, 150, n).await.status()
+        }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for job in jobs {
+        assert_eq!(job.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(*log.started.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(log.most_running.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_jobs_take_the_slot_in_arrival_order_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("fifo");
+    let store = Arc::new(RedisStore::from_url(&redis.url).unwrap());
+    waiting_jobs_take_the_slot_in_arrival_order(store, &prefix).await;
+    assert!(assert_every_key_expires(&redis, &prefix) <= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_jobs_take_the_slot_in_arrival_order_in_memory() {
+    waiting_jobs_take_the_slot_in_arrival_order(Arc::new(MemoryStore::new()), "mem").await;
+}
+
+/// In delay mode over two instances, a slot released by one is found by the other's waiting
+/// job (it polls): eight jobs sent at once, four to each, all run, never two at once.
+async fn waiting_jobs_find_slots_freed_by_another_instance(
+    stores: [Arc<dyn Store>; 2],
+    prefix: &str,
+) {
+    let log = Arc::new(JobLog::default());
+    let [a, b] = stores.map(|store| {
+        let policy = one_per_user_waiting(prefix, Duration::from_secs(10))
+            .build()
+            .unwrap();
+        tracked_app(policy, store, log.clone())
+    });
+    let addrs = [serve(a).await, serve(b).await];
+    let client = client();
+    let jobs: Vec<_> = (0..8)
+        .map(|n| {
+            let (client, addr) = (client.clone(), addrs[n % 2]);
+            tokio::spawn(async move { numbered_work(&client, addr, 100, n).await.status() })
+        })
+        .collect();
+    for job in jobs {
+        assert_eq!(job.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(log.started.lock().unwrap().len(), 8);
+    assert_eq!(log.most_running.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_jobs_find_slots_freed_by_another_instance_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("poll");
+    let store = || -> Arc<dyn Store> { Arc::new(RedisStore::from_url(&redis.url).unwrap()) };
+    waiting_jobs_find_slots_freed_by_another_instance([store(), store()], &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_jobs_find_slots_freed_by_another_instance_in_memory() {
+    // Two layers over one store: neither hears of the other's releases.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    waiting_jobs_find_slots_freed_by_another_instance([store.clone(), store], "mem").await;
+}
+
+/// A job that can't get the slot within `max_delay` is refused after waiting that long, with the
+/// slot's 429; its polls used none of the rate rule's quota.
+async fn a_wait_past_max_delay_is_refused(store: Arc<dyn Store>, prefix: &str) {
+    let policy = one_per_user_waiting(prefix, Duration::from_millis(300))
+        .rule(Rule::per_minute(3))
+        .build()
+        .unwrap();
+    let addr = serve(work_app(policy, store)).await;
+    let client = client();
+    let long = tokio::spawn({
+        let client = client.clone();
+        async move { work(&client, addr, 1_500).await.status() }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let asked = Instant::now();
+    let refused = work(&client, addr, 0).await;
+    let waited = asked.elapsed();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        waited >= Duration::from_millis(300),
+        "refused after {waited:?}"
+    );
+    let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    assert_eq!(
+        body["violated-policies"],
+        serde_json::json!(["1-in-flight"])
+    );
+    assert_eq!(long.await.unwrap(), StatusCode::OK);
+    // The long job used one of the 3; the refused one's polls none.
+    let next = work(&client, addr, 0).await;
+    assert_eq!(next.status(), StatusCode::OK);
+    let status = next.headers()["ratelimit"].to_str().unwrap();
+    assert!(status.starts_with("\"3-per-60s\";r=1;"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_max_delay_is_refused_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("late");
+    let store = Arc::new(RedisStore::from_url(&redis.url).unwrap());
+    a_wait_past_max_delay_is_refused(store, &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_past_max_delay_is_refused_in_memory() {
+    a_wait_past_max_delay_is_refused(Arc::new(MemoryStore::new()), "mem").await;
+}
+
+/// A job that arrives while another of its user waits for the slot queues behind it, even when it
+/// comes just as a slot frees elsewhere and the waiting one has yet to poll.
+async fn a_newcomer_queues_behind_waiting_jobs(stores: [Arc<dyn Store>; 2], prefix: &str) {
+    let log = Arc::new(JobLog::default());
+    let [a, b] = stores.map(|store| {
+        let policy = one_per_user_waiting(prefix, Duration::from_secs(10))
+            .build()
+            .unwrap();
+        tracked_app(policy, store, log.clone())
+    });
+    let (a, b) = (serve(a).await, serve(b).await);
+    let client = client();
+    let holder = tokio::spawn({
+        let client = client.clone();
+        async move { numbered_work(&client, a, 400, 0).await.status() }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move { numbered_work(&client, b, 0, 1).await.status() }
+    });
+    // The slot frees on the other instance; the waiting job finds it at its next poll.
+    assert_eq!(holder.await.unwrap(), StatusCode::OK);
+    let newcomer = numbered_work(&client, b, 0, 2).await;
+    assert_eq!(newcomer.status(), StatusCode::OK);
+    assert_eq!(waiting.await.unwrap(), StatusCode::OK);
+    assert_eq!(*log.started.lock().unwrap(), vec![0, 1, 2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_queues_behind_waiting_jobs_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("queue");
+    let store = || -> Arc<dyn Store> { Arc::new(RedisStore::from_url(&redis.url).unwrap()) };
+    a_newcomer_queues_behind_waiting_jobs([store(), store()], &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_queues_behind_waiting_jobs_in_memory() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    a_newcomer_queues_behind_waiting_jobs([store.clone(), store], "mem").await;
 }

@@ -1,57 +1,16 @@
-//! Concurrency limits: at most `n` requests of one identity in progress at once, on every instance
-//! together ([`PolicyBuilder::max_in_flight`](crate::PolicyBuilder::max_in_flight)).
-//!
-//! A request admitted under a concurrency limit holds a *lease*: a slot taken by the store in the
-//! same step as the policy's rate rules (all or nothing), released when the response body has been
-//! sent or dropped (a client that disconnects releases it too), and otherwise when the lease
-//! expires, so a crashed instance can't hold a slot for ever. Leases are not renewed: the lease is
-//! the longest a request may hold its slot (the seed's "limited worker lifetime"). A request that
-//! outlives it keeps running, but its slot is free for another; choose a lease longer than the
-//! slowest request you serve.
+//! [`Lease`]: a slot held by an admitted request, and [`LeasedBody`], which holds it until the
+//! response body is done.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker, ready};
-use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use super::SlotQueues;
 use crate::policy::{Policy, StorageKey};
 use crate::store::{CheckRequest, Store};
-
-/// A concurrency limit: at most `max_in_flight` requests of one identity in progress at once, each
-/// holding its slot at most `lease`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConcurrencyLimit {
-    max_in_flight: u64,
-    lease: Duration,
-}
-
-impl ConcurrencyLimit {
-    /// At most `max_in_flight` requests in progress at once, each slot held at most `lease`.
-    pub fn new(max_in_flight: u64, lease: Duration) -> Self {
-        ConcurrencyLimit {
-            max_in_flight,
-            lease,
-        }
-    }
-
-    /// How many requests of one identity may be in progress at once.
-    pub fn max_in_flight(&self) -> u64 {
-        self.max_in_flight
-    }
-
-    /// The longest a request holds its slot.
-    pub fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    /// The limit's name in headers and 429 bodies: `<n>-in-flight`.
-    pub fn name(&self) -> String {
-        format!("{}-in-flight", self.max_in_flight)
-    }
-}
 
 /// A slot held by an admitted request: released (on every instance, through the store) when this
 /// is dropped, which is when the response body has been sent or dropped.
@@ -60,15 +19,24 @@ pub(crate) struct Lease {
     policy: Policy,
     key: StorageKey,
     id: u64,
+    /// This instance's requests waiting for a slot, woken once the slot is free again.
+    waiting: Option<Arc<SlotQueues>>,
 }
 
 impl Lease {
-    pub(crate) fn new(store: Arc<dyn Store>, policy: Policy, key: StorageKey, id: u64) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        policy: Policy,
+        key: StorageKey,
+        id: u64,
+        waiting: Option<Arc<SlotQueues>>,
+    ) -> Self {
         Lease {
             store,
             policy,
             key,
             id,
+            waiting,
         }
     }
 }
@@ -86,24 +54,39 @@ impl Drop for Lease {
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
         {
-            Poll::Ready(result) => log_failure(result, policy),
+            Poll::Ready(result) => released(result, policy, &self.key, self.waiting.as_deref()),
             Poll::Pending => {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     let policy = policy.clone();
-                    runtime.spawn(async move { log_failure(release.await, &policy) });
+                    let key = self.key.clone();
+                    let waiting = self.waiting.take();
+                    runtime.spawn(async move {
+                        released(release.await, &policy, &key, waiting.as_deref());
+                    });
                 }
             }
         }
     }
 }
 
-fn log_failure(result: Result<(), crate::StoreError>, policy: &Policy) {
-    if let Err(error) = result {
-        tracing::warn!(
+/// Wakes the key's next waiter once the store has freed the slot, or logs why it hasn't.
+fn released(
+    result: Result<(), crate::StoreError>,
+    policy: &Policy,
+    key: &StorageKey,
+    waiting: Option<&SlotQueues>,
+) {
+    match result {
+        Ok(()) => {
+            if let Some(waiting) = waiting {
+                waiting.freed(key.as_str());
+            }
+        }
+        Err(error) => tracing::warn!(
             policy = policy.name(),
             %error,
             "could not release a concurrency slot; it frees when its lease expires"
-        );
+        ),
     }
 }
 

@@ -1,0 +1,58 @@
+//! Concurrency limits: at most `n` requests of one identity in progress at once, on every instance
+//! together ([`PolicyBuilder::max_in_flight`](crate::PolicyBuilder::max_in_flight)).
+//!
+//! A request admitted under a concurrency limit holds a *lease*: a slot taken by the store in the
+//! same step as the policy's rate rules (all or nothing), released when the response body has been
+//! sent or dropped (a client that disconnects releases it too), and otherwise when the lease
+//! expires, so a crashed instance can't hold a slot for ever. Leases are not renewed: the lease is
+//! the longest a request may hold its slot (the seed's "limited worker lifetime"). A request that
+//! outlives it keeps running, but its slot is free for another; choose a lease longer than the
+//! slowest request you serve.
+//!
+//! In [`Mode::Delay`](crate::Mode::Delay) a request that finds no free slot waits for one, up to
+//! `max_delay` from its arrival, first come first served among this instance's requests of its
+//! key: only the oldest asks the store, at once when this instance frees a slot of the key, and
+//! otherwise every 5 ms doubling up to 100 ms, for slots freed elsewhere or by an expired lease.
+//! Across instances the oldest waiters of each compete at those polls. A poll that finds no slot
+//! records nothing, so waiting uses no rate quota.
+
+use std::time::Duration;
+
+mod lease;
+mod queue;
+
+pub(crate) use lease::{Lease, LeasedBody};
+pub(crate) use queue::SlotQueues;
+
+/// A concurrency limit: at most `max_in_flight` requests of one identity in progress at once, each
+/// holding its slot at most `lease`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrencyLimit {
+    max_in_flight: u64,
+    lease: Duration,
+}
+
+impl ConcurrencyLimit {
+    /// At most `max_in_flight` requests in progress at once, each slot held at most `lease`.
+    pub fn new(max_in_flight: u64, lease: Duration) -> Self {
+        ConcurrencyLimit {
+            max_in_flight,
+            lease,
+        }
+    }
+
+    /// How many requests of one identity may be in progress at once.
+    pub fn max_in_flight(&self) -> u64 {
+        self.max_in_flight
+    }
+
+    /// The longest a request holds its slot.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The limit's name in headers and 429 bodies: `<n>-in-flight`.
+    pub fn name(&self) -> String {
+        format!("{}-in-flight", self.max_in_flight)
+    }
+}
