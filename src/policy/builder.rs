@@ -1,0 +1,518 @@
+//! [`PolicyBuilder`]: builds a [`Policy`], refusing one that can't work.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::request::Parts;
+
+use crate::client_ip::ClientIp;
+use crate::concurrency::ConcurrencyLimit;
+use crate::headers::{self, PolicyItem, SfName};
+use crate::key::{self, Key};
+use crate::quota::Quota;
+
+use super::{
+    Algorithm, CostFn, Inner, MAX_LIMIT, MAX_PERIOD, MissingKey, Mode, OnStoreError, Policy,
+    PolicyError, Rule, Scope,
+};
+
+/// Whether `name` may be a policy name or key prefix: 1 to 64 characters of letters, digits and
+/// `-._~@+=!*(),/`, the rule [`PolicyBuilder::build`] applies (names are part of every store key).
+pub fn is_valid_name(name: &str) -> bool {
+    key::is_verbatim(name)
+}
+
+/// Builds a [`Policy`]; see [`Policy::builder`].
+#[must_use = "call .build() to get the policy"]
+pub struct PolicyBuilder {
+    name: String,
+    prefix: String,
+    key: Key,
+    rules: Vec<Rule>,
+    algorithm: Algorithm,
+    message: String,
+    scope: Scope,
+    missing_key: MissingKey,
+    on_store_error: OnStoreError,
+    client_ip: ClientIp,
+    mode: Mode,
+    block_for: Option<Duration>,
+    duplicate_window: Option<Duration>,
+    cost_fn: Option<CostFn>,
+    quota: Option<Quota>,
+    max_in_flight: Option<u64>,
+    lease: Option<Duration>,
+}
+
+impl fmt::Debug for PolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyBuilder")
+            .field("name", &self.name)
+            .field("rules", &self.rules)
+            .field("algorithm", &self.algorithm)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PolicyBuilder {
+    /// A builder of a policy named `name`, with every default.
+    pub(super) fn new(name: String) -> Self {
+        PolicyBuilder {
+            name,
+            prefix: "rl".to_owned(),
+            key: Key::ip(),
+            rules: Vec::new(),
+            algorithm: Algorithm::default(),
+            message: "Too many requests, please try again later.".to_owned(),
+            scope: Scope::default(),
+            missing_key: MissingKey::default(),
+            on_store_error: OnStoreError::default(),
+            client_ip: ClientIp::default(),
+            mode: Mode::default(),
+            block_for: None,
+            duplicate_window: None,
+            cost_fn: None,
+            quota: None,
+            max_in_flight: None,
+            lease: None,
+        }
+    }
+
+    /// What to key the limit by (default: the client IP).
+    pub fn key(mut self, key: Key) -> Self {
+        self.key = key;
+        self
+    }
+
+    /// The prefix of every store key (default `rl`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Adds a rule.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// Adds several rules.
+    pub fn rules(mut self, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+
+    /// The counting algorithm (default: [`Algorithm::SlidingLog`]).
+    pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The message for refused requests, sent as the `detail` of the 429 body.
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
+    }
+
+    /// Which requests share a bucket (default: [`Scope::Policy`]).
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// What happens to requests without a key (default: [`MissingKey::ClientIp`]).
+    pub fn on_missing_key(mut self, missing_key: MissingKey) -> Self {
+        self.missing_key = missing_key;
+        self
+    }
+
+    /// What happens when the store fails (default: [`OnStoreError::Allow`]).
+    pub fn on_store_error(mut self, on_store_error: OnStoreError) -> Self {
+        self.on_store_error = on_store_error;
+        self
+    }
+
+    /// How the client IP is found: trusted proxies, IPv6 grouping.
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = client_ip;
+        self
+    }
+
+    /// What happens to requests the rules refuse (default: [`Mode::Enforce`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// A penalty block: once any rule refuses an identity, refuse it outright for `duration`,
+    /// whatever its counts say; `Retry-After` counts to the end of the block. The OTP case: a client
+    /// that hits the limit waits 15 minutes, not the rest of the window. The block is one more key
+    /// in the store, set in the same atomic step as the check, expiring on its own. The duplicate
+    /// guard's refusals don't start a block (a double click is not abuse).
+    pub fn block_for(mut self, duration: Duration) -> Self {
+        self.block_for = Some(duration);
+        self
+    }
+
+    /// A duplicate guard, the seed's `preventDuplicate`: adds a rule named `duplicate` that admits
+    /// one request per `window` on the same key (use [`DEFAULT_DUPLICATE_WINDOW`](crate::policy::DEFAULT_DUPLICATE_WINDOW), 5 s, unless you
+    /// need another), so a double-clicked submit is refused. It is counted exactly, as a sliding
+    /// log, whatever the policy's algorithm, and comes after the policy's own rules.
+    pub fn prevent_duplicate(mut self, window: Duration) -> Self {
+        self.duplicate_window = Some(window);
+        self
+    }
+
+    /// How many units a request costs, computed from its head (default: 1). A [`Cost`](crate::policy::Cost) extension on
+    /// the request wins over it.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{Policy, Rule};
+    ///
+    /// // A batch endpoint: each item of `?items=` counts.
+    /// let policy = Policy::builder("batch")
+    ///     .rule(Rule::per_minute(100))
+    ///     .cost_from_fn(|parts| {
+    ///         parts.uri.query()
+    ///             .and_then(|query| query.strip_prefix("items="))
+    ///             .and_then(|items| items.parse().ok())
+    ///             .unwrap_or(1)
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let parts = http::Request::get("/batch?items=7").body(()).unwrap().into_parts().0;
+    /// assert_eq!(policy.cost(&parts), 7);
+    /// ```
+    pub fn cost_from_fn<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&Parts) -> u64 + Send + Sync + 'static,
+    {
+        self.cost_fn = Some(Arc::new(cost));
+        self
+    }
+
+    /// A daily quota by tier, checked and recorded with the policy's rules in the same atomic step
+    /// (one call on Redis). It is keyed by its own key, so one quota given to several policies (routes)
+    /// caps their sum. On Redis Cluster every key of a check must hash to one slot: there, key the
+    /// quota like the policy, or the check fails with a cross-slot error.
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quota = Some(quota);
+        self
+    }
+
+    /// A concurrency limit: at most `n` requests of one identity in progress at once, across every
+    /// instance sharing the store, each holding its slot for at most its [`lease`](Self::lease)
+    /// (required with it). The slot is taken in the same store step as the rate rules, all or
+    /// nothing, and released when the response body has been sent or dropped; see
+    /// [`concurrency`](crate::concurrency). A policy with a concurrency limit needs no rate rule.
+    /// In [`Mode::Delay`] a request waits for a slot, up to `max_delay`, first come first served.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_redis_ratelimit::{Key, Policy};
+    ///
+    /// // One report at a time per user, none held longer than five minutes.
+    /// let policy = Policy::builder("reports")
+    ///     .key(Key::user())
+    ///     .max_in_flight(1)
+    ///     .lease(Duration::from_secs(300))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policy.concurrency().unwrap().max_in_flight(), 1);
+    /// ```
+    pub fn max_in_flight(mut self, n: u64) -> Self {
+        self.max_in_flight = Some(n);
+        self
+    }
+
+    /// The longest a request holds its concurrency slot
+    /// ([`max_in_flight`](Self::max_in_flight)): past it the slot is free again even if the
+    /// request never ended (a crashed instance, a hung handler).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Checks the policy and builds it.
+    pub fn build(mut self) -> Result<Policy, PolicyError> {
+        for (what, value) in [("policy name", &self.name), ("key prefix", &self.prefix)] {
+            if !is_valid_name(value) {
+                return Err(PolicyError::InvalidName {
+                    what,
+                    value: value.clone(),
+                });
+            }
+        }
+        let policy = || self.name.clone();
+        if self.rules.is_empty() && self.max_in_flight.is_none() {
+            return Err(PolicyError::NoRules { policy: policy() });
+        }
+        let option = |option, reason| PolicyError::InvalidOption {
+            policy: policy(),
+            option,
+            reason,
+        };
+        let durations = [
+            ("block_for", self.block_for),
+            ("prevent_duplicate", self.duplicate_window),
+            (
+                "max_delay",
+                match self.mode {
+                    Mode::Delay { max_delay } => Some(max_delay),
+                    Mode::Enforce | Mode::Shadow => None,
+                },
+            ),
+        ];
+        for (name, duration) in durations {
+            if let Some(duration) = duration
+                && let Err(reason) = check_duration(duration)
+            {
+                return Err(option(name, reason));
+            }
+        }
+        let concurrency = match (self.max_in_flight, self.lease) {
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(option(
+                    "lease",
+                    "max_in_flight needs a lease: how long a request may hold its slot before \
+                     it is free again (a crashed instance must not hold one for ever)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(option("lease", "a lease only goes with max_in_flight"));
+            }
+            (Some(0), Some(_)) => {
+                return Err(option("max_in_flight", "must be at least 1"));
+            }
+            (Some(n), Some(lease)) => {
+                if let Err(reason) = check_duration(lease) {
+                    return Err(option("lease", reason));
+                }
+                if n > MAX_LIMIT {
+                    return Err(option("max_in_flight", "is larger than any rule may be"));
+                }
+                let limit = ConcurrencyLimit::new(n, lease);
+                let name = limit.name();
+                let sf_name =
+                    SfName::new(&name).map_err(|source| PolicyError::InvalidRuleName {
+                        policy: policy(),
+                        index: self.rules.len(),
+                        source,
+                    })?;
+                let item = format!("{};q={n}", sf_name.as_str());
+                Some((limit, name.into_boxed_str(), sf_name, item.into_boxed_str()))
+            }
+        };
+        if matches!(self.mode, Mode::Delay { .. }) && !self.algorithm.can_reserve() {
+            return Err(option(
+                "mode",
+                "delay mode needs the sliding_log or token_bucket algorithm, which can reserve a \
+                 request's place in the future",
+            ));
+        }
+        let counted_rules = self.rules.len();
+        if let Some(window) = self.duplicate_window {
+            let mut guard = Rule::new(1, window).named("duplicate");
+            guard.duplicate_guard = true;
+            self.rules.push(guard);
+        }
+        let mut rule_names: Vec<Box<str>> = Vec::with_capacity(self.rules.len());
+        let mut sf_names = Vec::with_capacity(self.rules.len());
+        for (index, rule) in self.rules.iter().enumerate() {
+            let text = || rule.to_string();
+            if rule.limit == 0 {
+                return Err(PolicyError::ZeroLimit {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if rule.limit > MAX_LIMIT {
+                return Err(PolicyError::LimitTooLarge {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if rule.period.is_zero() {
+                return Err(PolicyError::ZeroPeriod {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if !rule.period.subsec_nanos().is_multiple_of(1_000_000) {
+                return Err(PolicyError::SubMillisecondPeriod {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if rule.period > MAX_PERIOD {
+                return Err(PolicyError::PeriodTooLong {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                });
+            }
+            if let Err(reason) = check_burst(self.algorithm, rule) {
+                return Err(PolicyError::InvalidBurst {
+                    policy: policy(),
+                    index,
+                    rule: text(),
+                    reason,
+                });
+            }
+            if let Some(first) = self.rules[..index]
+                .iter()
+                .position(|earlier| earlier.limit == rule.limit && earlier.period == rule.period)
+            {
+                return Err(PolicyError::DuplicateRule {
+                    policy: policy(),
+                    index,
+                    first,
+                    rule: text(),
+                });
+            }
+            let name = rule.name();
+            if let Some(first) = rule_names.iter().position(|earlier| **earlier == *name) {
+                return Err(PolicyError::DuplicateRuleName {
+                    policy: policy(),
+                    index,
+                    first,
+                    name: name.into_owned(),
+                });
+            }
+            let sf_name = SfName::new(&name).map_err(|source| PolicyError::InvalidRuleName {
+                policy: policy(),
+                index,
+                source,
+            })?;
+            sf_names.push(sf_name);
+            rule_names.push(name.into());
+        }
+        if let Some(quota) = &self.quota
+            && let Some(first) = rule_names.iter().position(|name| **name == *quota.name())
+        {
+            // Clients tell the quota's header item from the rules' by name.
+            return Err(PolicyError::DuplicateRuleName {
+                policy: policy(),
+                index: self.rules.len(),
+                first,
+                name: quota.name().to_owned(),
+            });
+        }
+        let items: Vec<PolicyItem<'_>> = self
+            .rules
+            .iter()
+            .zip(&sf_names)
+            .map(|(rule, name)| PolicyItem {
+                name,
+                quota: rule.limit,
+                window_secs: crate::decision::ceil_secs(rule.period),
+            })
+            .collect();
+        let policy_header = headers::policy_header_value(&items);
+        let policy_header_with_concurrency = match &concurrency {
+            None => policy_header.clone(),
+            Some((.., item)) => {
+                let rules = policy_header.to_str().unwrap_or_default();
+                let joined = if rules.is_empty() {
+                    item.to_string()
+                } else {
+                    format!("{rules}, {item}")
+                };
+                HeaderValue::try_from(joined).unwrap_or_else(|_| policy_header.clone())
+            }
+        };
+        let key_base = format!("{}:{}:", self.prefix, self.name);
+        let refusal_bodies = rule_names
+            .iter()
+            .map(|name| &**name)
+            .chain(self.quota.as_ref().map(Quota::name))
+            .chain(concurrency.as_ref().map(|(_, name, _, _)| &**name))
+            .map(|name| crate::response::refusal_body(&self.message, &[name]))
+            .collect();
+        let max_cost = self.rules[..counted_rules]
+            .iter()
+            .enumerate()
+            .map(|(index, rule)| (self.capacity(rule), index))
+            .min()
+            .unwrap_or((u64::MAX, 0));
+        Ok(Policy(Arc::new(Inner {
+            name: self.name,
+            prefix: self.prefix,
+            key: self.key,
+            rules: self.rules.into(),
+            rule_names: rule_names.into(),
+            sf_names: sf_names.into(),
+            algorithm: self.algorithm,
+            message: self.message,
+            scope: self.scope,
+            missing_key: self.missing_key,
+            on_store_error: self.on_store_error,
+            client_ip: self.client_ip,
+            mode: self.mode,
+            block_for: self.block_for,
+            cost_fn: self.cost_fn,
+            quota: self.quota,
+            concurrency,
+            max_cost,
+            key_base,
+            policy_header,
+            policy_header_with_concurrency,
+            refusal_bodies,
+        })))
+    }
+
+    /// The most one request may cost under `rule`.
+    fn capacity(&self, rule: &Rule) -> u64 {
+        match self.algorithm {
+            Algorithm::TokenBucket => rule.burst_size(),
+            _ => rule.limit,
+        }
+    }
+}
+
+/// Whether a policy option's duration can work: whole milliseconds, more than zero, at most
+/// [`MAX_PERIOD`].
+fn check_duration(duration: Duration) -> Result<(), &'static str> {
+    if duration.is_zero() {
+        Err("must be longer than zero")
+    } else if !duration.subsec_nanos().is_multiple_of(1_000_000) {
+        Err("must be a whole number of milliseconds")
+    } else if duration > MAX_PERIOD {
+        Err("must be at most 366 days")
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether a rule's burst can work under `algorithm`.
+fn check_burst(algorithm: Algorithm, rule: &Rule) -> Result<(), &'static str> {
+    if algorithm != Algorithm::TokenBucket {
+        return match rule.burst {
+            Some(_) => Err("a burst applies only to the token_bucket algorithm"),
+            None => Ok(()),
+        };
+    }
+    if rule.duplicate_guard {
+        return Ok(());
+    }
+    if rule.burst == Some(0) {
+        return Err("the burst must be at least 1");
+    }
+    let period_us = u128::from(rule.period_ms()) * 1_000;
+    if u128::from(rule.limit) > period_us {
+        return Err("a token bucket refills at most one unit per microsecond");
+    }
+    let interval = period_us.div_ceil(u128::from(rule.limit));
+    if u128::from(rule.burst_size()) * interval > MAX_PERIOD.as_micros() {
+        return Err("the bucket must refill from empty within 366 days (burst × period / limit)");
+    }
+    Ok(())
+}

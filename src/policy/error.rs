@@ -1,0 +1,156 @@
+//! [`PolicyError`]: why a policy was refused when it was built.
+
+use crate::headers;
+
+/// Why a policy was refused when it was built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The policy has no rules.
+    #[error("policy {policy:?} has no rules")]
+    NoRules {
+        /// The policy's name.
+        policy: String,
+    },
+    /// A rule's limit is zero.
+    #[error("policy {policy:?}, rules[{index}] ({rule}): the limit must be at least 1")]
+    ZeroLimit {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's limit is above [`MAX_LIMIT`](crate::policy::MAX_LIMIT).
+    #[error(
+        "policy {policy:?}, rules[{index}] ({rule}): the limit must be at most 2^35 (34359738368)"
+    )]
+    LimitTooLarge {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's period is zero.
+    #[error("policy {policy:?}, rules[{index}] ({rule}): the period must be longer than zero")]
+    ZeroPeriod {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's period is not a whole number of milliseconds.
+    #[error(
+        "policy {policy:?}, rules[{index}] ({rule}): the period must be a whole number of milliseconds"
+    )]
+    SubMillisecondPeriod {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// A rule's period is longer than [`MAX_PERIOD`](crate::policy::MAX_PERIOD).
+    #[error("policy {policy:?}, rules[{index}] ({rule}): the period must be at most 366 days")]
+    PeriodTooLong {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// Two rules have the same limit and period.
+    #[error("policy {policy:?}, rules[{index}] ({rule}) is the same rule as rules[{first}]")]
+    DuplicateRule {
+        /// The policy's name.
+        policy: String,
+        /// The duplicate's position (from 0).
+        index: usize,
+        /// The position of the rule it repeats.
+        first: usize,
+        /// The rule as text.
+        rule: String,
+    },
+    /// Two rules have the same name, so clients couldn't tell them apart (`index` is one past the
+    /// rules when the daily quota has the name of a rule).
+    #[error("policy {policy:?}, rules[{index}] has the name {name:?} of rules[{first}]")]
+    DuplicateRuleName {
+        /// The policy's name.
+        policy: String,
+        /// The duplicate's position (from 0).
+        index: usize,
+        /// The position of the rule whose name it repeats.
+        first: usize,
+        /// The shared name.
+        name: String,
+    },
+    /// A rule name that can't be sent in a header.
+    #[error("policy {policy:?}, rules[{index}]: {source}")]
+    InvalidRuleName {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// What is wrong with the name.
+        source: headers::InvalidRuleName,
+    },
+    /// A rule's token-bucket settings can't work.
+    #[error("policy {policy:?}, rules[{index}] ({rule}): {reason}")]
+    InvalidBurst {
+        /// The policy's name.
+        policy: String,
+        /// The rule's position (from 0).
+        index: usize,
+        /// The rule as text.
+        rule: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A policy option (`block_for`, `max_delay`, `prevent_duplicate`) can't work.
+    #[error("policy {policy:?}, {option}: {reason}")]
+    InvalidOption {
+        /// The policy's name.
+        policy: String,
+        /// The option.
+        option: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A policy name or key prefix that would break the store key layout.
+    #[error(
+        "{what} {value:?} must be 1 to 64 characters of letters, digits and -._~@+=!*(),/ (it is part of every store key)"
+    )]
+    InvalidName {
+        /// `"policy name"` or `"key prefix"`.
+        what: &'static str,
+        /// The refused value.
+        value: String,
+    },
+    /// Over a store whose checks reach one place ([`Store::keys_share_one_slot`]: Redis
+    /// Cluster), the policy's quota is keyed apart from its rules, so one request's keys would be
+    /// in different hash slots. Key the quota with a clone of the policy's [`Key`](crate::Key).
+    ///
+    /// [`Store::keys_share_one_slot`]: crate::Store::keys_share_one_slot
+    #[error(
+        "policy {policy:?} is keyed by {key} but its quota {quota:?} by {quota_key}: on Redis \
+         Cluster all keys of a request must share one hash slot, so key the quota with a clone \
+         of the policy's own Key"
+    )]
+    QuotaKeyedApart {
+        /// The policy's name.
+        policy: String,
+        /// The policy's key, as `Key::ip`, `Key::header("x-api-key")`, ….
+        key: String,
+        /// The quota's name.
+        quota: String,
+        /// The quota's key.
+        quota_key: String,
+    },
+}

@@ -1,0 +1,341 @@
+//! Policies and rules: what is limited, by which key, and how much.
+//!
+//! A [`Policy`] is the counterpart of a `@RateLimiter` annotation: a name, a [`Key`], a key prefix, one
+//! or more [`Rule`]s (each a `@RateRule`: a limit per period), an [`Algorithm`] and the message for
+//! refused requests. Every rule of a policy must pass for a request to be admitted. A policy that
+//! can't work is refused by [`PolicyBuilder::build`] with a [`PolicyError`] naming the bad rule.
+//!
+//! One concept per file: `rule.rs`, `algorithm.rs`, `options.rs` (scope, missing key, store
+//! errors, mode, cost), `error.rs`, `builder.rs` (and its checks), `storage_key.rs` (a request's
+//! store key); this file holds the built [`Policy`].
+
+mod algorithm;
+mod builder;
+mod error;
+mod options;
+mod rule;
+mod storage_key;
+#[cfg(test)]
+mod tests;
+
+pub use algorithm::{Algorithm, UnknownAlgorithm};
+pub use builder::{PolicyBuilder, is_valid_name};
+pub use error::PolicyError;
+pub use options::{Cost, CostFn, DEFAULT_DUPLICATE_WINDOW, MissingKey, Mode, OnStoreError, Scope};
+pub use rule::{MAX_LIMIT, MAX_PERIOD, Rule};
+use storage_key::push_route;
+pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http::request::Parts;
+
+use crate::client_ip::ClientIp;
+use crate::concurrency::ConcurrencyLimit;
+use crate::headers::SfName;
+use crate::key::Key;
+use crate::quota::Quota;
+
+/// A rate-limit policy: build one with [`Policy::builder`]. Cheap to clone.
+///
+/// ```
+/// use tower_redis_ratelimit::{Algorithm, Key, Policy, Rule};
+///
+/// let policy = Policy::builder("login")
+///     .key(Key::ip())
+///     .rule(Rule::per_minute(10))
+///     .rule(Rule::per_hour(100))
+///     .algorithm(Algorithm::SlidingLog)
+///     .message("Too many login attempts, try again later.")
+///     .build()
+///     .expect("a valid policy");
+/// assert_eq!(policy.rules().len(), 2);
+///
+/// // A policy that can't work is refused, naming the rule.
+/// let error = Policy::builder("bad").rule(Rule::per_minute(0)).build().unwrap_err();
+/// assert!(error.to_string().contains("rules[0] (0 per 60s)"));
+/// ```
+#[derive(Clone)]
+pub struct Policy(pub(super) Arc<Inner>);
+
+pub(super) struct Inner {
+    pub(super) name: String,
+    pub(super) prefix: String,
+    pub(super) key: Key,
+    pub(super) rules: Box<[Rule]>,
+    pub(super) rule_names: Box<[Box<str>]>,
+    /// The rule names serialised for headers, built once.
+    pub(super) sf_names: Box<[SfName]>,
+    pub(super) algorithm: Algorithm,
+    pub(super) message: String,
+    pub(super) scope: Scope,
+    pub(super) missing_key: MissingKey,
+    pub(super) on_store_error: OnStoreError,
+    pub(super) client_ip: ClientIp,
+    pub(super) mode: Mode,
+    pub(super) block_for: Option<Duration>,
+    pub(super) cost_fn: Option<CostFn>,
+    pub(super) quota: Option<Quota>,
+    /// The concurrency limit, its name and its `RateLimit-Policy` item (`"1-in-flight";q=1`).
+    pub(super) concurrency: Option<(ConcurrencyLimit, Box<str>, SfName, Box<str>)>,
+    /// The most a request may cost: the smallest capacity (limit, or burst for a token bucket) of
+    /// the counted rules, and the rule that has it.
+    pub(super) max_cost: (u64, usize),
+    /// `prefix:name:`, the start of every store key of this policy, built once.
+    pub(super) key_base: String,
+    /// The `RateLimit-Policy` header value, built once.
+    pub(super) policy_header: HeaderValue,
+    /// The `RateLimit-Policy` value of a request without a quota: the rules' items, then the
+    /// concurrency limit's, built once.
+    pub(super) policy_header_with_concurrency: HeaderValue,
+    /// The 429 body of a refusal by one rule, per rule (then the quota's, the concurrency
+    /// limit's), built once.
+    pub(super) refusal_bodies: Box<[Bytes]>,
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.0.name)
+            .field("prefix", &self.0.prefix)
+            .field("key", &self.0.key)
+            .field("rules", &self.0.rules)
+            .field("algorithm", &self.0.algorithm)
+            .field("scope", &self.0.scope)
+            .field("missing_key", &self.0.missing_key)
+            .field("on_store_error", &self.0.on_store_error)
+            .field("mode", &self.0.mode)
+            .field("block_for", &self.0.block_for)
+            .field("cost_fn", &self.0.cost_fn.is_some())
+            .field("quota", &self.0.quota)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one state of a [`Decision`](crate::Decision) describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateOf {
+    /// The policy's rule at this index.
+    Rule(usize),
+    /// The daily quota.
+    Quota,
+    /// The concurrency limit.
+    Concurrency,
+}
+
+impl Policy {
+    /// Starts a policy named `name`. The name is part of every store key, so two policies never
+    /// share a bucket; it must be 1 to 64 characters of letters, digits and `-._~@+=!*(),/`.
+    pub fn builder(name: impl Into<String>) -> PolicyBuilder {
+        PolicyBuilder::new(name.into())
+    }
+
+    /// The policy's name.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// The prefix of every store key of this policy.
+    pub fn prefix(&self) -> &str {
+        &self.0.prefix
+    }
+
+    /// What the policy is keyed by.
+    pub fn key(&self) -> &Key {
+        &self.0.key
+    }
+
+    /// The rules, all of which must pass.
+    pub fn rules(&self) -> &[Rule] {
+        &self.0.rules
+    }
+
+    /// The rule names as clients see them, in rule order.
+    pub fn rule_names(&self) -> &[Box<str>] {
+        &self.0.rule_names
+    }
+
+    /// The counting algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.0.algorithm
+    }
+
+    /// The message for refused requests (the `detail` of the 429 body).
+    pub fn message(&self) -> &str {
+        &self.0.message
+    }
+
+    /// Which requests share a bucket.
+    pub fn scope(&self) -> Scope {
+        self.0.scope
+    }
+
+    /// What happens to requests without a key.
+    pub fn missing_key(&self) -> MissingKey {
+        self.0.missing_key
+    }
+
+    /// What happens when the store fails.
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.0.on_store_error
+    }
+
+    /// How the client IP is found.
+    pub fn client_ip(&self) -> &ClientIp {
+        &self.0.client_ip
+    }
+
+    /// What happens to requests the rules refuse.
+    pub fn mode(&self) -> Mode {
+        self.0.mode
+    }
+
+    /// How long an identity is refused outright once a rule refused it, if the policy blocks.
+    pub fn block_for(&self) -> Option<Duration> {
+        self.0.block_for
+    }
+
+    /// The daily quota the policy checks with its rules, if any.
+    pub fn quota(&self) -> Option<&Quota> {
+        self.0.quota.as_ref()
+    }
+
+    /// The cost of a request: its [`Cost`] extension, else the policy's cost function, else 1.
+    pub fn cost(&self, parts: &Parts) -> u64 {
+        if let Some(Cost(cost)) = parts.extensions.get::<Cost>() {
+            return *cost;
+        }
+        self.0.cost_fn.as_ref().map_or(1, |cost| cost(parts))
+    }
+
+    /// When a request of `cost` can never be admitted (it costs more than some rule's limit, or a
+    /// token bucket's burst), the index of the rule that admits the least at once (the first of
+    /// them on a tie).
+    pub fn too_costly(&self, cost: u64) -> Option<usize> {
+        let (max_cost, rule) = self.0.max_cost;
+        (cost > max_cost).then_some(rule)
+    }
+
+    /// The most a request of this policy may cost.
+    pub fn max_cost(&self) -> u64 {
+        self.0.max_cost.0
+    }
+
+    /// The rule names serialised as structured-field strings, in rule order.
+    pub(crate) fn sf_names(&self) -> &[SfName] {
+        &self.0.sf_names
+    }
+
+    /// The `RateLimit-Policy` header value of this policy.
+    pub fn policy_header(&self) -> &HeaderValue {
+        &self.0.policy_header
+    }
+
+    /// The concurrency limit, if the policy has one.
+    pub fn concurrency(&self) -> Option<ConcurrencyLimit> {
+        self.0.concurrency.as_ref().map(|(limit, ..)| *limit)
+    }
+
+    /// What the state at `index` of a decision of `states` states describes (see
+    /// [`Decision`](crate::Decision)): a rule, the quota, or the concurrency limit.
+    pub(crate) fn state_of(&self, index: usize, states: usize) -> StateOf {
+        if index < self.0.rules.len() {
+            StateOf::Rule(index)
+        } else if self.0.concurrency.is_some() && index + 1 == states {
+            StateOf::Concurrency
+        } else {
+            StateOf::Quota
+        }
+    }
+
+    /// The name clients see of the state at `index` of a decision of `states` states.
+    pub(crate) fn state_name(&self, index: usize, states: usize) -> Option<&str> {
+        match self.state_of(index, states) {
+            StateOf::Rule(index) => self.0.rule_names.get(index).map(|name| &**name),
+            StateOf::Quota => self.quota().map(Quota::name),
+            StateOf::Concurrency => self.0.concurrency.as_ref().map(|(_, name, ..)| &**name),
+        }
+    }
+
+    /// The `RateLimit-Policy` value of a request without a quota: the rules', then the concurrency
+    /// limit's item.
+    pub(crate) fn policy_header_with_concurrency(&self) -> &HeaderValue {
+        &self.0.policy_header_with_concurrency
+    }
+
+    /// The concurrency limit's name serialised for headers, and its `RateLimit-Policy` item.
+    pub(crate) fn concurrency_items(&self) -> Option<(&SfName, &str)> {
+        self.0
+            .concurrency
+            .as_ref()
+            .map(|(_, _, sf_name, item)| (sf_name, &**item))
+    }
+
+    /// The ready 429 body of a refusal by the state at `index` alone, of a decision of `states`.
+    pub(crate) fn refusal_body(&self, index: usize, states: usize) -> Option<&Bytes> {
+        let at = match self.state_of(index, states) {
+            StateOf::Rule(index) => index,
+            StateOf::Quota => self.0.rules.len(),
+            StateOf::Concurrency => self.0.rules.len() + usize::from(self.0.quota.is_some()),
+        };
+        self.0.refusal_bodies.get(at)
+    }
+
+    /// The store key of a request, or what to do when it has none.
+    pub(crate) fn storage_key(&self, parts: &Parts) -> KeyLookup {
+        self.storage_key_behind(parts, &self.0.client_ip)
+    }
+
+    /// The store key of a request whose client address `client_ip` finds (a quota's key takes its
+    /// policy's proxy settings, so both see the same client).
+    pub(crate) fn storage_key_behind(&self, parts: &Parts, client_ip: &ClientIp) -> KeyLookup {
+        let inner = &self.0;
+        let mut key = String::with_capacity(inner.key_base.len() + 64);
+        key.push_str(&inner.key_base);
+        if inner.scope == Scope::Route {
+            push_route(&mut key, parts);
+            key.push(':');
+        }
+        let identity_at = key.len();
+        let kind = if inner.key.push_identity(parts, client_ip, &mut key) {
+            inner.key.kind()
+        } else {
+            match inner.missing_key {
+                MissingKey::Allow => return KeyLookup::Unlimited,
+                MissingKey::Reject(status) => return KeyLookup::Refuse(status),
+                MissingKey::ClientIp => {
+                    // The client IP is the fallback, so an IP key has nothing to fall back to.
+                    if inner.key.is_ip() || !Key::ip().push_identity(parts, client_ip, &mut key) {
+                        return KeyLookup::NoClientIp;
+                    }
+                    "ip"
+                }
+            }
+        };
+        KeyLookup::Found(StorageKey::new(key, identity_at, kind))
+    }
+
+    /// The store key of `identity` as the logs show it (`user:alice`), for an operator: `None`
+    /// for a route-scoped policy, whose keys also name a route.
+    pub(crate) fn storage_key_of(&self, identity: &str) -> Option<StorageKey> {
+        (self.0.scope != Scope::Route).then(|| self.unscoped_key_of(identity))
+    }
+
+    /// The store key of `identity` under this policy, whatever its scope: `prefix:policy:identity`.
+    pub(crate) fn unscoped_key_of(&self, identity: &str) -> StorageKey {
+        let inner = &self.0;
+        let kind = match identity.split_once(':') {
+            Some(("ip", _)) => "ip",
+            _ => inner.key.kind(),
+        };
+        StorageKey::new(
+            format!("{}{identity}", inner.key_base),
+            inner.key_base.len(),
+            kind,
+        )
+    }
+}

@@ -1,0 +1,377 @@
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use http::{Method, StatusCode};
+
+use super::*;
+
+fn build(rules: Vec<Rule>) -> Result<Policy, PolicyError> {
+    Policy::builder("p").rules(rules).build()
+}
+
+#[test]
+fn rule_constructors_and_names() {
+    assert_eq!(Rule::per_second(2).period(), Duration::from_secs(1));
+    assert_eq!(Rule::per_minute(10).name(), "10-per-60s");
+    assert_eq!(Rule::per_hour(100).name(), "100-per-3600s");
+    assert_eq!(Rule::per_day(1).name(), "1-per-86400s");
+    assert_eq!(
+        Rule::new(20, Duration::from_secs(120)).to_string(),
+        "20 per 120s"
+    );
+    assert_eq!(Rule::new(3, Duration::from_millis(250)).period_ms(), 250);
+}
+
+#[test]
+fn bad_rules_are_refused_with_their_position() {
+    assert_eq!(
+        build(vec![]).unwrap_err(),
+        PolicyError::NoRules { policy: "p".into() }
+    );
+    assert!(matches!(
+        build(vec![Rule::per_minute(5), Rule::per_second(0)]).unwrap_err(),
+        PolicyError::ZeroLimit { index: 1, .. }
+    ));
+    assert!(matches!(
+        build(vec![Rule::new(5, Duration::ZERO)]).unwrap_err(),
+        PolicyError::ZeroPeriod { index: 0, .. }
+    ));
+    let error = build(vec![Rule::new(5, Duration::from_micros(1500))]).unwrap_err();
+    assert!(matches!(
+        error,
+        PolicyError::SubMillisecondPeriod { index: 0, .. }
+    ));
+    assert!(matches!(
+        build(vec![Rule::new(5, Duration::from_nanos(10))]).unwrap_err(),
+        PolicyError::SubMillisecondPeriod { .. }
+    ));
+    assert!(build(vec![Rule::per_second(MAX_LIMIT)]).is_ok());
+    assert!(matches!(
+        build(vec![Rule::per_second(1), Rule::per_minute(MAX_LIMIT + 1)]).unwrap_err(),
+        PolicyError::LimitTooLarge { index: 1, .. }
+    ));
+    assert!(build(vec![Rule::new(5, MAX_PERIOD)]).is_ok());
+    assert!(matches!(
+        build(vec![Rule::new(5, MAX_PERIOD + Duration::from_millis(1))]).unwrap_err(),
+        PolicyError::PeriodTooLong { index: 0, .. }
+    ));
+    let error = build(vec![
+        Rule::per_minute(10),
+        Rule::per_hour(5),
+        Rule::new(10, Duration::from_secs(60)),
+    ])
+    .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "policy \"p\", rules[2] (10 per 60s) is the same rule as rules[0]"
+    );
+    assert!(matches!(
+        build(vec![
+            Rule::per_minute(10).named("x"),
+            Rule::per_hour(5).named("x")
+        ])
+        .unwrap_err(),
+        PolicyError::DuplicateRuleName {
+            index: 1,
+            first: 0,
+            ..
+        }
+    ));
+    assert!(matches!(
+        build(vec![Rule::per_minute(10).named("tab\there")]).unwrap_err(),
+        PolicyError::InvalidRuleName { index: 0, .. }
+    ));
+}
+
+#[test]
+fn token_bucket_rules_and_options_are_checked() {
+    let bucket = |rule: Rule| {
+        Policy::builder("p")
+            .algorithm(Algorithm::TokenBucket)
+            .rule(rule)
+            .build()
+    };
+    assert!(bucket(Rule::per_second(10).burst(100)).is_ok());
+    let reason = |error: PolicyError| match error {
+        PolicyError::InvalidBurst { reason, .. } => reason,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        reason(bucket(Rule::per_second(10).burst(0)).unwrap_err()),
+        "the burst must be at least 1"
+    );
+    assert!(bucket(Rule::new(1_000, Duration::from_millis(1))).is_ok());
+    assert_eq!(
+        reason(bucket(Rule::new(1_001, Duration::from_millis(1))).unwrap_err()),
+        "a token bucket refills at most one unit per microsecond"
+    );
+    assert!(reason(bucket(Rule::per_day(1).burst(367)).unwrap_err()).contains("within 366 days"));
+    let error = build(vec![Rule::per_second(10).burst(20)]).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "policy \"p\", rules[0] (10 per 1s): a burst applies only to the token_bucket algorithm"
+    );
+
+    let option = |builder: PolicyBuilder| match builder.rule(Rule::per_second(1)).build() {
+        Err(PolicyError::InvalidOption { option, reason, .. }) => (option, reason),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        option(Policy::builder("p").block_for(Duration::ZERO)),
+        ("block_for", "must be longer than zero")
+    );
+    assert_eq!(
+        option(Policy::builder("p").prevent_duplicate(Duration::from_micros(1_500))),
+        (
+            "prevent_duplicate",
+            "must be a whole number of milliseconds"
+        )
+    );
+    let delay = Mode::Delay {
+        max_delay: Duration::from_secs(1),
+    };
+    assert!(
+        Policy::builder("p")
+            .mode(delay)
+            .rule(Rule::per_second(1))
+            .build()
+            .is_ok()
+    );
+    assert_eq!(
+        option(
+            Policy::builder("p")
+                .algorithm(Algorithm::FixedWindow)
+                .mode(delay)
+        )
+        .0,
+        "mode"
+    );
+}
+
+#[test]
+fn the_duplicate_guard_is_the_last_rule_and_costs_stay_within_the_rules() {
+    let policy = Policy::builder("p")
+        .rule(Rule::per_minute(10))
+        .rule(Rule::per_hour(4))
+        .prevent_duplicate(DEFAULT_DUPLICATE_WINDOW)
+        .build()
+        .unwrap();
+    let guard = &policy.rules()[2];
+    assert!(guard.is_duplicate_guard());
+    assert_eq!((guard.limit(), guard.name()), (1, "duplicate".into()));
+    assert_eq!(
+        policy.policy_header(),
+        "\"10-per-60s\";q=10;w=60, \"4-per-3600s\";q=4;w=3600, \"duplicate\";q=1;w=5"
+    );
+    // The guard counts requests, not units: the cheapest counted rule caps the cost.
+    assert_eq!(policy.max_cost(), 4);
+    assert_eq!(policy.too_costly(4), None);
+    assert_eq!(policy.too_costly(5), Some(1));
+    let bucket = Policy::builder("b")
+        .algorithm(Algorithm::TokenBucket)
+        .rule(Rule::per_minute(10).burst(30))
+        .build()
+        .unwrap();
+    assert_eq!(bucket.max_cost(), 30);
+    // A guard that repeats a rule is refused like any duplicate rule.
+    assert!(matches!(
+        Policy::builder("p")
+            .rule(Rule::new(1, Duration::from_secs(5)))
+            .prevent_duplicate(DEFAULT_DUPLICATE_WINDOW)
+            .build(),
+        Err(PolicyError::DuplicateRule { index: 1, .. })
+    ));
+}
+
+#[test]
+fn a_quota_named_like_a_rule_is_refused() {
+    let quota = Quota::builder("hourly").tier("free", 10).build().unwrap();
+    let error = Policy::builder("p")
+        .rule(Rule::per_minute(5))
+        .rule(Rule::per_hour(50).named("hourly"))
+        .quota(quota)
+        .build()
+        .unwrap_err();
+    assert!(matches!(
+        error,
+        PolicyError::DuplicateRuleName {
+            index: 2,
+            first: 1,
+            ..
+        }
+    ));
+    // Any offset is checked, the extremes of i32 included.
+    for minutes in [i32::MIN, i32::MAX, 18 * 60 + 1, -18 * 60 - 1] {
+        assert!(
+            Quota::builder("q")
+                .tier("free", 1)
+                .utc_offset_minutes(minutes)
+                .build()
+                .is_err()
+        );
+    }
+    assert!(
+        Quota::builder("q")
+            .tier("free", 1)
+            .utc_offset_minutes(-18 * 60)
+            .build()
+            .is_ok()
+    );
+}
+
+#[test]
+fn the_cost_comes_from_the_extension_else_the_function_else_one() {
+    let policy = Policy::builder("p")
+        .rule(Rule::per_minute(10))
+        .cost_from_fn(|parts| if parts.method == Method::POST { 3 } else { 1 })
+        .build()
+        .unwrap();
+    let post = request("/", Method::POST, None);
+    assert_eq!(policy.cost(&post), 3);
+    assert_eq!(policy.cost(&request("/", Method::GET, None)), 1);
+    let mut weighed = request("/", Method::POST, None);
+    weighed.extensions.insert(Cost(7));
+    assert_eq!(policy.cost(&weighed), 7);
+    let plain = build(vec![Rule::per_minute(10)]).unwrap();
+    assert_eq!(plain.cost(&post), 1);
+}
+
+#[test]
+fn names_that_break_keys_are_refused() {
+    for bad in ["", "a:b", "{x}", "with space"] {
+        let error = Policy::builder(bad)
+            .rule(Rule::per_second(1))
+            .build()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            PolicyError::InvalidName {
+                what: "policy name",
+                ..
+            }
+        ));
+        let error = Policy::builder("ok")
+            .prefix(bad)
+            .rule(Rule::per_second(1))
+            .build()
+            .unwrap_err();
+        assert!(matches!(
+            error,
+            PolicyError::InvalidName {
+                what: "key prefix",
+                ..
+            }
+        ));
+    }
+}
+
+#[test]
+fn policy_header_lists_every_rule() {
+    let policy = build(vec![Rule::per_minute(20), Rule::per_hour(100)]).unwrap();
+    assert_eq!(
+        policy.policy_header(),
+        "\"20-per-60s\";q=20;w=60, \"100-per-3600s\";q=100;w=3600"
+    );
+    // A sub-second window is sent as one whole second.
+    let policy = build(vec![Rule::new(5, Duration::from_millis(1500))]).unwrap();
+    assert_eq!(policy.policy_header(), "\"5-per-1500ms\";q=5;w=2");
+}
+
+fn request(path: &str, method: http::Method, peer: Option<&str>) -> Parts {
+    let mut builder = http::Request::builder().uri(path).method(method);
+    if let Some(peer) = peer {
+        let peer: SocketAddr = peer.parse().unwrap();
+        builder = builder.extension(ConnectInfo(peer));
+    }
+    builder.body(()).unwrap().into_parts().0
+}
+
+fn found(lookup: KeyLookup) -> StorageKey {
+    match lookup {
+        KeyLookup::Found(key) => key,
+        other => panic!("expected a key, got {other:?}"),
+    }
+}
+
+#[test]
+fn storage_keys_separate_policies_and_routes() {
+    let peer = Some("192.0.2.1:1000");
+    let a = Policy::builder("a")
+        .prefix("demo")
+        .rule(Rule::per_second(1))
+        .build()
+        .unwrap();
+    let key = found(a.storage_key(&request("/x", http::Method::GET, peer)));
+    assert_eq!(key.as_str(), "demo:a:ip:192.0.2.1");
+    assert_eq!(key.identity(), "ip:192.0.2.1");
+    assert_eq!(key.kind(), "ip");
+
+    let routed = Policy::builder("a")
+        .prefix("demo")
+        .scope(Scope::Route)
+        .rule(Rule::per_second(1))
+        .build()
+        .unwrap();
+    // Without axum's MatchedPath (tested through a router in tests/layer.rs) paths are made up
+    // by the client, so they share one bucket rather than minting new ones.
+    let get = found(routed.storage_key(&request("/x", http::Method::GET, peer)));
+    let other_path = found(routed.storage_key(&request("/y", http::Method::GET, peer)));
+    let post = found(routed.storage_key(&request("/x", http::Method::POST, peer)));
+    assert_eq!(get.as_str(), "demo:a:GETunmatched:ip:192.0.2.1");
+    assert_eq!(get, other_path);
+    assert_ne!(get, post);
+    assert_eq!(get.identity(), post.identity());
+    let made_up =
+        |method: &str| found(routed.storage_key(&request("/x", method.parse().unwrap(), peer)));
+    assert_eq!(made_up("FOO"), made_up("BAR"));
+    assert_eq!(
+        made_up("FOO").as_str(),
+        "demo:a:OTHERunmatched:ip:192.0.2.1"
+    );
+}
+
+#[test]
+fn missing_keys_follow_the_policy() {
+    let user = |missing| {
+        Policy::builder("u")
+            .key(Key::user())
+            .on_missing_key(missing)
+            .rule(Rule::per_second(1))
+            .build()
+            .unwrap()
+    };
+    let anonymous = request("/", http::Method::GET, Some("192.0.2.1:1"));
+    let fallback = found(user(MissingKey::ClientIp).storage_key(&anonymous));
+    assert_eq!(fallback.as_str(), "rl:u:ip:192.0.2.1");
+    assert_eq!(fallback.kind(), "ip");
+    assert_eq!(
+        user(MissingKey::Allow).storage_key(&anonymous),
+        KeyLookup::Unlimited
+    );
+    assert_eq!(
+        user(MissingKey::Reject(StatusCode::UNAUTHORIZED)).storage_key(&anonymous),
+        KeyLookup::Refuse(StatusCode::UNAUTHORIZED)
+    );
+    let no_peer = request("/", http::Method::GET, None);
+    assert_eq!(
+        user(MissingKey::ClientIp).storage_key(&no_peer),
+        KeyLookup::NoClientIp
+    );
+}
+
+#[test]
+fn algorithm_names_round_trip() {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ] {
+        assert_eq!(algorithm.as_str().parse::<Algorithm>(), Ok(algorithm));
+    }
+    assert_eq!(
+        "token".parse::<Algorithm>(),
+        Err(UnknownAlgorithm("token".into()))
+    );
+}
