@@ -82,6 +82,8 @@
 pub mod alert;
 pub mod client_ip;
 pub mod concurrency;
+#[cfg(feature = "config")]
+pub mod config;
 pub mod decision;
 pub mod extract;
 mod future;

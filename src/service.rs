@@ -49,15 +49,6 @@ impl<S> RateLimit<S> {
     }
 }
 
-impl<S: Clone> RateLimit<S> {
-    /// The service that was polled ready, to go with a request that calls it later; a fresh clone
-    /// stays.
-    fn take_ready_service(&mut self) -> S {
-        let fresh = self.inner.clone();
-        std::mem::replace(&mut self.inner, fresh)
-    }
-}
-
 impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
@@ -82,49 +73,60 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let limiter = &self.limiter;
-        let (parts, body) = request.into_parts();
-        let prepared = limiter.prepare(&parts);
-        let request = Request::from_parts(parts, body);
-        let checked = match prepared {
-            Prepared::Check(checked) => checked,
-            Prepared::Unlimited => {
-                return ResponseFuture::inner(self.inner.call(request), None, None);
+        limit_call(&self.limiter, &mut self.inner, request)
+    }
+}
+
+/// Limits one request by `limiter`, calling `inner` (which was polled ready) if it is admitted.
+pub(crate) fn limit_call<S, ReqBody, ResBody>(
+    limiter: &Arc<Limiter>,
+    inner: &mut S,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+{
+    // The service that was polled ready goes with a request that calls it later; a fresh clone
+    // stays.
+    let take_ready_service = |inner: &mut S| {
+        let fresh = inner.clone();
+        std::mem::replace(inner, fresh)
+    };
+    let (parts, body) = request.into_parts();
+    let prepared = limiter.prepare(&parts);
+    let request = Request::from_parts(parts, body);
+    let checked = match prepared {
+        Prepared::Check(checked) => checked,
+        Prepared::Unlimited => return ResponseFuture::inner(inner.call(request), None, None),
+        Prepared::Respond(response) => return ResponseFuture::respond(response),
+    };
+    if limiter.queues_first(&checked) {
+        let wait = Box::pin(limiter.clone().wait_for_slot(checked, false));
+        return ResponseFuture::waiting_for_slot(wait, take_ready_service(inner), request);
+    }
+    let mut check = limiter.check(&checked);
+    match check.take_ready() {
+        // In-process stores answer at once: no clone of the inner service, no extra state.
+        Some(result) => match limiter.settle(result, &checked) {
+            Verdict::Admit(headers, lease) => {
+                ResponseFuture::inner(inner.call(request), headers, lease)
             }
-            Prepared::Respond(response) => return ResponseFuture::respond(response),
-        };
-        if limiter.queues_first(&checked) {
-            let wait = Box::pin(self.limiter.clone().wait_for_slot(checked, false));
-            return ResponseFuture::waiting_for_slot(wait, self.take_ready_service(), request);
-        }
-        let mut check = limiter.check(&checked);
-        match check.take_ready() {
-            // In-process stores answer at once: no clone of the inner service, no extra state.
-            Some(result) => match limiter.settle(result, &checked) {
-                Verdict::Admit(headers, lease) => {
-                    ResponseFuture::inner(self.inner.call(request), headers, lease)
-                }
-                Verdict::Delay(delay, headers, lease) => ResponseFuture::delaying(
-                    delay,
-                    self.take_ready_service(),
-                    request,
-                    headers,
-                    lease,
-                ),
-                Verdict::Respond(response) => ResponseFuture::respond(response),
-                Verdict::AwaitSlot => ResponseFuture::waiting_for_slot(
-                    Box::pin(self.limiter.clone().wait_for_slot(checked, true)),
-                    self.take_ready_service(),
-                    request,
-                ),
-            },
-            None => ResponseFuture::checking(
-                check,
-                self.take_ready_service(),
+            Verdict::Delay(delay, headers, lease) => {
+                ResponseFuture::delaying(delay, take_ready_service(inner), request, headers, lease)
+            }
+            Verdict::Respond(response) => ResponseFuture::respond(response),
+            Verdict::AwaitSlot => ResponseFuture::waiting_for_slot(
+                Box::pin(limiter.clone().wait_for_slot(checked, true)),
+                take_ready_service(inner),
                 request,
-                self.limiter.clone(),
-                checked,
             ),
-        }
+        },
+        None => ResponseFuture::checking(
+            check,
+            take_ready_service(inner),
+            request,
+            limiter.clone(),
+            checked,
+        ),
     }
 }

@@ -1,0 +1,478 @@
+//! Checks a [`ConfigFile`] into policies, naming the first bad field.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::HeaderName;
+use ipnet::IpNet;
+
+use super::file::{ConfigFile, DuplicateConfig, QuotaConfig, RouteConfig};
+use super::store::{RedisSettings, StoreSpec, check_store, check_tls};
+use super::{ConfigError, DEFAULT_PREFIX, RateLimitConfig, RouteLimit};
+use crate::client_ip::{ClientIp, ForwardedHeader};
+use crate::key::Key;
+use crate::policy::{
+    self, Algorithm, Mode, OnStoreError, Policy, PolicyError, Rule, Scope, UnknownAlgorithm,
+};
+use crate::quota::Quota;
+
+/// The tier header when none is configured.
+pub(super) const DEFAULT_TIER_HEADER: &str = "x-tier";
+
+/// Checks a whole file. `other` top-level fields are refused unless listed in `app_fields`.
+pub(super) fn check_file(
+    file: &ConfigFile,
+    app_fields: &[&str],
+) -> Result<RateLimitConfig, ConfigError> {
+    if let Some(unknown) = file
+        .other
+        .keys()
+        .find(|key| !app_fields.contains(&key.as_str()))
+    {
+        return Err(ConfigError::new(
+            unknown.clone(),
+            "unknown field: expected store, prefix, on_store_error, store_timeout, \
+             trusted_proxies, forwarded_header, legacy_headers, tls_ca, tls_insecure, \
+             wait_for_replicas, routes or quota",
+        ));
+    }
+    let timeout = match &file.store_timeout {
+        None => crate::store::DEFAULT_TIMEOUT,
+        Some(text) => {
+            parse_duration(text).map_err(|message| ConfigError::new("store_timeout", message))?
+        }
+    };
+    let store = check_store(&file.store)?;
+    let tls = check_tls(file.tls_ca.as_deref(), file.tls_insecure, &store)?;
+    let wait_for_replicas = match file.wait_for_replicas {
+        Some(replicas) if replicas > 0 && store == StoreSpec::Memory => {
+            return Err(ConfigError::new(
+                "wait_for_replicas",
+                "applies only to a Redis store, not \"memory\"",
+            ));
+        }
+        replicas => replicas.unwrap_or(0),
+    };
+    let on_store_error = match file.on_store_error.as_deref() {
+        None | Some("allow") => OnStoreError::Allow,
+        Some("deny") => OnStoreError::Deny,
+        Some(other) => {
+            return Err(ConfigError::new(
+                "on_store_error",
+                format!("unknown value {other:?}: expected \"allow\" or \"deny\""),
+            ));
+        }
+    };
+    let prefix = file.prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
+    if !policy::is_valid_name(prefix) {
+        return Err(ConfigError::new(
+            "prefix",
+            format!(
+                "{prefix:?} must be 1 to 64 letters, digits and -._~@+=!*(),/ (it starts every \
+                 store key)"
+            ),
+        ));
+    }
+    let mut trusted_proxies = Vec::with_capacity(file.trusted_proxies.len());
+    for (index, text) in file.trusted_proxies.iter().enumerate() {
+        trusted_proxies.push(parse_cidr(text).ok_or_else(|| {
+            ConfigError::new(
+                format!("trusted_proxies[{index}]"),
+                format!("{text:?} is not a CIDR such as \"10.0.0.0/8\" or \"fd00::/8\""),
+            )
+        })?);
+    }
+    let mut client_ip = ClientIp::new().trust_proxies(trusted_proxies.iter().copied());
+    if let Some(text) = &file.forwarded_header {
+        let header: ForwardedHeader =
+            text.parse()
+                .map_err(|error: crate::client_ip::ParseForwardedHeaderError| {
+                    ConfigError::new("forwarded_header", error.to_string())
+                })?;
+        client_ip = client_ip.forwarded_header(header);
+    }
+    if file.routes.is_empty() {
+        return Err(ConfigError::new("routes", "must list at least one route"));
+    }
+    let quota = file
+        .quota
+        .as_ref()
+        .map(|quota| check_quota(quota, prefix))
+        .transpose()?;
+    let mut routes: Vec<RouteLimit> = Vec::with_capacity(file.routes.len());
+    for (index, raw) in file.routes.iter().enumerate() {
+        let route = RouteCheck {
+            index,
+            prefix,
+            client_ip: &client_ip,
+            on_store_error,
+            quota: quota.as_ref(),
+        }
+        .check(raw)?;
+        if let Some(first) = routes.iter().position(|earlier| earlier.path == route.path) {
+            return Err(ConfigError::new(
+                format!("routes[{index}].path"),
+                format!("{:?} is already used by routes[{first}]", route.path),
+            ));
+        }
+        if let Some(first) = routes
+            .iter()
+            .position(|earlier| earlier.policy.name() == route.policy.name())
+        {
+            return Err(ConfigError::new(
+                format!("routes[{index}].name"),
+                format!(
+                    "{:?} is already the name of routes[{first}]",
+                    route.policy.name()
+                ),
+            ));
+        }
+        routes.push(route);
+    }
+    Ok(RateLimitConfig {
+        store,
+        redis: RedisSettings {
+            timeout,
+            wait_for_replicas,
+            tls,
+        },
+        prefix: prefix.to_owned(),
+        trusted_proxies,
+        legacy_headers: file.legacy_headers,
+        routes,
+    })
+}
+
+/// What a route's check needs from the rest of the file.
+struct RouteCheck<'a> {
+    index: usize,
+    prefix: &'a str,
+    client_ip: &'a ClientIp,
+    on_store_error: OnStoreError,
+    quota: Option<&'a Quota>,
+}
+
+impl RouteCheck<'_> {
+    fn error(&self, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::new(format!("routes[{}].{field}", self.index), message)
+    }
+
+    fn duration(&self, field: &str, text: &str) -> Result<Duration, ConfigError> {
+        parse_duration(text).map_err(|message| self.error(field, message))
+    }
+
+    fn check(&self, raw: &RouteConfig) -> Result<RouteLimit, ConfigError> {
+        if !raw.path.starts_with('/') {
+            return Err(self.error("path", format!("{:?} must start with \"/\"", raw.path)));
+        }
+        let key_text = raw.key.as_deref().unwrap_or("ip");
+        let key = parse_key(key_text).map_err(|message| self.error("key", message))?;
+        let algorithm: Algorithm = match &raw.algorithm {
+            None => Algorithm::default(),
+            Some(text) => text
+                .parse()
+                .map_err(|error: UnknownAlgorithm| self.error("algorithm", error.to_string()))?,
+        };
+        if raw.rules.is_empty() && raw.max_in_flight.is_none() {
+            return Err(self.error("rules", "must list at least one rule"));
+        }
+        let mut rules = Vec::with_capacity(raw.rules.len());
+        for (i, rule) in raw.rules.iter().enumerate() {
+            // Checked here rather than left to the builder so the message names the field.
+            if rule.limit == 0 {
+                return Err(self.error(&format!("rules[{i}].limit"), "must be at least 1"));
+            }
+            let period = self.duration(&format!("rules[{i}].period"), &rule.period)?;
+            let mut parsed = Rule::new(rule.limit, period);
+            if let Some(burst) = rule.burst {
+                parsed = parsed.burst(burst);
+            }
+            rules.push(parsed);
+        }
+        let name = match &raw.name {
+            Some(name) => name.clone(),
+            None if policy::is_valid_name(&raw.path) => raw.path.clone(),
+            None => format!("route-{}", self.index),
+        };
+        let mut builder = Policy::builder(name)
+            .prefix(self.prefix)
+            .key(key)
+            .rules(rules)
+            .algorithm(algorithm)
+            // A policy per route keeps routes apart; the route's methods share its budget.
+            .scope(Scope::Policy)
+            .client_ip(self.client_ip.clone())
+            .on_store_error(self.on_store_error);
+        match &raw.prevent_duplicate {
+            None | Some(DuplicateConfig::On(false)) => {}
+            Some(DuplicateConfig::On(true)) => {
+                builder = builder.prevent_duplicate(policy::DEFAULT_DUPLICATE_WINDOW);
+            }
+            Some(DuplicateConfig::Rule(rule)) => {
+                if rule.limit.is_some_and(|limit| limit != 1) {
+                    return Err(self.error(
+                        "prevent_duplicate.limit",
+                        "the duplicate guard admits one request per period: leave out the \
+                         limit or make it 1 (use a rule for more)",
+                    ));
+                }
+                builder = builder
+                    .prevent_duplicate(self.duration("prevent_duplicate.period", &rule.period)?);
+            }
+        }
+        if let Some(text) = &raw.block_for {
+            builder = builder.block_for(self.duration("block_for", text)?);
+        }
+        let mode = match (raw.mode.as_deref(), &raw.max_delay) {
+            (None | Some("enforce"), None) => Mode::Enforce,
+            (Some("shadow"), None) => Mode::Shadow,
+            (Some("delay"), Some(text)) => Mode::Delay {
+                max_delay: self.duration("max_delay", text)?,
+            },
+            (Some("delay"), None) => {
+                return Err(self.error(
+                    "max_delay",
+                    "is required with mode = \"delay\": the longest a request may wait, such \
+                     as \"2s\"",
+                ));
+            }
+            (None | Some("enforce" | "shadow"), Some(_)) => {
+                return Err(self.error("max_delay", "applies only with mode = \"delay\""));
+            }
+            (Some(other), _) => {
+                return Err(self.error(
+                    "mode",
+                    format!(
+                        "unknown mode {other:?}: expected \"enforce\", \"shadow\" or \"delay\""
+                    ),
+                ));
+            }
+        };
+        builder = builder.mode(mode);
+        if let Some(name) = &raw.cost_header {
+            let header = HeaderName::try_from(name.as_str())
+                .map_err(|_| self.error("cost_header", format!("{name:?} is not a header name")))?;
+            builder = builder.cost_from_fn(move |parts| header_cost(parts, &header));
+        }
+        match (raw.max_in_flight, &raw.lease) {
+            (None, None) => {}
+            (Some(0), _) => return Err(self.error("max_in_flight", "must be at least 1")),
+            (Some(n), Some(text)) => {
+                builder = builder
+                    .max_in_flight(n)
+                    .lease(self.duration("lease", text)?);
+            }
+            (Some(_), None) => {
+                return Err(self.error(
+                    "lease",
+                    "is required with max_in_flight: the longest a request holds its slot, \
+                     such as \"30s\" (a crashed instance must not hold one for ever)",
+                ));
+            }
+            (None, Some(_)) => return Err(self.error("lease", "applies only with max_in_flight")),
+        }
+        if let Some(quota) = self.quota {
+            builder = builder.quota(quota.clone());
+        }
+        let policy = builder.build().map_err(|error| self.policy_error(error))?;
+        Ok(RouteLimit {
+            path: raw.path.clone(),
+            key: key_text.to_owned(),
+            policy,
+        })
+    }
+
+    /// Rephrases an error of `PolicyBuilder::build` so it names the field.
+    fn policy_error(&self, error: PolicyError) -> ConfigError {
+        match error {
+            PolicyError::InvalidBurst {
+                index: rule,
+                rule: text,
+                reason,
+                ..
+            } => {
+                // Most reasons are about the burst; a rate above one unit per microsecond is
+                // about the limit and period.
+                let field = if reason.contains("burst") {
+                    format!("rules[{rule}].burst")
+                } else {
+                    format!("rules[{rule}]")
+                };
+                self.error(&field, format!("{text}: {reason}"))
+            }
+            PolicyError::InvalidOption { option, reason, .. } => self.error(option, reason),
+            PolicyError::DuplicateRule {
+                index: rule,
+                first,
+                rule: text,
+                ..
+            } => self.error(
+                &format!("rules[{rule}]"),
+                format!("{text} is the same rule as rules[{first}]"),
+            ),
+            PolicyError::InvalidName {
+                what: "key prefix", ..
+            } => ConfigError::new("prefix", error.to_string()),
+            PolicyError::InvalidName { .. } => self.error("name", error.to_string()),
+            other => ConfigError::new(format!("routes[{}]", self.index), other.to_string()),
+        }
+    }
+}
+
+/// Checks the `[quota]` section and builds the quota every route shares.
+fn check_quota(raw: &QuotaConfig, prefix: &str) -> Result<Quota, ConfigError> {
+    let key = parse_key(raw.key.as_deref().unwrap_or("user"))
+        .map_err(|message| ConfigError::new("quota.key", message))?;
+    let tier_header = raw.tier_header.as_deref().unwrap_or(DEFAULT_TIER_HEADER);
+    let tier_header = HeaderName::try_from(tier_header).map_err(|_| {
+        ConfigError::new(
+            "quota.tier_header",
+            format!("{tier_header:?} is not a header name"),
+        )
+    })?;
+    if raw.tiers.is_empty() {
+        return Err(ConfigError::new(
+            "quota.tiers",
+            "must name at least one tier, such as { free = 100 }",
+        ));
+    }
+    let mut builder = Quota::builder("daily").prefix(prefix).key(key);
+    for (tier, limit) in &raw.tiers {
+        if *limit == 0 || *limit > policy::MAX_LIMIT {
+            return Err(ConfigError::new(
+                format!("quota.tiers.{tier}"),
+                "must be 1 to 2^35 requests per day",
+            ));
+        }
+        builder = builder.tier(tier.clone(), *limit);
+    }
+    match (&raw.default_tier, raw.tiers.len()) {
+        (Some(tier), _) if !raw.tiers.contains_key(tier) => {
+            return Err(ConfigError::new(
+                "quota.default_tier",
+                format!("{tier:?} is not one of the tiers"),
+            ));
+        }
+        (Some(tier), _) => builder = builder.default_tier(tier.clone()),
+        (None, 1) => {}
+        (None, _) => {
+            return Err(ConfigError::new(
+                "quota.default_tier",
+                "is required with more than one tier: the tier of requests without a known one",
+            ));
+        }
+    }
+    if let Some(percents) = &raw.alert_at {
+        if let Some(bad) = percents.iter().find(|p| !(1..=100).contains(*p)) {
+            return Err(ConfigError::new(
+                "quota.alert_at",
+                format!("{bad} is not a percent from 1 to 100"),
+            ));
+        }
+        builder = builder.alert_at(percents.iter().copied());
+    }
+    if let Some(text) = &raw.utc_offset {
+        let minutes = parse_utc_offset(text).ok_or_else(|| {
+            ConfigError::new(
+                "quota.utc_offset",
+                format!(
+                    "{text:?} is not an offset such as \"+00:00\", \"+05:30\" or \"-08:00\" (at \
+                     most 18 hours)"
+                ),
+            )
+        })?;
+        builder = builder.utc_offset_minutes(minutes);
+    }
+    if let Some(url) = &raw.alert_webhook {
+        if !url.starts_with("http://") {
+            return Err(ConfigError::new(
+                "quota.alert_webhook",
+                format!("{url:?} is not an http:// URL"),
+            ));
+        }
+        #[cfg(feature = "webhook")]
+        {
+            builder = builder.notifier(crate::alert::WebhookNotifier::new(url.clone()));
+        }
+        #[cfg(not(feature = "webhook"))]
+        return Err(ConfigError::new(
+            "quota.alert_webhook",
+            "needs the crate feature \"webhook\"",
+        ));
+    }
+    builder = builder.tier_from_fn(move |parts| {
+        let tier = parts.headers.get(&tier_header)?.to_str().ok()?;
+        Some(tier.trim().to_owned())
+    });
+    builder
+        .build()
+        .map_err(|error| ConfigError::new("quota", error.to_string()))
+}
+
+/// A key kind: `ip`, `user`, `global`, `header:<name>` or `query:<name>`.
+pub(super) fn parse_key(text: &str) -> Result<Key, String> {
+    match text {
+        "ip" => Ok(Key::ip()),
+        "user" => Ok(Key::user()),
+        "global" => Ok(Key::global()),
+        _ => match (text.strip_prefix("header:"), text.strip_prefix("query:")) {
+            (Some(name), _) => HeaderName::try_from(name)
+                .map(Key::header)
+                .map_err(|_| format!("{name:?} is not a valid header name (in {text:?})")),
+            (_, Some("")) => Err(format!("{text:?} names no query parameter")),
+            (_, Some(name)) => Ok(Key::query(name)),
+            (None, None) => Err(format!(
+                "unknown key {text:?}: expected \"ip\", \"user\", \"global\", \
+                 \"header:<name>\" or \"query:<name>\""
+            )),
+        },
+    }
+}
+
+/// A duration as people write it (`"500ms"`, `"10s"`, `"1m"`, `"1h30m"`, `"1d"`), through
+/// `humantime`; more than zero.
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        Ok(_) => Err(format!("{text:?} must be longer than zero")),
+        Err(error) => Err(format!(
+            "invalid duration {text:?} ({error}): expected a number and a unit, such as \
+             \"500ms\", \"10s\", \"1m\", \"1h30m\" or \"1d\""
+        )),
+    }
+}
+
+/// A CIDR, or a bare address meaning just that address.
+fn parse_cidr(text: &str) -> Option<IpNet> {
+    text.parse::<IpNet>()
+        .ok()
+        .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from))
+}
+
+/// `+HH:MM` or `-HH:MM` as minutes east of UTC, at most 18 hours.
+fn parse_utc_offset(text: &str) -> Option<i32> {
+    let (sign, rest) = match text.as_bytes().first()? {
+        b'+' => (1, &text[1..]),
+        b'-' => (-1, &text[1..]),
+        _ => return None,
+    };
+    let (hours, minutes) = rest.split_once(':')?;
+    if hours.len() != 2 || minutes.len() != 2 {
+        return None;
+    }
+    let (hours, minutes): (i32, i32) = (hours.parse().ok()?, minutes.parse().ok()?);
+    let total = hours * 60 + minutes;
+    (minutes < 60 && total <= 18 * 60).then_some(sign * total)
+}
+
+/// A request's cost from a header: a whole number of at least 1; absent or anything else: 1.
+/// The header is trusted, as an app trusts what its own gateway computed; it never panics on what
+/// a client sends.
+fn header_cost(parts: &http::request::Parts, header: &HeaderName) -> u64 {
+    parts
+        .headers
+        .get(header)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+        .filter(|&cost| cost >= 1)
+        .unwrap_or(1)
+}

@@ -1,0 +1,350 @@
+//! `RateLimitConfig` (feature `config`): the documented defaults of a minimal file, every example
+//! config loading, bad files refused naming the field with its line and column, other serde
+//! formats, and the policies applied to a router.
+#![cfg(feature = "config")]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::connect_info::MockConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use proptest::prelude::*;
+use tower::ServiceExt;
+use tower_redis_ratelimit::config::{ConfigFile, RateLimitConfig, StoreSpec};
+use tower_redis_ratelimit::{Algorithm, Mode, OnStoreError, Rule};
+
+const MINIMAL: &str = r#"
+[[routes]]
+path = "/api/ping"
+rules = [{ limit = 10, period = "1m" }]
+"#;
+
+#[test]
+fn a_minimal_file_gets_every_documented_default() {
+    let config = RateLimitConfig::from_toml_str(MINIMAL).unwrap();
+    assert_eq!(config.store_spec(), &StoreSpec::Memory);
+    assert_eq!(config.prefix(), "rl");
+    assert!(config.trusted_proxies().is_empty());
+    assert!(!config.legacy_headers());
+    let [route] = config.routes() else {
+        panic!("one route")
+    };
+    assert_eq!((route.path(), route.key()), ("/api/ping", "ip"));
+    let policy = route.policy();
+    assert_eq!(policy.name(), "/api/ping");
+    assert_eq!(policy.prefix(), "rl");
+    assert_eq!(policy.key().kind(), "ip");
+    assert_eq!(policy.algorithm(), Algorithm::SlidingLog);
+    assert_eq!(policy.mode(), Mode::Enforce);
+    assert_eq!(policy.on_store_error(), OnStoreError::Allow);
+    assert_eq!(policy.rules(), [Rule::per_minute(10)]);
+    assert!(policy.block_for().is_none() && policy.concurrency().is_none());
+    assert!(policy.quota().is_none());
+}
+
+#[test]
+fn durations_are_written_as_people_write_them() {
+    let text = r#"
+        [[routes]]
+        path = "/a"
+        rules = [{ limit = 1, period = "500ms" }, { limit = 2, period = "1h30m" }, { limit = 3, period = "1d" }]
+        block_for = "2m 30s"
+    "#;
+    let config = RateLimitConfig::from_toml_str(text).unwrap();
+    let policy = config.policy("/a").unwrap();
+    assert_eq!(
+        policy.rules(),
+        [
+            Rule::new(1, Duration::from_millis(500)),
+            Rule::new(2, Duration::from_secs(5400)),
+            Rule::per_day(3),
+        ]
+    );
+    assert_eq!(policy.block_for(), Some(Duration::from_secs(150)));
+}
+
+#[test]
+fn every_example_config_loads() {
+    let mut paths: Vec<_> = std::fs::read_dir("examples")
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "toml")
+        })
+        .collect();
+    paths.sort();
+    assert!(!paths.is_empty());
+    for path in paths {
+        let path = path.display();
+        let text = std::fs::read_to_string(path.to_string()).unwrap();
+        let config = RateLimitConfig::loader()
+            .app_fields(["listen", "metrics"])
+            .from_toml_str(&text)
+            .unwrap_or_else(|error| panic!("{path}: {error}"));
+        assert!(!config.routes().is_empty(), "{path}");
+        // Without the app's fields allowed, they are unknown fields.
+        let error = RateLimitConfig::from_toml_str(&text).unwrap_err();
+        assert_eq!(error.field(), "listen", "{path}: {error}");
+    }
+}
+
+/// A file of one route with `line` added to it, and the error it gets.
+fn route_error(line: &str) -> String {
+    let text = format!(
+        "prefix = \"p\"\n\n[[routes]]\npath = \"/a\"\nrules = [{{ limit = 5, period = \"1m\" }}]\n{line}\n"
+    );
+    RateLimitConfig::from_toml_str(&text)
+        .expect_err("the config should be refused")
+        .to_string()
+}
+
+#[test]
+fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
+    let cases = [
+        (
+            "algoritm = \"fixed_window\"",
+            "routes[0].algoritm: unknown field `algoritm`, expected one of `path`, `name`, `key`, \
+             `algorithm`, `rules`, `prevent_duplicate`, `block_for`, `mode`, `max_delay`, \
+             `cost_header`, `max_in_flight`, `lease` (line 6, column 1)",
+        ),
+        (
+            "algorithm = \"token\"",
+            "routes[0].algorithm: unknown algorithm \"token\": expected \"fixed_window\", \
+             \"sliding_log\", \"sliding_counter\" or \"token_bucket\" (line 6, column 13)",
+        ),
+        (
+            "key = \"cookie\"",
+            "routes[0].key: unknown key \"cookie\": expected \"ip\", \"user\", \"global\", \
+             \"header:<name>\" or \"query:<name>\" (line 6, column 7)",
+        ),
+        (
+            "key = 3",
+            "routes[0].key: invalid type: integer `3`, expected a string (line 6, column 7)",
+        ),
+        (
+            "block_for = \"soon\"",
+            "routes[0].block_for: invalid duration \"soon\" (expected number at 0): expected a \
+             number and a unit, such as \"500ms\", \"10s\", \"1m\", \"1h30m\" or \"1d\" (line \
+             6, column 13)",
+        ),
+        (
+            "block_for = \"0s\"",
+            "routes[0].block_for: \"0s\" must be longer than zero (line 6, column 13)",
+        ),
+        (
+            "mode = \"delay\"",
+            "routes[0].max_delay: is required with mode = \"delay\": the longest a request may \
+             wait, such as \"2s\" (line 3, column 1)",
+        ),
+        (
+            "mode = \"later\"",
+            "routes[0].mode: unknown mode \"later\": expected \"enforce\", \"shadow\" or \
+             \"delay\" (line 6, column 8)",
+        ),
+        (
+            "max_in_flight = 1",
+            "routes[0].lease: is required with max_in_flight: the longest a request holds its \
+             slot, such as \"30s\" (a crashed instance must not hold one for ever) (line 3, \
+             column 1)",
+        ),
+        (
+            "cost_header = \"x cost\"",
+            "routes[0].cost_header: \"x cost\" is not a header name (line 6, column 15)",
+        ),
+        (
+            "name = \"a b\"",
+            "routes[0].name: policy name \"a b\" must be 1 to 64 characters of letters, digits \
+             and -._~@+=!*(),/ (it is part of every store key) (line 6, column 8)",
+        ),
+    ];
+    for (line, expected) in cases {
+        assert_eq!(route_error(line), expected, "with {line:?}");
+    }
+}
+
+#[test]
+fn bad_rules_and_top_level_fields_are_refused_naming_the_field() {
+    let with_rules = |rules: &str| {
+        let text = format!("[[routes]]\npath = \"/a\"\nrules = {rules}\n");
+        RateLimitConfig::from_toml_str(&text)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        with_rules("[{ limit = 5, period = \"1m\" }, { limit = 0, period = \"1h\" }]"),
+        "routes[0].rules[1].limit: must be at least 1 (line 3, column 50)"
+    );
+    assert_eq!(
+        with_rules("[{ limit = 5 }]"),
+        "routes[0].rules[0]: missing field `period` (line 3, column 10)"
+    );
+    assert_eq!(
+        with_rules("[{ limit = -5, period = \"1m\" }]"),
+        "routes[0].rules[0].limit: invalid value: integer `-5`, expected u64 (line 3, column 20)"
+    );
+    assert_eq!(
+        with_rules("[{ limit = 5, period = \"1m\" }, { limit = 5, period = \"60s\" }]"),
+        "routes[0].rules[1]: 5 per 60s is the same rule as rules[0] (line 3, column 40)"
+    );
+    assert_eq!(
+        with_rules("[]"),
+        "routes[0].rules: must list at least one rule (line 3, column 9)"
+    );
+    let top = |line: &str| {
+        RateLimitConfig::from_toml_str(&format!("{line}\n{MINIMAL}"))
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        top("prefx = \"app\""),
+        "prefx: unknown field: expected store, prefix, on_store_error, store_timeout, \
+         trusted_proxies, forwarded_header, legacy_headers, tls_ca, tls_insecure, \
+         wait_for_replicas, routes or quota (line 1, column 9)"
+    );
+    assert_eq!(
+        top("store = \"disk\""),
+        "store: unknown store \"disk\": expected \"memory\" or a URL such as \
+         \"redis://127.0.0.1:6379/0\" (line 1, column 9)"
+    );
+    assert_eq!(
+        top("store = { clustr = [] }"),
+        "store.clustr: unknown field `clustr`, expected one of `cluster`, `sentinel`, `master` \
+         (line 1, column 11)"
+    );
+    assert_eq!(
+        top("trusted_proxies = [\"10.0.0.0/8\", \"proxy\"]"),
+        "trusted_proxies[1]: \"proxy\" is not a CIDR such as \"10.0.0.0/8\" or \"fd00::/8\" \
+         (line 1, column 34)"
+    );
+    assert_eq!(
+        top("on_store_error = \"maybe\""),
+        "on_store_error: unknown value \"maybe\": expected \"allow\" or \"deny\" (line 1, column 18)"
+    );
+    assert_eq!(
+        top("legacy_headers = \"yes\""),
+        "legacy_headers: invalid type: string \"yes\", expected a boolean (line 1, column 18)"
+    );
+    assert_eq!(
+        top("wait_for_replicas = 1"),
+        "wait_for_replicas: applies only to a Redis store, not \"memory\" (line 1, column 21)"
+    );
+    let duplicate = format!("{MINIMAL}{MINIMAL}");
+    assert_eq!(
+        RateLimitConfig::from_toml_str(&duplicate)
+            .unwrap_err()
+            .to_string(),
+        "routes[1].path: \"/api/ping\" is already used by routes[0] (line 7, column 8)"
+    );
+    assert_eq!(
+        RateLimitConfig::from_toml_str("routes = []")
+            .unwrap_err()
+            .to_string(),
+        "routes: must list at least one route (line 1, column 10)"
+    );
+    assert_eq!(
+        RateLimitConfig::from_toml_str("").unwrap_err().to_string(),
+        "missing field `routes` (line 1, column 1)"
+    );
+    let syntax = RateLimitConfig::from_toml_str("[[routes]\npath = 1").unwrap_err();
+    assert_eq!(syntax.location(), Some((1, 10)), "{syntax}");
+}
+
+#[test]
+fn other_serde_formats_get_the_same_checks() {
+    let json = serde_json::json!({
+        "prefix": "app",
+        "routes": [{ "path": "/a", "key": "user", "rules": [{ "limit": 3, "period": "1s" }] }],
+    });
+    let config: RateLimitConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(config.policy("/a").unwrap().key().kind(), "user");
+    assert_eq!(config.prefix(), "app");
+    let bad = serde_json::json!({ "routes": [{ "path": "/a", "rules": [{ "limit": 0, "period": "1s" }] }] });
+    let error = serde_json::from_value::<RateLimitConfig>(bad).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "routes[0].rules[0].limit: must be at least 1"
+    );
+    // The file format itself, for tools that edit it.
+    let file: ConfigFile = toml::from_str(MINIMAL).unwrap();
+    assert_eq!(file.routes[0].path, "/api/ping");
+}
+
+async fn status(app: &Router, path: &str) -> StatusCode {
+    let request = Request::get(path).body(Body::empty()).unwrap();
+    app.clone().oneshot(request).await.unwrap().status()
+}
+
+#[tokio::test]
+async fn apply_limits_each_route_by_its_policy_and_leaves_the_others_alone() {
+    let config = RateLimitConfig::from_toml_str(
+        r#"
+        legacy_headers = true
+        [[routes]]
+        path = "/two"
+        rules = [{ limit = 2, period = "1m" }]
+        [[routes]]
+        path = "/users/{id}"
+        key = "global"
+        rules = [{ limit = 1, period = "1m" }]
+        "#,
+    )
+    .unwrap();
+    let router = Router::new()
+        .route("/two", get(|| async { "two" }))
+        .route("/users/{id}", get(|| async { "user" }))
+        .route("/free", get(|| async { "free" }));
+    let app = config
+        .apply(router)
+        .unwrap()
+        .layer(MockConnectInfo(SocketAddr::from(([127, 0, 0, 1], 4000))));
+    assert_eq!(status(&app, "/two").await, StatusCode::OK);
+    let request = Request::get("/two").body(Body::empty()).unwrap();
+    let second = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(second.headers()["x-ratelimit-remaining"], "0");
+    assert_eq!(status(&app, "/two").await, StatusCode::TOO_MANY_REQUESTS);
+    // A templated path: every user shares the one global count of its route.
+    assert_eq!(status(&app, "/users/1").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "/users/2").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    for _ in 0..5 {
+        assert_eq!(status(&app, "/free").await, StatusCode::OK);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the text, the loader answers (a config or an error), never panics.
+    #[test]
+    fn random_text_never_panics_the_loader(text in "\\PC{0,200}") {
+        let _ = RateLimitConfig::from_toml_str(&text);
+    }
+
+    /// Nor does TOML that is well formed but says anything at all in the known fields.
+    #[test]
+    fn random_values_in_known_fields_never_panic_the_loader(
+        limit in prop_oneof![Just("0".to_owned()), Just("-1".to_owned()), "[0-9]{1,20}", Just("\"x\"".to_owned())],
+        period in prop_oneof![Just("\"1m\"".to_owned()), "\"[0-9a-zµ ]{0,12}\"", Just("5".to_owned())],
+        key in prop_oneof![Just("\"ip\"".to_owned()), "\"(header|query):[ -~]{0,8}\"", "\"[a-z]{0,6}\""],
+        extra in prop_oneof![
+            Just(String::new()),
+            "block_for = \"[0-9a-z]{0,6}\"",
+            "mode = \"(delay|shadow|x)\"",
+            "max_in_flight = [0-9]{1,3}",
+            "lease = \"[0-9]{1,3}(ms|s|d)\"",
+            "burst = [0-9]{1,3}",
+        ],
+    ) {
+        let text = format!(
+            "[[routes]]\npath = \"/a\"\nkey = {key}\nalgorithm = \"token_bucket\"\n{extra}\nrules = [{{ limit = {limit}, period = {period} }}]\n"
+        );
+        let _ = RateLimitConfig::from_toml_str(&text);
+    }
+}
