@@ -11,17 +11,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::extract::Query;
 use axum::routing::get;
+use axum::{Extension, Router};
 use common::redis_server::{TestRedis, unique_prefix};
 use common::serve;
 use http::StatusCode;
 use redis::Commands;
 use tower_redis_ratelimit::store::CheckRequest;
 use tower_redis_ratelimit::{
-    Decision, Key, MemoryStore, Mode, Policy, PolicyBuilder, RateLimitLayer, RedisStore, Rule,
-    Store,
+    Decision, Key, LimitPolicy, LimitStore, Limited, MemoryStore, Mode, Policy, PolicyBuilder,
+    PolicyError, RateLimitLayer, RedisStore, Rule, Store,
 };
 
 #[derive(serde::Deserialize)]
@@ -682,4 +682,55 @@ async fn a_newcomer_queues_behind_waiting_jobs_on_redis() {
 async fn a_newcomer_queues_behind_waiting_jobs_in_memory() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     a_newcomer_queues_behind_waiting_jobs([store.clone(), store], "mem").await;
+}
+
+/// One job at a time, waiting up to 10 s for the slot, declared next to its handler.
+struct OneJobWaiting;
+
+impl LimitPolicy for OneJobWaiting {
+    fn policy() -> Result<Policy, PolicyError> {
+        one_per_user_waiting("extractor", Duration::from_secs(10)).build()
+    }
+}
+
+/// The `Limited` extractor waits for a slot as the layer does: three jobs sent 40 ms apart all
+/// run, one at a time, in the order they came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extractor_waits_for_a_slot_in_delay_mode() {
+    let log = Arc::new(JobLog::default());
+    let app = Router::new()
+        .route(
+            "/work",
+            get(
+                |slot: Limited<OneJobWaiting>,
+                 Extension(log): Extension<Arc<JobLog>>,
+                 Query(work): Query<NumberedWork>| async move {
+                    // Held until the handler is done (a closure's unused argument would not be).
+                    let _slot = slot;
+                    log.started.lock().unwrap().push(work.n);
+                    let running = log.running.fetch_add(1, Ordering::SeqCst) + 1;
+                    log.most_running.fetch_max(running, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(work.ms)).await;
+                    log.running.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                },
+            ),
+        )
+        .layer(Extension(log.clone()))
+        .layer(Extension(LimitStore::new(MemoryStore::new())));
+    let addr = serve(app).await;
+    let client = client();
+    let mut jobs = Vec::new();
+    for n in 0..3 {
+        let client = client.clone();
+        jobs.push(tokio::spawn(async move {
+            numbered_work(&client, addr, 150, n).await.status()
+        }));
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    for job in jobs {
+        assert_eq!(job.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(*log.started.lock().unwrap(), vec![0, 1, 2]);
+    assert_eq!(log.most_running.load(Ordering::SeqCst), 1);
 }
