@@ -476,19 +476,24 @@ struct JobLog {
     most_running: AtomicUsize,
 }
 
+impl JobLog {
+    /// Job `work.n`: logged, then `work.ms` of work.
+    async fn run(&self, work: NumberedWork) -> &'static str {
+        self.started.lock().unwrap().push(work.n);
+        let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_running.fetch_max(running, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(work.ms)).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        "done"
+    }
+}
+
 /// `GET /work?ms=N&n=I` answers after N ms, logging job I in `log`; limited by `policy` in `store`.
 fn tracked_app(policy: Policy, store: Arc<dyn Store>, log: Arc<JobLog>) -> Router {
     Router::new()
         .route(
             "/work",
-            get(move |Query(work): Query<NumberedWork>| async move {
-                log.started.lock().unwrap().push(work.n);
-                let running = log.running.fetch_add(1, Ordering::SeqCst) + 1;
-                log.most_running.fetch_max(running, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(work.ms)).await;
-                log.running.fetch_sub(1, Ordering::SeqCst);
-                "done"
-            }),
+            get(move |Query(work): Query<NumberedWork>| async move { log.run(work).await }),
         )
         .layer(RateLimitLayer::new(policy, store))
 }
@@ -707,12 +712,7 @@ async fn the_extractor_waits_for_a_slot_in_delay_mode() {
                  Query(work): Query<NumberedWork>| async move {
                     // Held until the handler is done (a closure's unused argument would not be).
                     let _slot = slot;
-                    log.started.lock().unwrap().push(work.n);
-                    let running = log.running.fetch_add(1, Ordering::SeqCst) + 1;
-                    log.most_running.fetch_max(running, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(work.ms)).await;
-                    log.running.fetch_sub(1, Ordering::SeqCst);
-                    "done"
+                    log.run(work).await
                 },
             ),
         )
