@@ -133,16 +133,25 @@ async fn one_job_at_a_time_across_two_instances(stores: [Arc<dyn Store>; 2], pre
 async fn one_job_at_a_time_on_one_redis() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("conc");
-    let store = || -> Arc<dyn Store> { Arc::new(RedisStore::from_url(&redis.url).unwrap()) };
-    one_job_at_a_time_across_two_instances([store(), store()], &prefix).await;
+    one_job_at_a_time_across_two_instances(two_redis_instances(&redis), &prefix).await;
     // The lease set, if the last release is still on its way (an empty one is gone).
     assert!(assert_every_key_expires(&redis, &prefix) <= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_job_at_a_time_on_one_memory_store() {
+    one_job_at_a_time_across_two_instances(two_instances_in_one_memory_store(), "mem").await;
+}
+
+/// Two instances' stores on one Redis.
+fn two_redis_instances(redis: &TestRedis) -> [Arc<dyn Store>; 2] {
+    [(); 2].map(|()| -> Arc<dyn Store> { Arc::new(RedisStore::from_url(&redis.url).unwrap()) })
+}
+
+/// Two instances sharing one memory store (each layer hears only of its own releases).
+fn two_instances_in_one_memory_store() -> [Arc<dyn Store>; 2] {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    one_job_at_a_time_across_two_instances([store.clone(), store], "mem").await;
+    [store.clone(), store]
 }
 
 /// Every key under `prefix` has an expiry (a lease set outlives its leases by nothing); how many
@@ -418,14 +427,12 @@ async fn a_token_is_used_once(stores: [Arc<dyn Store>; 2], prefix: &str) {
 async fn a_token_is_used_once_on_redis() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("token");
-    let store = || -> Arc<dyn Store> { Arc::new(RedisStore::from_url(&redis.url).unwrap()) };
-    a_token_is_used_once([store(), store()], &prefix).await;
+    a_token_is_used_once(two_redis_instances(&redis), &prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_is_used_once_in_memory() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    a_token_is_used_once([store.clone(), store], "mem").await;
+    a_token_is_used_once(two_instances_in_one_memory_store(), "mem").await;
 }
 
 #[test]
@@ -587,15 +594,14 @@ async fn waiting_jobs_find_slots_freed_by_another_instance(
 async fn waiting_jobs_find_slots_freed_by_another_instance_on_redis() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("poll");
-    let store = || -> Arc<dyn Store> { Arc::new(RedisStore::from_url(&redis.url).unwrap()) };
-    waiting_jobs_find_slots_freed_by_another_instance([store(), store()], &prefix).await;
+    waiting_jobs_find_slots_freed_by_another_instance(two_redis_instances(&redis), &prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_jobs_find_slots_freed_by_another_instance_in_memory() {
     // Two layers over one store: neither hears of the other's releases.
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    waiting_jobs_find_slots_freed_by_another_instance([store.clone(), store], "mem").await;
+    waiting_jobs_find_slots_freed_by_another_instance(two_instances_in_one_memory_store(), "mem")
+        .await;
 }
 
 /// A job that can't get the slot within `max_delay` is refused after waiting that long, with the
@@ -679,14 +685,12 @@ async fn a_newcomer_queues_behind_waiting_jobs(stores: [Arc<dyn Store>; 2], pref
 async fn a_newcomer_queues_behind_waiting_jobs_on_redis() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("queue");
-    let store = || -> Arc<dyn Store> { Arc::new(RedisStore::from_url(&redis.url).unwrap()) };
-    a_newcomer_queues_behind_waiting_jobs([store(), store()], &prefix).await;
+    a_newcomer_queues_behind_waiting_jobs(two_redis_instances(&redis), &prefix).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_queues_behind_waiting_jobs_in_memory() {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    a_newcomer_queues_behind_waiting_jobs([store.clone(), store], "mem").await;
+    a_newcomer_queues_behind_waiting_jobs(two_instances_in_one_memory_store(), "mem").await;
 }
 
 /// One job at a time, waiting up to 10 s for the slot, declared next to its handler.
