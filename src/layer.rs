@@ -65,6 +65,11 @@ impl RateLimitLayer {
         })
     }
 
+    /// The layer of a limiter built elsewhere (a configuration's route).
+    pub(crate) fn from_limiter(limiter: Arc<Limiter>) -> Self {
+        RateLimitLayer { limiter }
+    }
+
     /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (the Unix
     /// time of the reset, in seconds) for the rule closest to running out, as GitHub does.
     pub fn legacy_headers(mut self, enabled: bool) -> Self {

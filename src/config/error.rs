@@ -48,9 +48,10 @@ impl ConfigError {
         self
     }
 
-    /// Points the error at its field in the TOML `text`: the value, or for a missing field the
-    /// table that lacks it.
-    pub(crate) fn locate_in_toml(self, text: &str) -> Self {
+    /// Points the error at its field in the TOML `text` it was found in: the value, or for a
+    /// missing field the table that lacks it. For an app's own checks of a file this crate read,
+    /// so its errors name a line and column like the crate's.
+    pub fn locate_in_toml(self, text: &str) -> Self {
         let span = toml_span(text, &self.field);
         self.at_span(text, span)
     }

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower::{BoxError, Layer, Service};
 
+use crate::RateLimitLayer;
 use crate::future::ResponseFuture;
 use crate::limiter::Limiter;
 use crate::service::limit_call;
@@ -29,6 +30,21 @@ impl RouteLimitsLayer {
         RouteLimitsLayer {
             limiters: Arc::new(limiters),
         }
+    }
+}
+
+impl RouteLimitsLayer {
+    /// A [`RateLimitLayer`] for each route's policy, sharing the route's counts, its
+    /// [`top_refused`](RateLimitLayer::top_refused) summary and its shadow count: for operator
+    /// endpoints ([`inspect`](RateLimitLayer::inspect), [`reset`](RateLimitLayer::reset)). Sorted
+    /// by path.
+    pub fn layers(&self) -> Vec<RateLimitLayer> {
+        let mut routes: Vec<(&String, &Arc<Limiter>)> = self.limiters.iter().collect();
+        routes.sort_by(|a, b| a.0.cmp(b.0));
+        routes
+            .into_iter()
+            .map(|(_, limiter)| RateLimitLayer::from_limiter(limiter.clone()))
+            .collect()
     }
 }
 
