@@ -66,6 +66,7 @@ impl RateLimitLayer {
     }
 
     /// The layer of a limiter built elsewhere (a configuration's route).
+    #[cfg(feature = "config")]
     pub(crate) fn from_limiter(limiter: Arc<Limiter>) -> Self {
         RateLimitLayer { limiter }
     }

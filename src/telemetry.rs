@@ -198,6 +198,12 @@ mod handles {
         )
         .increment(1);
     }
+
+    /// Counts a reload of a configuration (`applied` or `refused`).
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn config_reload(outcome: &'static str) {
+        counter!("ratelimit_config_reloads_total", "outcome" => outcome).increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -220,8 +226,13 @@ mod handles {
     }
 
     pub(crate) fn quota_alert(_quota: &str, _percent: u8, _outcome: &'static str) {}
+
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn config_reload(_outcome: &'static str) {}
 }
 
+#[cfg_attr(not(feature = "config"), allow(unused_imports))]
+pub(crate) use handles::config_reload;
 pub(crate) use handles::{PolicyMetrics, quota_alert};
 
 #[cfg(test)]

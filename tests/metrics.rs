@@ -376,3 +376,30 @@ impl QuotaNotifier for FailsAt100 {
         })
     }
 }
+
+#[cfg(feature = "config")]
+#[tokio::test]
+async fn config_reloads_are_counted_by_outcome() {
+    use tower_redis_ratelimit::config::RateLimitConfig;
+
+    prometheus();
+    let reloads = |outcome| value("ratelimit_config_reloads_total", &[("outcome", outcome)]);
+    let good = "[[routes]]\npath = \"/m_reload\"\nrules = [{ limit = 1, period = \"1m\" }]\n";
+    let limits = RateLimitConfig::from_toml_str(good)
+        .unwrap()
+        .route_limits(Arc::new(MemoryStore::new()))
+        .unwrap();
+    let (applied, refused) = (reloads("applied"), reloads("refused"));
+    limits
+        .reload(&RateLimitConfig::from_toml_str(&good.replace("1m", "2m")).unwrap())
+        .unwrap();
+    let path = std::env::temp_dir().join(format!("trr-metrics-{}.toml", std::process::id()));
+    std::fs::write(&path, good.replace("limit = 1", "limit = 0")).unwrap();
+    let error = limits
+        .reload_from_path(&RateLimitConfig::loader(), &path)
+        .unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(error.field(), "routes[0].rules[0].limit");
+    assert_eq!(reloads("applied") - applied, 1.0);
+    assert_eq!(reloads("refused") - refused, 1.0);
+}

@@ -1,6 +1,7 @@
 //! Checks a [`ConfigFile`] into policies, naming the first bad field.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -8,7 +9,9 @@ use ipnet::IpNet;
 
 use super::file::{ConfigFile, DuplicateConfig, QuotaConfig, RouteConfig};
 use super::store::{RedisSettings, StoreSpec, check_store, check_tls};
-use super::{ConfigError, DEFAULT_PREFIX, RateLimitConfig, RouteLimit};
+use super::{
+    ConfigError, DEFAULT_PREFIX, RateLimitConfig, RouteLimit, RouteSource, SharedSettings,
+};
 use crate::client_ip::{ClientIp, ForwardedHeader};
 use crate::key::Key;
 use crate::policy::{
@@ -99,6 +102,16 @@ pub(super) fn check_file(
         .as_ref()
         .map(|quota| check_quota(quota, prefix))
         .transpose()?;
+    // What every route's policy is built from besides its own entry: a reload keeps a route's
+    // limiter only when this and the entry are unchanged.
+    let settings = Arc::new(SharedSettings {
+        prefix: prefix.to_owned(),
+        on_store_error: file.on_store_error.clone(),
+        trusted_proxies: file.trusted_proxies.clone(),
+        forwarded_header: file.forwarded_header.clone(),
+        legacy_headers: file.legacy_headers,
+        quota: file.quota.clone(),
+    });
     let mut routes: Vec<RouteLimit> = Vec::with_capacity(file.routes.len());
     for (index, raw) in file.routes.iter().enumerate() {
         let route = RouteCheck {
@@ -107,6 +120,7 @@ pub(super) fn check_file(
             client_ip: &client_ip,
             on_store_error,
             quota: quota.as_ref(),
+            settings: &settings,
         }
         .check(raw)?;
         if let Some(first) = routes.iter().position(|earlier| earlier.path == route.path) {
@@ -150,6 +164,7 @@ struct RouteCheck<'a> {
     client_ip: &'a ClientIp,
     on_store_error: OnStoreError,
     quota: Option<&'a Quota>,
+    settings: &'a Arc<SharedSettings>,
 }
 
 impl RouteCheck<'_> {
@@ -279,6 +294,11 @@ impl RouteCheck<'_> {
             path: raw.path.clone(),
             key: key_text.to_owned(),
             policy,
+            source: RouteSource {
+                route: raw.clone(),
+                index: self.index,
+                settings: self.settings.clone(),
+            },
         })
     }
 

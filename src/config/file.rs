@@ -58,7 +58,7 @@ pub struct ConfigFile {
 }
 
 /// A `[[routes]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// The route's path, as given to axum's `Router::route`.
@@ -99,7 +99,7 @@ pub struct RouteConfig {
 }
 
 /// One rule: at most `limit` per `period`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
     /// Requests (or cost units) per period.
@@ -112,7 +112,7 @@ pub struct RuleConfig {
 }
 
 /// `prevent_duplicate`: `true`/`false`, or a table with the window.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
 pub enum DuplicateConfig {
     /// `true` (a 5-second window) or `false` (off).
@@ -122,7 +122,7 @@ pub enum DuplicateConfig {
 }
 
 /// The duplicate guard's window.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DuplicateRule {
     /// 1 if given: the guard admits one request per period.
@@ -133,7 +133,7 @@ pub struct DuplicateRule {
 }
 
 /// The `[quota]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaConfig {
     /// As for routes (default `"user"`).

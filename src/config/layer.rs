@@ -1,59 +1,232 @@
 //! [`RouteLimitsLayer`]: the policies of a configuration on the routes they name, as one
-//! `route_layer` that picks each request's policy by its matched path.
+//! `route_layer` that picks each request's policy by its matched path, and swaps them all at once
+//! on a reload.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
+use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::MatchedPath;
 use bytes::Bytes;
 use http::{Request, Response};
 use tower::{BoxError, Layer, Service};
 
+use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteSource, StoreSpec};
 use crate::RateLimitLayer;
 use crate::future::ResponseFuture;
 use crate::limiter::Limiter;
 use crate::service::limit_call;
+use crate::store::Store;
+use crate::telemetry;
 
 /// Limits each request by the policy of its route (axum's [`MatchedPath`]); a route without one
-/// is not limited. Made by [`RateLimitConfig::apply`](super::RateLimitConfig::apply); add it
-/// with `Router::route_layer`, which runs it after routing.
+/// is not limited. Made by [`RateLimitConfig::route_limits`] (and
+/// [`RateLimitConfig::apply`](super::RateLimitConfig::apply)); add it with `Router::route_layer`,
+/// which runs it after routing.
+///
+/// Its policies can be replaced while it serves, all at once ([`RouteLimitsLayer::reload`],
+/// or a [`ConfigWatcher`](super::ConfigWatcher) on the file): each request reads the route table
+/// once, so it runs wholly under the old policies or wholly under the new ones, and requests in
+/// flight finish under those they started with. Clones share the table.
 #[derive(Clone)]
 pub struct RouteLimitsLayer {
-    limiters: Arc<HashMap<String, Arc<Limiter>>>,
+    shared: Arc<Shared>,
+}
+
+/// What the layer's clones and services share.
+struct Shared {
+    /// Where every route counts; a reload keeps it (a new store needs a restart).
+    store: Arc<dyn Store>,
+    /// The `store` of the file the layer was built from, to warn when a reload names another.
+    store_spec: StoreSpec,
+    routes: ArcSwap<RouteTable>,
+    applied: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// The limiter of each limited path, and what it was built from.
+#[derive(Default)]
+struct RouteTable {
+    by_path: HashMap<String, Route>,
+}
+
+struct Route {
+    limiter: Arc<Limiter>,
+    source: RouteSource,
+}
+
+/// What a reload changed, route by route (a route is its path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ReloadSummary {
+    /// Routes whose entry and shared settings are unchanged: they keep their limiter as it was.
+    pub kept: usize,
+    /// Routes whose policy changed: a new limiter. Rules that are the same (limit and period)
+    /// keep their counts, which live in the store under the same keys.
+    pub changed: usize,
+    /// Routes new to the file.
+    pub added: usize,
+    /// Routes no longer in the file: unlimited from now on.
+    pub removed: usize,
 }
 
 impl RouteLimitsLayer {
-    pub(super) fn new(limiters: HashMap<String, Arc<Limiter>>) -> Self {
-        RouteLimitsLayer {
-            limiters: Arc::new(limiters),
+    /// The layer of `config`'s routes, counting in `store`.
+    pub(super) fn build(
+        config: &RateLimitConfig,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, ConfigError> {
+        let (table, _) = RouteTable::build(config, &store, &RouteTable::default())?;
+        Ok(RouteLimitsLayer {
+            shared: Arc::new(Shared {
+                store,
+                store_spec: config.store.clone(),
+                routes: ArcSwap::from_pointee(table),
+                applied: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Replaces every route's policy with `config`'s, at once. Routes whose entry (and the
+    /// settings every policy takes) did not change keep their limiter; the others get a new one,
+    /// whose unchanged rules still find their counts in the store. The store stays the one the
+    /// layer was built with. On an error nothing changes.
+    ///
+    /// Each call is counted ([`reload_counts`](Self::reload_counts), and the
+    /// `ratelimit_config_reloads_total` metric with `outcome` `applied` or `refused`) and logged.
+    pub fn reload(&self, config: &RateLimitConfig) -> Result<ReloadSummary, ConfigError> {
+        let current = self.shared.routes.load();
+        match RouteTable::build(config, &self.shared.store, &current) {
+            Ok((table, summary)) => {
+                if config.store != self.shared.store_spec {
+                    tracing::warn!(
+                        from = %self.shared.store_spec,
+                        to = %config.store,
+                        "the new configuration names another store: it takes a restart; the \
+                         policies are reloaded, counting where they did"
+                    );
+                }
+                self.shared.routes.store(Arc::new(table));
+                self.shared.applied.fetch_add(1, Ordering::Relaxed);
+                telemetry::config_reload("applied");
+                tracing::info!(
+                    kept = summary.kept,
+                    changed = summary.changed,
+                    added = summary.added,
+                    removed = summary.removed,
+                    "rate-limit configuration reloaded"
+                );
+                Ok(summary)
+            }
+            Err(error) => Err(self.refuse(error, "")),
         }
     }
-}
 
-impl RouteLimitsLayer {
-    /// A [`RateLimitLayer`] for each route's policy, sharing the route's counts, its
+    /// Reads the TOML file at `path` with `loader` and [reloads](Self::reload) it. A file that
+    /// can't be read or fails a check changes nothing: the error, naming the field, is logged,
+    /// counted and returned.
+    pub fn reload_from_path(
+        &self,
+        loader: &ConfigLoader,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<ReloadSummary, ConfigError> {
+        let path = path.as_ref();
+        match loader.from_path(path) {
+            Ok(config) => self.reload(&config),
+            Err(error) => Err(self.refuse(error, &path.display().to_string())),
+        }
+    }
+
+    /// Counts, logs and returns a refused reload.
+    pub(super) fn refuse(&self, error: ConfigError, source: &str) -> ConfigError {
+        self.shared.refused.fetch_add(1, Ordering::Relaxed);
+        telemetry::config_reload("refused");
+        tracing::error!(
+            source,
+            %error,
+            "rate-limit configuration NOT reloaded: the previous policies stay"
+        );
+        error
+    }
+
+    /// How many reloads were applied and how many refused, since the layer was built.
+    pub fn reload_counts(&self) -> (u64, u64) {
+        (
+            self.shared.applied.load(Ordering::Relaxed),
+            self.shared.refused.load(Ordering::Relaxed),
+        )
+    }
+
+    /// A [`RateLimitLayer`] for each route's policy as it is now, sharing the route's counts, its
     /// [`top_refused`](RateLimitLayer::top_refused) summary and its shadow count: for operator
     /// endpoints ([`inspect`](RateLimitLayer::inspect), [`reset`](RateLimitLayer::reset)). Sorted
-    /// by path.
+    /// by path. Call it again after a reload.
     pub fn layers(&self) -> Vec<RateLimitLayer> {
-        let mut routes: Vec<(&String, &Arc<Limiter>)> = self.limiters.iter().collect();
+        let table = self.shared.routes.load();
+        let mut routes: Vec<(&String, &Route)> = table.by_path.iter().collect();
         routes.sort_by(|a, b| a.0.cmp(b.0));
         routes
             .into_iter()
-            .map(|(_, limiter)| RateLimitLayer::from_limiter(limiter.clone()))
+            .map(|(_, route)| RateLimitLayer::from_limiter(route.limiter.clone()))
             .collect()
+    }
+}
+
+impl RouteTable {
+    /// The table of `config`'s routes, reusing `current`'s limiter of each route whose source is
+    /// unchanged.
+    fn build(
+        config: &RateLimitConfig,
+        store: &Arc<dyn Store>,
+        current: &RouteTable,
+    ) -> Result<(RouteTable, ReloadSummary), ConfigError> {
+        let mut summary = ReloadSummary::default();
+        let mut by_path = HashMap::with_capacity(config.routes.len());
+        for (index, route) in config.routes.iter().enumerate() {
+            let limiter = match current.by_path.get(&route.path) {
+                Some(old) if old.source == route.source => {
+                    summary.kept += 1;
+                    old.limiter.clone()
+                }
+                old => {
+                    if old.is_some() {
+                        summary.changed += 1;
+                    } else {
+                        summary.added += 1;
+                    }
+                    let mut limiter = Limiter::try_new(route.policy.clone(), store.clone())
+                        .map_err(|error| {
+                            ConfigError::new(format!("routes[{index}]"), error.to_string())
+                        })?;
+                    limiter.legacy_headers = config.legacy_headers;
+                    Arc::new(limiter)
+                }
+            };
+            let source = route.source.clone();
+            by_path.insert(route.path.clone(), Route { limiter, source });
+        }
+        summary.removed = current
+            .by_path
+            .keys()
+            .filter(|path| !by_path.contains_key(*path))
+            .count();
+        Ok((RouteTable { by_path }, summary))
     }
 }
 
 impl fmt::Debug for RouteLimitsLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut paths: Vec<&String> = self.limiters.keys().collect();
+        let table = self.shared.routes.load();
+        let mut paths: Vec<&String> = table.by_path.keys().collect();
         paths.sort();
         f.debug_struct("RouteLimitsLayer")
             .field("paths", &paths)
+            .field("reloads", &self.reload_counts())
             .finish()
     }
 }
@@ -64,7 +237,7 @@ impl<S> Layer<S> for RouteLimitsLayer {
     fn layer(&self, inner: S) -> Self::Service {
         RouteLimits {
             inner,
-            limiters: self.limiters.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -73,7 +246,7 @@ impl<S> Layer<S> for RouteLimitsLayer {
 #[derive(Clone)]
 pub struct RouteLimits<S> {
     inner: S,
-    limiters: Arc<HashMap<String, Arc<Limiter>>>,
+    shared: Arc<Shared>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for RouteLimits<S> {
@@ -99,12 +272,14 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let limiter = request
+        // One read of the table: the request runs under this one policy to its end.
+        let table = self.shared.routes.load();
+        let route = request
             .extensions()
             .get::<MatchedPath>()
-            .and_then(|path| self.limiters.get(path.as_str()));
-        match limiter {
-            Some(limiter) => limit_call(limiter, &mut self.inner, request),
+            .and_then(|path| table.by_path.get(path.as_str()));
+        match route {
+            Some(route) => limit_call(&route.limiter, &mut self.inner, request),
             None => ResponseFuture::inner(self.inner.call(request), None, None),
         }
     }

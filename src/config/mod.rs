@@ -56,8 +56,8 @@ mod error;
 pub mod file;
 mod layer;
 mod store;
+mod watch;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -67,11 +67,11 @@ use serde::{Deserialize, Deserializer};
 
 pub use error::ConfigError;
 pub use file::ConfigFile;
-pub use layer::{RouteLimits, RouteLimitsLayer};
+pub use layer::{ReloadSummary, RouteLimits, RouteLimitsLayer};
 pub use store::StoreSpec;
+pub use watch::{ConfigWatcher, DEFAULT_POLL_INTERVAL};
 
 use crate::RateLimitLayer;
-use crate::limiter::Limiter;
 use crate::policy::Policy;
 use crate::store::{Store, StoreError};
 use store::RedisSettings;
@@ -101,6 +101,28 @@ pub struct RouteLimit {
     path: String,
     key: String,
     policy: Policy,
+    source: RouteSource,
+}
+
+/// What a route's policy was built from: its entry as written, its place in the file (a default
+/// name depends on it) and the file's settings that every policy takes. Two equal sources build
+/// the same policy, so a reload keeps that route's limiter (and its caches) as it is.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RouteSource {
+    route: file::RouteConfig,
+    index: usize,
+    settings: Arc<SharedSettings>,
+}
+
+/// The top-level fields that go into every route's policy.
+#[derive(Debug, PartialEq)]
+pub(crate) struct SharedSettings {
+    prefix: String,
+    on_store_error: Option<String>,
+    trusted_proxies: Vec<String>,
+    forwarded_header: Option<String>,
+    legacy_headers: bool,
+    quota: Option<file::QuotaConfig>,
 }
 
 impl RouteLimit {
@@ -187,16 +209,9 @@ impl RateLimitConfig {
     }
 
     /// The layer that limits every route of the file by its policy, picking each request's by
-    /// its matched path, counting in `store`.
+    /// its matched path, counting in `store`; it can [reload](RouteLimitsLayer::reload) later.
     pub fn route_limits(&self, store: Arc<dyn Store>) -> Result<RouteLimitsLayer, ConfigError> {
-        let mut limiters = HashMap::with_capacity(self.routes.len());
-        for (index, route) in self.routes.iter().enumerate() {
-            let mut limiter = Limiter::try_new(route.policy.clone(), store.clone())
-                .map_err(|error| ConfigError::new(format!("routes[{index}]"), error.to_string()))?;
-            limiter.legacy_headers = self.legacy_headers;
-            limiters.insert(route.path.clone(), Arc::new(limiter));
-        }
-        Ok(RouteLimitsLayer::new(limiters))
+        RouteLimitsLayer::build(self, store)
     }
 
     /// Adds each route's policy to `router`'s route of that path, counting in the configured

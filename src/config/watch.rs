@@ -1,0 +1,158 @@
+//! [`ConfigWatcher`]: reloads a [`RouteLimitsLayer`] when its file changes, or on `SIGHUP`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::{ConfigLoader, RouteLimitsLayer};
+
+/// How often the file is read by default to see whether it changed.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Reloads a [`RouteLimitsLayer`] from a TOML file whenever the file's contents change, and on
+/// `SIGHUP` (Unix) whether they changed or not, as servers such as nginx do.
+///
+/// The file is read every [`poll_interval`](Self::poll_interval) (default one second) and
+/// compared with what was last read: plain reads work the same on every platform, in containers
+/// and on network mounts, and editors that replace the file by renaming are seen like any other.
+/// A file that can't be read for a moment (being replaced) is tried again at the next poll. A
+/// change that fails a check keeps the old policies and is logged naming its field, once, until
+/// the file changes again. Every reload is counted ([`RouteLimitsLayer::reload_counts`]).
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use axum::{Router, routing::get};
+/// use tower_redis_ratelimit::config::{ConfigWatcher, RateLimitConfig};
+///
+/// let loader = RateLimitConfig::loader();
+/// let config = loader.from_path("limits.toml")?;
+/// let limits = config.route_limits(config.open_store()?)?;
+/// let app: Router = Router::new()
+///     .route("/api/ping", get(|| async { "PONG" }))
+///     .route_layer(limits.clone());
+/// ConfigWatcher::new(&limits, loader, "limits.toml").spawn();
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConfigWatcher {
+    layer: RouteLimitsLayer,
+    loader: ConfigLoader,
+    path: PathBuf,
+    poll_interval: Duration,
+    sighup: bool,
+}
+
+impl ConfigWatcher {
+    /// Watches `path`, read by `loader`, for `layer`, which should have been built from it: the
+    /// contents at [`spawn`](Self::spawn) are taken as applied already.
+    pub fn new(layer: &RouteLimitsLayer, loader: ConfigLoader, path: impl Into<PathBuf>) -> Self {
+        ConfigWatcher {
+            layer: layer.clone(),
+            loader,
+            path: path.into(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            sighup: true,
+        }
+    }
+
+    /// How often the file is read to see whether it changed (default one second).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Whether `SIGHUP` reloads the file (default `true`; no effect off Unix).
+    pub fn on_sighup(mut self, enabled: bool) -> Self {
+        self.sighup = enabled;
+        self
+    }
+
+    /// Starts watching on the current Tokio runtime until the returned task is aborted.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    pub fn spawn(self) -> JoinHandle<()> {
+        // The handler goes in before this returns, so a SIGHUP sent after it never meets the
+        // default action (which ends the process).
+        let hangups = self.hangups();
+        // What the layer was built from: read now, so a change made after this returns is seen.
+        let applied = std::fs::read_to_string(&self.path).ok();
+        tokio::spawn(self.run(hangups, applied))
+    }
+
+    async fn run(self, mut hangups: Hangups, mut last: Option<String>) {
+        let mut ticks = tokio::time::interval(self.poll_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            let forced = tokio::select! {
+                _ = ticks.tick() => false,
+                Some(()) = next_hangup(&mut hangups) => true,
+            };
+            let text = tokio::fs::read_to_string(&self.path).await;
+            match text {
+                Ok(text) if forced || last.as_ref() != Some(&text) => {
+                    self.reload(&text);
+                    last = Some(text);
+                }
+                Ok(_) => {}
+                // A signal asked for this reload: refuse it, saying why (logged and counted).
+                Err(_) if forced => {
+                    let _ = self.layer.reload_from_path(&self.loader, &self.path);
+                }
+                // Being replaced, perhaps: read again at the next poll.
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn reload(&self, text: &str) {
+        let source = self.path.display().to_string();
+        // Both outcomes are logged and counted by the layer.
+        let _ = match self.loader.from_toml_str(text) {
+            Ok(config) => self.layer.reload(&config),
+            Err(error) => Err(self.layer.refuse(error, &source)),
+        };
+    }
+
+    #[cfg(unix)]
+    fn hangups(&self) -> Hangups {
+        if !self.sighup {
+            return None;
+        }
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(signal) => Some(signal),
+            Err(error) => {
+                tracing::warn!(%error, "SIGHUP can't reload the rate-limit configuration");
+                None
+            }
+        }
+    }
+
+    #[cfg(not(unix))]
+    fn hangups(&self) -> Hangups {
+        None
+    }
+}
+
+/// The stream of `SIGHUP`s, when they reload.
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+/// The next `SIGHUP`, or never.
+#[cfg(unix)]
+async fn next_hangup(hangups: &mut Hangups) -> Option<()> {
+    match hangups {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn next_hangup(_: &mut Hangups) -> Option<()> {
+    std::future::pending().await
+}
