@@ -174,8 +174,9 @@ where
                 return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
             }
         };
-        let checked = match limiter.prepare(parts) {
-            Prepared::Check(checked) => checked,
+        let (limiter, checked) = match limiter.prepare(parts) {
+            Prepared::Check(checked) => (limiter, checked),
+            Prepared::CheckBy(own, checked) => (own, checked),
             Prepared::Unlimited => return Ok(Limited::with(None, None)),
             Prepared::Respond(response) => return Err(response),
         };

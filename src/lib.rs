@@ -112,8 +112,8 @@ pub use key::{Identity, Key, KeyExtractor, UserId};
 pub use layer::RateLimitLayer;
 pub use operate::{OperatorError, RuleStatus};
 pub use policy::{
-    Algorithm, Cost, MissingKey, Mode, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule,
-    Scope,
+    Algorithm, Cost, MissingKey, Mode, OnStoreError, Override, Policy, PolicyBuilder, PolicyError,
+    Rule, Scope,
 };
 pub use quota::{Quota, QuotaBuilder, QuotaError, Tier};
 pub use response::Rejected;

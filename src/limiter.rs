@@ -11,7 +11,9 @@ use http::{Response, StatusCode};
 
 use crate::concurrency::{Lease, SlotQueues};
 use crate::decision::{Decision, RuleState};
-use crate::policy::{KeyLookup, Mode, OnStoreError, Policy, PolicyError, StateOf, StorageKey};
+use crate::policy::{
+    Applied, KeyLookup, Mode, OnStoreError, Policy, PolicyError, StateOf, StorageKey,
+};
 use crate::quota::QuotaLookup;
 use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
 use crate::response::{self, LimitHeaders, Rejected};
@@ -44,6 +46,10 @@ pub(crate) struct Limiter {
     metrics: Arc<OnceLock<PolicyMetrics>>,
     /// Requests waiting for a concurrency slot (delay mode).
     slot_queues: Arc<SlotQueues>,
+    /// The limiter of each `rules` override of the policy (by override index), made at the first
+    /// request from this limiter's settings, which are final by then. Not shared by a clone, so
+    /// a layer's setters reach it.
+    overriding: OnceLock<Box<[Option<Arc<Limiter>>]>>,
 }
 
 /// A request ready for the store: its key, cost and daily quota.
@@ -62,6 +68,8 @@ pub(crate) struct Checked {
 pub(crate) enum Prepared {
     /// Check it.
     Check(Checked),
+    /// Check it with this limiter: a `rules` override's.
+    CheckBy(Arc<Limiter>, Checked),
     /// Let it through unlimited (no key, and the policy allows that).
     Unlimited,
     /// Answer at once (no key and the policy refuses, no client IP, a cost no rule admits).
@@ -119,7 +127,41 @@ impl Limiter {
             )),
             metrics: Arc::default(),
             slot_queues: Arc::default(),
+            overriding: OnceLock::new(),
         }
+    }
+
+    /// The limiter of a `rules` override's `policy`: this one's store, settings, shadow count,
+    /// top refused and slot queues, with metric handles and a refusal cache of its own (its rules
+    /// differ, and a request of the same key may fall outside a network override).
+    fn with_policy(&self, policy: Policy) -> Limiter {
+        Limiter {
+            policy,
+            store: self.store.clone(),
+            legacy_headers: self.legacy_headers,
+            on_rejected: self.on_rejected.clone(),
+            shadow_refusals: self.shadow_refusals.clone(),
+            refusals: Arc::new(Refusals::new(self.refusals.capacity())),
+            top_refused: self.top_refused.clone(),
+            metrics: Arc::default(),
+            slot_queues: self.slot_queues.clone(),
+            overriding: OnceLock::new(),
+        }
+    }
+
+    /// The limiter of override `index`, when it has rules.
+    fn overriding(&self, index: usize) -> Option<Arc<Limiter>> {
+        let limiters = self.overriding.get_or_init(|| {
+            let applied = self.policy.overrides().applied();
+            applied
+                .iter()
+                .map(|applied| match applied {
+                    Applied::Rules(policy) => Some(Arc::new(self.with_policy(policy.clone()))),
+                    Applied::Unlimited | Applied::Deny => None,
+                })
+                .collect()
+        });
+        limiters.get(index)?.clone()
     }
 
     /// The store.
@@ -172,6 +214,36 @@ impl Limiter {
                 ));
             }
         };
+        let overrides = policy.overrides();
+        if !overrides.is_empty()
+            && let Some((index, applied)) =
+                overrides.find(key.identity(), parts, policy.client_ip())
+        {
+            match applied {
+                Applied::Unlimited => {
+                    self.metrics().request(Outcome::OverrideUnlimited);
+                    return Prepared::Unlimited;
+                }
+                Applied::Deny => {
+                    self.metrics().request(Outcome::OverrideDenied);
+                    tracing::debug!(
+                        policy = policy.name(),
+                        key_kind = key.kind(),
+                        key = key.identity(),
+                        "request denied by an override"
+                    );
+                    return Prepared::Respond(response::denied());
+                }
+                Applied::Rules(_) => {
+                    if let Some(own) = self.overriding(index) {
+                        return match own.prepare(parts) {
+                            Prepared::Check(checked) => Prepared::CheckBy(own, checked),
+                            other => other,
+                        };
+                    }
+                }
+            }
+        }
         let cost = policy.cost(parts);
         let quota = policy
             .quota()

@@ -41,6 +41,8 @@ const LOG_LINES_PER_SECOND: u64 = 16;
 pub(crate) struct Refusals {
     /// Refused identities by storage key; `None` when the cache is off.
     cache: Option<quick_cache::sync::Cache<String, Arc<Entry>>>,
+    /// How many identities the cache holds at most.
+    capacity: usize,
     /// The second (since `epoch`) the log budget counts in, and the lines written in it.
     log_second: AtomicU64,
     log_lines: AtomicU64,
@@ -67,11 +69,17 @@ impl Refusals {
     pub(crate) fn new(capacity: usize) -> Self {
         Refusals {
             cache: (capacity > 0).then(|| quick_cache::sync::Cache::new(capacity)),
+            capacity,
             log_second: AtomicU64::new(0),
             log_lines: AtomicU64::new(0),
             unlogged: AtomicU64::new(0),
             epoch: Instant::now(),
         }
+    }
+
+    /// How many identities the cache holds at most (0: no cache).
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Remembers the store's refusal of `checked`.

@@ -155,6 +155,18 @@ pub(crate) fn key_unavailable(status: StatusCode) -> Response<Body> {
     })
 }
 
+/// The 403 of a request a `deny` override refuses: no rate-limit headers, since no limit was
+/// checked, and no `Retry-After`, since waiting won't help.
+pub(crate) fn denied() -> Response<Body> {
+    problem(&Problem {
+        kind: "about:blank",
+        title: "Forbidden",
+        status: StatusCode::FORBIDDEN,
+        detail: "This client may not use this resource.",
+        violated_policies: None,
+    })
+}
+
 /// The 413 for a request that costs more than a rule (or the daily quota) could ever admit:
 /// waiting won't help, so it gets no `Retry-After`, and the body says what it costs and what the
 /// rule allows.

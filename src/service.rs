@@ -95,8 +95,13 @@ where
     let (parts, body) = request.into_parts();
     let prepared = limiter.prepare(&parts);
     let request = Request::from_parts(parts, body);
-    let checked = match prepared {
-        Prepared::Check(checked) => checked,
+    let overriding;
+    let (limiter, checked) = match prepared {
+        Prepared::Check(checked) => (limiter, checked),
+        Prepared::CheckBy(own, checked) => {
+            overriding = own;
+            (&overriding, checked)
+        }
         Prepared::Unlimited => return ResponseFuture::inner(inner.call(request), None, None),
         Prepared::Respond(response) => return ResponseFuture::respond(response),
     };

@@ -34,11 +34,15 @@ pub(crate) enum Outcome {
     StoreErrorDenied,
     /// Refused from the layer's cache of refusals, without a store call.
     CachedRefusal,
+    /// Let through uncounted by an `unlimited` override (an allow list).
+    OverrideUnlimited,
+    /// Refused with 403 by a `deny` override (a deny list).
+    OverrideDenied,
 }
 
 impl Outcome {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    const ALL: [Outcome; 9] = [
+    const ALL: [Outcome; 11] = [
         Outcome::Allowed,
         Outcome::Refused,
         Outcome::ShadowRefused,
@@ -48,6 +52,8 @@ impl Outcome {
         Outcome::StoreErrorAllowed,
         Outcome::StoreErrorDenied,
         Outcome::CachedRefusal,
+        Outcome::OverrideUnlimited,
+        Outcome::OverrideDenied,
     ];
 
     /// The label value.
@@ -62,6 +68,8 @@ impl Outcome {
             Outcome::StoreErrorAllowed => "store_error_allowed",
             Outcome::StoreErrorDenied => "store_error_denied",
             Outcome::CachedRefusal => "cached_refusal",
+            Outcome::OverrideUnlimited => "override_unlimited",
+            Outcome::OverrideDenied => "override_denied",
         }
     }
 }

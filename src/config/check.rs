@@ -7,7 +7,9 @@ use std::time::Duration;
 use http::HeaderName;
 use ipnet::IpNet;
 
-use super::file::{ConfigFile, DuplicateConfig, QuotaConfig, RouteConfig};
+use super::file::{
+    ConfigFile, DuplicateConfig, OverrideConfig, QuotaConfig, RouteConfig, RuleConfig,
+};
 use super::store::{RedisSettings, StoreSpec, check_store, check_tls};
 use super::{
     ConfigError, DEFAULT_PREFIX, RateLimitConfig, RouteLimit, RouteSource, SharedSettings,
@@ -15,7 +17,8 @@ use super::{
 use crate::client_ip::{ClientIp, ForwardedHeader};
 use crate::key::Key;
 use crate::policy::{
-    self, Algorithm, Mode, OnStoreError, Policy, PolicyError, Rule, Scope, UnknownAlgorithm,
+    self, Algorithm, Mode, OnStoreError, Override, Policy, PolicyError, Rule, Scope,
+    UnknownAlgorithm,
 };
 use crate::quota::Quota;
 
@@ -191,19 +194,13 @@ impl RouteCheck<'_> {
         if raw.rules.is_empty() && raw.max_in_flight.is_none() {
             return Err(self.error("rules", "must list at least one rule"));
         }
-        let mut rules = Vec::with_capacity(raw.rules.len());
-        for (i, rule) in raw.rules.iter().enumerate() {
-            // Checked here rather than left to the builder so the message names the field.
-            if rule.limit == 0 {
-                return Err(self.error(&format!("rules[{i}].limit"), "must be at least 1"));
-            }
-            let period = self.duration(&format!("rules[{i}].period"), &rule.period)?;
-            let mut parsed = Rule::new(rule.limit, period);
-            if let Some(burst) = rule.burst {
-                parsed = parsed.burst(burst);
-            }
-            rules.push(parsed);
-        }
+        let rules = self.rules("rules", &raw.rules)?;
+        let overrides = raw
+            .overrides
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| self.check_override(&format!("overrides[{i}]"), entry))
+            .collect::<Result<Vec<_>, _>>()?;
         let name = match &raw.name {
             Some(name) => name.clone(),
             None if policy::is_valid_name(&raw.path) => raw.path.clone(),
@@ -289,7 +286,10 @@ impl RouteCheck<'_> {
         if let Some(quota) = self.quota {
             builder = builder.quota(quota.clone());
         }
-        let policy = builder.build().map_err(|error| self.policy_error(error))?;
+        let policy = builder
+            .overrides(overrides)
+            .build()
+            .map_err(|error| self.policy_error(error))?;
         Ok(RouteLimit {
             path: raw.path.clone(),
             key: key_text.to_owned(),
@@ -300,6 +300,77 @@ impl RouteCheck<'_> {
                 settings: self.settings.clone(),
             },
         })
+    }
+
+    /// The rules at `field` (`rules`, `overrides[1].rules`).
+    fn rules(&self, field: &str, raw: &[RuleConfig]) -> Result<Vec<Rule>, ConfigError> {
+        let mut rules = Vec::with_capacity(raw.len());
+        for (i, rule) in raw.iter().enumerate() {
+            // Checked here rather than left to the builder so the message names the field.
+            if rule.limit == 0 {
+                return Err(self.error(&format!("{field}[{i}].limit"), "must be at least 1"));
+            }
+            let period = self.duration(&format!("{field}[{i}].period"), &rule.period)?;
+            let mut parsed = Rule::new(rule.limit, period);
+            if let Some(burst) = rule.burst {
+                parsed = parsed.burst(burst);
+            }
+            rules.push(parsed);
+        }
+        Ok(rules)
+    }
+
+    /// An `overrides` entry at `field`: whom it is for, and exactly one of what it does.
+    fn check_override(&self, field: &str, raw: &OverrideConfig) -> Result<Override, ConfigError> {
+        let target = match (&raw.identity, &raw.cidr) {
+            (Some(identity), None) => Override::identity(identity.clone()),
+            (None, Some(text)) => Override::cidr(parse_cidr(text).ok_or_else(|| {
+                self.error(
+                    &format!("{field}.cidr"),
+                    format!("{text:?} is not a CIDR such as \"10.0.0.0/8\" or \"fd00::/8\""),
+                )
+            })?),
+            (Some(_), Some(_)) => {
+                return Err(self.error(
+                    field,
+                    "names both identity and cidr: an override is for one or the other",
+                ));
+            }
+            (None, None) => {
+                return Err(self.error(
+                    field,
+                    "names no one: give identity = \"...\" or cidr = \"...\"",
+                ));
+            }
+        };
+        for (flag, value) in [("unlimited", raw.unlimited), ("deny", raw.deny)] {
+            if value == Some(false) {
+                return Err(self.error(
+                    &format!("{field}.{flag}"),
+                    format!("{flag} = false does nothing: leave it out"),
+                ));
+            }
+        }
+        match (&raw.rules, raw.unlimited, raw.deny) {
+            (Some(rules), None, None) => {
+                if rules.is_empty() {
+                    return Err(
+                        self.error(&format!("{field}.rules"), "must list at least one rule")
+                    );
+                }
+                Ok(target.rules(self.rules(&format!("{field}.rules"), rules)?))
+            }
+            (None, Some(true), None) => Ok(target.unlimited()),
+            (None, None, Some(true)) => Ok(target.deny()),
+            (None, None, None) => Err(self.error(
+                field,
+                "says nothing to do: give rules = [...], unlimited = true or deny = true",
+            )),
+            _ => Err(self.error(
+                field,
+                "may give only one of rules = [...], unlimited = true and deny = true",
+            )),
+        }
     }
 
     /// Rephrases an error of `PolicyBuilder::build` so it names the field.
@@ -334,6 +405,9 @@ impl RouteCheck<'_> {
                 what: "key prefix", ..
             } => ConfigError::new("prefix", error.to_string()),
             PolicyError::InvalidName { .. } => self.error("name", error.to_string()),
+            PolicyError::InvalidOverride { index, reason, .. } => {
+                self.error(&format!("overrides[{index}]"), reason)
+            }
             other => ConfigError::new(format!("routes[{}]", self.index), other.to_string()),
         }
     }

@@ -96,6 +96,33 @@ pub struct RouteConfig {
     /// With `max_in_flight`: the longest a request holds its slot.
     #[serde(default)]
     pub lease: Option<String>,
+    /// Identities or client networks treated apart: unlimited, denied, or with rules of their
+    /// own.
+    #[serde(default)]
+    pub overrides: Vec<OverrideConfig>,
+}
+
+/// An `overrides` entry: `identity` or `cidr`, and exactly one of `rules`, `unlimited = true` or
+/// `deny = true`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideConfig {
+    /// The identity the route's key yields: a user id, a header or query value, a client
+    /// address.
+    #[serde(default)]
+    pub identity: Option<String>,
+    /// A client network, `"10.0.0.0/8"` (or a bare address).
+    #[serde(default)]
+    pub cidr: Option<String>,
+    /// Rules instead of the route's.
+    #[serde(default)]
+    pub rules: Option<Vec<RuleConfig>>,
+    /// `true`: not limited, not counted.
+    #[serde(default)]
+    pub unlimited: Option<bool>,
+    /// `true`: refused with 403, counted nowhere.
+    #[serde(default)]
+    pub deny: Option<bool>,
 }
 
 /// One rule: at most `limit` per `period`.

@@ -13,6 +13,7 @@ use crate::headers::{self, PolicyItem, SfName};
 use crate::key::{self, Key};
 use crate::quota::Quota;
 
+use super::overrides::{Override, Overrides};
 use super::{
     Algorithm, CostFn, Inner, MAX_LIMIT, MAX_PERIOD, MissingKey, Mode, OnStoreError, Policy,
     PolicyError, Rule, Scope,
@@ -26,6 +27,7 @@ pub fn is_valid_name(name: &str) -> bool {
 
 /// Builds a [`Policy`]; see [`Policy::builder`].
 #[must_use = "call .build() to get the policy"]
+#[derive(Clone)]
 pub struct PolicyBuilder {
     name: String,
     prefix: String,
@@ -44,6 +46,7 @@ pub struct PolicyBuilder {
     quota: Option<Quota>,
     max_in_flight: Option<u64>,
     lease: Option<Duration>,
+    overrides: Vec<Override>,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -78,6 +81,7 @@ impl PolicyBuilder {
             quota: None,
             max_in_flight: None,
             lease: None,
+            overrides: Vec::new(),
         }
     }
 
@@ -236,8 +240,24 @@ impl PolicyBuilder {
         self
     }
 
+    /// Adds exceptions for identities or client networks: an allow list
+    /// ([`unlimited`](crate::policy::OverrideTarget::unlimited)), a deny list
+    /// ([`deny`](crate::policy::OverrideTarget::deny): 403, counted nowhere) or rules of their
+    /// own ([`rules`](crate::policy::OverrideTarget::rules)); see [`Override`]. An identity
+    /// override wins over a network one; among networks the first that holds the client wins.
+    /// [`build`](Self::build) refuses an identity named twice, an identity the key can't yield
+    /// (a non-address for [`Key::ip`], any for [`Key::global`]) and override rules the policy's
+    /// algorithm can't take.
+    pub fn overrides(mut self, overrides: impl IntoIterator<Item = Override>) -> Self {
+        self.overrides.extend(overrides);
+        self
+    }
+
     /// Checks the policy and builds it.
     pub fn build(mut self) -> Result<Policy, PolicyError> {
+        let overrides = std::mem::take(&mut self.overrides);
+        // What a `rules` override's policy is built from: this one, but for its rules.
+        let base = (!overrides.is_empty()).then(|| self.clone());
         for (what, value) in [("policy name", &self.name), ("key prefix", &self.prefix)] {
             if !is_valid_name(value) {
                 return Err(PolicyError::InvalidName {
@@ -443,6 +463,19 @@ impl PolicyBuilder {
             .map(|(index, rule)| (self.capacity(rule), index))
             .min()
             .unwrap_or((u64::MAX, 0));
+        let overrides = match base {
+            None => Overrides::default(),
+            Some(base) => Overrides::build(&overrides, &self.key, |_, rules| {
+                let mut own = base.clone();
+                own.rules = rules.to_vec();
+                own.build().map_err(|error| error.to_string())
+            })
+            .map_err(|(index, reason)| PolicyError::InvalidOverride {
+                policy: self.name.clone(),
+                index,
+                reason,
+            })?,
+        };
         Ok(Policy(Arc::new(Inner {
             name: self.name,
             prefix: self.prefix,
@@ -466,6 +499,7 @@ impl PolicyBuilder {
             policy_header,
             policy_header_with_concurrency,
             refusal_bodies,
+            overrides,
         })))
     }
 

@@ -153,4 +153,15 @@ pub enum PolicyError {
         /// The quota's key.
         quota_key: String,
     },
+    /// An override can't work: its identity doesn't fit the policy's key, it names an
+    /// identity twice, or its rules are refused.
+    #[error("policy {policy:?}, overrides[{index}]: {reason}")]
+    InvalidOverride {
+        /// The policy's name.
+        policy: String,
+        /// The override's position (from 0).
+        index: usize,
+        /// Why.
+        reason: String,
+    },
 }

@@ -13,6 +13,7 @@ mod algorithm;
 mod builder;
 mod error;
 mod options;
+mod overrides;
 mod rule;
 mod storage_key;
 #[cfg(test)]
@@ -22,6 +23,8 @@ pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use builder::{PolicyBuilder, is_valid_name};
 pub use error::PolicyError;
 pub use options::{Cost, CostFn, DEFAULT_DUPLICATE_WINDOW, MissingKey, Mode, OnStoreError, Scope};
+pub(crate) use overrides::{Applied, Overrides};
+pub use overrides::{Override, OverrideTarget};
 pub use rule::{MAX_LIMIT, MAX_PERIOD, Rule};
 use storage_key::push_route;
 pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
@@ -95,6 +98,8 @@ pub(super) struct Inner {
     /// The 429 body of a refusal by one rule, per rule (then the quota's, the concurrency
     /// limit's), built once.
     pub(super) refusal_bodies: Box<[Bytes]>,
+    /// Identities and networks treated apart.
+    pub(super) overrides: Overrides,
 }
 
 impl fmt::Debug for Policy {
@@ -283,6 +288,11 @@ impl Policy {
             StateOf::Concurrency => self.0.rules.len() + usize::from(self.0.quota.is_some()),
         };
         self.0.refusal_bodies.get(at)
+    }
+
+    /// The identities and networks this policy treats apart.
+    pub(crate) fn overrides(&self) -> &Overrides {
+        &self.0.overrides
     }
 
     /// The store key of a request, or what to do when it has none.
