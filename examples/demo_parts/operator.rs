@@ -14,6 +14,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
+use tower_redis_ratelimit::config::RouteLimitsLayer;
 use tower_redis_ratelimit::{OperatorError, RateLimitLayer, RefusedIdentity};
 
 /// Store calls take from tens of microseconds (memory) to a timeout (250 ms by default).
@@ -40,11 +41,23 @@ pub fn install_recorder() -> Result<PrometheusHandle, BuildError> {
         .install_recorder()
 }
 
-/// What the listener answers from: the recorder and each route's layer, by policy name.
+/// What the listener answers from: the recorder and the routes' limiter (none with
+/// `--no-limiter`).
 #[derive(Clone)]
 pub struct Operator {
     pub prometheus: PrometheusHandle,
-    pub layers: Vec<RateLimitLayer>,
+    pub limits: Option<RouteLimitsLayer>,
+}
+
+impl Operator {
+    /// Each route's layer, asked of the limiter at each request, so that the policies answered
+    /// are the ones it limits by now.
+    fn layers(&self) -> Vec<RateLimitLayer> {
+        self.limits
+            .as_ref()
+            .map(RouteLimitsLayer::layers)
+            .unwrap_or_default()
+    }
 }
 
 /// `?n=` of `/debug/ratelimit/top`: how many identities per policy (default 10, at most 1 000).
@@ -77,7 +90,7 @@ async fn top(
     let n = query.n.unwrap_or(10).min(1_000);
     Json(
         operator
-            .layers
+            .layers()
             .iter()
             .map(|layer| (layer.policy().name().to_owned(), layer.top_refused(n)))
             .collect(),
@@ -85,10 +98,10 @@ async fn top(
 }
 
 /// The layer of `policy`.
-fn layer_of<'a>(operator: &'a Operator, policy: &str) -> Option<&'a RateLimitLayer> {
+fn layer_of(operator: &Operator, policy: &str) -> Option<RateLimitLayer> {
     operator
-        .layers
-        .iter()
+        .layers()
+        .into_iter()
         .find(|layer| layer.policy().name() == policy)
 }
 

@@ -89,12 +89,15 @@ pub(super) fn check_file(
         })?);
     }
     let mut client_ip = ClientIp::new().trust_proxies(trusted_proxies.iter().copied());
-    if let Some(text) = &file.forwarded_header {
-        let header: ForwardedHeader =
-            text.parse()
-                .map_err(|error: crate::client_ip::ParseForwardedHeaderError| {
-                    ConfigError::new("forwarded_header", error.to_string())
-                })?;
+    let forwarded_header: Option<ForwardedHeader> = match &file.forwarded_header {
+        None => None,
+        Some(text) => Some(text.parse().map_err(
+            |error: crate::client_ip::ParseForwardedHeaderError| {
+                ConfigError::new("forwarded_header", error.to_string())
+            },
+        )?),
+    };
+    if let Some(header) = forwarded_header {
         client_ip = client_ip.forwarded_header(header);
     }
     if file.routes.is_empty() {
@@ -155,6 +158,7 @@ pub(super) fn check_file(
         },
         prefix: prefix.to_owned(),
         trusted_proxies,
+        forwarded_header,
         legacy_headers: file.legacy_headers,
         routes,
     })

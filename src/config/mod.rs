@@ -68,12 +68,12 @@ use serde::{Deserialize, Deserializer};
 pub use error::ConfigError;
 pub use file::ConfigFile;
 pub use layer::{ReloadSummary, RouteLimits, RouteLimitsLayer};
-pub use store::StoreSpec;
+pub use store::{StoreSpec, StoreTls};
 pub use watch::{ConfigWatcher, DEFAULT_POLL_INTERVAL};
 
-use crate::RateLimitLayer;
 use crate::policy::Policy;
 use crate::store::{Store, StoreError};
+use crate::{ForwardedHeader, RateLimitLayer};
 use store::RedisSettings;
 
 /// The key prefix when the file names none.
@@ -91,6 +91,7 @@ pub struct RateLimitConfig {
     redis: RedisSettings,
     prefix: String,
     trusted_proxies: Vec<IpNet>,
+    forwarded_header: Option<ForwardedHeader>,
     legacy_headers: bool,
     routes: Vec<RouteLimit>,
 }
@@ -189,6 +190,22 @@ impl RateLimitConfig {
     /// The proxies whose forwarding headers are believed.
     pub fn trusted_proxies(&self) -> &[IpNet] {
         &self.trusted_proxies
+    }
+
+    /// The forwarding header pinned by `forwarded_header`; `None`: the first present of
+    /// `X-Forwarded-For`, `Forwarded` and `X-Real-IP`.
+    pub fn forwarded_header(&self) -> Option<ForwardedHeader> {
+        self.forwarded_header
+    }
+
+    /// The TLS settings of a store over `rediss://`, when `tls_ca` or `tls_insecure` is given.
+    pub fn store_tls(&self) -> Option<&StoreTls> {
+        self.redis.tls.as_ref()
+    }
+
+    /// How many replicas must acknowledge an admission (`wait_for_replicas`; 0: off).
+    pub fn wait_for_replicas(&self) -> u32 {
+        self.redis.wait_for_replicas
     }
 
     /// Whether responses also carry `X-RateLimit-*`.

@@ -40,14 +40,40 @@ pub(super) struct RedisSettings {
     pub(super) tls: Option<StoreTls>,
 }
 
-/// `tls_ca` and `tls_insecure`, checked.
+/// `tls_ca` and `tls_insecure`, checked: the TLS settings of a store over `rediss://`
+/// ([`RateLimitConfig::store_tls`](super::RateLimitConfig::store_tls)).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct StoreTls {
+pub struct StoreTls {
     /// The CA file's path as written, and the PEM text read from it while checking (so a file
     /// that can't be read is a config error, not a failure at start).
     ca: Option<(String, Vec<u8>)>,
     /// Check no certificate at all.
     insecure: bool,
+}
+
+impl StoreTls {
+    /// The path of `tls_ca`, as written: a PEM file of CA certificates trusted instead of the
+    /// system's roots.
+    pub fn ca_path(&self) -> Option<&str> {
+        self.ca.as_ref().map(|(path, _)| path.as_str())
+    }
+
+    /// `tls_insecure`: whether no certificate is checked at all.
+    pub fn insecure(&self) -> bool {
+        self.insecure
+    }
+}
+
+/// As a startup line shows it: `TLS CA "certs/ca.crt"`, `TLS CA: the system's roots` or
+/// `TLS certificates NOT checked`.
+impl fmt::Display for StoreTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.ca_path(), self.insecure) {
+            (_, true) => f.write_str("TLS certificates NOT checked"),
+            (Some(path), false) => write!(f, "TLS CA {path:?}"),
+            (None, false) => f.write_str("TLS CA: the system's roots"),
+        }
+    }
 }
 
 impl StoreSpec {
