@@ -110,9 +110,16 @@
 //! A bad file makes the demo exit with status 2 and a message naming the file, the field, and its
 //! line and column, such as
 //! `my.toml: routes[0].rules[1].limit: must be at least 1 (line 5, column 50)`.
+//!
+//! With `--config PATH` the limits reload while the demo serves: when the file changes (it is read
+//! every second) and on `SIGHUP` (`kill -HUP <pid>`). Routes whose entry did not change keep their
+//! limiter, and unchanged rules their counts; a file that fails a check, the crate's or the
+//! demo's, changes nothing and is logged naming the field. `listen`, `metrics`, `store` and the
+//! paths served change only at the next start.
 
 use std::io::{self, IsTerminal};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -123,7 +130,9 @@ use http::StatusCode;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower::BoxError;
-use tower_redis_ratelimit::config::{ConfigError, RateLimitConfig, RouteLimitsLayer};
+use tower_redis_ratelimit::config::{
+    ConfigError, ConfigWatcher, RateLimitConfig, RouteLimitsLayer,
+};
 use tower_redis_ratelimit::{Policy, Rule, UserId};
 use tracing_subscriber::EnvFilter;
 
@@ -154,6 +163,7 @@ RUST_LOG sets the log filter (default: info).";
 async fn main() -> ExitCode {
     let CommandLine {
         source,
+        path,
         text,
         no_limiter,
     } = match read_command_line(std::env::args().skip(1)) {
@@ -175,6 +185,7 @@ async fn main() -> ExitCode {
         }
     };
     config.no_limiter = no_limiter;
+    config.file = path;
     init_tracing();
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
@@ -201,8 +212,9 @@ async fn main() -> ExitCode {
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 struct CommandLine {
-    /// The config's name (for error messages) and text.
+    /// The config's name (for error messages), its path (none for the built-in one) and text.
     source: String,
+    path: Option<PathBuf>,
     text: String,
     /// Serve the same routes without any limiter: the baseline of a load run.
     no_limiter: bool,
@@ -224,15 +236,16 @@ fn read_command_line(args: impl Iterator<Item = String>) -> Result<Option<Comman
             _ => return Err(USAGE.to_owned()),
         }
     }
-    let (source, text) = match path {
+    let (source, text) = match &path {
         None => ("demo.toml (built in)".to_owned(), DEFAULT_CONFIG.to_owned()),
-        Some(path) => match std::fs::read_to_string(&path) {
-            Ok(text) => (path, text),
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => (path.clone(), text),
             Err(error) => return Err(format!("{path}: cannot read the config file: {error}")),
         },
     };
     Ok(Some(CommandLine {
         source,
+        path: path.map(PathBuf::from),
         text,
         no_limiter,
     }))
@@ -262,6 +275,8 @@ struct DemoConfig {
     limits: RateLimitConfig,
     /// Set by `--no-limiter`, not by the file: serve the routes without any limiter.
     no_limiter: bool,
+    /// The file read, reloaded when it changes and on SIGHUP (none for the built-in config).
+    file: Option<PathBuf>,
 }
 
 /// The top-level fields the demo reads itself (the crate's loader leaves them alone, and serde
@@ -310,6 +325,7 @@ fn load_config(text: &str) -> Result<DemoConfig, ConfigError> {
         metrics,
         limits,
         no_limiter: false,
+        file: None,
     })
 }
 
@@ -446,6 +462,9 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
         None => None,
     };
     let (app, limits) = build_app(&config).map_err(io::Error::other)?;
+    if let (Some(layer), Some(file)) = (&limits, &config.file) {
+        watch_config(&config, layer, file);
+    }
     if let (Some(address), Some(prometheus)) = (config.metrics, prometheus) {
         let listener = TcpListener::bind(address).await.map_err(|error| {
             io::Error::new(
@@ -466,6 +485,37 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
     )
     .with_graceful_shutdown(shutdown_signal())
     .await
+}
+
+/// Reloads the limits when `file` changes and on SIGHUP, after the demo's own checks. What only
+/// a restart can change (the listen and metrics addresses, the paths served) is logged.
+fn watch_config(config: &DemoConfig, layer: &RouteLimitsLayer, file: &Path) {
+    let served: Vec<String> = config
+        .limits
+        .routes()
+        .iter()
+        .map(|route| route.path().to_owned())
+        .collect();
+    let (listen, metrics) = (config.listen, config.metrics);
+    let loader = RateLimitConfig::loader().app_fields(["listen", "metrics"]);
+    ConfigWatcher::new(layer, loader, file)
+        .check(move |text, _| {
+            let new = load_config(text)?;
+            if new.listen != listen || new.metrics != metrics {
+                tracing::warn!("listen and metrics change at the next start, not on a reload");
+            }
+            for route in new.limits.routes() {
+                if !served.iter().any(|path| path == route.path()) && route.path() != WORK {
+                    tracing::warn!(
+                        path = route.path(),
+                        "a new path is served from the next start: until then it is not limited"
+                    );
+                }
+            }
+            Ok(())
+        })
+        .spawn();
+    tracing::info!(file = %file.display(), "limits reload when the file changes and on SIGHUP");
 }
 
 async fn shutdown_signal() {
@@ -1362,6 +1412,59 @@ QXvkTTxEd9w=
         assert_refused(&cases);
     }
 
+    /// Waits until `limits` counts `applied` and `refused` reloads; fails after ten seconds.
+    async fn wait_for_reloads(limits: &RouteLimitsLayer, applied: u64, refused: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while limits.reload_counts() != (applied, refused) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "expected ({applied}, {refused}) reloads, have {:?}",
+                limits.reload_counts()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_limits_reload_when_the_file_changes_after_the_demos_own_checks() {
+        let path = std::env::temp_dir().join(format!("demo-reload-{}.toml", std::process::id()));
+        std::fs::write(&path, DEFAULT_CONFIG).unwrap();
+        let config = load_config(DEFAULT_CONFIG).unwrap();
+        let (app, limits) = build_app(&config).unwrap();
+        let limits = limits.expect("a limiter");
+        let app = app.layer(MockConnectInfo(SocketAddr::from(PEER)));
+        watch_config(&config, &limits, &path);
+
+        // The crate would take this file; the demo refuses it, and the limits stay.
+        std::fs::write(&path, edited("path = \"/api/ping\"", "path = \"/healthz\"")).unwrap();
+        wait_for_reloads(&limits, 0, 1).await;
+        let rules = "rules = [{ limit = 20, period = \"1m\" }, { limit = 100, period = \"1h\" }]";
+        std::fs::write(
+            &path,
+            edited(rules, "rules = [{ limit = 3, period = \"1m\" }]"),
+        )
+        .unwrap();
+        wait_for_reloads(&limits, 1, 1).await;
+        std::fs::remove_file(&path).unwrap();
+        for expected in [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+        ] {
+            let response = app
+                .clone()
+                .oneshot(Request::get("/api/ping").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(response.status(), expected);
+            assert_eq!(
+                response.headers()["ratelimit-policy"],
+                "\"3-per-60s\";q=3;w=60"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn no_limiter_serves_the_routes_unlimited() {
         let mut config = load_config(DEFAULT_CONFIG).unwrap();
@@ -1387,6 +1490,7 @@ QXvkTTxEd9w=
         let built_in = |no_limiter| {
             Ok(Some(CommandLine {
                 source: "demo.toml (built in)".to_owned(),
+                path: None,
                 text: DEFAULT_CONFIG.to_owned(),
                 no_limiter,
             }))
@@ -1398,6 +1502,7 @@ QXvkTTxEd9w=
         let from_file = |no_limiter| {
             Ok(Some(CommandLine {
                 source: shipped.to_owned(),
+                path: Some(PathBuf::from(shipped)),
                 text: DEFAULT_CONFIG.to_owned(),
                 no_limiter,
             }))

@@ -405,3 +405,39 @@ async fn the_watcher_reloads_on_sighup() {
     );
     watcher.abort();
 }
+
+#[tokio::test]
+async fn the_watcher_runs_the_apps_own_checks_before_a_reload() {
+    let file = TempFile::new("check", ONE_PER_MINUTE);
+    let loader = RateLimitConfig::loader();
+    let limits = loader
+        .from_path(&file.0)
+        .unwrap()
+        .route_limits(Arc::new(MemoryStore::new()))
+        .unwrap();
+    let app = app(&limits);
+    // This app refuses limits above three a minute.
+    let watcher = ConfigWatcher::new(&limits, loader, &file.0)
+        .poll_interval(Duration::from_millis(10))
+        .on_sighup(false)
+        .check(|_, config| {
+            if config.routes()[0].policy().rules()[0].limit() > 3 {
+                let field = "routes[0].rules[0].limit";
+                return Err(tower_redis_ratelimit::config::ConfigError::new(
+                    field,
+                    "at most 3",
+                ));
+            }
+            Ok(())
+        })
+        .spawn();
+    file.write(FIVE_PER_MINUTE);
+    wait_for_reloads(&limits, 0, 1).await;
+    assert_eq!(
+        quotas(&get_path(&app, "/a").await),
+        [("1-per-60s".to_owned(), 1)]
+    );
+    file.write(&FIVE_PER_MINUTE.replace("limit = 5", "limit = 2"));
+    wait_for_reloads(&limits, 1, 1).await;
+    watcher.abort();
+}

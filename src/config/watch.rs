@@ -1,11 +1,13 @@
 //! [`ConfigWatcher`]: reloads a [`RouteLimitsLayer`] when its file changes, or on `SIGHUP`.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::{ConfigLoader, RouteLimitsLayer};
+use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteLimitsLayer};
 
 /// How often the file is read by default to see whether it changed.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -34,13 +36,28 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// ConfigWatcher::new(&limits, loader, "limits.toml").spawn();
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConfigWatcher {
     layer: RouteLimitsLayer,
     loader: ConfigLoader,
     path: PathBuf,
     poll_interval: Duration,
     sighup: bool,
+    check: Option<AppCheck>,
+}
+
+/// An app's own check of a new file: its text and the configuration the crate read from it.
+type AppCheck = Arc<dyn Fn(&str, &RateLimitConfig) -> Result<(), ConfigError> + Send + Sync>;
+
+impl fmt::Debug for ConfigWatcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConfigWatcher")
+            .field("path", &self.path)
+            .field("poll_interval", &self.poll_interval)
+            .field("sighup", &self.sighup)
+            .field("check", &self.check.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConfigWatcher {
@@ -53,7 +70,20 @@ impl ConfigWatcher {
             path: path.into(),
             poll_interval: DEFAULT_POLL_INTERVAL,
             sighup: true,
+            check: None,
         }
+    }
+
+    /// Runs the app's own checks on each new file (its text, and the configuration the crate
+    /// read from it) before it is applied: an error refuses the reload like the crate's own,
+    /// logged and counted. For fields the app reads itself
+    /// ([`ConfigLoader::app_fields`]) and rules of its own.
+    pub fn check<F>(mut self, check: F) -> Self
+    where
+        F: Fn(&str, &RateLimitConfig) -> Result<(), ConfigError> + Send + Sync + 'static,
+    {
+        self.check = Some(Arc::new(check));
+        self
     }
 
     /// How often the file is read to see whether it changed (default one second).
@@ -99,8 +129,10 @@ impl ConfigWatcher {
                 }
                 Ok(_) => {}
                 // A signal asked for this reload: refuse it, saying why (logged and counted).
-                Err(_) if forced => {
-                    let _ = self.layer.reload_from_path(&self.loader, &self.path);
+                Err(error) if forced => {
+                    let message = format!("cannot read {}: {error}", self.path.display());
+                    let source = self.path.display().to_string();
+                    self.layer.refuse(ConfigError::new("", message), &source);
                 }
                 // Being replaced, perhaps: read again at the next poll.
                 Err(_) => {}
@@ -110,8 +142,14 @@ impl ConfigWatcher {
 
     fn reload(&self, text: &str) {
         let source = self.path.display().to_string();
+        let checked = self.loader.from_toml_str(text).and_then(|config| {
+            if let Some(check) = &self.check {
+                check(text, &config)?;
+            }
+            Ok(config)
+        });
         // Both outcomes are logged and counted by the layer.
-        let _ = match self.loader.from_toml_str(text) {
+        let _ = match checked {
             Ok(config) => self.layer.reload(&config),
             Err(error) => Err(self.layer.refuse(error, &source)),
         };
