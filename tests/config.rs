@@ -109,7 +109,7 @@ fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
             "algoritm = \"fixed_window\"",
             "routes[0].algoritm: unknown field `algoritm`, expected one of `path`, `name`, `key`, \
              `algorithm`, `rules`, `prevent_duplicate`, `block_for`, `mode`, `max_delay`, \
-             `cost_header`, `max_in_flight`, `lease` (line 6, column 1)",
+             `cost_header`, `max_in_flight`, `lease`, `overrides` (line 6, column 1)",
         ),
         (
             "algorithm = \"token\"",
@@ -251,6 +251,191 @@ fn bad_rules_and_top_level_fields_are_refused_naming_the_field() {
     );
     let syntax = RateLimitConfig::from_toml_str("[[routes]\npath = 1").unwrap_err();
     assert_eq!(syntax.location(), Some((1, 10)), "{syntax}");
+}
+
+/// The file of a bad-field case: `R` adds the line to a route, `T` to the top level, `Q` to a
+/// `[quota]` section; `N` is a whole file.
+fn case_file(kind: &str, line: &str) -> String {
+    const ROUTE: &str = "[[routes]]\npath = \"/a\"\nrules = [{ limit = 5, period = \"1m\" }]\n";
+    match kind {
+        "R" => format!("{ROUTE}{line}\n"),
+        "T" => format!("{line}\n{ROUTE}"),
+        "Q" => format!("{ROUTE}[quota]\n{line}\n"),
+        _ => line.to_owned(),
+    }
+}
+
+#[test]
+fn each_field_wrong_in_each_way_is_refused_naming_it() {
+    let cases = [
+        (
+            "R",
+            "prevent_duplicate = { limit = 2, period = \"2s\" }",
+            "routes[0].prevent_duplicate.limit: the duplicate guard admits one request per period: leave out the limit or make it 1 (use a rule for more) (line 4, column 31)",
+        ),
+        (
+            "R",
+            "prevent_duplicate = \"yes\"",
+            "routes[0].prevent_duplicate: invalid type: string \"yes\", expected true, false, or a table such as { period = \"2s\" } (line 4, column 21)",
+        ),
+        (
+            "R",
+            "prevent_duplicate = { period = \"never\" }",
+            "routes[0].prevent_duplicate.period: invalid duration \"never\" (expected number at 0): expected a number and a unit, such as \"500ms\", \"10s\", \"1m\", \"1h30m\" or \"1d\" (line 4, column 32)",
+        ),
+        (
+            "R",
+            "max_delay = \"1s\"",
+            "routes[0].max_delay: applies only with mode = \"delay\" (line 4, column 13)",
+        ),
+        (
+            "R",
+            "lease = \"30s\"",
+            "routes[0].lease: applies only with max_in_flight (line 4, column 9)",
+        ),
+        (
+            "R",
+            "max_in_flight = 0",
+            "routes[0].max_in_flight: must be at least 1 (line 4, column 17)",
+        ),
+        (
+            "N",
+            "[[routes]]\npath = \"/a\"\nalgorithm = \"fixed_window\"\nrules = [{ limit = 5, period = \"1m\", burst = 9 }]",
+            "routes[0].rules[0].burst: 5 per 60s: a burst applies only to the token_bucket algorithm (line 4, column 46)",
+        ),
+        (
+            "N",
+            "[[routes]]\npath = \"/a\"\nname = \"x\"\nrules = [{ limit = 5, period = \"1m\" }]\n[[routes]]\npath = \"/b\"\nname = \"x\"\nrules = [{ limit = 5, period = \"1m\" }]",
+            "routes[1].name: \"x\" is already the name of routes[0] (line 7, column 8)",
+        ),
+        (
+            "T",
+            "store_timeout = \"fast\"",
+            "store_timeout: invalid duration \"fast\" (expected number at 0): expected a number and a unit, such as \"500ms\", \"10s\", \"1m\", \"1h30m\" or \"1d\" (line 1, column 17)",
+        ),
+        (
+            "T",
+            "forwarded_header = \"via\"",
+            "forwarded_header: unknown forwarded header \"via\": expected \"x-forwarded-for\", \"forwarded\" or \"x-real-ip\" (line 1, column 20)",
+        ),
+        (
+            "T",
+            "prefix = \"a b\"",
+            "prefix: \"a b\" must be 1 to 64 letters, digits and -._~@+=!*(),/ (it starts every store key) (line 1, column 10)",
+        ),
+        (
+            "T",
+            "tls_ca = \"ca.pem\"",
+            "tls_ca: applies only to a Redis store, not \"memory\" (line 1, column 10)",
+        ),
+        (
+            "T",
+            "tls_insecure = true",
+            "tls_insecure: applies only to a Redis store, not \"memory\" (line 1, column 16)",
+        ),
+        (
+            "T",
+            "store = 5",
+            "store: invalid type: integer `5`, expected \"memory\", a URL, or a table with cluster = [...] or sentinel = [...] and master = \"...\" (line 1, column 9)",
+        ),
+        (
+            "T",
+            "store = { cluster = [] }",
+            "store.cluster: must list at least one node URL (line 1, column 21)",
+        ),
+        (
+            "T",
+            "store = { cluster = [\"http://x:1\"] }",
+            "store.cluster[0]: \"http://x:1\" is not a redis:// or rediss:// URL (line 1, column 22)",
+        ),
+        (
+            "T",
+            "store = { sentinel = [\"redis://127.0.0.1:26379\"] }",
+            "store.master: is required with sentinel = [...]: the name the sentinels know the primary by, such as \"mymaster\" (line 1, column 9)",
+        ),
+        (
+            "T",
+            "store = { cluster = [\"redis://a:1\"], sentinel = [\"redis://b:1\"] }",
+            "store: expected either cluster = [...] or sentinel = [...], not both (line 1, column 9)",
+        ),
+        (
+            "T",
+            "store = { cluster = [\"redis://a:1\", \"rediss://b:1\"] }",
+            "store.cluster[1]: \"rediss://b:1\" and store.cluster[0] differ in TLS: use rediss:// for every URL or for none (line 1, column 37)",
+        ),
+        (
+            "T",
+            "store = { cluster = [\"redis://a:1\"], master = \"m\" }",
+            "store.master: applies only with sentinel = [...] (a cluster finds its primaries itself) (line 1, column 47)",
+        ),
+        (
+            "Q",
+            "tiers = {}",
+            "quota.tiers: must name at least one tier, such as { free = 100 } (line 5, column 9)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 0 }",
+            "quota.tiers.free: must be 1 to 2^35 requests per day (line 5, column 18)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10, pro = 100 }",
+            "quota.default_tier: is required with more than one tier: the tier of requests without a known one (line 4, column 1)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\ndefault_tier = \"gold\"",
+            "quota.default_tier: \"gold\" is not one of the tiers (line 6, column 16)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\nalert_at = [0, 100]",
+            "quota.alert_at: 0 is not a percent from 1 to 100 (line 6, column 12)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\nalert_at = [101]",
+            "quota.alert_at: 101 is not a percent from 1 to 100 (line 6, column 12)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\nutc_offset = \"+25:00\"",
+            "quota.utc_offset: \"+25:00\" is not an offset such as \"+00:00\", \"+05:30\" or \"-08:00\" (at most 18 hours) (line 6, column 14)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\nalert_webhook = \"https://hooks.example/x\"",
+            "quota.alert_webhook: \"https://hooks.example/x\" is not an http:// URL (line 6, column 17)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\nkey = \"cookie\"",
+            "quota.key: unknown key \"cookie\": expected \"ip\", \"user\", \"global\", \"header:<name>\" or \"query:<name>\" (line 6, column 7)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\ntier_header = \"x tier\"",
+            "quota.tier_header: \"x tier\" is not a header name (line 6, column 15)",
+        ),
+        (
+            "Q",
+            "tiers = { free = 10 }\ncolour = 1",
+            "quota.colour: unknown field `colour`, expected one of `key`, `tier_header`, `default_tier`, `tiers`, `alert_at`, `alert_webhook`, `utc_offset` (line 6, column 1)",
+        ),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .filter_map(|(kind, line, expected)| {
+            let actual = match RateLimitConfig::from_toml_str(&case_file(kind, line)) {
+                Ok(_) => "(accepted)".to_owned(),
+                Err(error) => error.to_string(),
+            };
+            (actual != *expected)
+                .then(|| format!("{line}\n  expected {expected}\n  actual   {actual}"))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]

@@ -139,13 +139,39 @@ pub struct RuleConfig {
 }
 
 /// `prevent_duplicate`: `true`/`false`, or a table with the window.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum DuplicateConfig {
     /// `true` (a 5-second window) or `false` (off).
     On(bool),
     /// `{ period = "2s" }`.
     Rule(DuplicateRule),
+}
+
+/// A boolean or a table, each with its own errors (an untagged enum would only say that nothing
+/// matched).
+impl<'de> Deserialize<'de> for DuplicateConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct DuplicateVisitor;
+
+        impl<'de> Visitor<'de> for DuplicateVisitor {
+            type Value = DuplicateConfig;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true, false, or a table such as { period = \"2s\" }")
+            }
+
+            fn visit_bool<E: de::Error>(self, on: bool) -> Result<DuplicateConfig, E> {
+                Ok(DuplicateConfig::On(on))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<DuplicateConfig, A::Error> {
+                DuplicateRule::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(DuplicateConfig::Rule)
+            }
+        }
+
+        deserializer.deserialize_any(DuplicateVisitor)
+    }
 }
 
 /// The duplicate guard's window.
