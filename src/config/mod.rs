@@ -24,6 +24,7 @@
 //! | `routes[].algorithm` | `"sliding_log"`; or `"fixed_window"`, `"sliding_counter"`, `"token_bucket"` |
 //! | `routes[].mode` | `"enforce"`; or `"shadow"`, `"delay"` (with `max_delay`) |
 //! | `routes[].prevent_duplicate`, `block_for`, `cost_header`, `max_in_flight` + `lease` | off |
+//! | `routes[].overrides` | none; entries `{ identity = "..." }` or `{ cidr = "..." }` with one of `rules = [...]`, `unlimited = true`, `deny = true` ([`Override`](crate::Override)) |
 //! | `[quota]` | none; `key` `"user"`, `tier_header` `"x-tier"`, `alert_at` `[80, 100]`, `utc_offset` `"+00:00"` |
 //!
 //! Durations are written as people write them, `"500ms"`, `"10s"`, `"1m"`, `"1h30m"`, `"1d"`
@@ -31,6 +32,9 @@
 //! and every error names its field and, for a file read here, its line and column:
 //! `routes[0].rules[1].limit: must be at least 1 (line 5, column 50)`. A bad file is refused
 //! whole.
+//!
+//! [`RouteLimitsLayer::reload`] swaps a running layer's policies at once, and a [`ConfigWatcher`]
+//! does it when the file changes or on `SIGHUP`.
 //!
 //! ```
 //! use axum::{Router, routing::get};
