@@ -400,6 +400,11 @@ fn each_field_wrong_in_each_way_is_refused_naming_it() {
         ),
         (
             "Q",
+            "tiers = { free = 10 }\nutc_offset = \"++5:00\"",
+            "quota.utc_offset: \"++5:00\" is not an offset such as \"+00:00\", \"+05:30\" or \"-08:00\" (at most 18 hours) (line 6, column 14)",
+        ),
+        (
+            "Q",
             "tiers = { free = 10 }\nutc_offset = \"+25:00\"",
             "quota.utc_offset: \"+25:00\" is not an offset such as \"+00:00\", \"+05:30\" or \"-08:00\" (at most 18 hours) (line 6, column 14)",
         ),

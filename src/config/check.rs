@@ -555,7 +555,8 @@ fn parse_utc_offset(text: &str) -> Option<i32> {
         _ => return None,
     };
     let (hours, minutes) = rest.split_once(':')?;
-    if hours.len() != 2 || minutes.len() != 2 {
+    let two_digits = |part: &str| part.len() == 2 && part.bytes().all(|b| b.is_ascii_digit());
+    if !two_digits(hours) || !two_digits(minutes) {
         return None;
     }
     let (hours, minutes): (i32, i32) = (hours.parse().ok()?, minutes.parse().ok()?);

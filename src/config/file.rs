@@ -4,107 +4,154 @@
 //! Values that need words when they are wrong (keys, algorithms, durations, addresses) stay
 //! strings here, so the check can say which field is wrong and why. Every field with an obvious
 //! default may be left out; unknown fields are errors, so a typo can't silently disable a limit.
+//!
+//! Every type here is also a [`JsonSchema`]: [`json_schema`](super::json_schema) gives the
+//! format as a JSON Schema, whose descriptions are these doc comments.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::JsonSchema;
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use crate::policy::MAX_LIMIT;
+
 /// The whole file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[schemars(
+    title = "tower-redis-ratelimit configuration",
+    description = "Rate limits of an axum app (tower-redis-ratelimit, feature `config`): where the \
+                   counts live, how clients are told apart, the limited `routes` and an optional \
+                   daily `quota`. Durations are written as people write them: \"500ms\", \"10s\", \
+                   \"1m\", \"1h30m\", \"1d\". Every table below the top level takes only the fields \
+                   listed. The top level is open: the app that loads the file may keep fields of \
+                   its own there (the demo's `listen` and `metrics`), which it names to the \
+                   loader (`ConfigLoader::app_fields`); the loader refuses any other unknown \
+                   top-level field."
+)]
 pub struct ConfigFile {
     /// Where the counts live: `"memory"` (default), a `redis://` / `rediss://` URL, or a table
     /// `{ cluster = [...] }` or `{ sentinel = [...], master = "..." }`.
     #[serde(default)]
+    #[schemars(extend("default" = "memory"))]
     pub store: StoreConfig,
-    /// The start of every store key (default `"rl"`).
+    /// The start of every store key: 1 to 64 letters, digits and `-._~@+=!*(),/` (default `"rl"`).
     #[serde(default)]
+    #[schemars(extend("default" = "rl"))]
     pub prefix: Option<String>,
     /// `"allow"` (default) lets requests through when the store fails, `"deny"` answers 503.
     #[serde(default)]
+    #[schemars(extend("enum" = ["allow", "deny", null], "default" = "allow"))]
     pub on_store_error: Option<String>,
-    /// How long a store answer may take (default `"250ms"`).
+    /// How long a store answer may take before it counts as a store failure: a duration
+    /// (default `"250ms"`).
     #[serde(default)]
+    #[schemars(extend("examples" = ["250ms", "1s"], "default" = "250ms"))]
     pub store_timeout: Option<String>,
     /// CIDRs (or bare addresses) of proxies whose forwarding headers are believed (default none).
     #[serde(default)]
     pub trusted_proxies: Vec<String>,
     /// Pins the forwarding header read from trusted proxies: `"x-forwarded-for"`, `"forwarded"`
-    /// or `"x-real-ip"` (default: the first present of the three).
+    /// or `"x-real-ip"`, in any case (default: the first present of the three).
     #[serde(default)]
     pub forwarded_header: Option<String>,
     /// Also send `X-RateLimit-*` headers (default false).
     #[serde(default)]
     pub legacy_headers: bool,
-    /// With `rediss://` URLs only: a PEM file of CA certificates to trust.
+    /// With `rediss://` URLs only: a PEM file of CA certificates to trust (default: the
+    /// system's roots).
     #[serde(default)]
     pub tls_ca: Option<String>,
-    /// With `rediss://` URLs only: `true` checks no certificate (tests and private networks).
+    /// With `rediss://` URLs only: `true` checks no certificate (tests and private networks;
+    /// default false).
     #[serde(default)]
     pub tls_insecure: Option<bool>,
     /// With a Redis store only: replicas that must acknowledge an admission (default 0, off).
     #[serde(default)]
+    #[schemars(extend("default" = 0))]
     pub wait_for_replicas: Option<u32>,
-    /// The limited routes.
+    /// The limited routes (at least one).
+    #[schemars(length(min = 1))]
     pub routes: Vec<RouteConfig>,
-    /// A daily quota by tier on every route, on top of its rules.
+    /// A daily quota by tier on every route, on top of its rules (default none).
     #[serde(default)]
     pub quota: Option<QuotaConfig>,
     /// Top-level fields this crate doesn't know: refused, unless the app that loads the file
     /// takes them ([`ConfigLoader::app_fields`](super::ConfigLoader::app_fields)).
     #[serde(flatten)]
+    #[schemars(skip)]
     pub(crate) other: BTreeMap<String, IgnoredAny>,
 }
 
 /// A `[[routes]]` entry.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
-    /// The route's path, as given to axum's `Router::route`.
+    /// The route's path, as given to axum's `Router::route`; it starts with `/`.
+    #[schemars(regex(pattern = "^/"))]
     pub path: String,
     /// The policy's name (default: the path, or `route-<index>` when the path can't be a name).
     #[serde(default)]
     pub name: Option<String>,
-    /// `ip` (default), `user`, `global`, `header:<name>` or `query:<name>`.
+    /// How clients are told apart: `"ip"` (default), `"user"`, `"global"`, `"header:<name>"` or
+    /// `"query:<name>"`.
     #[serde(default)]
+    #[schemars(
+        regex(pattern = "^(ip|user|global|header:.+|query:.+)$"),
+        extend("default" = "ip")
+    )]
     pub key: Option<String>,
-    /// `sliding_log` (default), `fixed_window`, `sliding_counter` or `token_bucket`.
+    /// `"sliding_log"` (default), `"fixed_window"`, `"sliding_counter"` or `"token_bucket"`.
     #[serde(default)]
+    #[schemars(extend(
+        "enum" = ["sliding_log", "fixed_window", "sliding_counter", "token_bucket", null],
+        "default" = "sliding_log",
+    ))]
     pub algorithm: Option<String>,
-    /// `{ limit, period }` pairs that must all pass.
+    /// `{ limit, period }` rules that must all pass (at least one, unless `max_in_flight` is set).
     #[serde(default)]
+    #[schemars(transform = no_default)]
     pub rules: Vec<RuleConfig>,
-    /// `true` refuses a second request within 5 s; `{ period = "2s" }` sets the window.
+    /// `true` refuses a second request within 5 s; `{ period = "2s" }` sets the window (default
+    /// off).
     #[serde(default)]
+    #[schemars(extend("default" = false))]
     pub prevent_duplicate: Option<DuplicateConfig>,
-    /// Once a rule refuses a client, refuse it outright this long.
+    /// Once a rule refuses a client, refuse it outright this long: a duration (default off).
     #[serde(default)]
+    #[schemars(extend("examples" = ["15m", "1h"]))]
     pub block_for: Option<String>,
-    /// `"enforce"` (default), `"shadow"` or `"delay"` (which requires `max_delay`).
+    /// `"enforce"` (default), `"shadow"` (log and count, never refuse) or `"delay"` (wait for a
+    /// slot; requires `max_delay`).
     #[serde(default)]
+    #[schemars(extend("enum" = ["enforce", "shadow", "delay", null], "default" = "enforce"))]
     pub mode: Option<String>,
-    /// With `mode = "delay"`: the longest a request waits.
+    /// With `mode = "delay"` (required there): the longest a request waits, a duration.
     #[serde(default)]
+    #[schemars(extend("examples" = ["2s"]))]
     pub max_delay: Option<String>,
     /// A header whose whole number is the request's cost (default: every request costs 1).
     #[serde(default)]
     pub cost_header: Option<String>,
-    /// At most this many requests of one key in progress at once (requires `lease`).
+    /// At most this many requests of one key in progress at once (requires `lease`; default
+    /// off).
     #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
     pub max_in_flight: Option<u64>,
-    /// With `max_in_flight`: the longest a request holds its slot.
+    /// With `max_in_flight` (required there): the longest a request holds its slot, a duration.
     #[serde(default)]
+    #[schemars(extend("examples" = ["30s"]))]
     pub lease: Option<String>,
     /// Identities or client networks treated apart: unlimited, denied, or with rules of their
-    /// own.
+    /// own (default none).
     #[serde(default)]
     pub overrides: Vec<OverrideConfig>,
 }
 
 /// An `overrides` entry: `identity` or `cidr`, and exactly one of `rules`, `unlimited = true` or
 /// `deny = true`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OverrideConfig {
     /// The identity the route's key yields: a user id, a header or query value, a client
@@ -126,12 +173,14 @@ pub struct OverrideConfig {
 }
 
 /// One rule: at most `limit` per `period`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleConfig {
-    /// Requests (or cost units) per period.
+    /// Requests (or cost units) per period, 1 to 2^35.
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
     pub limit: u64,
-    /// The period: `"500ms"`, `"10s"`, `"1m"`, `"1h30m"`, `"1d"`.
+    /// The period, a duration: `"500ms"`, `"10s"`, `"1m"`, `"1h30m"`, `"1d"`.
+    #[schemars(extend("examples" = ["1s", "1m", "1h30m", "1d"]))]
     pub period: String,
     /// `token_bucket` only: the bucket size (default: the limit).
     #[serde(default)]
@@ -139,7 +188,9 @@ pub struct RuleConfig {
 }
 
 /// `prevent_duplicate`: `true`/`false`, or a table with the window.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+// Deserialize is written by hand below (for its errors): the schema says untagged itself.
+#[schemars(untagged)]
 pub enum DuplicateConfig {
     /// `true` (a 5-second window) or `false` (off).
     On(bool),
@@ -175,46 +226,68 @@ impl<'de> Deserialize<'de> for DuplicateConfig {
 }
 
 /// The duplicate guard's window.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DuplicateRule {
     /// 1 if given: the guard admits one request per period.
     #[serde(default)]
+    #[schemars(range(min = 1, max = 1))]
     pub limit: Option<u64>,
-    /// The window.
+    /// The window, a duration.
+    #[schemars(extend("examples" = ["2s"]))]
     pub period: String,
 }
 
 /// The `[quota]` section.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct QuotaConfig {
-    /// As for routes (default `"user"`).
+    /// How clients are told apart, as for routes (default `"user"`).
     #[serde(default)]
+    #[schemars(
+        regex(pattern = "^(ip|user|global|header:.+|query:.+)$"),
+        extend("default" = "user")
+    )]
     pub key: Option<String>,
     /// The header the tier is read from (default `"x-tier"`); set it in a layer you trust.
     #[serde(default)]
+    #[schemars(extend("default" = "x-tier"))]
     pub tier_header: Option<String>,
     /// The tier of requests without a known one (required with several tiers).
     #[serde(default)]
     pub default_tier: Option<String>,
-    /// Tier names and requests per day, `{ free = 100, pro = 5000 }`.
+    /// Tier names and requests per day (1 to 2^35), `{ free = 100, pro = 5000 }`; at least one.
+    #[schemars(extend(
+        "minProperties" = 1,
+        "additionalProperties" = { "type": "integer", "minimum": 1, "maximum": MAX_LIMIT },
+    ))]
     pub tiers: BTreeMap<String, u64>,
-    /// Alert thresholds in percent (default `[80, 100]`).
+    /// Alert thresholds in percent, 1 to 100 (default `[80, 100]`).
     #[serde(default)]
+    #[schemars(inner(range(min = 1, max = 100)), extend("default" = [80, 100]))]
     pub alert_at: Option<Vec<u16>>,
     /// An `http://` URL alerts are posted to as JSON (feature `webhook`; default: only logged).
     #[serde(default)]
     pub alert_webhook: Option<String>,
     /// Where days start: `"+00:00"` (default), `"+05:30"`, `"-08:00"`.
     #[serde(default)]
+    #[schemars(extend("default" = "+00:00"))]
     pub utc_offset: Option<String>,
 }
 
+/// Leaves a field's default out of its schema: `rules = []` is the serde default, but the
+/// loader refuses it on most routes.
+fn no_default(schema: &mut schemars::Schema) {
+    schema.remove("default");
+}
+
 /// The `store` value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+// Its schema says what the hand-written `Deserialize` below reads: a string or a `StoreTable`.
+#[derive(Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[schemars(untagged)]
 pub enum StoreConfig {
-    /// `"memory"` or a URL.
+    /// `"memory"` (counts in this process) or a `redis://` / `rediss://` URL.
+    #[schemars(extend("examples" = ["memory", "redis://127.0.0.1:6379/0"]))]
     Named(String),
     /// `{ cluster = [...] }` or `{ sentinel = [...], master = "..." }`.
     Table(StoreTable),
@@ -227,13 +300,13 @@ impl Default for StoreConfig {
 }
 
 /// A Redis Cluster or Sentinel store.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StoreTable {
     /// Node URLs of a Redis Cluster.
     #[serde(default)]
     pub cluster: Option<Vec<String>>,
-    /// Sentinel URLs.
+    /// Sentinel URLs (with `master`).
     #[serde(default)]
     pub sentinel: Option<Vec<String>>,
     /// The name the sentinels know the primary by.

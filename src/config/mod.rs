@@ -34,7 +34,9 @@
 //! whole.
 //!
 //! [`RouteLimitsLayer::reload`] swaps a running layer's policies at once, and a [`ConfigWatcher`]
-//! does it when the file changes or on `SIGHUP`.
+//! does it when the file changes or on `SIGHUP`. [`json_schema`] gives the format as a JSON
+//! Schema, for editors and checks; the repository ships it as
+//! `schema/ratelimit-config.schema.json`.
 //!
 //! ```
 //! use axum::{Router, routing::get};
@@ -82,6 +84,62 @@ use store::RedisSettings;
 
 /// The key prefix when the file names none.
 pub const DEFAULT_PREFIX: &str = "rl";
+
+/// The `$id` of [`json_schema`]: a name for the format, not a place to fetch it from.
+const SCHEMA_ID: &str = "urn:tower-redis-ratelimit:config";
+
+/// The configuration format as a JSON Schema (draft 7), generated from [`ConfigFile`] and the
+/// types it holds, titled "tower-redis-ratelimit configuration", its `$id`
+/// `urn:tower-redis-ratelimit:config` (a name, not a place to fetch it from).
+///
+/// The repository ships it as `schema/ratelimit-config.schema.json`: point an editor at it (with
+/// Taplo or Even Better TOML, a comment `#:schema <path or URL>` at the top of the TOML file) to
+/// get completion, each field's description and default on hover, and typos underlined. It is
+/// draft 7 rather than 2020-12 so that editors' TOML tooling reads it (Taplo validates with
+/// drafts 4 to 7).
+///
+/// The schema gives the shape of a file: types, required fields, the known values of `algorithm`,
+/// `mode` and `on_store_error`, and tables that take only their own fields, except the top level,
+/// which stays open for the app's own fields ([`ConfigLoader::app_fields`]; the loader refuses
+/// those the app doesn't name). The loader checks more than the schema can say (durations, URLs
+/// and CIDRs parse; `max_delay` only with `mode = "delay"`; an override names one of `identity`
+/// and `cidr`), so a file the schema accepts can still be refused, naming its field.
+///
+/// ```
+/// let schema = tower_redis_ratelimit::config::json_schema();
+/// assert_eq!(schema["title"], "tower-redis-ratelimit configuration");
+/// let route = &schema["definitions"]["RouteConfig"];
+/// assert_eq!(route["additionalProperties"], false);
+/// assert_eq!(route["required"], serde_json::json!(["path"]));
+/// ```
+pub fn json_schema() -> serde_json::Value {
+    use schemars::transform::{RecursiveTransform, Transform};
+
+    let mut schema = schemars::generate::SchemaSettings::draft07()
+        .into_generator()
+        .into_root_schema_for::<ConfigFile>();
+    RecursiveTransform(|schema: &mut schemars::Schema| {
+        // An `Option` field's serde default is `None`, which says nothing: the fields whose
+        // default means something say it themselves.
+        if schema
+            .get("default")
+            .is_some_and(serde_json::Value::is_null)
+        {
+            schema.remove("default");
+        }
+        // Doc comments are wrapped at 100 columns; a description is one line per paragraph.
+        if let Some(serde_json::Value::String(text)) = schema.get_mut("description") {
+            *text = text
+                .split("\n\n")
+                .map(|paragraph| paragraph.replace('\n', " "))
+                .collect::<Vec<_>>()
+                .join("\n\n");
+        }
+    })
+    .transform(&mut schema);
+    schema.insert("$id".to_owned(), SCHEMA_ID.into());
+    schema.to_value()
+}
 
 /// A checked configuration: a policy per route, and the store they count in.
 ///
