@@ -71,10 +71,18 @@ impl RateLimitLayer {
         RateLimitLayer { limiter }
     }
 
+    /// The limiter, to change a setting: this layer's own copy once others share it, with its
+    /// override limiters to be made anew from the changed settings.
+    fn limiter_mut(&mut self) -> &mut Limiter {
+        let limiter = Arc::make_mut(&mut self.limiter);
+        limiter.settings_changed();
+        limiter
+    }
+
     /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (the Unix
     /// time of the reset, in seconds) for the rule closest to running out, as GitHub does.
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
-        Arc::make_mut(&mut self.limiter).legacy_headers = enabled;
+        self.limiter_mut().legacy_headers = enabled;
         self
     }
 
@@ -98,7 +106,7 @@ impl RateLimitLayer {
     where
         F: Fn(&Rejected) -> Response<Body> + Send + Sync + 'static,
     {
-        Arc::make_mut(&mut self.limiter).on_rejected = Some(Arc::new(respond));
+        self.limiter_mut().on_rejected = Some(Arc::new(respond));
         self
     }
 
@@ -109,14 +117,14 @@ impl RateLimitLayer {
     /// refused request counts nowhere. So a refusal flood costs no store calls, and logs one line
     /// per identity and window; the rest are counted in the next line's `unlogged_refusals`.
     pub fn refusal_cache(mut self, capacity: usize) -> Self {
-        Arc::make_mut(&mut self.limiter).refusals = Arc::new(Refusals::new(capacity));
+        self.limiter_mut().refusals = Arc::new(Refusals::new(capacity));
         self
     }
 
     /// How many identities [`RateLimitLayer::top_refused`] tracks (default 64; 0 turns it off).
     /// Memory is fixed by it: about 100 bytes per identity plus the identity itself.
     pub fn top_refused_capacity(mut self, capacity: usize) -> Self {
-        Arc::make_mut(&mut self.limiter).top_refused =
+        self.limiter_mut().top_refused =
             Arc::new(TopRefused::new(capacity, DEFAULT_TOP_REFUSED_GENERATION));
         self
     }

@@ -47,8 +47,8 @@ pub(crate) struct Limiter {
     /// Requests waiting for a concurrency slot (delay mode).
     slot_queues: Arc<SlotQueues>,
     /// The limiter of each `rules` override of the policy (by override index), made at the first
-    /// request from this limiter's settings, which are final by then. Not shared by a clone, so
-    /// a layer's setters reach it.
+    /// request from this limiter's settings; a change of settings forgets them
+    /// ([`Limiter::settings_changed`]), so a layer's setters reach them.
     overriding: OnceLock<Box<[Option<Arc<Limiter>>]>>,
 }
 
@@ -149,6 +149,11 @@ impl Limiter {
         }
     }
 
+    /// Forgets the override limiters made from the settings before a change.
+    pub(crate) fn settings_changed(&mut self) {
+        self.overriding = OnceLock::new();
+    }
+
     /// The limiter of override `index`, when it has rules.
     fn overriding(&self, index: usize) -> Option<Arc<Limiter>> {
         let limiters = self.overriding.get_or_init(|| {
@@ -222,6 +227,18 @@ impl Limiter {
             match applied {
                 Applied::Unlimited => {
                     self.metrics().request(Outcome::OverrideUnlimited);
+                    return Prepared::Unlimited;
+                }
+                // Shadow mode refuses nothing, a deny list included: it says what it would do.
+                Applied::Deny if policy.mode() == Mode::Shadow => {
+                    self.metrics().request(Outcome::ShadowRefused);
+                    self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        policy = policy.name(),
+                        key_kind = key.kind(),
+                        key = key.identity(),
+                        "request would be denied by an override (shadow mode)"
+                    );
                     return Prepared::Unlimited;
                 }
                 Applied::Deny => {

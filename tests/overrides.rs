@@ -330,3 +330,57 @@ overrides = [{ identity = "vip", unlimited = true }, { identity = "big", rules =
         }
     }
 }
+
+#[tokio::test]
+async fn an_address_override_wins_over_an_earlier_network() {
+    let policy = Policy::builder("ovr-order")
+        .key(Key::ip())
+        .rule(Rule::per_minute(1))
+        .overrides([
+            Override::cidr("10.0.0.0/8".parse().unwrap()).deny(),
+            // Written as an IPv4-mapped IPv6 address: the same client.
+            Override::identity("::ffff:10.1.2.3").unlimited(),
+        ])
+        .build()
+        .unwrap();
+    let app = app(&RateLimitLayer::new(policy, MemoryStore::new()));
+    for _ in 0..3 {
+        let response = send(&app, request_from("10.1.2.3:1", "/")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let neighbour = send(&app, request_from("10.1.2.4:1", "/")).await;
+    assert_eq!(neighbour.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn shadow_mode_lets_a_denied_identity_through_and_counts_it() {
+    let policy = by_user("rl")
+        .mode(tower_redis_ratelimit::Mode::Shadow)
+        .overrides([Override::identity("evil").deny()])
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(policy, MemoryStore::new());
+    let app = app(&layer);
+    assert_eq!(send(&app, from_user("evil")).await.status(), StatusCode::OK);
+    assert_eq!(layer.shadow_refusals(), 1);
+}
+
+#[tokio::test]
+async fn a_layer_setter_after_serving_reaches_the_override_rules() {
+    let policy = by_user("rl")
+        .overrides([Override::identity("big").rules([Rule::per_minute(3)])])
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(policy, MemoryStore::new());
+    let first = send(&app(&layer), from_user("big")).await;
+    assert!(first.headers().get("x-ratelimit-limit").is_none());
+    // A setter clones the limiter, whose override limiters were made by the first request.
+    let legacy = layer.legacy_headers(true);
+    let second = send(&app(&legacy), from_user("big")).await;
+    assert_eq!(
+        second.headers()["x-ratelimit-limit"],
+        "3",
+        "{:?}",
+        second.headers()
+    );
+}

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
@@ -15,6 +15,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower::{BoxError, Layer, Service};
 
+use super::store::RedisSettings;
 use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteSource, StoreSpec};
 use crate::RateLimitLayer;
 use crate::future::ResponseFuture;
@@ -41,9 +42,13 @@ pub struct RouteLimitsLayer {
 struct Shared {
     /// Where every route counts; a reload keeps it (a new store needs a restart).
     store: Arc<dyn Store>,
-    /// The `store` of the file the layer was built from, to warn when a reload names another.
-    store_spec: StoreSpec,
+    /// The `store` (and its settings) of the file the layer was built from, to warn when a
+    /// reload names another.
+    store_spec: (StoreSpec, RedisSettings),
     routes: ArcSwap<RouteTable>,
+    /// Held from reading the table to storing the next, so two reloads at once can't build
+    /// from the same table and lose one of them.
+    reloading: Mutex<()>,
     applied: AtomicU64,
     refused: AtomicU64,
 }
@@ -84,8 +89,9 @@ impl RouteLimitsLayer {
         Ok(RouteLimitsLayer {
             shared: Arc::new(Shared {
                 store,
-                store_spec: config.store.clone(),
+                store_spec: (config.store.clone(), config.redis.clone()),
                 routes: ArcSwap::from_pointee(table),
+                reloading: Mutex::new(()),
                 applied: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
             }),
@@ -100,15 +106,22 @@ impl RouteLimitsLayer {
     /// Each call is counted ([`reload_counts`](Self::reload_counts), and the
     /// `ratelimit_config_reloads_total` metric with `outcome` `applied` or `refused`) and logged.
     pub fn reload(&self, config: &RateLimitConfig) -> Result<ReloadSummary, ConfigError> {
+        // A poisoned lock guards no data: the table is swapped whole or not at all.
+        let _reloading = self
+            .shared
+            .reloading
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let current = self.shared.routes.load();
         match RouteTable::build(config, &self.shared.store, &current) {
             Ok((table, summary)) => {
-                if config.store != self.shared.store_spec {
+                let (store, settings) = &self.shared.store_spec;
+                if config.store != *store || config.redis != *settings {
                     tracing::warn!(
-                        from = %self.shared.store_spec,
+                        from = %store,
                         to = %config.store,
-                        "the new configuration names another store: it takes a restart; the \
-                         policies are reloaded, counting where they did"
+                        "the new configuration changes the store or its settings: that takes a \
+                         restart; the policies are reloaded, counting where they did"
                     );
                 }
                 self.shared.routes.store(Arc::new(table));

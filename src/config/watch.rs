@@ -16,7 +16,8 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// `SIGHUP` (Unix) whether they changed or not, as servers such as nginx do.
 ///
 /// The file is read every [`poll_interval`](Self::poll_interval) (default one second) and
-/// compared with what was last read: plain reads work the same on every platform, in containers
+/// compared with what was last applied; a change is applied once two reads in a row agree, so a
+/// file being written in place is not read half-written: plain reads work the same on every platform, in containers
 /// and on network mounts, and editors that replace the file by renaming are seen like any other.
 /// A file that can't be read for a moment (being replaced) is tried again at the next poll. A
 /// change that fails a check keeps the old policies and is logged naming its field, once, until
@@ -113,6 +114,8 @@ impl ConfigWatcher {
     }
 
     async fn run(self, mut hangups: Hangups, mut last: Option<String>) {
+        // What the previous poll read.
+        let mut seen: Option<String> = None;
         let mut ticks = tokio::time::interval(self.poll_interval);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await;
@@ -123,11 +126,16 @@ impl ConfigWatcher {
             };
             let text = tokio::fs::read_to_string(&self.path).await;
             match text {
-                Ok(text) if forced || last.as_ref() != Some(&text) => {
+                // A change is applied once two reads in a row agree: a file written in place
+                // (`cp`, `>`) may be read half-written, and a cut-off file can still parse.
+                Ok(text)
+                    if forced || (last.as_ref() != Some(&text) && seen.as_ref() == Some(&text)) =>
+                {
                     self.reload(&text);
                     last = Some(text);
+                    seen = None;
                 }
-                Ok(_) => {}
+                Ok(text) => seen = Some(text),
                 // A signal asked for this reload: refuse it, saying why (logged and counted).
                 Err(error) if forced => {
                     let message = format!("cannot read {}: {error}", self.path.display());

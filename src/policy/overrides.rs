@@ -112,7 +112,9 @@ pub(crate) enum Applied {
 pub(crate) struct Overrides {
     /// By the identity as store keys hold it (`user:vip`, `header#…`), to an index of `applied`.
     by_identity: HashMap<String, usize>,
-    /// Client networks (a single address for an `ip` key's identity), in order.
+    /// By client address: an `ip` key's identities, matched whatever the IPv6 grouping.
+    by_address: HashMap<IpAddr, usize>,
+    /// Client networks, in order.
     by_network: Vec<(IpNet, usize)>,
     applied: Vec<Applied>,
 }
@@ -128,21 +130,26 @@ impl Overrides {
         let mut built = Overrides::default();
         for (index, entry) in overrides.iter().enumerate() {
             match &entry.target {
-                Target::Identity(identity) => match stored_identity(key, identity) {
-                    Ok(Stored::Identity(stored)) => {
-                        if let Some(&first) = built.by_identity.get(&stored) {
-                            return Err((
-                                index,
-                                format!(
-                                    "identity {identity:?} is already overridden by overrides[{first}]"
-                                ),
-                            ));
-                        }
-                        built.by_identity.insert(stored, index);
+                Target::Identity(identity) => {
+                    let stored =
+                        stored_identity(key, identity).map_err(|reason| (index, reason))?;
+                    let first = match &stored {
+                        Stored::Identity(text) => built.by_identity.get(text),
+                        Stored::Address(address) => built.by_address.get(address),
+                    };
+                    if let Some(first) = first {
+                        return Err((
+                            index,
+                            format!(
+                                "identity {identity:?} is already overridden by overrides[{first}]"
+                            ),
+                        ));
                     }
-                    Ok(Stored::Address(network)) => built.by_network.push((network, index)),
-                    Err(reason) => return Err((index, reason)),
-                },
+                    match stored {
+                        Stored::Identity(text) => built.by_identity.insert(text, index),
+                        Stored::Address(address) => built.by_address.insert(address, index),
+                    };
+                }
                 Target::Cidr(network) => built.by_network.push((*network, index)),
             }
             built.applied.push(match &entry.action {
@@ -165,8 +172,8 @@ impl Overrides {
     }
 
     /// The override of a request whose key yielded `identity` (as store keys hold it): an exact
-    /// identity first, then the first network holding the client's address. Its index and what
-    /// it does.
+    /// identity (or client address) first, then the first network holding the client's address.
+    /// Its index and what it does.
     pub(crate) fn find(
         &self,
         identity: &str,
@@ -174,14 +181,16 @@ impl Overrides {
         client_ip: &ClientIp,
     ) -> Option<(usize, &Applied)> {
         let index = self.by_identity.get(identity).copied().or_else(|| {
-            if self.by_network.is_empty() {
+            if self.by_address.is_empty() && self.by_network.is_empty() {
                 return None;
             }
-            let address = client_ip.client_addr(parts)?;
-            self.by_network
-                .iter()
-                .find(|(network, _)| network.contains(&address))
-                .map(|&(_, index)| index)
+            let address = client_ip.client_addr(parts)?.to_canonical();
+            self.by_address.get(&address).copied().or_else(|| {
+                self.by_network
+                    .iter()
+                    .find(|(network, _)| network.contains(&address))
+                    .map(|&(_, index)| index)
+            })
         })?;
         Some((index, &self.applied[index]))
     }
@@ -197,7 +206,7 @@ enum Stored {
     /// The identity as a store key holds it.
     Identity(String),
     /// A client address.
-    Address(IpNet),
+    Address(IpAddr),
 }
 
 /// The identity `key` yields for the value `identity`, as store keys hold it.
@@ -213,7 +222,7 @@ fn stored_identity(key: &Key, identity: &str) -> Result<Stored, String> {
                      IP; name a network with cidr)"
                 )
             })?;
-            return Ok(Stored::Address(IpNet::from(address)));
+            return Ok(Stored::Address(address.to_canonical()));
         }
         "global" => {
             return Err(
@@ -257,9 +266,18 @@ mod tests {
         .unwrap();
         let hashed = Identity::secret("header", b"vip");
         assert!(header.by_identity.contains_key(hashed.as_str()));
-        let ip =
-            Overrides::build(&[Override::identity("10.1.2.3").deny()], &Key::ip(), policy).unwrap();
-        assert_eq!(ip.by_network[0].0, "10.1.2.3/32".parse::<IpNet>().unwrap());
+        let mapped = [Override::identity("::ffff:10.1.2.3").deny()];
+        let ip = Overrides::build(&mapped, &Key::ip(), policy).unwrap();
+        let address: IpAddr = "10.1.2.3".parse().unwrap();
+        assert!(ip.by_address.contains_key(&address) && ip.by_network.is_empty());
+        let twice = [
+            Override::identity("10.1.2.3").deny(),
+            Override::identity("10.1.2.3").unlimited(),
+        ];
+        assert_eq!(
+            Overrides::build(&twice, &Key::ip(), policy).unwrap_err().0,
+            1
+        );
     }
 
     #[test]
