@@ -18,7 +18,7 @@ use common::{request_from, send};
 use http::{Response, StatusCode};
 use tokio::sync::Notify;
 use tower_redis_ratelimit::config::{
-    ConfigWatcher, RateLimitConfig, ReloadSummary, RouteLimitsLayer,
+    ConfigLoader, ConfigWatcher, RateLimitConfig, ReloadSummary, RouteLimitsLayer,
 };
 use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
 
@@ -182,6 +182,14 @@ impl TempFile {
     }
 }
 
+/// The limits of `file`, in a memory store, and the loader that read it.
+fn limits_from(file: &TempFile) -> (ConfigLoader, RouteLimitsLayer) {
+    let loader = RateLimitConfig::loader();
+    let config = loader.from_path(&file.0).unwrap();
+    let limits = config.route_limits(Arc::new(MemoryStore::new())).unwrap();
+    (loader, limits)
+}
+
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
@@ -197,12 +205,7 @@ const BAD_LIMIT: &str = "[[routes]]\npath = \"/a\"\nrules = [{ limit = 0, period
 #[tokio::test]
 async fn a_bad_file_changes_nothing() {
     let file = TempFile::new("bad", ONE_PER_MINUTE);
-    let loader = RateLimitConfig::loader();
-    let limits = loader
-        .from_path(&file.0)
-        .unwrap()
-        .route_limits(Arc::new(MemoryStore::new()))
-        .unwrap();
+    let (loader, limits) = limits_from(&file);
     let app = app(&limits);
     assert_eq!(get_path(&app, "/a").await.status(), StatusCode::OK);
 
@@ -340,12 +343,7 @@ async fn wait_for_reloads(limits: &RouteLimitsLayer, applied: u64, refused: u64)
 #[tokio::test]
 async fn the_watcher_reloads_when_the_file_changes() {
     let file = TempFile::new("watch", ONE_PER_MINUTE);
-    let loader = RateLimitConfig::loader();
-    let limits = loader
-        .from_path(&file.0)
-        .unwrap()
-        .route_limits(Arc::new(MemoryStore::new()))
-        .unwrap();
+    let (loader, limits) = limits_from(&file);
     let app = app(&limits);
     let watcher = ConfigWatcher::new(&limits, loader, &file.0)
         .poll_interval(Duration::from_millis(10))
@@ -381,12 +379,7 @@ async fn the_watcher_reloads_when_the_file_changes() {
 #[tokio::test]
 async fn the_watcher_reloads_on_sighup() {
     let file = TempFile::new("sighup", ONE_PER_MINUTE);
-    let loader = RateLimitConfig::loader();
-    let limits = loader
-        .from_path(&file.0)
-        .unwrap()
-        .route_limits(Arc::new(MemoryStore::new()))
-        .unwrap();
+    let (loader, limits) = limits_from(&file);
     let app = app(&limits);
     // Polls too rarely to see the change: only the signal reloads.
     let watcher = ConfigWatcher::new(&limits, loader, &file.0)
@@ -409,12 +402,7 @@ async fn the_watcher_reloads_on_sighup() {
 #[tokio::test]
 async fn the_watcher_runs_the_apps_own_checks_before_a_reload() {
     let file = TempFile::new("check", ONE_PER_MINUTE);
-    let loader = RateLimitConfig::loader();
-    let limits = loader
-        .from_path(&file.0)
-        .unwrap()
-        .route_limits(Arc::new(MemoryStore::new()))
-        .unwrap();
+    let (loader, limits) = limits_from(&file);
     let app = app(&limits);
     // This app refuses limits above three a minute.
     let watcher = ConfigWatcher::new(&limits, loader, &file.0)
