@@ -3,6 +3,8 @@
 //! formats, and the policies applied to a router.
 #![cfg(feature = "config")]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -68,17 +70,7 @@ fn durations_are_written_as_people_write_them() {
 
 #[test]
 fn every_example_config_loads() {
-    let mut paths: Vec<_> = std::fs::read_dir("examples")
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| {
-            path.extension()
-                .is_some_and(|extension| extension == "toml")
-        })
-        .collect();
-    paths.sort();
-    assert!(!paths.is_empty());
-    for path in paths {
+    for path in common::example_configs() {
         let path = path.display();
         let text = std::fs::read_to_string(path.to_string()).unwrap();
         let config = RateLimitConfig::loader()

@@ -5,6 +5,8 @@
 //! them too, so the schema is never stricter than the loader), and its defaults are the loader's.
 #![cfg(feature = "config")]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
@@ -217,19 +219,8 @@ fn load(text: &str) -> Result<RateLimitConfig, String> {
 
 #[test]
 fn every_example_config_passes_the_schema() {
-    let mut paths: Vec<PathBuf> =
-        std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples"))
-            .unwrap()
-            .map(|entry| entry.unwrap().path())
-            .filter(|path| {
-                path.extension()
-                    .is_some_and(|extension| extension == "toml")
-            })
-            .collect();
-    paths.sort();
-    assert!(!paths.is_empty());
     let mut with_app_fields = 0;
-    for path in paths {
+    for path in common::example_configs() {
         let text = std::fs::read_to_string(&path).unwrap();
         let document = json_of(&text);
         let errors = schema_errors(&document);

@@ -479,3 +479,19 @@ pub async fn a_quota_race_admits_the_limit_and_alerts_once(
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod redis_tls;
+
+/// The TOML configs shipped in `examples/`, sorted (at least one).
+pub fn example_configs() -> Vec<std::path::PathBuf> {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut paths: Vec<_> = std::fs::read_dir(examples)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.extension()
+                .is_some_and(|extension| extension == "toml")
+        })
+        .collect();
+    paths.sort();
+    assert!(!paths.is_empty(), "no example configs");
+    paths
+}
