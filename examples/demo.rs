@@ -433,6 +433,26 @@ async fn work(RawQuery(query): RawQuery) -> (StatusCode, &'static str) {
     (StatusCode::OK, "done")
 }
 
+/// Logs what a Redis store runs on (`RedisStore::probe`), or why it can't be used yet: the demo
+/// serves either way, and requests get `on_store_error`'s answer until Redis can be used.
+async fn probe_store(limits: &RateLimitConfig) {
+    let store = match limits.open_redis_store() {
+        Ok(Some(store)) => store,
+        Ok(None) => return,
+        Err(error) => {
+            tracing::error!(%error, "the Redis store can't be opened");
+            return;
+        }
+    };
+    match store.probe().await {
+        Ok(server) => tracing::info!(%server, "Redis store probed"),
+        Err(error) => tracing::error!(
+            %error,
+            "the Redis store can't be used yet; requests get on_store_error's answer until it can"
+        ),
+    }
+}
+
 /// Serves `config` on `listener` until Ctrl-C, then finishes the requests in flight.
 async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
     let limits = &config.limits;
@@ -461,6 +481,9 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
         Some(_) => Some(operator::install_recorder().map_err(io::Error::other)?),
         None => None,
     };
+    if !config.no_limiter {
+        probe_store(limits).await;
+    }
     let (app, limits) = build_app(&config).map_err(io::Error::other)?;
     if let (Some(layer), Some(file)) = (&limits, &config.file) {
         watch_config(&config, layer, file);

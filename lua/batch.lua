@@ -91,11 +91,14 @@ end
 
 local function batch(KEYS, ARGV)
   call, floor = redis.call, math.floor
+  expire_options = redis.REDIS_VERSION_NUM ~= nil
   if ARGV[1] == '' then
     local time = redis.call('TIME')
     now_us = time[1] * 1000000 + time[2]
+    clock = floor(now_us / 1000)
   else
     now_us = tonumber(ARGV[1])
+    clock = nil
   end
   now = floor(now_us / 1000)
   batch_keys, batch_args = KEYS, ARGV

@@ -52,6 +52,21 @@ local function div(a, b)
   return q
 end
 
+-- Whether this Redis takes PEXPIREAT's NX and GT options (7.0 on; 7.0 is also where scripts got
+-- redis.REDIS_VERSION_NUM), and Redis's own time in ms, for Redis 6.2, which lacks them; both set
+-- by lua/batch.lua at each call (the time only when the batch reads TIME: a batch at a fixed time
+-- reads it here when it needs it).
+local expire_options, clock
+
+-- Redis's own time (ms), read once per batch.
+local function clock_ms()
+  if clock == nil then
+    local time = call('TIME')
+    clock = time[1] * 1000 + floor(time[2] / 1000)
+  end
+  return clock
+end
+
 -- Makes `key` live at least until `at` (ms), never shortening a later expiry: a clock that stepped
 -- back, or a reservation ahead of `at`, must not cut a counter's life short. A key without an
 -- expiry (one just created) gets one; GT alone would take its missing expiry for an infinite one.
@@ -60,8 +75,23 @@ end
 local function expire_at_least(key, at, created)
   if created == true then
     call('PEXPIREAT', key, at)
-  elseif created == false or call('PEXPIREAT', key, at, 'NX') == 0 then
-    call('PEXPIREAT', key, at, 'GT')
+  elseif expire_options then
+    if created == false or call('PEXPIREAT', key, at, 'NX') == 0 then
+      call('PEXPIREAT', key, at, 'GT')
+    end
+  else
+    -- Redis 6.2: read the expiry (PTTL, relative to the time Redis reads when it runs it, which
+    -- is at least the batch's clock) and extend it relatively. The key's expiry is at least
+    -- clock + ttl, so one that reaches `at` by that is left alone. Otherwise PEXPIRE by
+    -- max(ttl, at - clock) from Redis's time when it runs, no earlier than PTTL's or the clock:
+    -- the expiry becomes at least the old one and at least `at`, later by at most the
+    -- milliseconds the batch has run, never earlier.
+    local ttl = call('PTTL', key)
+    if ttl < 0 then
+      call('PEXPIREAT', key, at)
+    elseif clock_ms() + ttl < at then
+      call('PEXPIRE', key, math.max(ttl, at - clock_ms()))
+    end
   end
 end
 

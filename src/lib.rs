@@ -18,7 +18,10 @@
 //!
 //! The [`MemoryStore`] keeps counts in-process; the [`RedisStore`] lets many app instances share one
 //! limit. Either checks and records every rule of a request in one atomic step (one function call on
-//! Redis), so a refused request consumes nothing.
+//! Redis), so a refused request consumes nothing. The Redis store runs on Redis 6.2 and later
+//! ([`store::MINIMUM_VERSION`]), standalone, under Sentinel or as a Cluster; an older server is
+//! refused with [`StoreError::UnsupportedVersion`], and [`RedisStore::probe`] tells an app at
+//! start what it runs on.
 //!
 //! # Example
 //!

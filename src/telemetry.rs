@@ -97,6 +97,7 @@ pub(crate) fn error_kind(error: &StoreError) -> &'static str {
         StoreError::Protocol(_) => "protocol",
         StoreError::Config(_) => "config",
         StoreError::NotReplicated { .. } => "not_replicated",
+        StoreError::UnsupportedVersion { .. } => "unsupported_version",
     }
 }
 

@@ -19,6 +19,7 @@ use common::redis_cluster::{TestCluster, node_client};
 use common::redis_server::unique_prefix;
 use common::{admitted_and_refused, limits, send};
 use http::{Request, StatusCode};
+use tower_redis_ratelimit::store::ServerMode;
 use tower_redis_ratelimit::{
     Algorithm, Key, OnStoreError, Policy, PolicyError, Quota, RateLimitLayer, RedisStore, Rule,
     UserId,
@@ -80,6 +81,13 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
     let mut cluster = TestCluster::start(3);
     let prefix = unique_prefix("cluster");
 
+    // Both stores see a cluster, and call their Lua as a script (nodes come and go without a
+    // library).
+    for store in [store(&cluster), pool_store(&cluster)] {
+        let server = store.probe().await.unwrap();
+        assert_eq!(server.mode, ServerMode::Cluster, "{server}");
+        assert!(!server.functions, "{server}");
+    }
     exact_counts_on_every_primary(&cluster, &prefix).await;
     one_evalsha_per_request(&cluster, &prefix).await;
     script_flush_on_every_node_is_recovered(&cluster, &prefix).await;

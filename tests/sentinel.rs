@@ -14,6 +14,7 @@ use common::redis_cluster::{TestSentinel, assert_answered_per_policy, node_clien
 use common::redis_server::unique_prefix;
 use common::{admitted_and_refused, request_from, send};
 use http::StatusCode;
+use tower_redis_ratelimit::store::ServerMode;
 use tower_redis_ratelimit::{OnStoreError, Policy, RateLimitLayer, RedisStore, Rule};
 
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -77,6 +78,13 @@ async fn a_sentinel_primary_limits_exactly_and_fails_over() {
         app(&sentinel, exact.clone(), GENEROUS),
         pool_app(&sentinel, exact, GENEROUS),
     );
+    let probed = RedisStore::sentinel(TestSentinel::MASTER, sentinel.urls())
+        .unwrap()
+        .timeout(GENEROUS)
+        .probe()
+        .await
+        .unwrap();
+    assert_eq!(probed.mode, ServerMode::SentinelManaged, "{probed}");
     exactly_100_of_400([&first, &second], "192.0.2.1:1000").await;
 
     // The primary dies while requests flow.

@@ -78,7 +78,7 @@ pub use store::{StoreSpec, StoreTls};
 pub use watch::{ConfigWatcher, DEFAULT_POLL_INTERVAL};
 
 use crate::policy::Policy;
-use crate::store::{Store, StoreError};
+use crate::store::{RedisStore, Store, StoreError};
 use crate::{ForwardedHeader, RateLimitLayer};
 use store::RedisSettings;
 
@@ -279,6 +279,13 @@ impl RateLimitConfig {
     /// down is a store failure per request, handled as `on_store_error` says).
     pub fn open_store(&self) -> Result<Arc<dyn Store>, StoreError> {
         self.store.open(&self.redis)
+    }
+
+    /// The configured Redis store, as [`RateLimitConfig::open_store`] opens it, for what only a
+    /// Redis store does ([`RedisStore::probe`] at start, say); `None` when the file names the
+    /// memory store.
+    pub fn open_redis_store(&self) -> Result<Option<RedisStore>, StoreError> {
+        self.store.open_redis(&self.redis)
     }
 
     /// The layer of the policy named `name`, counting in `store`; `None` for an unknown name.

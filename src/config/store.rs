@@ -89,8 +89,19 @@ impl StoreSpec {
 
     /// The store, not connected yet (a Redis that is down is a store failure per request).
     pub(super) fn open(&self, settings: &RedisSettings) -> Result<Arc<dyn Store>, StoreError> {
+        Ok(match self.open_redis(settings)? {
+            Some(store) => Arc::new(store),
+            None => Arc::new(MemoryStore::new()),
+        })
+    }
+
+    /// The Redis store, not connected yet; `None` for the memory store.
+    pub(super) fn open_redis(
+        &self,
+        settings: &RedisSettings,
+    ) -> Result<Option<RedisStore>, StoreError> {
         let store = match self {
-            StoreSpec::Memory => return Ok(Arc::new(MemoryStore::new())),
+            StoreSpec::Memory => return Ok(None),
             StoreSpec::Redis { url } => RedisStore::from_url(url)?,
             #[cfg(feature = "cluster")]
             StoreSpec::Cluster { urls } => RedisStore::cluster(urls)?,
@@ -111,7 +122,7 @@ impl StoreSpec {
             }
             None => store,
         };
-        Ok(Arc::new(
+        Ok(Some(
             store
                 .timeout(settings.timeout)
                 .wait_for_replicas(settings.wait_for_replicas),

@@ -26,7 +26,9 @@ mod weighted;
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[cfg(feature = "tls")]
 pub use self::redis::TlsOptions;
-pub use self::redis::{BatchStats, DEFAULT_TIMEOUT, RedisStore};
+pub use self::redis::{
+    BatchStats, DEFAULT_TIMEOUT, MINIMUM_VERSION, RedisStore, RedisVersion, ServerInfo, ServerMode,
+};
 
 /// One request to check: the key, the rules (all must pass), the algorithm and the request's cost,
 /// and what the policy asks for beyond plain counting (a reservation, a penalty block).
@@ -382,5 +384,16 @@ pub enum StoreError {
         wanted: u32,
         /// Replicas that acknowledged in time.
         acknowledged: u32,
+    },
+    /// The Redis server is older than the store runs on (see
+    /// [`MINIMUM_VERSION`](crate::store::MINIMUM_VERSION)): its scripts would fail. Logged at
+    /// ERROR when first seen; the store asks the server again at most once a second, so an
+    /// upgrade is picked up without a restart.
+    #[error("Redis {found} is too old for the rate limiter: it needs Redis {minimum} or later")]
+    UnsupportedVersion {
+        /// The server's version, as it reports it.
+        found: String,
+        /// The oldest version the store runs on.
+        minimum: &'static str,
     },
 }

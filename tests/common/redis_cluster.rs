@@ -101,7 +101,7 @@ impl Servers {
 
 /// Starts `node`'s server; `false` if what then listens on its port is not it.
 fn spawn(node: &mut Node) -> bool {
-    let child = Command::new("redis-server")
+    let child = Command::new(super::redis_server::server_binary())
         .args(&node.command)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -235,7 +235,7 @@ impl TestCluster {
                 servers.start(Some(&config), &args)
             })
             .collect();
-        let status = Command::new("redis-cli")
+        let status = Command::new(super::redis_server::cli_binary())
             .arg("--cluster")
             .arg("create")
             .args(ports.iter().map(|port| format!("127.0.0.1:{port}")))

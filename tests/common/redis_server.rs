@@ -14,6 +14,8 @@ pub struct TestRedis {
     pub url: String,
     port: Option<u16>,
     child: Option<Child>,
+    /// The `redis-server` binary our own server runs.
+    binary: String,
 }
 
 impl TestRedis {
@@ -24,6 +26,7 @@ impl TestRedis {
                 url,
                 port: None,
                 child: None,
+                binary: server_binary(),
             },
             _ => TestRedis::own(),
         }
@@ -31,6 +34,11 @@ impl TestRedis {
 
     /// Always a server of our own, for tests that stop or flush it.
     pub fn own() -> TestRedis {
+        TestRedis::own_with(&server_binary())
+    }
+
+    /// A server of our own that runs `binary` (another Redis version).
+    pub fn own_with(binary: &str) -> TestRedis {
         // A free port may be taken by another test's server between our probe and its bind; then
         // ours exits and we would be talking to theirs (until their test ends). Try another port.
         for _ in 0..5 {
@@ -39,6 +47,7 @@ impl TestRedis {
                 url: format!("redis://127.0.0.1:{port}/0"),
                 port: Some(port),
                 child: None,
+                binary: binary.to_owned(),
             };
             if server.try_start() {
                 return server;
@@ -59,7 +68,7 @@ impl TestRedis {
     /// Starts our own server on its port; `false` if what listens there is not it.
     fn try_start(&mut self) -> bool {
         let port = self.port.expect("only a server of our own can be started");
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.binary)
             .args(["--port", &port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -69,8 +78,10 @@ impl TestRedis {
             .spawn()
             .unwrap_or_else(|error| {
                 panic!(
-                    "cannot start redis-server ({error}). Install it (`apt-get install redis-server`) \
-                     or point REDIS_URL at a running Redis, e.g. REDIS_URL=redis://127.0.0.1:6379/0"
+                    "cannot start {} ({error}). Install it (`apt-get install redis-server`), \
+                     point REDIS_SERVER at a redis-server binary, or point REDIS_URL at a running \
+                     Redis, e.g. REDIS_URL=redis://127.0.0.1:6379/0",
+                    self.binary
                 )
             });
         let pid = child.id();
@@ -157,6 +168,59 @@ impl Drop for TestRedis {
     }
 }
 
+/// The `redis-server` the tests start: `REDIS_SERVER` when set (a path, to run the suite against
+/// another Redis version), else the one on `PATH`.
+pub fn server_binary() -> String {
+    std::env::var("REDIS_SERVER")
+        .ok()
+        .filter(|path| !path.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
+/// A `redis-server` of Redis `version` (`"6.0"`, `"6.2"`): `REDIS_SERVER_<major>_<minor>` when
+/// set, else the one `scripts/redis-server-of` fetches into `target/` (from PyPI, once).
+pub fn server_binary_of(version: &str) -> String {
+    let variable = format!("REDIS_SERVER_{}", version.replace('.', "_"));
+    if let Some(path) = std::env::var(&variable)
+        .ok()
+        .filter(|path| !path.is_empty())
+    {
+        return path;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/redis-server-of");
+    let output = Command::new("bash")
+        .arg(&script)
+        .arg(version)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|error| panic!("cannot run {}: {error}", script.display()));
+    assert!(
+        output.status.success(),
+        "{} {version} failed: set {variable} to a redis-server {version} binary, or let the \
+         script fetch one (it needs python3 with pip and PyPI)",
+        script.display()
+    );
+    String::from_utf8(output.stdout).unwrap().trim().to_owned()
+}
+
+/// The `redis-cli` of the same Redis: `REDIS_CLI` when set, else the one beside `REDIS_SERVER`
+/// (if any), else the one on `PATH`.
+pub fn cli_binary() -> String {
+    if let Some(path) = std::env::var("REDIS_CLI")
+        .ok()
+        .filter(|path| !path.is_empty())
+    {
+        return path;
+    }
+    let server = server_binary();
+    match std::path::Path::new(&server).parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && dir.join("redis-cli").exists() => {
+            dir.join("redis-cli").to_string_lossy().into_owned()
+        }
+        _ => "redis-cli".to_owned(),
+    }
+}
+
 /// A loopback port nothing listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -207,4 +271,55 @@ pub fn command_calls(client: &mut redis::Connection) -> HashMap<String, u64> {
             Some((name.to_owned(), calls.parse().ok()?))
         })
         .collect()
+}
+
+/// The major and minor version of the server behind `client`.
+pub fn server_version(client: &mut redis::Connection) -> (u32, u32) {
+    let info: String = redis::cmd("INFO").arg("server").query(client).unwrap();
+    let version = info
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))
+        .expect("INFO server names the version");
+    let mut parts = version.trim().split('.').map(|part| part.parse().unwrap());
+    (parts.next().unwrap(), parts.next().unwrap())
+}
+
+/// Whether the server behind `client` has functions (`FCALL`, Redis 7.0 on): the store calls its
+/// library there, and its script (`EVALSHA`) before.
+pub fn has_functions(client: &mut redis::Connection) -> bool {
+    server_version(client) >= (7, 0)
+}
+
+/// The command the store calls its Lua with on the server behind `client`, as `INFO
+/// commandstats` names it: `fcall` from Redis 7.0 on, `evalsha` before.
+pub fn store_call_command(client: &mut redis::Connection) -> &'static str {
+    if has_functions(client) {
+        "fcall"
+    } else {
+        "evalsha"
+    }
+}
+
+/// When `key` expires (Unix ms), or a negative number as `PEXPIRETIME` answers (-1: no expiry,
+/// -2: no key). Redis before 7.0 lacks `PEXPIRETIME`: there `PTTL` is read between two readings of
+/// Redis's clock in one script, until both fall in the same millisecond, which makes it exact.
+pub fn expire_time_ms(client: &mut redis::Connection, key: &str) -> i64 {
+    if has_functions(client) {
+        return redis::cmd("PEXPIRETIME").arg(key).query(client).unwrap();
+    }
+    let script = redis::Script::new(
+        "local function ms(t) return t[1] * 1000 + math.floor(t[2] / 1000) end \
+         local before = ms(redis.call('TIME')) \
+         local ttl = redis.call('PTTL', KEYS[1]) \
+         local after = ms(redis.call('TIME')) \
+         if ttl < 0 then return {ttl, 1} end \
+         return {before + ttl, after == before and 1 or 0}",
+    );
+    for _ in 0..1_000 {
+        let (at, exact): (i64, i64) = script.key(key).invoke(client).unwrap();
+        if exact == 1 {
+            return at;
+        }
+    }
+    panic!("no reading of {key}'s expiry fell within one millisecond of Redis's clock");
 }

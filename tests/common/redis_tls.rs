@@ -88,7 +88,7 @@ impl Drop for TlsRedis {
 
 /// `redis-server` with TLS on `tls_port` (certificates from `dir`) and plain text on `plain_port`.
 fn spawn(dir: &Path, tls_port: u16, plain_port: u16) -> Child {
-    Command::new("redis-server")
+    Command::new(super::redis_server::server_binary())
         .args(["--port", &plain_port.to_string()])
         .args(["--tls-port", &tls_port.to_string()])
         .arg("--tls-cert-file")

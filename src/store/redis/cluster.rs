@@ -319,9 +319,38 @@ impl ClusterRouter {
         });
     }
 
-    /// Reads `CLUSTER SLOTS` from the first node that answers (known nodes first, then the URLs
-    /// given) and replaces the table, keeping the connections of nodes still in it.
-    async fn refresh(&self) -> RedisResult<()> {
+    /// Sends `command`, which names no key, to the first node that answers (known nodes first,
+    /// then the URLs given), within `timeout`.
+    pub(super) async fn query_any(&self, command: &Cmd, timeout: Duration) -> RedisResult<Value> {
+        let asked = async {
+            let mut last_error =
+                RedisError::from((ErrorKind::Client, "no Redis Cluster node to ask"));
+            for (host, port) in self.candidates() {
+                let reply = match self.connect(&host, port).await {
+                    Ok((node, generation, mut connection)) => {
+                        let reply = call(&mut connection, command, None, false, timeout).await;
+                        if let Err(error) = &reply {
+                            self.drop_if_broken(node, generation, error);
+                        }
+                        reply.map(|(reply, _)| reply)
+                    }
+                    Err(error) => Err(error),
+                };
+                match reply {
+                    Ok(reply) => return Ok(reply),
+                    Err(error) => last_error = error,
+                }
+            }
+            Err(last_error)
+        };
+        tokio::time::timeout(timeout, asked)
+            .await
+            .unwrap_or_else(|_| Err(timed_out()))
+    }
+
+    /// The nodes to ask what any node can answer: connected ones first (asking them costs no
+    /// connect), then the other known ones, then the URLs given.
+    fn candidates(&self) -> Vec<(String, u16)> {
         let mut candidates: Vec<(String, u16)> = {
             let routes = self.read();
             let mut nodes: Vec<&Node> = routes.nodes.iter().collect();
@@ -339,6 +368,13 @@ impl ClusterRouter {
                 candidates.push(address);
             }
         }
+        candidates
+    }
+
+    /// Reads `CLUSTER SLOTS` from the first node that answers (see [`ClusterRouter::candidates`])
+    /// and replaces the table, keeping the connections of nodes still in it.
+    async fn refresh(&self) -> RedisResult<()> {
+        let candidates = self.candidates();
         let mut last_error = RedisError::from((
             ErrorKind::Client,
             "no Redis Cluster node to ask for its slots",

@@ -48,6 +48,15 @@ impl Connector {
         }
     }
 
+    /// Whether the connection goes to the primary that Redis Sentinel names.
+    pub(super) fn is_sentinel(&self) -> bool {
+        match self {
+            #[cfg(feature = "sentinel")]
+            Connector::SentinelPool(_) | Connector::Sentinel(_) => true,
+            _ => false,
+        }
+    }
+
     /// A new connection. Connecting runs under the caller's deadline.
     pub(super) async fn connect(&self) -> Result<Connection, StoreError> {
         let unavailable = |error: RedisError| StoreError::Unavailable(Box::new(error));
@@ -127,6 +136,23 @@ impl Connection {
                 let (pipeline, count) = pipeline(script, replicas, false, timeout);
                 let call = connection.req_packed_commands(&pipeline, 0, count);
                 replies_of(within(timeout, call).await?)
+            }
+        }
+    }
+
+    /// Sends `command`, which names no key (`INFO`, `FUNCTION LOAD`), to the node (on a
+    /// cluster, to any node that answers) within `timeout`.
+    pub(super) async fn query(&mut self, command: &Cmd, timeout: Duration) -> RedisResult<Value> {
+        match self {
+            Connection::Node(connection) => {
+                Ok(call(connection, command, None, false, timeout).await?.0)
+            }
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(router) => router.query_any(command, timeout).await,
+            #[cfg(feature = "cluster")]
+            Connection::ClusterPool(connection) => {
+                let reply = within(timeout, connection.req_packed_command(command)).await?;
+                server_error_as_err(reply)
             }
         }
     }

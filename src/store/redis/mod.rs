@@ -35,10 +35,12 @@ mod batch;
 mod cluster;
 mod command;
 mod connection;
+mod server;
 #[cfg(feature = "tls")]
 mod tls;
 
 pub use self::batch::BatchStats;
+pub use self::server::{MINIMUM_VERSION, RedisVersion, ServerInfo, ServerMode};
 #[cfg(feature = "tls")]
 pub use self::tls::TlsOptions;
 
@@ -147,7 +149,21 @@ struct Shared {
     fixed_time_us: AtomicU64,
     /// Whether checks skip the script's lean functions of the common case (tests only).
     generic_only: AtomicBool,
+    /// What the version check of the last new connection found.
+    server: Mutex<ServerCheck>,
 }
+
+/// The version check of new connections (see [`Shared::connection`]).
+#[derive(Default)]
+struct ServerCheck {
+    /// The last server found too old, and when: for a second after, no connection is tried.
+    refused: Option<(Instant, RedisVersion)>,
+    /// The last too old version logged, so each is logged once, not per request.
+    logged: Option<RedisVersion>,
+}
+
+/// How long a server found too old is taken at its word before it is asked again (an upgrade).
+const RECHECK_OLD_SERVER_AFTER: Duration = Duration::from_secs(1);
 
 /// What a store of its own connects to, kept so [`RedisStore::with_tls`] can rebuild its client.
 #[derive(Debug, Clone)]
@@ -176,6 +192,7 @@ impl RedisStore {
                 batcher: Batcher::default(),
                 fixed_time_us: AtomicU64::new(0),
                 generic_only: AtomicBool::new(false),
+                server: Mutex::new(ServerCheck::default()),
             }),
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
@@ -359,6 +376,53 @@ impl RedisStore {
             .map(|request| self.member(request))
             .collect();
         self.shared.call(&members).await
+    }
+}
+
+impl RedisStore {
+    /// Connects (unless connected), checks the server and readies the store's Lua on it, and says
+    /// what it found: the server's version, its mode, whether the store calls its Lua as a
+    /// function library or a script, and the round trip of one `INFO server`. Call it when the
+    /// app starts, to fail early or log what the limits run on:
+    ///
+    /// ```no_run
+    /// # async fn start() -> Result<(), tower_redis_ratelimit::store::StoreError> {
+    /// use tower_redis_ratelimit::store::RedisStore;
+    ///
+    /// let store = RedisStore::from_url("redis://127.0.0.1:6379/0")?;
+    /// let server = store.probe().await?;
+    /// println!("rate limits on {server}"); // Redis 7.0.15, standalone, functions, round trip 0.21 ms
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// A Redis older than [`MINIMUM_VERSION`] is a [`StoreError::UnsupportedVersion`], as every
+    /// check on it is. Requests need no probe: the first check does the same on its own.
+    pub async fn probe(&self) -> Result<ServerInfo, StoreError> {
+        let shared = &self.shared;
+        let timeout = self.timeout;
+        let mut connection = shared.connection(timeout).await?;
+        let started = Instant::now();
+        let (version, mode) = shared.server_info(&mut connection, timeout).await?;
+        let round_trip = started.elapsed();
+        if shared.functions.load(Ordering::Relaxed) {
+            // Loading the library now spares the first request; a server without functions (or
+            // an ACL that forbids them) turns the store to its script, as a check would.
+            let mut load = ::redis::cmd("FUNCTION");
+            load.arg("LOAD").arg("REPLACE").arg(&LIBRARY.code);
+            match connection.query(&load, timeout).await {
+                Ok(_) => {}
+                Err(error) if matches!(error.kind(), ErrorKind::Server(_)) => {
+                    shared.functions.store(false, Ordering::Relaxed);
+                }
+                Err(error) => return Err(store_error(error, timeout)),
+            }
+        }
+        Ok(ServerInfo {
+            version,
+            mode,
+            functions: shared.functions.load(Ordering::Relaxed),
+            round_trip,
+        })
     }
 }
 
@@ -557,7 +621,7 @@ impl RedisStore {
     fn run(&self, command: ::redis::Cmd) -> ActionFuture {
         let (shared, timeout) = (self.shared.clone(), self.timeout);
         Box::pin(async move {
-            let mut connection = shared.connection().await?;
+            let mut connection = shared.connection(timeout).await?;
             shared
                 .send(&mut connection, &command, None, timeout)
                 .await
@@ -697,7 +761,7 @@ impl Shared {
         replicas: Option<u32>,
         timeout: Duration,
     ) -> Result<(Value, Option<i64>), StoreError> {
-        let mut connection = self.connection().await?;
+        let mut connection = self.connection(timeout).await?;
         if let Missing::Connection = missing {
             match self.send(&mut connection, command, replicas, timeout).await {
                 Err(error) => match self.lacking(&error) {
@@ -788,15 +852,59 @@ impl Shared {
         reply
     }
 
-    async fn connection(&self) -> Result<Connection, StoreError> {
+    /// The shared connection, or a new one. A new one is used only once `INFO server` shows a
+    /// Redis the store runs on (one round trip per connection); a server too old is logged at
+    /// ERROR once and refused, without connecting again, for [`RECHECK_OLD_SERVER_AFTER`].
+    async fn connection(&self, timeout: Duration) -> Result<Connection, StoreError> {
         let _only_one = self.reconnecting.lock().await;
         // Another request may have connected while this one waited for the lock.
         if let Some(connection) = self.cached() {
             return Ok(connection);
         }
-        let connection = self.connector.connect().await?;
+        if let Some((at, version)) = self.lock_server().refused
+            && at.elapsed() < RECHECK_OLD_SERVER_AFTER
+        {
+            return Err(server::too_old(version));
+        }
+        let mut connection = self.connector.connect().await?;
+        let (version, _) = self.server_info(&mut connection, timeout).await?;
+        if let Err(error) = server::supported(version) {
+            let mut check = self.lock_server();
+            check.refused = Some((Instant::now(), version));
+            if check.logged != Some(version) {
+                check.logged = Some(version);
+                tracing::error!(%error, "the rate limiter can't use this Redis: every check fails as its policy says until it is upgraded");
+            }
+            return Err(error);
+        }
+        self.lock_server().refused = None;
         *self.lock_connection() = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// The version and mode `INFO server` names on `connection`.
+    async fn server_info(
+        &self,
+        connection: &mut Connection,
+        timeout: Duration,
+    ) -> Result<(RedisVersion, ServerMode), StoreError> {
+        let reply = connection
+            .query(&::redis::cmd("INFO").arg("server").clone(), timeout)
+            .await
+            .map_err(|error| store_error(error, timeout))?;
+        let (version, mode) = server::parse_info_reply(reply)?;
+        Ok((
+            version,
+            if self.connector.is_sentinel() {
+                ServerMode::SentinelManaged
+            } else {
+                mode
+            },
+        ))
+    }
+
+    fn lock_server(&self) -> std::sync::MutexGuard<'_, ServerCheck> {
+        self.server.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn cached(&self) -> Option<Connection> {
@@ -855,6 +963,12 @@ fn each_gets(error: StoreError, members: &[Member]) -> Vec<Result<Decision, Stor
             wanted,
             acknowledged,
         }),
+        StoreError::UnsupportedVersion { found, minimum } => {
+            each(&|_| StoreError::UnsupportedVersion {
+                found: found.clone(),
+                minimum,
+            })
+        }
     }
 }
 

@@ -1,0 +1,150 @@
+//! The Redis versions the store runs on: `RedisStore::probe` names the server it talks to, and a
+//! server older than 6.2 (a real Redis 6.0.9, see `scripts/redis-server-of`) is refused with an
+//! error that names both versions, logged once at ERROR, and answered per policy, never with a
+//! script error per request. (The rest of the suite runs on 6.2 and 7.x: see `scripts/test`.)
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use common::redis_server::{TestRedis, has_functions, server_binary_of, server_version};
+use common::{request_from, send};
+use http::StatusCode;
+use tower_redis_ratelimit::store::{RedisStore, ServerMode, StoreError};
+use tower_redis_ratelimit::{OnStoreError, Policy, RateLimitLayer, Rule};
+
+const PEER: &str = "203.0.113.10:4000";
+
+/// Everything a subscriber writes, at WARN and above.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn install() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        (captured, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn app(store: RedisStore, on_error: OnStoreError, prefix: &str) -> Router {
+    let policy = Policy::builder("old")
+        .prefix(prefix)
+        .rule(Rule::per_minute(3))
+        .on_store_error(on_error)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(policy, store))
+}
+
+#[tokio::test]
+async fn the_probe_names_the_version_the_mode_and_functions() {
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let store = RedisStore::from_url(&redis.url)
+        .unwrap()
+        .timeout(Duration::from_secs(10));
+    let server = store.probe().await.unwrap();
+    let (major, minor) = server_version(&mut client);
+    assert_eq!((server.version.major, server.version.minor), (major, minor));
+    assert_eq!(server.mode, ServerMode::Standalone);
+    assert_eq!(server.functions, has_functions(&mut client));
+    assert!(server.round_trip > Duration::ZERO);
+    let shown = server.to_string();
+    assert!(
+        shown.starts_with(&format!("Redis {major}.{minor}.")),
+        "{shown}"
+    );
+    assert!(shown.contains("standalone"), "{shown}");
+    if server.functions {
+        // The probe loaded the library: the first check finds it.
+        let libraries: redis::Value = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg("tower_redis_ratelimit_*")
+            .query(&mut client)
+            .unwrap();
+        assert!(matches!(libraries, redis::Value::Array(ref found) if !found.is_empty()));
+    }
+    // A store whose server is down answers the probe with the outage.
+    let mut down = TestRedis::own();
+    down.stop();
+    let store = RedisStore::from_url(&down.url)
+        .unwrap()
+        .timeout(Duration::from_millis(500));
+    assert!(matches!(
+        store.probe().await,
+        Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+    ));
+}
+
+/// Redis 6.0 lacks `SET … PXAT`: the store refuses it when it connects, whatever the request, with
+/// one ERROR line that names both versions; requests get their policy's answer to a store error.
+#[tokio::test]
+async fn redis_6_0_is_refused_once_at_error_naming_both_versions() {
+    let (captured, _guard) = Captured::install();
+    let redis = TestRedis::own_with(&server_binary_of("6.0"));
+    let store = RedisStore::from_url(&redis.url)
+        .unwrap()
+        .timeout(Duration::from_secs(10));
+    match store.probe().await {
+        Err(StoreError::UnsupportedVersion { found, minimum }) => {
+            assert_eq!((found.as_str(), minimum), ("6.0.9", "6.2"));
+        }
+        other => panic!("a 6.0 server probed as {other:?}"),
+    }
+    let open = app(store.clone(), OnStoreError::Allow, "old-open");
+    let closed = app(store.clone(), OnStoreError::Deny, "old-closed");
+    for _ in 0..20 {
+        let admitted = send(&open, request_from(PEER, "/")).await;
+        assert_eq!(admitted.status(), StatusCode::OK);
+        assert!(admitted.headers().get("ratelimit").is_none());
+        let refused = send(&closed, request_from(PEER, "/")).await;
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let logs = captured.text();
+    // (The requests' own store-error lines are the layer's, bounded per policy and kind.)
+    let refusals: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("can't use this Redis"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "{logs}");
+    assert!(refusals[0].contains("ERROR"), "{logs}");
+    assert!(
+        refusals[0]
+            .contains("Redis 6.0.9 is too old for the rate limiter: it needs Redis 6.2 or later"),
+        "{logs}"
+    );
+    // Nothing reached the server but the version checks: no script ever ran there.
+    let calls = common::redis_server::command_calls(&mut redis.client());
+    assert_eq!(calls.get("eval"), None, "{calls:?}");
+    assert_eq!(calls.get("evalsha"), None, "{calls:?}");
+    // Within a second of a refusal the store doesn't ask again: 40 requests, very few INFOs.
+    assert!(calls.get("info").copied().unwrap_or(0) <= 5, "{calls:?}");
+}
