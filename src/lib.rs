@@ -91,6 +91,7 @@ pub mod headers;
 mod key;
 mod layer;
 mod limiter;
+mod log_budget;
 mod operate;
 pub mod outbound;
 pub mod policy;
