@@ -3,53 +3,12 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use std::time::Duration;
 
+use common::capture::Captured;
 use common::{app, request_from, send};
 use http::{HeaderName, HeaderValue, StatusCode};
 use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule};
-
-/// Collects everything the subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    /// A capturing subscriber at `info`, the default on this thread while the guard lives.
-    fn install() -> (Captured, tracing::subscriber::DefaultGuard) {
-        Captured::install_at(tracing::Level::INFO)
-    }
-
-    /// A capturing subscriber at `level` that also logs each span as it closes.
-    fn install_at(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(level)
-            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-            .finish();
-        (captured, tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test]
 async fn a_rejection_is_logged_without_the_raw_api_key() {
@@ -77,7 +36,7 @@ async fn a_rejection_is_logged_without_the_raw_api_key() {
         StatusCode::TOO_MANY_REQUESTS
     );
 
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     let line = log
         .lines()
         .find(|line| line.contains("request rate limited"))
@@ -112,7 +71,7 @@ async fn a_refusal_flood_is_not_a_log_flood() {
         }
     }
     assert_eq!(refused, 1_000);
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     let lines = log.matches("request rate limited").count();
     assert_eq!(lines, 16, "{log}");
 
@@ -122,7 +81,7 @@ async fn a_refusal_flood_is_not_a_log_flood() {
     assert_eq!(response.status(), StatusCode::OK);
     let response = send(&app, request_from("10.9.9.9:1", "/")).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     let last = log
         .lines()
         .rfind(|line| line.contains("request rate limited"))
@@ -168,3 +127,4 @@ async fn each_check_has_a_span_with_its_policy_outcome_and_store_latency() {
         "{refusal}"
     );
 }
+
