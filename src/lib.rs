@@ -100,6 +100,7 @@ mod refusals;
 pub mod response;
 mod service;
 pub mod store;
+mod store_error_log;
 mod telemetry;
 mod top_refused;
 
