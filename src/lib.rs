@@ -94,6 +94,7 @@ pub mod headers;
 mod key;
 mod layer;
 mod limiter;
+mod log_budget;
 mod operate;
 pub mod outbound;
 pub mod policy;
@@ -102,6 +103,7 @@ mod refusals;
 pub mod response;
 mod service;
 pub mod store;
+mod store_error_log;
 mod telemetry;
 mod top_refused;
 

@@ -18,6 +18,7 @@ use crate::quota::QuotaLookup;
 use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
 use crate::response::{self, LimitHeaders, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
+use crate::store_error_log::StoreErrorLog;
 use crate::telemetry::{Outcome, PolicyMetrics};
 use crate::top_refused::{DEFAULT_TOP_REFUSED, DEFAULT_TOP_REFUSED_GENERATION, TopRefused};
 
@@ -42,6 +43,9 @@ pub(crate) struct Limiter {
     pub(crate) refusals: Arc<Refusals>,
     /// The most refused identities, recently.
     pub(crate) top_refused: Arc<TopRefused>,
+    /// The store-failure log and its budget per kind (shared with the override limiters: they
+    /// are the same policy).
+    store_errors: Arc<StoreErrorLog>,
     /// Metric handles, registered at the first request (see [`crate::telemetry`]).
     metrics: Arc<OnceLock<PolicyMetrics>>,
     /// Requests waiting for a concurrency slot (delay mode).
@@ -125,6 +129,7 @@ impl Limiter {
                 DEFAULT_TOP_REFUSED,
                 DEFAULT_TOP_REFUSED_GENERATION,
             )),
+            store_errors: Arc::default(),
             metrics: Arc::default(),
             slot_queues: Arc::default(),
             overriding: OnceLock::new(),
@@ -143,6 +148,7 @@ impl Limiter {
             shadow_refusals: self.shadow_refusals.clone(),
             refusals: Arc::new(Refusals::new(self.refusals.capacity())),
             top_refused: self.top_refused.clone(),
+            store_errors: self.store_errors.clone(),
             metrics: Arc::default(),
             slot_queues: self.slot_queues.clone(),
             overriding: OnceLock::new(),
@@ -428,7 +434,8 @@ impl Limiter {
                     let waiting = self.may_wait_for_slots().then(|| self.slot_queues.clone());
                     let lease = decision.lease.map(|id| {
                         let (store, policy) = (self.store.clone(), self.policy.clone());
-                        Lease::new(store, policy, key.clone(), id, waiting)
+                        let errors = self.store_errors.clone();
+                        Lease::new(store, policy, key.clone(), id, waiting, errors)
                     });
                     if !(decision.delay + waited).is_zero() {
                         metrics.request(outcome(Outcome::Delayed));
@@ -472,20 +479,17 @@ impl Limiter {
             Err(error) => match self.policy.on_store_error() {
                 OnStoreError::Allow => {
                     metrics.request(outcome(Outcome::StoreErrorAllowed));
-                    tracing::warn!(
-                        policy = self.policy.name(),
-                        %error,
-                        "rate-limit store failed; letting the request through"
+                    self.store_errors.log(
+                        self.policy.name(),
+                        &error,
+                        "letting the request through",
                     );
                     Verdict::Admit(None, None)
                 }
                 OnStoreError::Deny => {
                     metrics.request(outcome(Outcome::StoreErrorDenied));
-                    tracing::warn!(
-                        policy = self.policy.name(),
-                        %error,
-                        "rate-limit store failed; refusing the request"
-                    );
+                    self.store_errors
+                        .log(self.policy.name(), &error, "refusing the request");
                     Verdict::Respond(response::store_unavailable())
                 }
             },

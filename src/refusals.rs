@@ -19,13 +19,13 @@
 //! [`RateLimitLayer::reset`]: crate::RateLimitLayer::reset
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::decision::Decision;
 use crate::limiter::Checked;
+use crate::log_budget::LogBudget;
 
 /// The longest a cached refusal is answered without asking the store again.
 pub(crate) const MAX_CACHED_FOR: Duration = Duration::from_secs(1);
@@ -43,12 +43,9 @@ pub(crate) struct Refusals {
     cache: Option<quick_cache::sync::Cache<String, Arc<Entry>>>,
     /// How many identities the cache holds at most.
     capacity: usize,
-    /// The second (since `epoch`) the log budget counts in, and the lines written in it.
-    log_second: AtomicU64,
-    log_lines: AtomicU64,
-    /// Refusals not logged since the last line (over budget, or answered from the cache).
-    unlogged: AtomicU64,
-    epoch: Instant,
+    /// The refusal log's budget; it counts the refusals not logged since the last line (over
+    /// budget, or answered from the cache).
+    log: LogBudget,
 }
 
 /// One refused identity.
@@ -70,10 +67,7 @@ impl Refusals {
         Refusals {
             cache: (capacity > 0).then(|| quick_cache::sync::Cache::new(capacity)),
             capacity,
-            log_second: AtomicU64::new(0),
-            log_lines: AtomicU64::new(0),
-            unlogged: AtomicU64::new(0),
-            epoch: Instant::now(),
+            log: LogBudget::new(LOG_LINES_PER_SECOND),
         }
     }
 
@@ -156,25 +150,16 @@ impl Refusals {
 
     /// Whether a refusal may be logged now; if not, it is counted for the next line.
     pub(crate) fn may_log(&self) -> bool {
-        let second = self.epoch.elapsed().as_secs();
-        if self.log_second.swap(second, Ordering::Relaxed) != second {
-            self.log_lines.store(0, Ordering::Relaxed);
-        }
-        if self.log_lines.fetch_add(1, Ordering::Relaxed) < LOG_LINES_PER_SECOND {
-            true
-        } else {
-            self.count_unlogged();
-            false
-        }
+        self.log.may_log()
     }
 
     /// A refusal that is not logged (answered from the cache, or over the budget).
     pub(crate) fn count_unlogged(&self) {
-        self.unlogged.fetch_add(1, Ordering::Relaxed);
+        self.log.count_unlogged();
     }
 
     /// The refusals not logged since the last line; starts the count over.
     pub(crate) fn take_unlogged(&self) -> u64 {
-        self.unlogged.swap(0, Ordering::Relaxed)
+        self.log.take_unlogged()
     }
 }

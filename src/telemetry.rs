@@ -88,19 +88,6 @@ fn store_outcome(result: Result<(), &StoreError>) -> usize {
     }
 }
 
-/// The `kind` label of `ratelimit_store_errors_total`.
-#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-pub(crate) fn error_kind(error: &StoreError) -> &'static str {
-    match error {
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::Timeout(_) => "timeout",
-        StoreError::Protocol(_) => "protocol",
-        StoreError::Config(_) => "config",
-        StoreError::NotReplicated { .. } => "not_replicated",
-        StoreError::UnsupportedVersion { .. } => "unsupported_version",
-    }
-}
-
 /// Below this share of a rule's limit left, an admission is "near the limit".
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 const NEAR_LIMIT_PERCENT: u64 = 10;
@@ -191,7 +178,7 @@ mod handles {
             self.store_durations[store_outcome(result)].record(took.as_secs_f64());
             if let Err(error) = result {
                 // Errors are rare: this handle is looked up when one happens.
-                counter!("ratelimit_store_errors_total", "store" => self.store, "kind" => error_kind(error))
+                counter!("ratelimit_store_errors_total", "store" => self.store, "kind" => error.kind())
                     .increment(1);
             }
         }

@@ -286,7 +286,7 @@ async fn racing_checks_form_batches_and_admit_exactly_the_limit() {
 }
 
 /// A check whose key holds the wrong type fails alone: the others of its batch are decided, and
-/// the error is the failing check's own.
+/// the error is the failing check's own (`StoreError::WrongType`).
 #[tokio::test]
 async fn a_failing_check_fails_alone_in_its_batch() {
     let redis = TestRedis::shared();
@@ -311,8 +311,12 @@ async fn a_failing_check_fails_alone_in_its_batch() {
         .await;
     assert_eq!(decisions.len(), 3);
     assert_eq!(decisions[0].as_ref().unwrap().rules[0].remaining, 4);
+    // Its own error, a fault, in Redis's words.
     match &decisions[1] {
-        Err(StoreError::Protocol(message)) => assert!(message.contains("WRONGTYPE"), "{message}"),
+        Err(error @ StoreError::WrongType(message)) => {
+            assert!(message.starts_with("WRONGTYPE Operation"), "{message}");
+            assert!(error.is_fault());
+        }
         other => panic!("expected the check's own error, got {other:?}"),
     }
     assert_eq!(decisions[2].as_ref().unwrap().rules[0].remaining, 3);

@@ -1,55 +1,19 @@
 //! A refused request is logged with its policy, rule, key kind and a non-secret form of the key,
-//! and a refusal flood is not a log flood.
+//! and neither a refusal flood nor a store failing for every request is a log flood.
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use std::time::Duration;
 
+use common::capture::Captured;
 use common::{app, request_from, send};
-use http::{HeaderName, HeaderValue, StatusCode};
-use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule};
-
-/// Collects everything the subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    /// A capturing subscriber at `info`, the default on this thread while the guard lives.
-    fn install() -> (Captured, tracing::subscriber::DefaultGuard) {
-        Captured::install_at(tracing::Level::INFO)
-    }
-
-    /// A capturing subscriber at `level` that also logs each span as it closes.
-    fn install_at(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(level)
-            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-            .finish();
-        (captured, tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
+use tower_redis_ratelimit::outbound::OutboundLayer;
+use tower_redis_ratelimit::store::{CheckFuture, CheckRequest};
+use tower_redis_ratelimit::{
+    Algorithm, Key, MemoryStore, Policy, RateLimitLayer, Rule, Store, StoreError,
+};
 
 #[tokio::test]
 async fn a_rejection_is_logged_without_the_raw_api_key() {
@@ -77,7 +41,7 @@ async fn a_rejection_is_logged_without_the_raw_api_key() {
         StatusCode::TOO_MANY_REQUESTS
     );
 
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     let line = log
         .lines()
         .find(|line| line.contains("request rate limited"))
@@ -112,7 +76,7 @@ async fn a_refusal_flood_is_not_a_log_flood() {
         }
     }
     assert_eq!(refused, 1_000);
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     let lines = log.matches("request rate limited").count();
     assert_eq!(lines, 16, "{log}");
 
@@ -122,7 +86,7 @@ async fn a_refusal_flood_is_not_a_log_flood() {
     assert_eq!(response.status(), StatusCode::OK);
     let response = send(&app, request_from("10.9.9.9:1", "/")).await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     let last = log
         .lines()
         .rfind(|line| line.contains("request rate limited"))
@@ -167,4 +131,87 @@ async fn each_check_has_a_span_with_its_policy_outcome_and_store_latency() {
         refusal.contains("rate_limit{policy=\"spanned\""),
         "{refusal}"
     );
+}
+
+/// A memory store that can't release a concurrency slot (a store of one's own that never said
+/// how: the trait's default refuses with a `Config` error), so every admitted request fails once
+/// its response is done.
+struct NoRelease(MemoryStore);
+
+impl Store for NoRelease {
+    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.0.check(request)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_failing_for_every_request_is_a_few_error_lines() {
+    let (captured, _guard) = Captured::install();
+    let policy = Policy::builder("releases")
+        .max_in_flight(1_000)
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let app = app(policy, NoRelease(MemoryStore::new()));
+    for _ in 0..100 {
+        let response = send(&app, request_from("198.51.100.1:1", "/")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        // The body read to its end: the request is done, its slot released (or not).
+        axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+    }
+    let lines = captured.lines_with("could not release a concurrency slot");
+    // The first at once, then the budget of its second (paused time: one second).
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for line in &lines {
+        // A store that can't do what the policy needs is a fault, not an outage.
+        assert!(line.contains("ERROR"), "{line}");
+        assert!(line.contains("kind=\"config\""), "{line}");
+        assert!(line.contains("policy=\"releases\""), "{line}");
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let response = send(&app, request_from("198.51.100.1:1", "/")).await;
+    drop(response);
+    let last = captured.lines_with("could not release a concurrency slot");
+    assert_eq!(last.len(), 3);
+    assert!(last[2].contains("unlogged_store_errors=98"), "{}", last[2]);
+}
+
+/// A store that times out on every check.
+struct Down;
+
+impl Store for Down {
+    fn check(&self, _: &CheckRequest<'_>) -> CheckFuture {
+        CheckFuture::ready(Err(StoreError::Timeout(Duration::from_millis(5))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outbound_client_on_a_failing_store_warns_a_few_times() {
+    let (captured, _guard) = Captured::install();
+    let policy = Policy::builder("partner")
+        .algorithm(Algorithm::SlidingLog)
+        .rule(Rule::per_second(5))
+        .build()
+        .unwrap();
+    let mut client = ServiceBuilder::new()
+        .layer(OutboundLayer::new(policy, Down))
+        .service(service_fn(|_: Request<String>| async {
+            Ok::<_, BoxError>(Response::new(String::new()))
+        }));
+    for _ in 0..100 {
+        let request = Request::get("https://api.example.com/")
+            .body(String::new())
+            .unwrap();
+        // Fail open: sent anyway.
+        client.ready().await.unwrap().call(request).await.unwrap();
+    }
+    let lines = captured.lines_with("sending the outbound request anyway");
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for line in &lines {
+        // An outage, not a fault.
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains("kind=\"timeout\""), "{line}");
+    }
 }

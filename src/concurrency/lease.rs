@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use super::SlotQueues;
 use crate::policy::{Policy, StorageKey};
 use crate::store::{CheckRequest, Store};
+use crate::store_error_log::StoreErrorLog;
 
 /// A slot held by an admitted request: released (on every instance, through the store) when this
 /// is dropped, which is when the response body has been sent or dropped.
@@ -21,6 +22,8 @@ pub(crate) struct Lease {
     id: u64,
     /// This instance's requests waiting for a slot, woken once the slot is free again.
     waiting: Option<Arc<SlotQueues>>,
+    /// The policy's store-failure log: a release fails for every request while the store does.
+    errors: Arc<StoreErrorLog>,
 }
 
 impl Lease {
@@ -30,6 +33,7 @@ impl Lease {
         key: StorageKey,
         id: u64,
         waiting: Option<Arc<SlotQueues>>,
+        errors: Arc<StoreErrorLog>,
     ) -> Self {
         Lease {
             store,
@@ -37,6 +41,7 @@ impl Lease {
             key,
             id,
             waiting,
+            errors,
         }
     }
 }
@@ -54,14 +59,21 @@ impl Drop for Lease {
             .as_mut()
             .poll(&mut Context::from_waker(Waker::noop()))
         {
-            Poll::Ready(result) => released(result, policy, &self.key, self.waiting.as_deref()),
+            Poll::Ready(result) => released(
+                result,
+                policy,
+                &self.key,
+                self.waiting.as_deref(),
+                &self.errors,
+            ),
             Poll::Pending => {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     let policy = policy.clone();
                     let key = self.key.clone();
                     let waiting = self.waiting.take();
+                    let errors = self.errors.clone();
                     runtime.spawn(async move {
-                        released(release.await, &policy, &key, waiting.as_deref());
+                        released(release.await, &policy, &key, waiting.as_deref(), &errors);
                     });
                 }
             }
@@ -75,6 +87,7 @@ fn released(
     policy: &Policy,
     key: &StorageKey,
     waiting: Option<&SlotQueues>,
+    errors: &StoreErrorLog,
 ) {
     match result {
         Ok(()) => {
@@ -82,10 +95,10 @@ fn released(
                 waiting.freed(key.as_str());
             }
         }
-        Err(error) => tracing::warn!(
-            policy = policy.name(),
-            %error,
-            "could not release a concurrency slot; it frees when its lease expires"
+        Err(error) => errors.log(
+            policy.name(),
+            &error,
+            "could not release a concurrency slot; it frees when its lease expires",
         ),
     }
 }

@@ -62,6 +62,7 @@ use tower::{BoxError, Layer, Service};
 
 use crate::policy::{OnStoreError, Policy, PolicyError, Rule, StorageKey, is_storable_identity};
 use crate::store::{CheckRequest, Store, StoreError};
+use crate::store_error_log::StoreErrorLog;
 
 #[cfg(feature = "reqwest-middleware")]
 mod middleware;
@@ -124,6 +125,8 @@ struct Shared {
     max_wait: Duration,
     pause_cap: Duration,
     key: Option<Arc<KeyFn>>,
+    /// The store-failure log: a failing store fails every request.
+    store_errors: Arc<StoreErrorLog>,
 }
 
 impl OutboundLayer {
@@ -153,6 +156,7 @@ impl OutboundLayer {
                 max_wait: DEFAULT_MAX_WAIT,
                 pause_cap: DEFAULT_PAUSE_CAP,
                 key: None,
+                store_errors: Arc::default(),
             }),
         })
     }
@@ -339,10 +343,10 @@ impl Shared {
                 Err(error) => {
                     return match policy.on_store_error() {
                         OnStoreError::Allow => {
-                            tracing::warn!(
-                                policy = policy.name(),
-                                %error,
-                                "rate-limit store failed; sending the outbound request anyway"
+                            self.store_errors.log(
+                                policy.name(),
+                                &error,
+                                "sending the outbound request anyway",
                             );
                             Ok(())
                         }
@@ -374,11 +378,10 @@ impl Shared {
                 pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
                 "the upstream asked for a pause"
             ),
-            Err(error) => tracing::warn!(
-                policy = self.policy.name(),
-                upstream,
-                %error,
-                "could not pause the upstream's key"
+            Err(error) => self.store_errors.log(
+                self.policy.name(),
+                &error,
+                format_args!("could not pause the key of upstream {upstream:?}"),
             ),
         }
     }

@@ -36,12 +36,16 @@ pub enum MissingKey {
     Reject(StatusCode),
 }
 
-/// What happens when the store fails (Redis down, a timeout). Never a 429: a store error is not a
-/// rate limit.
+/// What happens when the store fails: an outage (Redis down, a timeout) or a fault (a script
+/// error, a key of the wrong type, Redis out of memory; see [`StoreError::is_fault`]). Never a
+/// 429: a store error is not a rate limit. Either way the failure is logged (an outage at `warn`,
+/// a fault at `error`, a few lines a second per policy and kind at most) and counted.
+///
+/// [`StoreError::is_fault`]: crate::StoreError::is_fault
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnStoreError {
-    /// Let the request through and log a warning (fail open, default).
+    /// Let the request through, without rate-limit headers (fail open, default).
     #[default]
     Allow,
     /// Refuse the request with 503 and a problem+json body (fail closed).

@@ -360,6 +360,13 @@ impl fmt::Debug for CheckFuture {
 
 /// Why a store could not answer. Never a rate limit: the policy's
 /// [`OnStoreError`](crate::OnStoreError) decides what the request gets.
+///
+/// Two families ([`StoreError::is_fault`]): *outages* ([`Unavailable`](StoreError::Unavailable),
+/// [`Timeout`](StoreError::Timeout), [`NotReplicated`](StoreError::NotReplicated)) end when the
+/// store is back; *faults* (the others: a script error, a key of the wrong type, a Redis out of
+/// memory, a reply the crate can't read, a misconfiguration) go on until someone mends them.
+/// Each has its own [`kind`](StoreError::kind), the `kind` label of
+/// `ratelimit_store_errors_total`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -369,9 +376,22 @@ pub enum StoreError {
     /// The store did not answer within the configured time.
     #[error("rate-limit store did not answer within {0:?}")]
     Timeout(Duration),
-    /// The store answered something that makes no sense (a script error, a malformed reply).
+    /// The store answered something the crate can't read (a malformed or unexpected reply: a
+    /// script of another version, or another program, under the store's name).
     #[error("rate-limit store answered unexpectedly: {0}")]
     Protocol(String),
+    /// The store's script failed (a Lua error, or a command in it that Redis answered with
+    /// `ERR`), in Redis's words.
+    #[error("rate-limit store script failed: {0}")]
+    Script(String),
+    /// A key the store uses holds a value of another type (Redis's `WRONGTYPE`, in its words):
+    /// something else writes under the policy's prefix.
+    #[error("rate-limit store key of the wrong type: {0}")]
+    WrongType(String),
+    /// The store refused to write for want of memory (Redis's `OOM` at `maxmemory` under the
+    /// `noeviction` policy, in its words).
+    #[error("rate-limit store out of memory: {0}")]
+    OutOfMemory(String),
     /// The store can't be set up as asked (a malformed URL, a CA file that isn't PEM, a request
     /// whose keys a Redis Cluster can't take in one call).
     #[error("rate-limit store misconfigured: {0}")]
@@ -396,4 +416,50 @@ pub enum StoreError {
         /// The oldest version the store runs on.
         minimum: &'static str,
     },
+}
+
+impl StoreError {
+    /// What kind of failure this is, as the `kind` label of `ratelimit_store_errors_total` and
+    /// the `kind` field of the log line name it: `unavailable`, `timeout`, `not_replicated`
+    /// (outages), `protocol`, `script`, `wrong_type`, `out_of_memory`, `config` (faults).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::StoreError;
+    ///
+    /// let error = StoreError::WrongType("WRONGTYPE Operation against a key".into());
+    /// assert_eq!(error.kind(), "wrong_type");
+    /// assert!(error.is_fault());
+    /// ```
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Timeout(_) => "timeout",
+            StoreError::NotReplicated { .. } => "not_replicated",
+            StoreError::Protocol(_) => "protocol",
+            StoreError::Script(_) => "script",
+            StoreError::WrongType(_) => "wrong_type",
+            StoreError::OutOfMemory(_) => "out_of_memory",
+            StoreError::Config(_) => "config",
+            StoreError::UnsupportedVersion { .. } => "unsupported_version",
+        }
+    }
+
+    /// Whether this is a fault rather than an outage: something no wait or retry mends (a script
+    /// error, a key of the wrong type, a Redis out of memory, a reply the crate can't read, a
+    /// misconfiguration), which an operator must. Faults are logged at `error`, outages (the
+    /// store unreachable, slow, or short of replicas) at `warn`; both are answered by the
+    /// policy's [`OnStoreError`](crate::OnStoreError).
+    pub fn is_fault(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_)
+            | StoreError::Timeout(_)
+            | StoreError::NotReplicated { .. } => false,
+            StoreError::Protocol(_)
+            | StoreError::Script(_)
+            | StoreError::WrongType(_)
+            | StoreError::OutOfMemory(_)
+            | StoreError::Config(_)
+            | StoreError::UnsupportedVersion { .. } => true,
+        }
+    }
 }

@@ -476,6 +476,8 @@ pub async fn a_quota_race_admits_the_limit_and_alerts_once(
     assert_eq!(alerts, [80, 100]);
 }
 
+pub mod capture;
+pub mod prometheus;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod redis_tls;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use ::redis::{Cmd, Value};
 
 use super::super::{CheckRequest, StoreError};
+use super::connection::fault_of;
 use crate::decision::{Decision, RuleState};
 use crate::policy::{Algorithm, Rule};
 
@@ -304,7 +305,7 @@ pub(super) fn check_replies(reply: &[Value]) -> Result<BatchReply, StoreError> {
                     Some(Value::SimpleString(message)) => message.clone(),
                     _ => return Err(malformed()),
                 };
-                entries.push(Err(StoreError::Protocol(error)));
+                entries.push(Err(fault_of(error)));
                 at += 2;
             }
             Value::Int(length) => {
@@ -542,8 +543,9 @@ mod tests {
         let checks = read.entries;
         assert_eq!(checks.len(), 3);
         assert_eq!(checks[0].as_ref().unwrap(), &(2..5));
+        // Its error, in Redis's words, as the fault it is.
         assert!(
-            matches!(&checks[1], Err(StoreError::Protocol(message)) if message == "WRONGTYPE no")
+            matches!(&checks[1], Err(StoreError::WrongType(message)) if message == "WRONGTYPE no")
         );
         assert_eq!(checks[2].as_ref().unwrap(), &(8..8));
         // No time, a length past the end, or an item where a length belongs: protocol errors.

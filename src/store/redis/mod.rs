@@ -955,6 +955,9 @@ fn each_gets(error: StoreError, members: &[Member]) -> Vec<Result<Decision, Stor
         }
         StoreError::Timeout(_) => each(&|member| StoreError::Timeout(member.timeout)),
         StoreError::Protocol(message) => each(&|_| StoreError::Protocol(message.clone())),
+        StoreError::Script(message) => each(&|_| StoreError::Script(message.clone())),
+        StoreError::WrongType(message) => each(&|_| StoreError::WrongType(message.clone())),
+        StoreError::OutOfMemory(message) => each(&|_| StoreError::OutOfMemory(message.clone())),
         StoreError::Config(message) => each(&|_| StoreError::Config(message.clone())),
         StoreError::NotReplicated {
             wanted,
