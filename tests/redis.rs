@@ -377,6 +377,10 @@ async fn without_functions_the_script_serves_and_a_script_flush_is_recovered() {
     assert_eq!(calls.get("eval").copied(), Some(2), "{calls:?}");
     assert_eq!(calls.get("evalsha").copied(), Some(3), "{calls:?}");
     assert_eq!(calls.get("function|load"), None, "{calls:?}");
+    // The limit holds exactly: the fifth is admitted, the sixth refused.
+    let fifth = send(&app, request_from(PEER, "/")).await;
+    assert_eq!(limits(&fifth).status("5-per-3600s").unwrap().remaining, 0);
+    assert_refused(send(&app, request_from(PEER, "/")).await, &["5-per-3600s"]).await;
 }
 
 /// Two apps limiting one key by `rule`: one fails open, one fails closed.

@@ -16,6 +16,8 @@ pub struct TestRedis {
     child: Option<Child>,
     /// The `redis-server` binary our own server runs.
     binary: String,
+    /// Whether our own server listens on `::1` too (and `url` names it there).
+    ipv6: bool,
 }
 
 impl TestRedis {
@@ -27,6 +29,7 @@ impl TestRedis {
                 port: None,
                 child: None,
                 binary: server_binary(),
+                ipv6: false,
             },
             _ => TestRedis::own(),
         }
@@ -39,15 +42,26 @@ impl TestRedis {
 
     /// A server of our own that runs `binary` (another Redis version).
     pub fn own_with(binary: &str) -> TestRedis {
+        TestRedis::own_on(binary, false)
+    }
+
+    /// A server of our own on `127.0.0.1` and `::1`, whose `url` names `[::1]`.
+    pub fn own_dual_stack() -> TestRedis {
+        TestRedis::own_on(&server_binary(), true)
+    }
+
+    fn own_on(binary: &str, ipv6: bool) -> TestRedis {
         // A free port may be taken by another test's server between our probe and its bind; then
         // ours exits and we would be talking to theirs (until their test ends). Try another port.
         for _ in 0..5 {
             let port = free_port();
+            let host = if ipv6 { "[::1]" } else { "127.0.0.1" };
             let mut server = TestRedis {
-                url: format!("redis://127.0.0.1:{port}/0"),
+                url: format!("redis://{host}:{port}/0"),
                 port: Some(port),
                 child: None,
                 binary: binary.to_owned(),
+                ipv6,
             };
             if server.try_start() {
                 return server;
@@ -70,7 +84,13 @@ impl TestRedis {
         let port = self.port.expect("only a server of our own can be started");
         let child = Command::new(&self.binary)
             .args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--bind")
+            .args(if self.ipv6 {
+                &["127.0.0.1", "::1"][..]
+            } else {
+                &["127.0.0.1"]
+            })
+            .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(std::env::temp_dir())
             .stdout(Stdio::null())
