@@ -16,6 +16,7 @@ use tokio::net::TcpListener;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, RetryAfter};
+use tower_redis_ratelimit::store::{ActionFuture, CheckFuture, CheckRequest};
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, PolicyError, RedisStore, Rule, Store};
 
 /// An upstream on a free port that notes when each request arrived.
@@ -385,6 +386,51 @@ async fn retry_after_as_an_http_date_pauses_every_client() {
 async fn an_ietf_ratelimit_item_with_nothing_left_pauses_every_client() {
     let header = ("ratelimit", "\"upstream\";r=0;t=2".to_owned());
     an_announced_pause_holds_both_clients(header, Duration::from_secs(2)).await;
+}
+
+/// A store of your own that pauses but reads pauses through the default of `Store::pause_left`.
+struct OwnStore(MemoryStore);
+
+impl Store for OwnStore {
+    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.0.check(request)
+    }
+
+    fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
+        self.0.pause(request, pause)
+    }
+}
+
+/// `Store::pause_left` reads a pause in each store, and counts nothing.
+#[tokio::test]
+async fn each_store_reads_the_time_a_pause_has_left() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("left");
+    let rules = [Rule::per_second(1)];
+    let stores: [(&str, Arc<dyn Store>); 3] = [
+        ("memory", Arc::new(MemoryStore::new())),
+        ("redis", Arc::new(RedisStore::from_url(&redis.url).unwrap())),
+        ("own", Arc::new(OwnStore(MemoryStore::new()))),
+    ];
+    for (name, store) in stores {
+        let key = format!("{prefix}:{name}:upstream:a");
+        let request = CheckRequest::new(&key, &rules, Algorithm::SlidingLog)
+            .block_for(Some(Duration::from_millis(1)));
+        assert_eq!(store.pause_left(&request).await.unwrap(), None, "{name}");
+        store.pause(&request, Duration::from_secs(2)).await.unwrap();
+        let left = store.pause_left(&request).await.unwrap();
+        assert!(
+            left.is_some_and(
+                |left| left > Duration::from_millis(1_500) && left <= Duration::from_secs(2)
+            ),
+            "{name}: {left:?}"
+        );
+        // A read records nothing: after one, a key's single unit is still free.
+        let other = format!("{prefix}:{name}:upstream:b");
+        let other = CheckRequest::new(&other, &rules, Algorithm::SlidingLog);
+        assert_eq!(store.pause_left(&other).await.unwrap(), None, "{name}");
+        assert!(store.check(&other).await.unwrap().allowed, "{name}");
+    }
 }
 
 /// A hostile `Retry-After` of a day pauses no longer than the cap.
