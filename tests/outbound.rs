@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +41,11 @@ type Client = BoxCloneSyncService<Request<String>, Response<String>, BoxError>;
 
 /// A reqwest client as a tower service, limited by `policy` in `store`.
 fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
+    client_of(OutboundLayer::new(policy, store).max_wait(max_wait))
+}
+
+/// A reqwest client as a tower service, limited by `layer`.
+fn client_of(layer: OutboundLayer) -> Client {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let send = service_fn(move |request: Request<String>| {
         let http = http.clone();
@@ -52,9 +58,7 @@ fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
             Ok::<_, BoxError>(answer.body(response.text().await?)?)
         }
     });
-    let limited = ServiceBuilder::new()
-        .layer(OutboundLayer::new(policy, store).max_wait(max_wait))
-        .service(send);
+    let limited = ServiceBuilder::new().layer(layer).service(send);
     BoxCloneSyncService::new(limited)
 }
 
@@ -62,11 +66,16 @@ fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
 /// as a middleware of a `reqwest_middleware` client, so that both kinds are seen to keep one
 /// count and honour one pause together; without it, another tower client.
 fn second_client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
+    second_client_of(OutboundLayer::new(policy, store).max_wait(max_wait))
+}
+
+/// [`second_client`] limited by `layer`.
+fn second_client_of(layer: OutboundLayer) -> Client {
     #[cfg(feature = "reqwest-middleware")]
     {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let limited = reqwest_middleware::ClientBuilder::new(http)
-            .with(OutboundLayer::new(policy, store).max_wait(max_wait))
+            .with(layer)
             .build();
         BoxCloneSyncService::new(service_fn(move |request: Request<String>| {
             let limited = limited.clone();
@@ -84,7 +93,7 @@ fn second_client(policy: Policy, store: impl Store, max_wait: Duration) -> Clien
         }))
     }
     #[cfg(not(feature = "reqwest-middleware"))]
-    client(policy, store, max_wait)
+    client_of(layer)
 }
 
 fn five_per_second(prefix: &str) -> Policy {
@@ -280,17 +289,26 @@ async fn a_policy_that_cannot_reserve_and_a_bad_key_are_refused() {
 async fn upstream_refusing_once(
     header: (&'static str, String),
 ) -> (String, Arc<Mutex<Vec<(Instant, u16)>>>) {
+    upstream_refusing(0, header).await
+}
+
+/// An upstream that answers its request number `refused` (from 0) with a 429 with `header`, and
+/// every other one with a 200; it notes each arrival and status.
+async fn upstream_refusing(
+    refused: usize,
+    header: (&'static str, String),
+) -> (String, Arc<Mutex<Vec<(Instant, u16)>>>) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
     let noted = arrivals.clone();
     let app = Router::new().route(
         "/quote",
         get(move || {
             let mut arrivals = noted.lock().unwrap();
-            let first = arrivals.is_empty();
-            arrivals.push((Instant::now(), if first { 429 } else { 200 }));
+            let refuse = arrivals.len() == refused;
+            arrivals.push((Instant::now(), if refuse { 429 } else { 200 }));
             let header = header.clone();
             async move {
-                if first {
+                if refuse {
                     (
                         http::StatusCode::TOO_MANY_REQUESTS,
                         [(header.0, header.1)],
@@ -388,6 +406,136 @@ async fn an_ietf_ratelimit_item_with_nothing_left_pauses_every_client() {
     an_announced_pause_holds_both_clients(header, Duration::from_secs(2)).await;
 }
 
+/// Two clients sharing `stores`' counts, 10 requests apiece all in flight at once at 5 per
+/// second, so that most wait for slots reserved seconds ahead; the upstream answers its 8th
+/// request (in the second burst) 429 with `Retry-After: 2`. The calls already waiting hold too:
+/// nothing arrives during the pause, and no window of a second holds more than 5, after the pause
+/// included.
+async fn queued_calls_hold_for_a_pause(stores: [Arc<dyn Store>; 2], prefix: &str) {
+    let (url, arrivals) = upstream_refusing(7, ("retry-after", "2".into())).await;
+    let layer = |store: Arc<dyn Store>| {
+        OutboundLayer::new(five_per_second(prefix), store)
+            .max_wait(Duration::from_secs(60))
+            // On 2 busy cores an arrival can lag its slot by more than the default 20 ms.
+            .margin(Duration::from_millis(100))
+    };
+    let [a, b] = stores;
+    let (from_a, from_b) = tokio::join!(
+        send_all(client_of(layer(a)), &url, 10, 10),
+        send_all(second_client_of(layer(b)), &url, 10, 10)
+    );
+    let statuses: Vec<u16> = from_a.into_iter().chain(from_b).collect();
+    assert_eq!(
+        statuses.iter().filter(|status| **status == 429).count(),
+        1,
+        "{statuses:?}"
+    );
+    let arrivals = arrivals.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 20);
+    let refused_at = arrivals[7].0;
+    // The calls sent before the pause was stored (those of the 429's own burst, a few ms) may
+    // still arrive; a quarter of a second is left for that. After it, nothing for 2 s: today's
+    // bug sent the next burst about a second after the 429.
+    let storing = Duration::from_millis(250);
+    let during: Vec<Duration> = arrivals
+        .iter()
+        .map(|(at, _)| at.saturating_duration_since(refused_at))
+        .filter(|after| *after > storing && *after < Duration::from_secs(2))
+        .collect();
+    assert!(during.is_empty(), "arrivals during the pause: {during:?}");
+    let times: Vec<Instant> = arrivals.iter().map(|(at, _)| *at).collect();
+    assert_at_most_five_a_second(&times);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_calls_on_one_redis_hold_for_a_pause() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("queued");
+    let store = || -> Arc<dyn Store> {
+        Arc::new(
+            RedisStore::from_url(&redis.url)
+                .unwrap()
+                .timeout(Duration::from_secs(10)),
+        )
+    };
+    queued_calls_hold_for_a_pause([store(), store()], &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_calls_on_one_memory_store_hold_for_a_pause() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    queued_calls_hold_for_a_pause([store.clone(), store], "mem").await;
+}
+
+/// A queued call that a pause would hold past its maximum wait fails at once with
+/// [`OutboundError::WouldWait`], as a call whose slot is too far does, and is not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_call_held_past_its_maximum_wait_by_a_pause_is_not_sent() {
+    // Answers after 200 ms, so that all ten have their slots before the 429 comes back.
+    let arrivals = Arc::new(AtomicUsize::new(0));
+    let counted = arrivals.clone();
+    let upstream = service_fn(move |_: Request<String>| {
+        let first = counted.fetch_add(1, Ordering::Relaxed) == 0;
+        async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let status = if first { 429 } else { 200 };
+            let response = Response::builder()
+                .status(status)
+                .header("retry-after", "3")
+                .body(String::new())?;
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let limited = ServiceBuilder::new()
+        .layer(
+            OutboundLayer::new(five_per_second("held"), MemoryStore::new())
+                .max_wait(Duration::from_secs(2)),
+        )
+        .service(upstream);
+    let limited = BoxCloneSyncService::new(limited);
+    let started = Instant::now();
+    // Five go at once (the first is answered 429: a pause of 3 s from 0.2 s); five wait for
+    // slots 1.02 s away, within the maximum wait, and then find the pause, which would hold them
+    // past it.
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let mut limited = limited.clone();
+            tokio::spawn(async move {
+                let request = Request::get("http://api.example/")
+                    .body(String::new())
+                    .unwrap();
+                limited.ready().await.unwrap().call(request).await
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    let mut refused = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(response) => statuses.push(response.status().as_u16()),
+            Err(error) => match error.downcast::<OutboundError>().map(|error| *error) {
+                Ok(OutboundError::WouldWait { retry_after, .. }) => refused.push(retry_after),
+                other => panic!("{other:?}"),
+            },
+        }
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 200, 200, 429], "{refused:?}");
+    assert_eq!(arrivals.load(Ordering::Relaxed), 5);
+    // Told to come back at the pause's end, about 2.2 s after they found it.
+    assert_eq!(refused.len(), 5);
+    assert!(
+        refused
+            .iter()
+            .all(|retry| *retry > Duration::from_secs(1) && *retry <= Duration::from_secs(3)),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
 /// A store of your own that pauses but reads pauses through the default of `Store::pause_left`.
 struct OwnStore(MemoryStore);
 
