@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,7 @@ use tokio::net::TcpListener;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, RetryAfter};
+use tower_redis_ratelimit::store::{ActionFuture, CheckFuture, CheckRequest};
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, PolicyError, RedisStore, Rule, Store};
 
 /// An upstream on a free port that notes when each request arrived.
@@ -39,6 +41,11 @@ type Client = BoxCloneSyncService<Request<String>, Response<String>, BoxError>;
 
 /// A reqwest client as a tower service, limited by `policy` in `store`.
 fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
+    client_of(OutboundLayer::new(policy, store).max_wait(max_wait))
+}
+
+/// A reqwest client as a tower service, limited by `layer`.
+fn client_of(layer: OutboundLayer) -> Client {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let send = service_fn(move |request: Request<String>| {
         let http = http.clone();
@@ -51,9 +58,7 @@ fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
             Ok::<_, BoxError>(answer.body(response.text().await?)?)
         }
     });
-    let limited = ServiceBuilder::new()
-        .layer(OutboundLayer::new(policy, store).max_wait(max_wait))
-        .service(send);
+    let limited = ServiceBuilder::new().layer(layer).service(send);
     BoxCloneSyncService::new(limited)
 }
 
@@ -61,11 +66,16 @@ fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
 /// as a middleware of a `reqwest_middleware` client, so that both kinds are seen to keep one
 /// count and honour one pause together; without it, another tower client.
 fn second_client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
+    second_client_of(OutboundLayer::new(policy, store).max_wait(max_wait))
+}
+
+/// [`second_client`] limited by `layer`.
+fn second_client_of(layer: OutboundLayer) -> Client {
     #[cfg(feature = "reqwest-middleware")]
     {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
         let limited = reqwest_middleware::ClientBuilder::new(http)
-            .with(OutboundLayer::new(policy, store).max_wait(max_wait))
+            .with(layer)
             .build();
         BoxCloneSyncService::new(service_fn(move |request: Request<String>| {
             let limited = limited.clone();
@@ -83,7 +93,7 @@ fn second_client(policy: Policy, store: impl Store, max_wait: Duration) -> Clien
         }))
     }
     #[cfg(not(feature = "reqwest-middleware"))]
-    client(policy, store, max_wait)
+    client_of(layer)
 }
 
 fn five_per_second(prefix: &str) -> Policy {
@@ -131,20 +141,32 @@ fn assert_at_most_five_a_second(arrivals: &[Instant]) {
     }
 }
 
+/// The margin of the tests that count arrivals upstream over time: on two cores busy with other
+/// tests, a loopback trip varies by tens of milliseconds, more than the default 20 ms (made for a
+/// network, not a loaded CI machine) absorbs.
+const BUSY_MACHINE_MARGIN: Duration = Duration::from_millis(100);
+
 /// Two clients sharing `stores`' counts, `each` requests apiece, 10 in flight each.
 async fn two_clients_share_the_limit(stores: [Arc<dyn Store>; 2], prefix: &str, each: usize) {
     let (url, arrivals) = upstream().await;
     let [a, b] = stores;
-    let a = client(five_per_second(prefix), a, Duration::from_secs(60));
-    let b = second_client(five_per_second(prefix), b, Duration::from_secs(60));
+    let layer = |store| {
+        OutboundLayer::new(five_per_second(prefix), store)
+            .max_wait(Duration::from_secs(60))
+            .margin(BUSY_MACHINE_MARGIN)
+    };
+    let a = client_of(layer(a));
+    let b = second_client_of(layer(b));
     let started = Instant::now();
     let (from_a, from_b) = tokio::join!(send_all(a, &url, each, 10), send_all(b, &url, each, 10));
     assert!(from_a.iter().chain(&from_b).all(|status| *status == 200));
     let arrivals = arrivals.lock().unwrap().clone();
     assert_eq!(arrivals.len(), 2 * each);
     assert_at_most_five_a_second(&arrivals);
-    // And not much slower than the limit allows: 5 a second from the start.
-    let floor = Duration::from_millis((2 * each as u64 - 5) * 200);
+    // And not much slower than the limit allows: 5 a period (a second and the margin) from the
+    // start.
+    let slot = (Duration::from_secs(1) + BUSY_MACHINE_MARGIN) / 5;
+    let floor = slot * (2 * each as u32 - 5);
     assert!(started.elapsed() >= floor, "{:?}", started.elapsed());
     assert!(
         started.elapsed() < floor + Duration::from_secs(3),
@@ -279,17 +301,26 @@ async fn a_policy_that_cannot_reserve_and_a_bad_key_are_refused() {
 async fn upstream_refusing_once(
     header: (&'static str, String),
 ) -> (String, Arc<Mutex<Vec<(Instant, u16)>>>) {
+    upstream_refusing(0, header).await
+}
+
+/// An upstream that answers its request number `refused` (from 0) with a 429 with `header`, and
+/// every other one with a 200; it notes each arrival and status.
+async fn upstream_refusing(
+    refused: usize,
+    header: (&'static str, String),
+) -> (String, Arc<Mutex<Vec<(Instant, u16)>>>) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
     let noted = arrivals.clone();
     let app = Router::new().route(
         "/quote",
         get(move || {
             let mut arrivals = noted.lock().unwrap();
-            let first = arrivals.is_empty();
-            arrivals.push((Instant::now(), if first { 429 } else { 200 }));
+            let refuse = arrivals.len() == refused;
+            arrivals.push((Instant::now(), if refuse { 429 } else { 200 }));
             let header = header.clone();
             async move {
-                if first {
+                if refuse {
                     (
                         http::StatusCode::TOO_MANY_REQUESTS,
                         [(header.0, header.1)],
@@ -376,15 +407,192 @@ async fn retry_after_seconds_pauses_every_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_as_an_http_date_pauses_every_client() {
-    // Three seconds ahead, to the whole second: between 2 and 3 s from now.
+    // Three seconds ahead, to the whole second: between 2 and 3 s from now, so from the 429,
+    // which comes a little later, possibly a hair under 2 s: 1.8 s of quiet is what it promises.
     let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3));
-    an_announced_pause_holds_both_clients(("retry-after", date), Duration::from_secs(2)).await;
+    let quiet = Duration::from_millis(1_800);
+    an_announced_pause_holds_both_clients(("retry-after", date), quiet).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ietf_ratelimit_item_with_nothing_left_pauses_every_client() {
     let header = ("ratelimit", "\"upstream\";r=0;t=2".to_owned());
     an_announced_pause_holds_both_clients(header, Duration::from_secs(2)).await;
+}
+
+/// Two clients sharing `stores`' counts, 10 requests apiece all in flight at once at 5 per
+/// second, so that most wait for slots reserved seconds ahead; the upstream answers its 8th
+/// request (in the second burst) 429 with `Retry-After: 2`. The calls already waiting hold too:
+/// nothing arrives during the pause, and no window of a second holds more than 5, after the pause
+/// included.
+async fn queued_calls_hold_for_a_pause(stores: [Arc<dyn Store>; 2], prefix: &str) {
+    let (url, arrivals) = upstream_refusing(7, ("retry-after", "2".into())).await;
+    let layer = |store: Arc<dyn Store>| {
+        OutboundLayer::new(five_per_second(prefix), store)
+            .max_wait(Duration::from_secs(60))
+            // On 2 busy cores an arrival can lag its slot by more than the default 20 ms.
+            .margin(Duration::from_millis(100))
+    };
+    let [a, b] = stores;
+    let (from_a, from_b) = tokio::join!(
+        send_all(client_of(layer(a)), &url, 10, 10),
+        send_all(second_client_of(layer(b)), &url, 10, 10)
+    );
+    let statuses: Vec<u16> = from_a.into_iter().chain(from_b).collect();
+    assert_eq!(
+        statuses.iter().filter(|status| **status == 429).count(),
+        1,
+        "{statuses:?}"
+    );
+    let arrivals = arrivals.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 20);
+    let refused_at = arrivals[7].0;
+    // The calls sent before the pause was stored (those of the 429's own burst, a few ms) may
+    // still arrive; a quarter of a second is left for that. After it, nothing for 2 s: today's
+    // bug sent the next burst about a second after the 429.
+    let storing = Duration::from_millis(250);
+    let during: Vec<Duration> = arrivals
+        .iter()
+        .map(|(at, _)| at.saturating_duration_since(refused_at))
+        .filter(|after| *after > storing && *after < Duration::from_secs(2))
+        .collect();
+    assert!(during.is_empty(), "arrivals during the pause: {during:?}");
+    let times: Vec<Instant> = arrivals.iter().map(|(at, _)| *at).collect();
+    assert_at_most_five_a_second(&times);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_calls_on_one_redis_hold_for_a_pause() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("queued");
+    let store = || -> Arc<dyn Store> {
+        Arc::new(
+            RedisStore::from_url(&redis.url)
+                .unwrap()
+                .timeout(Duration::from_secs(10)),
+        )
+    };
+    queued_calls_hold_for_a_pause([store(), store()], &prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_calls_on_one_memory_store_hold_for_a_pause() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    queued_calls_hold_for_a_pause([store.clone(), store], "mem").await;
+}
+
+/// A queued call that a pause would hold past its maximum wait fails at once with
+/// [`OutboundError::WouldWait`], as a call whose slot is too far does, and is not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_call_held_past_its_maximum_wait_by_a_pause_is_not_sent() {
+    // Answers after 200 ms, so that all ten have their slots before the 429 comes back.
+    let arrivals = Arc::new(AtomicUsize::new(0));
+    let counted = arrivals.clone();
+    let upstream = service_fn(move |_: Request<String>| {
+        let first = counted.fetch_add(1, Ordering::Relaxed) == 0;
+        async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let status = if first { 429 } else { 200 };
+            let response = Response::builder()
+                .status(status)
+                .header("retry-after", "3")
+                .body(String::new())?;
+            Ok::<_, BoxError>(response)
+        }
+    });
+    let limited = ServiceBuilder::new()
+        .layer(
+            OutboundLayer::new(five_per_second("held"), MemoryStore::new())
+                .max_wait(Duration::from_secs(2)),
+        )
+        .service(upstream);
+    let limited = BoxCloneSyncService::new(limited);
+    let started = Instant::now();
+    // Five go at once (the first is answered 429: a pause of 3 s from 0.2 s); five wait for
+    // slots 1.02 s away, within the maximum wait, and then find the pause, which would hold them
+    // past it.
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let mut limited = limited.clone();
+            tokio::spawn(async move {
+                let request = Request::get("http://api.example/")
+                    .body(String::new())
+                    .unwrap();
+                limited.ready().await.unwrap().call(request).await
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    let mut refused = Vec::new();
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(response) => statuses.push(response.status().as_u16()),
+            Err(error) => match error.downcast::<OutboundError>().map(|error| *error) {
+                Ok(OutboundError::WouldWait { retry_after, .. }) => refused.push(retry_after),
+                other => panic!("{other:?}"),
+            },
+        }
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 200, 200, 200, 429], "{refused:?}");
+    assert_eq!(arrivals.load(Ordering::Relaxed), 5);
+    // Told to come back at the pause's end, about 2.2 s after they found it.
+    assert_eq!(refused.len(), 5);
+    assert!(
+        refused
+            .iter()
+            .all(|retry| *retry > Duration::from_secs(1) && *retry <= Duration::from_secs(3)),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+/// A store of your own that pauses but reads pauses through the default of `Store::pause_left`.
+struct OwnStore(MemoryStore);
+
+impl Store for OwnStore {
+    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.0.check(request)
+    }
+
+    fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
+        self.0.pause(request, pause)
+    }
+}
+
+/// `Store::pause_left` reads a pause in each store, and counts nothing.
+#[tokio::test]
+async fn each_store_reads_the_time_a_pause_has_left() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("left");
+    let rules = [Rule::per_second(1)];
+    let stores: [(&str, Arc<dyn Store>); 3] = [
+        ("memory", Arc::new(MemoryStore::new())),
+        ("redis", Arc::new(RedisStore::from_url(&redis.url).unwrap())),
+        ("own", Arc::new(OwnStore(MemoryStore::new()))),
+    ];
+    for (name, store) in stores {
+        let key = format!("{prefix}:{name}:upstream:a");
+        let request = CheckRequest::new(&key, &rules, Algorithm::SlidingLog)
+            .block_for(Some(Duration::from_millis(1)));
+        assert_eq!(store.pause_left(&request).await.unwrap(), None, "{name}");
+        store.pause(&request, Duration::from_secs(2)).await.unwrap();
+        let left = store.pause_left(&request).await.unwrap();
+        assert!(
+            left.is_some_and(
+                |left| left > Duration::from_millis(1_500) && left <= Duration::from_secs(2)
+            ),
+            "{name}: {left:?}"
+        );
+        // A read records nothing: after one, a key's single unit is still free.
+        let other = format!("{prefix}:{name}:upstream:b");
+        let other = CheckRequest::new(&other, &rules, Algorithm::SlidingLog);
+        assert_eq!(store.pause_left(&other).await.unwrap(), None, "{name}");
+        assert!(store.check(&other).await.unwrap().allowed, "{name}");
+    }
 }
 
 /// A hostile `Retry-After` of a day pauses no longer than the cap.
@@ -436,11 +644,11 @@ async fn a_pause_is_capped() {
     }
 }
 
-/// A fake upstream answering from `answers` in turn (the last one again once they run out) and
-/// noting when each request came (tokio's clock, paused in these tests).
 /// When each request came to a fake upstream, on tokio's clock.
 type Arrivals = Arc<Mutex<Vec<tokio::time::Instant>>>;
 
+/// A fake upstream answering from `answers` in turn (the last one again once they run out) and
+/// noting when each request came (tokio's clock, paused in these tests).
 fn scripted(answers: Vec<(u16, Option<&'static str>)>) -> (Client, Arrivals) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
     let noted = arrivals.clone();

@@ -15,6 +15,26 @@
 //! told. A request that finds its upstream paused waits for the pause's end and then for a slot,
 //! within its maximum wait.
 //!
+//! That holds for the requests already waiting for their slots too. Before it is sent, a request
+//! that waited checks whether its upstream was paused meanwhile, here or on another instance; if
+//! so it gives up its slot, waits for the pause's end and takes a new slot after it, behind the
+//! others. So the upstream sees nothing during a pause, and no more than the limit in any window
+//! after it. The slots given up still count in their windows, as if used: that errs on the safe
+//! side, and delays the first requests after a pause by a rule's period at most. A request whose
+//! pause and new slot would take it past its maximum wait fails with [`OutboundError::WouldWait`],
+//! as one whose slot is too far does.
+//!
+//! What seeing pauses costs, in store calls per request:
+//! - a request sent at once (its check found a slot free now): nothing beyond its check, which
+//!   sees a pause in the same call;
+//! - a request that waited for its slot: one read ([`Store::pause_left`]; on Redis an `EVALSHA`
+//!   of a `PTTL`) just before it is sent, paused or not; none when this instance learnt the pause
+//!   itself (it keeps the pauses it learns at hand, so the instance that was told asks nothing);
+//! - a request that meets a pause: one more check after the pause's end (and one more read if
+//!   its new slot is later still); one that starts while this instance knows of a pause waits
+//!   for its end before its first check, without asking the store;
+//! - an answer that announces a pause: one call to store it ([`Store::pause`]).
+//!
 //! With the `reqwest-middleware` feature the layer is also a `reqwest_middleware::Middleware`, for
 //! `reqwest` clients (see its impl below [`OutboundLayer`]).
 //!
@@ -69,6 +89,7 @@ mod middleware;
 mod pause;
 mod retry;
 
+use pause::LocalPauses;
 pub use pause::announced_pause;
 pub use retry::RetryAfter;
 
@@ -127,6 +148,9 @@ struct Shared {
     key: Option<Arc<KeyFn>>,
     /// The store-failure log: a failing store fails every request.
     store_errors: Arc<StoreErrorLog>,
+    /// The pauses this instance learnt (shared by the layers built from one, which share the
+    /// store too).
+    paused: Arc<LocalPauses>,
 }
 
 impl OutboundLayer {
@@ -157,6 +181,7 @@ impl OutboundLayer {
                 pause_cap: DEFAULT_PAUSE_CAP,
                 key: None,
                 store_errors: Arc::default(),
+                paused: Arc::default(),
             }),
         })
     }
@@ -317,43 +342,89 @@ impl Shared {
         let deadline = Instant::now() + self.max_wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
+            // Paused by an answer to this instance: no need to ask the store.
+            if let Some(pause) = self.paused.left(key.as_str()) {
+                self.hold(upstream, pause, left).await?;
+                continue;
+            }
             let request = CheckRequest::new(key.as_str(), &self.rules, policy.algorithm())
                 .identity(key.identity())
                 .max_delay(left)
                 .block_for(SEES_PAUSES);
             match self.store.check(&request).await {
                 Ok(decision) if decision.allowed => {
-                    if !decision.delay.is_zero() {
-                        tokio::time::sleep(decision.delay).await;
+                    // Not delayed: the check saw every pause, just now.
+                    if decision.delay.is_zero() {
+                        return Ok(());
                     }
-                    return Ok(());
+                    tokio::time::sleep(decision.delay).await;
+                    // Paused while it waited, here or on another instance: the slot is not used
+                    // (it still counts, which only errs on the safe side); wait for the pause's
+                    // end, then take a new slot behind every other.
+                    match self.pause_left(&request).await? {
+                        None => return Ok(()),
+                        Some(pause) => {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            self.hold(upstream, pause, left).await?;
+                        }
+                    }
                 }
                 Ok(decision) => {
-                    let retry_after = decision.retry_after().unwrap_or(self.max_wait);
                     // Paused by the upstream, and the pause ends in time: wait, then queue.
-                    if retry_after < left {
-                        tokio::time::sleep(retry_after).await;
-                        continue;
-                    }
-                    return Err(OutboundError::WouldWait {
-                        upstream: upstream.to_owned(),
-                        retry_after,
-                    });
+                    let retry_after = decision.retry_after().unwrap_or(self.max_wait);
+                    self.hold(upstream, retry_after, left).await?;
                 }
-                Err(error) => {
-                    return match policy.on_store_error() {
-                        OnStoreError::Allow => {
-                            self.store_errors.log(
-                                policy.name(),
-                                &error,
-                                "sending the outbound request anyway",
-                            );
-                            Ok(())
-                        }
-                        OnStoreError::Deny => Err(error.into()),
-                    };
-                }
+                Err(error) => return self.store_failed(error),
             }
+        }
+    }
+
+    /// Sleeps for `pause` when it ends within `left` of the request's maximum wait; else the
+    /// request is not sent.
+    async fn hold(
+        &self,
+        upstream: &str,
+        pause: Duration,
+        left: Duration,
+    ) -> Result<(), OutboundError> {
+        if pause >= left {
+            return Err(OutboundError::WouldWait {
+                upstream: upstream.to_owned(),
+                retry_after: pause,
+            });
+        }
+        tokio::time::sleep(pause).await;
+        Ok(())
+    }
+
+    /// How long the pause of `request`'s key has left, if one is on: this instance's own pause,
+    /// or else the store's (one read). A store failure is answered as a check's is.
+    async fn pause_left(
+        &self,
+        request: &CheckRequest<'_>,
+    ) -> Result<Option<Duration>, OutboundError> {
+        if let Some(pause) = self.paused.left(request.key) {
+            return Ok(Some(pause));
+        }
+        match self.store.pause_left(request).await {
+            Ok(pause) => Ok(pause),
+            Err(error) => self.store_failed(error).map(|()| None),
+        }
+    }
+
+    /// A store failure, answered by the policy: `Ok` (send anyway, with a warning) when it fails
+    /// open.
+    fn store_failed(&self, error: StoreError) -> Result<(), OutboundError> {
+        match self.policy.on_store_error() {
+            OnStoreError::Allow => {
+                self.store_errors.log(
+                    self.policy.name(),
+                    &error,
+                    "sending the outbound request anyway",
+                );
+                Ok(())
+            }
+            OnStoreError::Deny => Err(error.into()),
         }
     }
 
@@ -368,6 +439,8 @@ impl Shared {
     /// response is the caller's either way).
     async fn pause(&self, upstream: &str, pause: Duration) {
         let key = self.key_of(upstream);
+        // Held here at once, before the store has it (and even if the store fails).
+        self.paused.set(key.as_str(), Instant::now() + pause);
         let request = CheckRequest::new(key.as_str(), &self.rules, self.policy.algorithm())
             .identity(key.identity())
             .block_for(SEES_PAUSES);

@@ -1,10 +1,53 @@
-//! Reading an upstream's own limits from its answer: how long it asks its callers to stop.
+//! Reading an upstream's own limits from its answer: how long it asks its callers to stop; and
+//! the pauses an instance learnt, kept at hand for its own calls.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName, StatusCode};
+use tokio::time::Instant;
 
 use crate::headers::{self, RetryAfter};
+
+/// The most upstreams [`LocalPauses`] keeps paused at once; past it a new pause is kept in the
+/// store only (still seen by every call, at a store read each).
+const MAX_LOCAL_PAUSES: usize = 1_024;
+
+/// The pauses this instance learnt, by store key, until they end, so that its own calls see one
+/// without asking the store. The store stays the truth (other instances' pauses are only there);
+/// this only saves the reads of the common case, the instance that was told.
+#[derive(Debug, Default)]
+pub(super) struct LocalPauses(Mutex<HashMap<String, Instant>>);
+
+impl LocalPauses {
+    /// `key` is paused until `until` (a pause never shortens a longer one).
+    pub(super) fn set(&self, key: &str, until: Instant) {
+        let mut pauses = self.lock();
+        if let Some(end) = pauses.get_mut(key) {
+            *end = (*end).max(until);
+            return;
+        }
+        // Pauses are rare: sweeping the ended ones at each new one keeps the map small.
+        let now = Instant::now();
+        pauses.retain(|_, end| *end > now);
+        if pauses.len() < MAX_LOCAL_PAUSES {
+            pauses.insert(key.to_owned(), until);
+        }
+    }
+
+    /// How long `key`'s pause has left, if this instance knows of one.
+    pub(super) fn left(&self, key: &str) -> Option<Duration> {
+        let pauses = self.lock();
+        let end = *pauses.get(key)?;
+        Some(end.saturating_duration_since(Instant::now())).filter(|left| !left.is_zero())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        // The map holds plain instants: one left by a panicking thread is still whole.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// `X-RateLimit-Reset` values above this are Unix times (seconds); below, seconds from now.
 /// (GitHub sends the former, many APIs the latter; 10^9 s is 2001, and no reset is 31 years away.)
@@ -89,6 +132,21 @@ fn integer(headers: &HeaderMap, name: &str) -> Option<u64> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn local_pauses_end_on_time_and_never_shorten() {
+        let pauses = LocalPauses::default();
+        assert_eq!(pauses.left("a"), None);
+        pauses.set("a", Instant::now() + Duration::from_secs(2));
+        pauses.set("a", Instant::now() + Duration::from_secs(1));
+        assert_eq!(pauses.left("a"), Some(Duration::from_secs(2)));
+        assert_eq!(pauses.left("b"), None);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(pauses.left("a"), None);
+        // An ended pause is swept by the next one.
+        pauses.set("b", Instant::now() + Duration::from_secs(1));
+        assert_eq!(pauses.0.lock().unwrap().len(), 1);
+    }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

@@ -246,6 +246,41 @@ pub trait Store: Send + Sync + 'static {
         )))))
     }
 
+    /// How long the pause ([`Store::pause`]) or penalty block of `request.key` has left, if one
+    /// is on, read without counting anything: for a call of the outbound layer that waited for
+    /// its reserved slot, to see before it is sent whether its upstream was paused meanwhile, on
+    /// any instance. The memory store reads its entry; the Redis store reads the block key's
+    /// time to live (`lua/pause_left.lua`), one round trip.
+    ///
+    /// The default asks [`Store::check`] a request of cost 0 without duplicate guard, quota,
+    /// concurrency limit or wait (it fits every rule and records nothing, as an operator's
+    /// inspection does): a refusal's retry time is the pause's end.
+    fn pause_left(&self, request: &CheckRequest<'_>) -> PauseFuture {
+        let rules: Vec<Rule> = request
+            .rules
+            .iter()
+            .filter(|rule| !rule.is_duplicate_guard())
+            .cloned()
+            .collect();
+        let inspection = CheckRequest {
+            rules: &rules,
+            cost: 0,
+            max_delay: Duration::ZERO,
+            quota: None,
+            concurrency: None,
+            ..*request
+        };
+        let check = self.check(&inspection);
+        Box::pin(async move {
+            let decision = check.await?;
+            Ok(if decision.allowed {
+                None
+            } else {
+                decision.retry_after().filter(|left| !left.is_zero())
+            })
+        })
+    }
+
     /// Releases the slot that lease `lease` ([`Decision::lease`]) holds under `request.key`'s
     /// concurrency limit (`request.concurrency`), before its lease expires. Releasing a lease that
     /// expired or was released already does nothing.
@@ -292,6 +327,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).pause(request, pause)
     }
 
+    fn pause_left(&self, request: &CheckRequest<'_>) -> PauseFuture {
+        (**self).pause_left(request)
+    }
+
     fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
         (**self).release(request, lease)
     }
@@ -299,6 +338,11 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
 /// What [`Store::reset`], [`Store::pause`] and [`Store::release`] return: done, or why not.
 pub type ActionFuture = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'static>>;
+
+/// What [`Store::pause_left`] returns: the time a pause has left (`None`: not paused), or why it
+/// could not be read.
+pub type PauseFuture =
+    Pin<Box<dyn Future<Output = Result<Option<Duration>, StoreError>> + Send + 'static>>;
 
 type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
 

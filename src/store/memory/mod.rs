@@ -24,7 +24,7 @@ use hashbrown::HashTable;
 
 use self::entry::Entry;
 use self::quota::QuotaTable;
-use super::{ActionFuture, CheckFuture, CheckRequest, Store};
+use super::{ActionFuture, CheckFuture, CheckRequest, PauseFuture, Store};
 use crate::decision::Decision;
 
 mod clock;
@@ -236,6 +236,20 @@ impl Store for MemoryStore {
             }
         }
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn pause_left(&self, request: &CheckRequest<'_>) -> PauseFuture {
+        let now = self.0.clock.now_unix_ms();
+        let (hash, shard) = self.shard_of(request.key);
+        // The shard's time, as a check would see it (it never goes back).
+        let now = shard.latest_ms.max(now);
+        let left = shard
+            .entries
+            .find(hash, |entry| *entry.key == *request.key)
+            .map(|entry| entry.blocked_until_ms.saturating_sub(now))
+            .filter(|&left| left > 0)
+            .map(Duration::from_millis);
+        Box::pin(std::future::ready(Ok(left)))
     }
 }
 

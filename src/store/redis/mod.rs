@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use self::batch::{Batcher, Member};
 use self::command::{PackedCheck, batch_command, check_replies, decision_from};
 use self::connection::{Connection, Connector, eval_of, is_no_script, store_error};
-use super::{ActionFuture, CheckFuture, CheckRequest, Store, StoreError};
+use super::{ActionFuture, CheckFuture, CheckRequest, PauseFuture, Store, StoreError};
 use crate::decision::Decision;
 
 mod batch;
@@ -564,18 +564,10 @@ impl Store for RedisStore {
     }
 
     fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
-        // The block key of the request (the last key of a check with a block), set to the pause's
-        // end in Redis's time unless it already ends later.
-        let request = CheckRequest {
-            quota: None,
-            block_for: Some(Duration::from_millis(1)),
-            ..*request
-        };
-        let packed = PackedCheck::new(&request, true);
-        let Some(block_key) = packed.keys().last() else {
-            return Box::pin(std::future::ready(Err(StoreError::Protocol(
-                "a check with a block has no block key".into(),
-            ))));
+        // The block key, set to the pause's end in Redis's time unless it already ends later.
+        let block_key = match block_key(request) {
+            Ok(key) => key,
+            Err(error) => return Box::pin(std::future::ready(Err(error))),
         };
         let mut command = ::redis::cmd("EVAL");
         command
@@ -584,6 +576,27 @@ impl Store for RedisStore {
             .arg(block_key)
             .arg(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
         self.run(command)
+    }
+
+    fn pause_left(&self, request: &CheckRequest<'_>) -> PauseFuture {
+        let block_key = match block_key(request) {
+            Ok(key) => key,
+            Err(error) => return Box::pin(std::future::ready(Err(error))),
+        };
+        let mut command = ::redis::cmd("EVALSHA");
+        command.arg(PAUSE_LEFT.get_hash()).arg(1).arg(block_key);
+        let reply = self.run_script(command, PAUSE_LEFT_LUA);
+        Box::pin(async move {
+            match reply.await? {
+                Value::Int(left) => Ok(u64::try_from(left)
+                    .ok()
+                    .filter(|&left| left > 0)
+                    .map(Duration::from_millis)),
+                other => Err(StoreError::Protocol(format!(
+                    "unexpected reply {other:?} to a pause's time left"
+                ))),
+            }
+        })
     }
 
     fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
@@ -616,7 +629,57 @@ const PAUSE_SCRIPT: &str = "local t = redis.call('TIME') \
     redis.call('SET', KEYS[1], string.format('%d', untl), 'PXAT', string.format('%d', untl)) end \
     return 1";
 
+/// Reads the time a pause has left (see the script).
+const PAUSE_LEFT_LUA: &str = include_str!("../../../lua/pause_left.lua");
+
+/// [`PAUSE_LEFT_LUA`] with its hash, for `EVALSHA`: it is read before each call that waited for
+/// its slot is sent, so its text goes to Redis once, not every time.
+static PAUSE_LEFT: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(PAUSE_LEFT_LUA));
+
+/// The block key of `request`: the last key of a check of it with a block (see `lua/head.lua`),
+/// where a penalty block and a pause are kept.
+fn block_key(request: &CheckRequest<'_>) -> Result<Vec<u8>, StoreError> {
+    let request = CheckRequest {
+        quota: None,
+        block_for: Some(Duration::from_millis(1)),
+        ..*request
+    };
+    PackedCheck::new(&request, true)
+        .keys()
+        .last()
+        .map(<[u8]>::to_vec)
+        .ok_or_else(|| StoreError::Protocol("a check with a block has no block key".into()))
+}
+
 impl RedisStore {
+    /// Runs `evalsha`, the `EVALSHA` of a small script of `lua/` whose text is `body`, on the
+    /// store's connection; when Redis lacks the script (a restart, `SCRIPT FLUSH`, a new cluster
+    /// node), sends the text with `EVAL`, which also caches it there. Its reply.
+    fn run_script(
+        &self,
+        evalsha: Cmd,
+        body: &'static str,
+    ) -> impl Future<Output = Result<Value, StoreError>> + Send + 'static {
+        let (shared, timeout) = (self.shared.clone(), self.timeout);
+        async move {
+            let mut connection = match shared.cached() {
+                Some(connection) => connection,
+                None => shared.connection(timeout).await?,
+            };
+            let reply = match shared.send(&mut connection, &evalsha, None, timeout).await {
+                Err(error) if is_no_script(&error) => {
+                    let eval = eval_of(body, &evalsha);
+                    shared.send(&mut connection, &eval, None, timeout).await
+                }
+                reply => reply,
+            };
+            reply
+                .map(|(value, _)| value)
+                .map_err(|error| store_error(error, timeout))
+        }
+    }
+
     /// Sends a store action (reset, pause) on the store's connection.
     fn run(&self, command: ::redis::Cmd) -> ActionFuture {
         let (shared, timeout) = (self.shared.clone(), self.timeout);
