@@ -408,7 +408,8 @@ impl fmt::Debug for CheckFuture {
 /// Two families ([`StoreError::is_fault`]): *outages* ([`Unavailable`](StoreError::Unavailable),
 /// [`Timeout`](StoreError::Timeout), [`NotReplicated`](StoreError::NotReplicated)) end when the
 /// store is back; *faults* (the others: a script error, a key of the wrong type, a Redis out of
-/// memory, a reply the crate can't read, a misconfiguration) go on until someone mends them.
+/// memory, a reply the crate can't read, a Redis too old, a misconfiguration) go on until someone
+/// mends them.
 /// Each has its own [`kind`](StoreError::kind), the `kind` label of
 /// `ratelimit_store_errors_total`.
 #[derive(Debug, thiserror::Error)]
@@ -465,7 +466,8 @@ pub enum StoreError {
 impl StoreError {
     /// What kind of failure this is, as the `kind` label of `ratelimit_store_errors_total` and
     /// the `kind` field of the log line name it: `unavailable`, `timeout`, `not_replicated`
-    /// (outages), `protocol`, `script`, `wrong_type`, `out_of_memory`, `config` (faults).
+    /// (outages), `protocol`, `script`, `wrong_type`, `out_of_memory`, `unsupported_version`,
+    /// `config` (faults).
     ///
     /// ```
     /// use tower_redis_ratelimit::StoreError;

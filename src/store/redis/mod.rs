@@ -551,16 +551,14 @@ impl Store for RedisStore {
             ..*request
         };
         let packed = PackedCheck::new(&request, true);
-        // EVAL rather than DEL: its first key is where a cluster router looks for the slot (all
-        // of them share the identity's hash tag).
-        let mut command = ::redis::cmd("EVAL");
-        command
-            .arg("return redis.call('DEL', unpack(KEYS))")
-            .arg(packed.key_count());
+        // A script rather than DEL: its first key is where a cluster router looks for the slot
+        // (all of them share the identity's hash tag).
+        let mut command = evalsha(&RESET);
+        command.arg(packed.key_count());
         for key in packed.keys() {
             command.arg(key);
         }
-        self.run(command)
+        self.run_action(command, &RESET)
     }
 
     fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
@@ -569,13 +567,12 @@ impl Store for RedisStore {
             Ok(key) => key,
             Err(error) => return Box::pin(std::future::ready(Err(error))),
         };
-        let mut command = ::redis::cmd("EVAL");
+        let mut command = evalsha(&PAUSE);
         command
-            .arg(PAUSE_SCRIPT)
             .arg(1)
             .arg(block_key)
             .arg(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
-        self.run(command)
+        self.run_action(command, &PAUSE)
     }
 
     fn pause_left(&self, request: &CheckRequest<'_>) -> PauseFuture {
@@ -583,9 +580,9 @@ impl Store for RedisStore {
             Ok(key) => key,
             Err(error) => return Box::pin(std::future::ready(Err(error))),
         };
-        let mut command = ::redis::cmd("EVALSHA");
-        command.arg(PAUSE_LEFT.get_hash()).arg(1).arg(block_key);
-        let reply = self.run_script(command, PAUSE_LEFT_LUA);
+        let mut command = evalsha(&PAUSE_LEFT);
+        command.arg(1).arg(block_key);
+        let reply = self.run_script(command, &PAUSE_LEFT);
         Box::pin(async move {
             match reply.await? {
                 Value::Int(left) => Ok(u64::try_from(left)
@@ -612,30 +609,49 @@ impl Store for RedisStore {
                 "a release needs the request's concurrency limit".into(),
             ))));
         };
-        // EVAL, like reset: a cluster router finds the slot from its first key.
-        let mut command = ::redis::cmd("EVAL");
-        command.arg(RELEASE_SCRIPT).arg(1).arg(leases).arg(lease);
-        self.run(command)
+        // A script, like reset: a cluster router finds the slot from its first key.
+        let mut command = evalsha(&RELEASE);
+        command.arg(1).arg(leases).arg(lease);
+        self.run_action(command, &RELEASE)
     }
 }
 
-/// Releases a concurrency lease (see `lua/tail.lua`): one `ZREM` of its id from the leases.
-const RELEASE_SCRIPT: &str = "return redis.call('ZREM', KEYS[1], ARGV[1])";
+/// A small script of `lua/` for one store action, sent as `EVALSHA` of its hash; its text goes to
+/// a node only when the node lacks it (`NOSCRIPT`), not at every call.
+struct ActionScript {
+    lua: &'static str,
+    hash: std::sync::LazyLock<String>,
+}
 
-/// Sets `KEYS[1]` to now + `ARGV[1]` ms (Redis's time), expiring then, unless it holds a later end.
-const PAUSE_SCRIPT: &str = "local t = redis.call('TIME') \
-    local untl = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[1]) \
-    if untl > (tonumber(redis.call('GET', KEYS[1])) or 0) then \
-    redis.call('SET', KEYS[1], string.format('%d', untl), 'PXAT', string.format('%d', untl)) end \
-    return 1";
+macro_rules! action_script {
+    ($file:literal) => {
+        ActionScript {
+            lua: include_str!(concat!("../../../lua/", $file)),
+            hash: std::sync::LazyLock::new(|| {
+                Script::new(include_str!(concat!("../../../lua/", $file)))
+                    .get_hash()
+                    .to_owned()
+            }),
+        }
+    };
+}
 
-/// Reads the time a pause has left (see the script).
-const PAUSE_LEFT_LUA: &str = include_str!("../../../lua/pause_left.lua");
+/// Deletes an identity's keys (`lua/reset.lua`).
+static RESET: ActionScript = action_script!("reset.lua");
+/// Pauses a key until a time in Redis's clock (`lua/pause.lua`).
+static PAUSE: ActionScript = action_script!("pause.lua");
+/// Reads the time a pause has left (`lua/pause_left.lua`), before each outbound call that waited
+/// for its slot is sent.
+static PAUSE_LEFT: ActionScript = action_script!("pause_left.lua");
+/// Releases a concurrency lease (`lua/release.lua`).
+static RELEASE: ActionScript = action_script!("release.lua");
 
-/// [`PAUSE_LEFT_LUA`] with its hash, for `EVALSHA`: it is read before each call that waited for
-/// its slot is sent, so its text goes to Redis once, not every time.
-static PAUSE_LEFT: std::sync::LazyLock<Script> =
-    std::sync::LazyLock::new(|| Script::new(PAUSE_LEFT_LUA));
+/// `EVALSHA <hash of script>`, for the keys and arguments to follow.
+fn evalsha(script: &ActionScript) -> Cmd {
+    let mut command = ::redis::cmd("EVALSHA");
+    command.arg(script.hash.as_str());
+    command
+}
 
 /// The block key of `request`: the last key of a check of it with a block (see `lua/head.lua`),
 /// where a penalty block and a pause are kept.
@@ -653,14 +669,15 @@ fn block_key(request: &CheckRequest<'_>) -> Result<Vec<u8>, StoreError> {
 }
 
 impl RedisStore {
-    /// Runs `evalsha`, the `EVALSHA` of a small script of `lua/` whose text is `body`, on the
-    /// store's connection; when Redis lacks the script (a restart, `SCRIPT FLUSH`, a new cluster
-    /// node), sends the text with `EVAL`, which also caches it there. Its reply.
+    /// Runs `evalsha`, the `EVALSHA` of `script`, on the store's connection; when Redis lacks
+    /// the script (a restart, `SCRIPT FLUSH`, a new cluster node), sends its text with `EVAL`,
+    /// which also caches it there. Its reply.
     fn run_script(
         &self,
         evalsha: Cmd,
-        body: &'static str,
+        script: &'static ActionScript,
     ) -> impl Future<Output = Result<Value, StoreError>> + Send + 'static {
+        let body = script.lua;
         let (shared, timeout) = (self.shared.clone(), self.timeout);
         async move {
             let mut connection = match shared.cached() {
@@ -680,17 +697,11 @@ impl RedisStore {
         }
     }
 
-    /// Sends a store action (reset, pause) on the store's connection.
-    fn run(&self, command: ::redis::Cmd) -> ActionFuture {
-        let (shared, timeout) = (self.shared.clone(), self.timeout);
-        Box::pin(async move {
-            let mut connection = shared.connection(timeout).await?;
-            shared
-                .send(&mut connection, &command, None, timeout)
-                .await
-                .map(drop)
-                .map_err(|error| store_error(error, timeout))
-        })
+    /// Runs a store action (reset, pause, release): [`RedisStore::run_script`], its reply
+    /// dropped.
+    fn run_action(&self, evalsha: Cmd, script: &'static ActionScript) -> ActionFuture {
+        let reply = self.run_script(evalsha, script);
+        Box::pin(async move { reply.await.map(drop) })
     }
 }
 
