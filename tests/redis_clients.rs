@@ -3,13 +3,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use common::redis_server::{TestRedis, assert_every_key_expires, unique_prefix};
-use common::{limits, race, request_from, send};
+use common::{limits, race, request_from, send, serve_on};
 use http::StatusCode;
 use tower_redis_ratelimit::store::RedisStore;
 use tower_redis_ratelimit::{Key, Policy, RateLimitLayer, Rule};
@@ -63,21 +62,6 @@ async fn a_resp3_url_limits_exactly() {
     assert_eq!(assert_every_key_expires(&mut redis.client(), &prefix), 4);
 }
 
-/// Serves `app` on `addr` (an IPv6 or dual-stack listener) with connect info.
-async fn serve_on(addr: &str, app: Router) -> u16 {
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    port
-}
-
 /// Redis on `::1` (`redis://[::1]:port`), the app on an IPv6-only and on a dual-stack listener:
 /// clients over `127.0.0.1` (seen as `::ffff:127.0.0.1` by the dual-stack socket) and over `::1`
 /// are each limited exactly, by their own address, keyed as IPv4 and as an IPv6 /64.
@@ -93,8 +77,8 @@ async fn redis_and_the_app_on_ipv6_and_dual_stack_listeners() {
         .build()
         .unwrap();
     let store = store(&redis.url);
-    let dual = serve_on("[::]:0", app(&policy, store.clone())).await;
-    let v6_only = serve_on("[::1]:0", app(&policy, store)).await;
+    let dual = serve_on("[::]:0", app(&policy, store.clone())).await.port();
+    let v6_only = serve_on("[::1]:0", app(&policy, store)).await.port();
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let statuses = |url: String| {
         let client = client.clone();

@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
+use common::capture::Captured;
 use common::redis_server::{TestRedis, has_functions, server_binary_of, server_version};
 use common::{request_from, send};
 use http::StatusCode;
@@ -18,38 +17,6 @@ use tower_redis_ratelimit::store::{RedisStore, ServerMode, StoreError};
 use tower_redis_ratelimit::{OnStoreError, Policy, RateLimitLayer, Rule};
 
 const PEER: &str = "203.0.113.10:4000";
-
-/// Everything a subscriber writes, at WARN and above.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn install() -> (Captured, tracing::subscriber::DefaultGuard) {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .finish();
-        (captured, tracing::subscriber::set_default(subscriber))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn app(store: RedisStore, on_error: OnStoreError, prefix: &str) -> Router {
     let policy = Policy::builder("old")
@@ -130,10 +97,7 @@ async fn redis_6_0_is_refused_once_at_error_naming_both_versions() {
     }
     let logs = captured.text();
     // (The requests' own store-error lines are the layer's, bounded per policy and kind.)
-    let refusals: Vec<&str> = logs
-        .lines()
-        .filter(|line| line.contains("can't use this Redis"))
-        .collect();
+    let refusals = captured.lines_with("can't use this Redis");
     assert_eq!(refusals.len(), 1, "{logs}");
     assert!(refusals[0].contains("ERROR"), "{logs}");
     assert!(

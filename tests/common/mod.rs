@@ -29,7 +29,13 @@ pub fn app(policy: Policy, store: impl Store) -> Router {
 
 /// Serves `app` on a free loopback port with connect info, as a real deployment does.
 pub async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_on("127.0.0.1:0", app).await
+}
+
+/// Serves `app` on `addr` (a loopback, IPv6 or dual-stack address) with connect info; the
+/// address it listens on.
+pub async fn serve_on(addr: &str, app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         axum::serve(
