@@ -65,6 +65,14 @@ struct Apps {
 }
 
 impl Apps {
+    /// Every store failure so far was answered as its app's policy says: `failed` requests let
+    /// through by the open app, `failed` refused with 503 by the closed one.
+    fn answered_per_policy(&self, failed: usize) {
+        let failed = failed as f64;
+        assert_eq!(requests(&self.open_name, "store_error_allowed"), failed);
+        assert_eq!(requests(&self.closed_name, "store_error_denied"), failed);
+    }
+
     /// A flood on both apps while the store fails with a fault of `kind`: every failure counted
     /// under `kind`, and logged at ERROR with Redis's `words`, in a bounded number of lines
     /// ([`check_log`], which sends each app one more request).
@@ -254,14 +262,7 @@ async fn a_key_of_the_wrong_type_is_a_fault_answered_by_the_policy() {
 
     let words = "WRONGTYPE Operation against a key holding the wrong kind of value";
     apps.flood_fails_as("wrong_type", words).await;
-    assert_eq!(
-        requests(&apps.open_name, "store_error_allowed"),
-        (FLOOD + 1) as f64
-    );
-    assert_eq!(
-        requests(&apps.closed_name, "store_error_denied"),
-        (FLOOD + 1) as f64
-    );
+    apps.answered_per_policy(FLOOD + 1);
 
     // The key is the fault, not the store: other clients are limited as ever.
     apps.limit_exactly("198.51.100.7:1").await;
@@ -288,14 +289,7 @@ async fn a_redis_out_of_memory_is_a_fault_answered_by_the_policy() {
 
     let words = "OOM command not allowed when used memory > 'maxmemory'";
     apps.flood_fails_as("out_of_memory", words).await;
-    assert_eq!(
-        requests(&apps.open_name, "store_error_allowed"),
-        (FLOOD + 1) as f64
-    );
-    assert_eq!(
-        requests(&apps.closed_name, "store_error_denied"),
-        (FLOOD + 1) as f64
-    );
+    apps.answered_per_policy(FLOOD + 1);
 
     config("maxmemory", "0");
     apps.limit_exactly("198.51.100.8:1").await;
@@ -367,14 +361,7 @@ async fn a_script_error_and_an_unreadable_reply_are_faults_answered_by_the_polic
     // One whose function answers what the store can't read.
     replace_library(&redis, &library, "return 'nonsense'");
     apps.flood_fails_as("protocol", "nonsense").await;
-    assert_eq!(
-        requests(&apps.open_name, "store_error_allowed"),
-        2.0 * (FLOOD + 1) as f64
-    );
-    assert_eq!(
-        requests(&apps.closed_name, "store_error_denied"),
-        2.0 * (FLOOD + 1) as f64
-    );
+    apps.answered_per_policy(2 * (FLOOD + 1));
 
     // Without the library, the store loads its own again.
     let _: String = redis::cmd("FUNCTION")
@@ -401,14 +388,7 @@ async fn a_script_error_before_redis_7(redis: &TestRedis, apps: &Apps) {
     acl("-time");
     let message = "can't run this command";
     apps.flood_fails_as("script", message).await;
-    assert_eq!(
-        requests(&apps.open_name, "store_error_allowed"),
-        (FLOOD + 1) as f64
-    );
-    assert_eq!(
-        requests(&apps.closed_name, "store_error_denied"),
-        (FLOOD + 1) as f64
-    );
+    apps.answered_per_policy(FLOOD + 1);
     acl("+time");
     apps.limit_exactly("198.51.100.9:1").await;
 }
