@@ -162,6 +162,22 @@ struct ServerCheck {
     logged: Option<RedisVersion>,
 }
 
+/// Why `INFO server` gave no version.
+enum InfoError {
+    /// Redis refused it (`NOPERM`, a renamed command) or answered what names no version.
+    Refused(StoreError),
+    /// The store failed (an outage).
+    Store(StoreError),
+}
+
+impl From<InfoError> for StoreError {
+    fn from(error: InfoError) -> Self {
+        match error {
+            InfoError::Refused(error) | InfoError::Store(error) => error,
+        }
+    }
+}
+
 /// How long a server found too old is taken at its word before it is asked again (an upgrade).
 const RECHECK_OLD_SERVER_AFTER: Duration = Duration::from_secs(1);
 
@@ -941,7 +957,16 @@ impl Shared {
             return Err(server::too_old(version));
         }
         let mut connection = self.connector.connect().await?;
-        let (version, _) = self.server_info(&mut connection, timeout).await?;
+        let version = match self.server_info(&mut connection, timeout).await {
+            Ok((version, _)) => version,
+            // Redis answered, but not with its version (an ACL without INFO, a renamed command):
+            // the store goes on, and an old server's scripts would fail as faults.
+            Err(InfoError::Refused(error)) => {
+                tracing::debug!(%error, "Redis won't tell its version; the store can't check it");
+                MINIMUM_VERSION
+            }
+            Err(InfoError::Store(error)) => return Err(error),
+        };
         if let Err(error) = server::supported(version) {
             let mut check = self.lock_server();
             check.refused = Some((Instant::now(), version));
@@ -961,12 +986,17 @@ impl Shared {
         &self,
         connection: &mut Connection,
         timeout: Duration,
-    ) -> Result<(RedisVersion, ServerMode), StoreError> {
+    ) -> Result<(RedisVersion, ServerMode), InfoError> {
         let reply = connection
             .query(&::redis::cmd("INFO").arg("server").clone(), timeout)
             .await
-            .map_err(|error| store_error(error, timeout))?;
-        let (version, mode) = server::parse_info_reply(reply)?;
+            .map_err(|error| match error.kind() {
+                ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::ResponseError) => {
+                    InfoError::Refused(store_error(error, timeout))
+                }
+                _ => InfoError::Store(store_error(error, timeout)),
+            })?;
+        let (version, mode) = server::parse_info_reply(reply).map_err(InfoError::Refused)?;
         Ok((
             version,
             if self.connector.is_sentinel() {
