@@ -173,11 +173,22 @@ pub fn node_client(port: u16) -> redis::Connection {
     connection
 }
 
-/// `INFO <section>` of one node as field → value.
+/// `INFO <section>` of one node as field → value; empty when the node can't be reached or
+/// answered nothing, which the polls read as "not yet".
 pub fn info(port: u16, section: &str) -> HashMap<String, String> {
-    let text: String = redis::cmd("INFO")
-        .arg(section)
-        .query(&mut node_client(port))
+    fields_of(port, redis::cmd("INFO").arg(section))
+}
+
+/// A command's `field:value` lines from one node. A refused connection or a reset is an empty
+/// answer, not a panic: a Sentinel promoting a replica disconnects its clients
+/// (`CLIENT KILL TYPE normal`), and a poll that met that reset must simply poll again.
+fn fields_of(port: u16, command: &redis::Cmd) -> HashMap<String, String> {
+    let text: String = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(2)))
+        .and_then(|mut connection| {
+            connection.set_read_timeout(Some(Duration::from_secs(5)))?;
+            command.query(&mut connection)
+        })
         .unwrap_or_default();
     text.lines()
         .filter_map(|line| line.split_once(':'))
@@ -392,14 +403,7 @@ impl TestCluster {
 }
 
 fn cluster_info(port: u16) -> HashMap<String, String> {
-    let text: String = redis::cmd("CLUSTER")
-        .arg("INFO")
-        .query(&mut node_client(port))
-        .unwrap_or_default();
-    text.lines()
-        .filter_map(|line| line.split_once(':'))
-        .map(|(field, value)| (field.to_owned(), value.trim().to_owned()))
-        .collect()
+    fields_of(port, redis::cmd("CLUSTER").arg("INFO"))
 }
 
 /// A primary, one replica and three sentinels watching it as `mymaster`, failing over about a
