@@ -72,14 +72,11 @@
 //! median over repeats keeps one function's heap and cache state from affecting the next.
 
 use std::hint::black_box;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::http::{Request, StatusCode};
-use axum::routing::get;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, criterion_group, criterion_main};
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -91,28 +88,16 @@ use tower_redis_ratelimit::{
     Algorithm, Key, MemoryStore, Policy, RateLimitLayer, RedisStore, Rule, Store, headers,
 };
 
-/// The one client every request comes from, so every request hits the same bucket.
-const CLIENT: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)), 40_000);
+#[path = "support/app.rs"]
+mod app;
+
+use app::{request, router};
 
 /// A limit no benchmark run comes near: a billion requests (per second, minute or hour).
 const HUGE: u64 = 1_000_000_000;
 
 /// The same billion as `tower_governor`'s burst size.
 const HUGE_BURST: u32 = 1_000_000_000;
-
-/// The router every function measures: one route, no other middleware.
-fn router() -> Router {
-    Router::new().route("/", get(|| async { "hello" }))
-}
-
-/// The request every function sends, built the same way in every iteration.
-fn request() -> Request<Body> {
-    let mut request = Request::get("/")
-        .body(Body::empty())
-        .expect("a valid request");
-    request.extensions_mut().insert(ConnectInfo(CLIENT));
-    request
-}
 
 /// The router behind our layer: client-IP key, these rules, a fresh memory store.
 fn ours(algorithm: Algorithm, rules: impl IntoIterator<Item = Rule>) -> Router {

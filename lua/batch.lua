@@ -21,13 +21,17 @@
 -- then per request, in order: the number of its shape (1-based)
 --
 -- Reply: one flat array (a nested one costs Redis and the client a table and an array per
--- request; every item costs Redis about as much as an argument): the batch's time (ms), then per
--- request, in order, the length of its entry and the entry's items, which are
---   - an admission's short form (only from lua/fast.lua: two items per rule), remaining and reset
---     per rule: the request was admitted without delay and no rule has a retry;
---   - or the check's reply (see lua/head.lua), which is longer;
--- or -1 and the error of a request whose check failed (a key of the wrong type): the others still
--- count.
+-- request; every item costs Redis about as much as an argument), packed as one MessagePack string
+-- (`cmsgpack.pack`: it costs Redis what the array as a reply would, and the client reads one
+-- string rather than a reply item per number): the batch's time (ms), then per request, in order,
+-- its entry, which is
+--   - an admission's short form (only from lua/fast.lua): remaining and reset per rule, two items
+--     per rule and nothing before them, since the client knows the request's rules: the request
+--     was admitted without delay and no rule has a retry;
+--   - or the check's reply (see lua/head.lua), which is longer, after its length negated (never
+--     -1: a reply has at least 5 items), which no short form starts with (a remaining count);
+--   - or -1 and the error of a request whose check failed (a key of the wrong type): the others
+--     still count.
 
 -- A shape, parsed from its piece; remembered (see lua/common.lua).
 local shape_of = remembered(function(piece)
@@ -57,11 +61,11 @@ end)
 
 -- The batch being run, set by batch() (a library's calls run one at a time): its keys and
 -- arguments, its time in ms and µs, the reply so far (`out`, up to item n; a table kept from call
--- to call, cut at n + 1 when returned, since Redis reads a reply up to its first nil), the next
--- check's first key (after key_at) and shape number (ARGV[at]), and the shape of the check being
--- run (nil while it is read).
+-- to call, its items past n cleared before it is packed, up to `kept`, the last call's n), the
+-- next check's first key (after key_at) and shape number (ARGV[at]), and the shape of the check
+-- being run (nil while it is read).
 local batch_keys, batch_args, now, now_us
-local out, n = {}, 0
+local out, n, kept = {}, 0, 0
 local key_at, at, shape
 
 -- Runs the checks from the one at key_at and at on, writing their entries after out[n].
@@ -78,7 +82,7 @@ local function run_checks()
         check_keys[i] = batch_keys[key_at + i]
       end
       local reply = checks[shape.code](check_keys, shape.args, now_us)
-      out[n + 1] = #reply
+      out[n + 1] = -#reply
       for i = 1, #reply do
         out[n + 1 + i] = reply[i]
       end
@@ -126,8 +130,12 @@ local function batch(KEYS, ARGV)
     key_at = key_at + shape.keys
     at = at + 1
   end
-  out[n + 1] = nil
+  -- MessagePack takes the table as an array only if nothing follows item n.
+  for i = n + 1, kept do
+    out[i] = nil
+  end
+  kept = n
   -- The call's keys and arguments are not kept past it.
   batch_keys, batch_args = nil, nil
-  return out
+  return cmsgpack.pack(out)
 end

@@ -33,12 +33,13 @@ local number_of = remembered(function(text)
   return tonumber(text)
 end)
 
--- The hash field of the window that starts at `start` (ms), remembered: the checks of a batch
--- share its time, so a period's window is the same for all, and a number handed to redis.call is
--- formatted anew each time. The same text Redis makes of the number (integers below 2^53 print
--- whole), so a counter reads alike whichever path wrote it.
-local field_of = remembered(function(start)
-  return string.format('%d', start)
+-- The text of an integer, remembered: what redis.call is handed instead of a number, which Lua
+-- would format anew each time with printf's "%.14g" (a measurable share of Redis's time per
+-- check). The checks of a batch share its time, so a period's window start (a hash field), a
+-- cost and a window's edge are the same for all. The same text Redis makes of the number
+-- (integers below 2^53 print whole), so a counter reads alike whichever path wrote it.
+local text_of = remembered(function(integer)
+  return string.format('%d', integer)
 end)
 
 -- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
@@ -71,14 +72,18 @@ end
 -- back, or a reservation ahead of `at`, must not cut a counter's life short. A key without an
 -- expiry (one just created) gets one; GT alone would take its missing expiry for an infinite one.
 -- `created`: whether the caller knows the key is new (true), knows it is not (false), or can't tell
--- (nil: try NX first, which only a new key takes).
+-- (nil: try NX first, which only a new key takes). Returns whether the key had an expiry already
+-- (it outlived an earlier call that set one).
 local function expire_at_least(key, at, created)
   if created == true then
-    call('PEXPIREAT', key, at)
+    call('PEXPIREAT', key, text_of(at))
+    return false
   elseif expire_options then
-    if created == false or call('PEXPIREAT', key, at, 'NX') == 0 then
-      call('PEXPIREAT', key, at, 'GT')
+    if created == false or call('PEXPIREAT', key, text_of(at), 'NX') == 0 then
+      call('PEXPIREAT', key, text_of(at), 'GT')
+      return true
     end
+    return false
   else
     -- Redis 6.2: read the expiry (PTTL, relative to the time Redis reads when it runs it, which
     -- is at least the batch's clock) and extend it relatively. The key's expiry is at least
@@ -89,9 +94,22 @@ local function expire_at_least(key, at, created)
     local ttl = call('PTTL', key)
     if ttl < 0 then
       call('PEXPIREAT', key, at)
+      return false
     elseif clock_ms() + ttl < at then
       call('PEXPIRE', key, math.max(ttl, at - clock_ms()))
     end
+    return true
+  end
+end
+
+-- A fixed window's (lua/fixed_window.lua) counter charged for the first time in the window that
+-- starts at `start`: makes it live to the window's end, and when it outlived an earlier window (a
+-- key busy in every window) drops the count of the window before the last, so a busy counter
+-- holds two windows' counts (the last one's kept for a clock that steps back into it) rather than
+-- one per window it has lived through.
+local function window_opened(key, start, period)
+  if expire_at_least(key, start + period) then
+    call('HDEL', key, text_of(start - 2 * period))
   end
 end
 
@@ -112,8 +130,8 @@ local function add_members(key, at, first, units)
   while done < units do
     local members = {}
     for _ = 1, math.min(ZADD_BATCH, units - done) do
-      members[#members + 1] = at
-      members[#members + 1] = at .. '-' .. (first + done)
+      members[#members + 1] = text_of(at)
+      members[#members + 1] = text_of(at) .. '-' .. text_of(first + done)
       done = done + 1
     end
     added = added + call('ZADD', key, unpack(members))

@@ -14,10 +14,10 @@
 -- leaves `out` as it was.
 local fast = {}
 
--- Writes the full reply's head (length, allowed, no delay) of a check of `rules` rules after item
--- n; returns the index of its last item.
+-- Writes the full reply's head (its length, negated: see lua/batch.lua; allowed; no delay) of a
+-- check of `rules` rules after item n; returns the index of its last item.
 local function reply_head(out, n, rules, allowed)
-  out[n + 1] = 2 + 3 * rules
+  out[n + 1] = -(2 + 3 * rules)
   out[n + 2] = allowed
   out[n + 3] = 0
   return n + 3
@@ -40,23 +40,22 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
     local key = KEYS[key_at + 1]
     local limit, period = shape.limits[1], shape.periods[1]
     local start = now - now % period
-    local count = call('HINCRBY', key, field_of(start), cost)
+    local count = call('HINCRBY', key, text_of(start), text_of(cost))
     if count == cost then
-      expire_at_least(key, start + period)
+      window_opened(key, start, period)
     end
     if count <= limit then
       -- The admission's short form, written in place: this is the hottest line of the store.
-      out[n + 1] = 2
       if count == 0 then
-        out[n + 2] = limit
-        out[n + 3] = 0
+        out[n + 1] = limit
+        out[n + 2] = 0
       else
-        out[n + 2] = limit - count
-        out[n + 3] = start + period - now
+        out[n + 1] = limit - count
+        out[n + 2] = start + period - now
       end
-      return n + 3
+      return n + 2
     end
-    call('HINCRBY', key, field_of(start), 0 - cost)
+    call('HINCRBY', key, text_of(start), text_of(0 - cost))
     local retry = start + period - now
     if cost > limit then
       retry = period
@@ -72,9 +71,9 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
     local key = KEYS[key_at + i]
     local period = shape.periods[i]
     local start = now - now % period
-    local count = call('HINCRBY', key, field_of(start), cost)
+    local count = call('HINCRBY', key, text_of(start), text_of(cost))
     if count == cost then
-      expire_at_least(key, start + period)
+      window_opened(key, start, period)
     end
     counts[i] = count
     if count > shape.limits[i] then
@@ -82,17 +81,16 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
     end
   end
   if allowed == 1 then
-    out[n + 1] = 2 * rules
     for i = 1, rules do
       local period = shape.periods[i]
-      out[n + 2 * i], out[n + 2 * i + 1] =
+      out[n + 2 * i - 1], out[n + 2 * i] =
         fixed_window_state(shape.limits[i], counts[i], now - now % period + period, now)
     end
-    return n + 1 + 2 * rules
+    return n + 2 * rules
   end
   for i = 1, rules do
     local period = shape.periods[i]
-    call('HINCRBY', KEYS[key_at + i], field_of(now - now % period), 0 - cost)
+    call('HINCRBY', KEYS[key_at + i], text_of(now - now % period), text_of(0 - cost))
   end
   n = reply_head(out, n, rules, 0)
   for i = 1, rules do
@@ -120,7 +118,7 @@ fast.sl = function(KEYS, key_at, shape, now, out, n)
   local allowed = 1
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    call('ZREMRANGEBYSCORE', key, '-inf', now - shape.periods[i])
+    call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - shape.periods[i]))
     local count = call('ZCARD', key)
     counts[i] = count
     if count + cost > shape.limits[i] then
@@ -151,12 +149,11 @@ fast.sl = function(KEYS, key_at, shape, now, out, n)
     items[3 * i] = retry
   end
   if allowed == 1 then
-    out[n + 1] = 2 * rules
     for i = 1, rules do
-      out[n + 2 * i] = items[3 * i - 2]
-      out[n + 2 * i + 1] = items[3 * i - 1]
+      out[n + 2 * i - 1] = items[3 * i - 2]
+      out[n + 2 * i] = items[3 * i - 1]
     end
-    return n + 1 + 2 * rules
+    return n + 2 * rules
   end
   n = reply_head(out, n, rules, 0)
   for i = 1, 3 * rules do

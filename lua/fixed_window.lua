@@ -13,12 +13,12 @@ max_delay = -1
 local function inspect(i, limit, period)
   local key = KEYS[i]
   local start = now - now % period
-  local count = call('HINCRBY', key, field_of(start), cost)
+  local count = call('HINCRBY', key, text_of(start), text_of(cost))
   if count == cost then
     -- A window's first charge. The key is usually new (an earlier window's has expired), but
     -- may not be: at the very edge of a window Redis may not have expired the last one's yet, and a
     -- clock may step back into an earlier window. Either way it lives to the later window end.
-    expire_at_least(key, start + period)
+    window_opened(key, start, period)
   end
   return {key = key, limit = limit, start = start, ends = start + period, count = count,
           fits = count <= limit}
@@ -36,7 +36,7 @@ end
 
 local function undo(state)
   -- (0 - cost, not -cost: a cost of 0 would be sent as "-0", which HINCRBY refuses.)
-  call('HINCRBY', state.key, field_of(state.start), 0 - cost)
+  call('HINCRBY', state.key, text_of(state.start), text_of(0 - cost))
   state.count = state.count - cost
 end
 

@@ -6,7 +6,7 @@
 
 local function inspect(i, limit, period)
   local key = KEYS[i]
-  call('ZREMRANGEBYSCORE', key, '-inf', now - period)
+  call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
   local count = call('ZCARD', key)
   return {key = key, limit = limit, period = period, count = count, fits = count + cost <= limit}
 end

@@ -19,6 +19,7 @@
 //! [`RateLimitLayer::reset`]: crate::RateLimitLayer::reset
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -43,6 +44,11 @@ pub(crate) struct Refusals {
     cache: Option<quick_cache::sync::Cache<String, Arc<Entry>>>,
     /// How many identities the cache holds at most.
     capacity: usize,
+    /// When the cache last took an entry, in ms since `epoch`, plus one (0: never). An entry
+    /// stands at most [`MAX_CACHED_FOR`], so once that long has passed, none stands: lookups and
+    /// admissions then skip the cache, whose emptiness costs a lock per shard to ask.
+    last_remembered: AtomicU64,
+    epoch: Instant,
     /// The refusal log's budget; it counts the refusals not logged since the last line (over
     /// budget, or answered from the cache).
     log: LogBudget,
@@ -67,6 +73,8 @@ impl Refusals {
         Refusals {
             cache: (capacity > 0).then(|| quick_cache::sync::Cache::new(capacity)),
             capacity,
+            last_remembered: AtomicU64::new(0),
+            epoch: Instant::now(),
             log: LogBudget::new(LOG_LINES_PER_SECOND),
         }
     }
@@ -105,12 +113,32 @@ impl Refusals {
             until: at + stands_for,
         };
         cache.insert(checked.key.as_str().to_owned(), Arc::new(entry));
+        self.last_remembered
+            .fetch_max(self.millis_since_epoch(at) + 1, Ordering::Relaxed);
+    }
+
+    /// Whole milliseconds from `epoch` to `at`.
+    fn millis_since_epoch(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether no cached refusal can stand at `now`: none was remembered in the last
+    /// [`MAX_CACHED_FOR`]. An entry remembered less than `m + 1` ms after `epoch` (`m + 1` is
+    /// recorded) stands until less than `m + 1` ms plus [`MAX_CACHED_FOR`] after it.
+    fn none_stands(&self, now: Instant) -> bool {
+        let last = self.last_remembered.load(Ordering::Relaxed);
+        let longest = u64::try_from(MAX_CACHED_FOR.as_millis()).unwrap_or(u64::MAX);
+        last == 0 || self.millis_since_epoch(now) >= last.saturating_add(longest)
     }
 
     /// Forgets the refusal cached for `checked`'s identity, after the store admitted it (at another
     /// cost or tier): the admission used quota, so that refusal's retry time may have moved.
     pub(crate) fn forget(&self, checked: &Checked) {
-        self.forget_key(checked.key.as_str());
+        if let Some(cache) = &self.cache
+            && !self.none_stands(Instant::now())
+        {
+            cache.remove(checked.key.as_str());
+        }
     }
 
     /// Drops the cached refusal of the store key `key`, if any.
@@ -124,8 +152,12 @@ impl Refusals {
 
     /// The cached refusal of `checked`, moved forward to now, if one stands.
     pub(crate) fn answer(&self, checked: &Checked) -> Option<Decision> {
-        let entry = self.cache.as_ref()?.get(checked.key.as_str())?;
+        let cache = self.cache.as_ref()?;
         let now = Instant::now();
+        if self.none_stands(now) {
+            return None;
+        }
+        let entry = cache.get(checked.key.as_str())?;
         let same_quota = checked
             .quota
             .as_ref()

@@ -12,7 +12,7 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::outbound::OutboundLayer;
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest};
 use tower_redis_ratelimit::{
-    Algorithm, Key, MemoryStore, Policy, RateLimitLayer, Rule, Store, StoreError,
+    Algorithm, Key, MemoryStore, Override, Policy, RateLimitLayer, Rule, Store, StoreError,
 };
 
 #[tokio::test]
@@ -214,4 +214,72 @@ async fn an_outbound_client_on_a_failing_store_warns_a_few_times() {
         assert!(line.contains("WARN"), "{line}");
         assert!(line.contains("kind=\"timeout\""), "{line}");
     }
+}
+
+#[test]
+fn a_policy_with_large_sliding_logs_is_built_with_one_warning() {
+    let (captured, _guard) = Captured::install();
+    const WARNING: &str = "keeps a timestamp per admitted request";
+
+    // Issue 28's two rules: up to 1 100 timestamps per identity. An override's rules don't add a
+    // warning of their own.
+    Policy::builder("history")
+        .key(Key::user())
+        .rule(Rule::per_minute(100))
+        .rule(Rule::per_hour(1_000))
+        .overrides([Override::identity("big").rules([Rule::per_hour(10_000)])])
+        .build()
+        .unwrap();
+    let lines = captured.lines_with(WARNING);
+    let [line] = &lines[..] else {
+        panic!("one warning expected: {lines:#?}")
+    };
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("policy=history"), "{line}");
+    assert!(line.contains("entries_per_identity=1100"), "{line}");
+    let bytes: u64 = line
+        .split_once("bytes_per_identity=")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes_per_identity in {line}"));
+    // About 3.4 KB for the minute's log (compact), 126 KB for the hour's (a skiplist).
+    assert!((120_000..140_000).contains(&bytes), "{line}");
+    for algorithm in ["sliding_counter", "fixed_window", "token_bucket"] {
+        assert!(line.contains(algorithm), "{line}");
+    }
+
+    // Small logs, and large limits under the algorithms that don't grow, are quiet.
+    Policy::builder("login")
+        .rule(Rule::per_minute(10))
+        .rule(Rule::per_hour(100))
+        .build()
+        .unwrap();
+    for algorithm in [
+        Algorithm::SlidingCounter,
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+    ] {
+        Policy::builder("quiet")
+            .algorithm(algorithm)
+            .rule(Rule::per_hour(100_000))
+            .build()
+            .unwrap();
+    }
+    assert_eq!(captured.lines_with(WARNING).len(), 1);
+
+    // A configuration file's policies are built by the same builder: one warning per route.
+    let config = tower_redis_ratelimit::config::RateLimitConfig::from_toml_str(
+        "[[routes]]\npath = \"/export\"\nrules = [{ limit = 5000, period = \"1h\" }]\n\n\
+         [[routes]]\npath = \"/login\"\nrules = [{ limit = 10, period = \"1m\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(config.routes().len(), 2);
+    let lines = captured.lines_with(WARNING);
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert!(lines[1].contains("policy=/export"), "{}", lines[1]);
+    assert!(
+        lines[1].contains("entries_per_identity=5000"),
+        "{}",
+        lines[1]
+    );
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::routing::get;
@@ -1169,4 +1169,54 @@ fn the_sliding_counter_script_waits_exactly() {
             },
         )
         .unwrap();
+}
+
+/// A fixed window's counter busy in every window lives on from window to window (each window's
+/// first request extends its expiry): it keeps the last two windows' counts, not one per window
+/// it has lived through. So on the lean path of one rule, on that of several, and on the generic
+/// path.
+#[tokio::test]
+async fn a_busy_fixed_window_counter_holds_two_windows_not_one_per_window_lived() {
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let rules = [Rule::per_second(1_000), Rule::per_minute(100_000)];
+    for (case, rules, generic) in [
+        ("lean_one", &rules[..1], false),
+        ("lean_two", &rules[..], false),
+        ("generic", &rules[..], true),
+    ] {
+        let store = store(&redis);
+        store.generic_checks_for_tests(generic);
+        let key = format!("{}:api:ann", unique_prefix(case));
+        // An hour ahead of Redis's clock, so no key expires by Redis's time while the test runs.
+        let start_us = (SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+            / 1_000_000
+            + 3_600)
+            * 1_000_000;
+        for second in 0..6 {
+            store.fix_time_for_tests(Some(start_us + second * 1_000_000 + 500_000));
+            let request = CheckRequest::new(&key, rules, Algorithm::FixedWindow);
+            for _ in 0..3 {
+                assert!(store.check(&request).await.unwrap().allowed, "{case}");
+            }
+        }
+        let counter = format!("{}:{{{key}}}:fw:1000:1000", key.split(':').next().unwrap());
+        let windows: HashMap<String, u64> = client.hgetall(&counter).unwrap();
+        let last = (start_us / 1_000 + 5_000).to_string();
+        let before = (start_us / 1_000 + 4_000).to_string();
+        assert_eq!(
+            windows,
+            HashMap::from([(before, 3), (last.clone(), 3)]),
+            "{case}: {counter}"
+        );
+        // It lives to the end of its last window, as before.
+        assert_eq!(
+            expire_time_ms(&mut client, &counter),
+            i64::try_from(start_us / 1_000 + 6_000).unwrap(),
+            "{case}"
+        );
+    }
 }

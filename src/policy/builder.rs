@@ -254,7 +254,21 @@ impl PolicyBuilder {
     }
 
     /// Checks the policy and builds it.
-    pub fn build(mut self) -> Result<Policy, PolicyError> {
+    ///
+    /// A [`Algorithm::SlidingLog`] policy whose logs may take more than 16 KiB of Redis memory
+    /// per identity is built with a warning in the log (`tracing`), naming the algorithms whose
+    /// memory doesn't grow with the limit. A log keeps one timestamp per admitted request in its
+    /// window, about 32 bytes each up to 128 and 123 bytes past them, so that is any rule above
+    /// 128 per period, or smaller rules whose limits add up to about 500.
+    pub fn build(self) -> Result<Policy, PolicyError> {
+        let policy = self.build_quietly()?;
+        super::footprint::warn_if_large(&policy);
+        Ok(policy)
+    }
+
+    /// [`build`](Self::build) without the warning: an override's policy, whose rules are for the
+    /// identities or networks the override names; the warning is about every identity's rules.
+    fn build_quietly(mut self) -> Result<Policy, PolicyError> {
         let overrides = std::mem::take(&mut self.overrides);
         // What a `rules` override's policy is built from: this one, but for its rules.
         let base = (!overrides.is_empty()).then(|| self.clone());
@@ -468,7 +482,7 @@ impl PolicyBuilder {
             Some(base) => Overrides::build(&overrides, &self.key, |_, rules| {
                 let mut own = base.clone();
                 own.rules = rules.to_vec();
-                own.build().map_err(|error| error.to_string())
+                own.build_quietly().map_err(|error| error.to_string())
             })
             .map_err(|(index, reason)| PolicyError::InvalidOverride {
                 policy: self.name.clone(),

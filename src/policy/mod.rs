@@ -7,11 +7,13 @@
 //!
 //! One concept per file: `rule.rs`, `algorithm.rs`, `options.rs` (scope, missing key, store
 //! errors, mode, cost), `error.rs`, `builder.rs` (and its checks), `storage_key.rs` (a request's
-//! store key); this file holds the built [`Policy`].
+//! store key), `footprint.rs` (what a policy's sliding logs may take in Redis); this file holds
+//! the built [`Policy`].
 
 mod algorithm;
 mod builder;
 mod error;
+mod footprint;
 mod options;
 mod overrides;
 mod rule;

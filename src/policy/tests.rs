@@ -375,3 +375,92 @@ fn algorithm_names_round_trip() {
         Err(UnknownAlgorithm("token".into()))
     );
 }
+
+/// Policy `p` of `algorithm` and `rules`, which must build.
+fn policy(algorithm: Algorithm, rules: Vec<Rule>) -> Policy {
+    Policy::builder("p")
+        .algorithm(algorithm)
+        .rules(rules)
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn sliding_log_memory_is_estimated_from_the_bench() {
+    use super::footprint::sliding_log_bytes_per_identity;
+    // The bench's figures: 197 B for a one-entry log, 4 247 B at 128 entries (compact), 19 108 B
+    // at 129 and 126 491 B at 1 000 (a skiplist); the estimate stays within 2 % of them.
+    for (limit, measured) in [(1, 197), (128, 4_247), (129, 19_108), (1_000, 126_491)] {
+        let sliding = policy(Algorithm::SlidingLog, vec![Rule::per_hour(limit)]);
+        let (entries, bytes) = sliding_log_bytes_per_identity(&sliding).unwrap();
+        assert_eq!(entries, limit);
+        assert!(
+            bytes.abs_diff(measured) * 50 <= measured,
+            "{limit}: {bytes}"
+        );
+    }
+    // Every rule's log counts, the duplicate guard's one entry too.
+    let login = Policy::builder("login")
+        .rules([Rule::per_minute(10), Rule::per_hour(100)])
+        .prevent_duplicate(DEFAULT_DUPLICATE_WINDOW)
+        .build()
+        .unwrap();
+    assert_eq!(
+        sliding_log_bytes_per_identity(&login),
+        Some((111, (165 + 320) + (165 + 3_200) + (165 + 32)))
+    );
+    // The other algorithms don't grow with the limit.
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ] {
+        let large = policy(algorithm, vec![Rule::per_hour(100_000)]);
+        assert_eq!(sliding_log_bytes_per_identity(&large), None, "{algorithm}");
+    }
+}
+
+#[test]
+fn only_large_sliding_logs_are_worth_a_warning() {
+    use super::footprint::large_sliding_logs;
+    // Issue 28's policy: up to 1 100 entries, about 130 KB per identity.
+    let issue = vec![Rule::per_minute(100), Rule::per_hour(1_000)];
+    let (entries, bytes) =
+        large_sliding_logs(&policy(Algorithm::SlidingLog, issue.clone())).unwrap();
+    assert_eq!(entries, 1_100);
+    assert!((125_000..135_000).contains(&bytes), "{bytes}");
+    // One log past Redis's compact encoding is enough; so are several compact ones adding up.
+    assert!(
+        large_sliding_logs(&policy(Algorithm::SlidingLog, vec![Rule::per_minute(129)])).is_some()
+    );
+    let compact = |limits: &[u64]| {
+        limits
+            .iter()
+            .enumerate()
+            .map(|(i, &limit)| Rule::new(limit, Duration::from_secs(60 + i as u64)))
+            .collect::<Vec<_>>()
+    };
+    assert!(large_sliding_logs(&policy(Algorithm::SlidingLog, compact(&[128; 4]))).is_some());
+    // The README's and the tests' everyday policies stay quiet.
+    for small in [
+        vec![Rule::per_minute(10), Rule::per_hour(100)],
+        vec![Rule::per_minute(128)],
+        compact(&[128; 3]),
+        vec![Rule::per_second(20)],
+        vec![Rule::per_minute(60)],
+    ] {
+        assert_eq!(
+            large_sliding_logs(&policy(Algorithm::SlidingLog, small.clone())),
+            None,
+            "{small:?}"
+        );
+    }
+    // Whatever the limits, the other algorithms are never warned about.
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ] {
+        assert_eq!(large_sliding_logs(&policy(algorithm, issue.clone())), None);
+    }
+}

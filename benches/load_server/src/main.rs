@@ -5,11 +5,15 @@
 //! - `governor`: `tower_governor` 0.8 (in memory, GCRA), keyed by peer IP;
 //! - `naive`: a naive Redis middleware, one `EVALSHA` of an INCR + PEXPIRE script per request on a
 //!   shared redis-rs `ConnectionManager`, keyed by peer IP;
+//! - `trl-redis`: `tower-rate-limit-redis` 1.0.2, GCRA in one `EVALSHA` (with `TIME`) per request
+//!   on a redis-rs 0.32 `MultiplexedConnection`, with the 300 ms timeout of its example;
+//! - `trl-fred`: `tower-rate-limit-fred` 2.1.1, the same script through a Fred 10 pool of 4
+//!   connections, with the 300 ms command timeout its example advises;
 //! - `memory`, `redis`: this crate's `RateLimitLayer` on its memory or Redis store, keyed by client
 //!   IP, fixed window, one rule.
 //!
 //! ```text
-//! load_server <bare|governor|naive|memory|redis> <listen address> [--redis URL] [--refuse]
+//! load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis> <listen address> [--redis URL] [--refuse]
 //! ```
 //!
 //! In `redis` mode, `GET /batch_stats` (unlimited) tells how many checks went out in how many
@@ -18,16 +22,28 @@
 //! Limits are far above what a run reaches (every request admitted), or, with `--refuse`, one
 //! request per hour (a rejection flood: all but the first refused). Logs go to stderr at `info`,
 //! as a service would have them.
+//!
+//! The two `trl-*` peers hold at most a `u16` capacity per key, so one hot key (every request from
+//! 127.0.0.1) would be refused within a second. They are keyed per connection instead, by the
+//! peer's socket address with its port ([`PerConnection`]), with a capacity of 65 535 and one
+//! request per millisecond (their shortest emission interval) after it, and a fresh key every
+//! [`TRL_ROTATE`] requests of the server, so that a long run on one connection stays admitted;
+//! with `--refuse`, a capacity of 1 and one request per hour (and no fresh keys), so all but the
+//! first request of each connection are refused.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use fred::interfaces::ClientLike;
 use redis::aio::ConnectionManager;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -36,6 +52,14 @@ use tower_redis_ratelimit::{Algorithm, MemoryStore, OnStoreError, Policy, RateLi
 
 /// Admitted requests: a limit no run reaches.
 const HUGE: u64 = 1_000_000_000;
+
+/// The `trl-*` peers' capacity when every request is to be admitted: the largest their `u16` takes.
+const TRL_CAPACITY: u16 = u16::MAX;
+
+/// A `trl-*` key is renewed after this many requests of the whole server, so that no key ever sees
+/// more than its capacity, however long a run on one connection (at one request per millisecond,
+/// the peers' fastest refill, a busy connection would otherwise exhaust 65 535 in a few seconds).
+const TRL_ROTATE: u64 = 60_000;
 
 /// The naive middleware's whole script: count, set the window on the first count, compare.
 const NAIVE_SCRIPT: &str = r"
@@ -56,8 +80,8 @@ struct Naive {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage =
-        "usage: load_server <bare|governor|naive|memory|redis> <listen> [--redis URL] [--refuse]";
+    let usage = "usage: load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis> <listen> \
+                 [--redis URL] [--refuse]";
     let (Some(mode), Some(listen)) = (args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -103,6 +127,50 @@ async fn main() {
                 window_ms: u64::try_from(period.as_millis()).unwrap(),
             };
             ping.layer(middleware::from_fn_with_state(naive, naive_limit))
+        }
+        "trl-redis" | "trl-fred" => {
+            let (capacity, emission_interval, rotate_every) = if refuse {
+                (1, Duration::from_secs(3600), u64::MAX)
+            } else {
+                (TRL_CAPACITY, Duration::from_millis(1), TRL_ROTATE)
+            };
+            let keys = PerConnection {
+                requests: Arc::new(AtomicU64::new(0)),
+                rotate_every,
+            };
+            if mode == "trl-redis" {
+                let connection = redis032::Client::open(redis_url)
+                    .expect("a Redis URL")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("a connection to Redis");
+                ping.layer(
+                    tower_rate_limit_redis::RateLimitLayer::builder()
+                        .conn(connection)
+                        .key_resolver(keys)
+                        .capacity(capacity)
+                        .emission_interval(emission_interval)
+                        .timeout(Duration::from_millis(300))
+                        .build(),
+                )
+            } else {
+                let mut builder = fred::types::Builder::from_config(
+                    fred::types::config::Config::from_url(redis_url).expect("a Redis URL"),
+                );
+                builder.with_performance_config(|config| {
+                    config.default_command_timeout = Duration::from_millis(300);
+                });
+                let pool = builder.build_pool(4).expect("a Fred pool");
+                pool.init().await.expect("a connection to Redis");
+                ping.layer(
+                    tower_rate_limit_fred::RateLimitLayer::builder()
+                        .conn(pool)
+                        .key_resolver(keys)
+                        .capacity(capacity)
+                        .emission_interval(emission_interval)
+                        .build(),
+                )
+            }
         }
         "memory" | "redis" => {
             let policy = Policy::builder("ping")
@@ -168,4 +236,45 @@ async fn naive_limit(
         Ok(_) => StatusCode::TOO_MANY_REQUESTS.into_response(),
         Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
+}
+
+/// The `trl-*` peers' key: the connection's peer address with its port, and which run of
+/// [`TRL_ROTATE`] requests of the server this one is in (with `--refuse`, always the first).
+#[derive(Clone)]
+struct PerConnection {
+    requests: Arc<AtomicU64>,
+    rotate_every: u64,
+}
+
+impl PerConnection {
+    /// The key, or none if the server was not started with `ConnectInfo` (the peers answer 500).
+    fn key<T>(&self, request: &Request<T>) -> Option<String> {
+        let ConnectInfo(peer) = request.extensions().get::<ConnectInfo<SocketAddr>>()?;
+        let run = self.requests.fetch_add(1, Ordering::Relaxed) / self.rotate_every;
+        Some(format!("trl:{peer}:{run}"))
+    }
+}
+
+impl tower_rate_limit_redis::KeyResolver for PerConnection {
+    type Key = String;
+    type ErrorBody = Body;
+
+    fn key<T>(&self, request: &Request<T>) -> Result<String, Response> {
+        PerConnection::key(self, request).ok_or_else(no_peer)
+    }
+}
+
+impl tower_rate_limit_fred::KeyResolver for PerConnection {
+    type ErrorBody = Body;
+
+    fn key<T>(&self, request: &Request<T>) -> Result<Option<tower_rate_limit_fred::Key>, Response> {
+        PerConnection::key(self, request)
+            .map(|key| Some(key.into()))
+            .ok_or_else(no_peer)
+    }
+}
+
+/// The answer of a `trl-*` peer to a request without a peer address.
+fn no_peer() -> Response {
+    StatusCode::INTERNAL_SERVER_ERROR.into_response()
 }

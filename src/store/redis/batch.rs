@@ -69,6 +69,9 @@ const MAX_IN_FLIGHT: usize = 1;
 struct Queue {
     /// Script calls in flight (or about to be sent).
     in_flight: usize,
+    /// When the call in flight gives up at the latest: a check queued with a later deadline needs
+    /// no timer of its own (see [`Shared::check_batched`]).
+    in_flight_deadline: Option<Instant>,
     waiting: VecDeque<Waiter>,
 }
 
@@ -105,15 +108,21 @@ impl Batcher {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The next batch from the queue, bounded; none (and nothing in flight) when it is empty.
-    /// Checks that stopped waiting (timed out, or their request was dropped) are left out.
-    fn next_batch(&self) -> Option<Vec<Waiter>> {
+    /// The next batch from the queue, bounded, and when its call must give up: when the most
+    /// hurried check it carries or leaves waiting must have its answer. None (and nothing in
+    /// flight) when the queue is empty. Checks that stopped waiting (their request was dropped)
+    /// are left out; those whose time ran out while they waited get their timeout.
+    fn next_batch(&self) -> Option<(Vec<Waiter>, Instant)> {
         let mut queue = self.lock();
+        let now = Instant::now();
         let (mut keys, mut bytes) = (0, 0);
         let mut batch = Vec::new();
         while let Some(waiter) = queue.waiting.front() {
-            if waiter.decision.is_closed() {
-                queue.waiting.pop_front();
+            if waiter.decision.is_closed() || waiter.member.deadline <= now {
+                let waiter = queue.waiting.pop_front().expect("the front waiter");
+                let timeout = StoreError::Timeout(waiter.member.timeout);
+                // A check that stopped waiting doesn't want its answer.
+                let _ = waiter.decision.send(Err(timeout));
                 continue;
             }
             let (more_keys, more_bytes) =
@@ -131,9 +140,17 @@ impl Batcher {
         }
         if batch.is_empty() {
             queue.in_flight -= 1;
+            queue.in_flight_deadline = None;
             return None;
         }
-        Some(batch)
+        let deadline = batch
+            .iter()
+            .chain(&queue.waiting)
+            .map(|waiter| waiter.member.deadline)
+            .min()
+            .expect("a batch of at least one check");
+        queue.in_flight_deadline = Some(deadline);
+        Some((batch, deadline))
     }
 
     /// Gives up the queue when no task can send it (the runtime is shutting down): the waiting
@@ -141,12 +158,20 @@ impl Batcher {
     fn abandon(&self) {
         let mut queue = self.lock();
         queue.in_flight = queue.in_flight.saturating_sub(1);
+        queue.in_flight_deadline = None;
         queue.waiting.clear();
     }
 }
 
 impl Shared {
     /// Decides `member` through the group commit.
+    ///
+    /// A queued check waits for its answer without a timer of its own when the call in flight
+    /// gives up before its deadline (the common case: checks share the store's timeout and queue
+    /// in arrival order): the sender then answers it by its deadline, since every call gives up
+    /// when the most hurried check it carries or leaves waiting must have its answer. Only a
+    /// check more hurried than the call in flight (a clone of the store with a shorter timeout)
+    /// arms a timer.
     pub(super) async fn check_batched(
         self: &Arc<Self>,
         member: Member,
@@ -156,24 +181,34 @@ impl Shared {
             let mut queue = self.batcher.lock();
             if queue.in_flight >= MAX_IN_FLIGHT {
                 let (sender, receiver) = oneshot::channel();
+                let answered_in_time = queue
+                    .in_flight_deadline
+                    .is_some_and(|in_flight| in_flight <= deadline);
                 queue.waiting.push_back(Waiter {
                     member,
                     decision: sender,
                 });
-                Ok(receiver)
+                Ok((receiver, answered_in_time))
             } else {
                 queue.in_flight += 1;
+                queue.in_flight_deadline = Some(deadline);
                 Err(member)
             }
         };
+        let dropped = || {
+            StoreError::Unavailable(
+                "the batch this check was in was dropped (the runtime is shutting down)".into(),
+            )
+        };
         match waiting {
-            Ok(receiver) => match tokio::time::timeout_at(deadline, receiver).await {
-                Ok(Ok(decision)) => decision,
-                Ok(Err(_dropped)) => Err(StoreError::Unavailable(
-                    "the batch this check was in was dropped (the runtime is shutting down)".into(),
-                )),
-                Err(_elapsed) => Err(StoreError::Timeout(timeout)),
-            },
+            Ok((receiver, true)) => receiver.await.unwrap_or_else(|_| Err(dropped())),
+            Ok((receiver, false)) => {
+                match Box::pin(tokio::time::timeout_at(deadline, receiver)).await {
+                    Ok(Ok(decision)) => decision,
+                    Ok(Err(_)) => Err(dropped()),
+                    Err(_elapsed) => Err(StoreError::Timeout(timeout)),
+                }
+            }
             Err(member) => {
                 // Whether this call completes or its request is dropped, the queue goes on.
                 let _hand_over = HandOver(self);
@@ -183,20 +218,20 @@ impl Shared {
     }
 
     /// Sends batches until the queue is empty.
-    async fn send_batches(self: Arc<Self>, mut batch: Vec<Waiter>) {
+    async fn send_batches(self: Arc<Self>, mut batch: Vec<Waiter>, mut deadline: Instant) {
         let abandoned = Abandon(&self);
         loop {
             let (members, senders): (Vec<Member>, Vec<_>) = batch
                 .into_iter()
                 .map(|waiter| (waiter.member, waiter.decision))
                 .unzip();
-            let decisions = self.call(&members).await;
+            let decisions = self.call(&members, deadline).await;
             for (sender, decision) in senders.into_iter().zip(decisions) {
                 // A check that stopped waiting doesn't want its decision.
                 let _ = sender.send(decision);
             }
             match self.batcher.next_batch() {
-                Some(next) => batch = next,
+                Some((next, next_deadline)) => (batch, deadline) = (next, next_deadline),
                 None => break,
             }
         }
@@ -210,12 +245,12 @@ struct HandOver<'a>(&'a Arc<Shared>);
 
 impl Drop for HandOver<'_> {
     fn drop(&mut self) {
-        let Some(batch) = self.0.batcher.next_batch() else {
+        let Some((batch, deadline)) = self.0.batcher.next_batch() else {
             return;
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(self.0.clone().send_batches(batch));
+                runtime.spawn(self.0.clone().send_batches(batch, deadline));
             }
             Err(_) => self.0.batcher.abandon(),
         }

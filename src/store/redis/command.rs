@@ -1,14 +1,10 @@
-//! The script call of a batch of checks: its `FCALL` or `EVALSHA` (keys and arguments) and its
-//! reply.
+//! The script call of a batch of checks: its `FCALL` or `EVALSHA`, keys and arguments (its reply:
+//! `reply`).
 
-use std::ops::Range;
-use std::time::Duration;
+use ::redis::Cmd;
 
-use ::redis::{Cmd, Value};
-
-use super::super::{CheckRequest, StoreError};
-use super::connection::fault_of;
-use crate::decision::{Decision, RuleState};
+use super::super::CheckRequest;
+use super::reply::RuleLimit;
 use crate::policy::{Algorithm, Rule};
 
 /// What the reply needs to know of each rule of `request`, in its rule order (the quota last).
@@ -279,54 +275,6 @@ pub(super) fn batch_command<'a>(
     command
 }
 
-/// The batch script's flat reply (see `lua/batch.lua`) read: the batch's time (ms since the Unix
-/// epoch) and where each check's entry lies in the reply, or the error its check raised.
-pub(super) struct BatchReply {
-    pub(super) now_unix_ms: u64,
-    pub(super) entries: Vec<Result<Range<usize>, StoreError>>,
-}
-
-/// Splits the batch script's flat reply into its time and each check's entry.
-pub(super) fn check_replies(reply: &[Value]) -> Result<BatchReply, StoreError> {
-    let malformed = || StoreError::Protocol(format!("unexpected batch reply {reply:?}"));
-    let now_unix_ms = match reply.first() {
-        Some(Value::Int(now)) => u64::try_from(*now).map_err(|_| malformed())?,
-        _ => return Err(malformed()),
-    };
-    let mut entries = Vec::new();
-    let mut at = 1;
-    while at < reply.len() {
-        match &reply[at] {
-            Value::Int(-1) => {
-                let error = match reply.get(at + 1) {
-                    Some(Value::BulkString(message)) => {
-                        String::from_utf8_lossy(message).into_owned()
-                    }
-                    Some(Value::SimpleString(message)) => message.clone(),
-                    _ => return Err(malformed()),
-                };
-                entries.push(Err(fault_of(error)));
-                at += 2;
-            }
-            Value::Int(length) => {
-                let start = at + 1;
-                let end = usize::try_from(*length)
-                    .ok()
-                    .and_then(|length| start.checked_add(length))
-                    .filter(|&end| end <= reply.len())
-                    .ok_or_else(malformed)?;
-                entries.push(Ok(start..end));
-                at = end;
-            }
-            _ => return Err(malformed()),
-        }
-    }
-    Ok(BatchReply {
-        now_unix_ms,
-        entries,
-    })
-}
-
 /// The key of one counted rule:
 /// `<prefix>:{<identity>}:<policy>:<algorithm>:<period ms>:<limit>` (and `:<burst>` for a token
 /// bucket). Every key starts with the prefix, so `SCAN MATCH <prefix>:*` finds them all; the
@@ -389,119 +337,11 @@ fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
     }
 }
 
-/// What the reply needs to know of a rule, in the request's rule order (the quota last).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct RuleLimit {
-    limit: u64,
-    /// The duplicate guard, whose state the script sends after the counted rules'.
-    guard: bool,
-    /// The daily quota, whose state comes after the guard's.
-    quota: bool,
-    /// The concurrency limit, whose state comes after the quota's and is followed by the lease.
-    concurrency: bool,
-}
-
-/// Reads a check's entry in the batch reply (see `lua/batch.lua`) into a decision at
-/// `now_unix_ms` (the batch's time), its rules in the request's rule order. The entry is either an
-/// admission's short form (`remaining, reset` per rule: admitted, no delay, no retry, no alert), or
-/// the check's reply (`allowed, delay, then remaining, reset, retry` per rule, the counted rules,
-/// then the guard, then the quota, then the concurrency limit and the lease taken (0: none), then
-/// the percents of the alerts that fired), all integers. The
-/// short form is told by its length, two items per rule, which the other can't have.
-pub(super) fn decision_from(
-    entry: &[Value],
-    now_unix_ms: u64,
-    limits: &[RuleLimit],
-) -> Result<Decision, StoreError> {
-    let malformed = || StoreError::Protocol(format!("unexpected script reply {entry:?}"));
-    let integer = |value: &Value| match value {
-        Value::Int(value) => Ok(*value),
-        _ => Err(malformed()),
-    };
-    let unsigned = |value: &Value| u64::try_from(integer(value)?).map_err(|_| malformed());
-    let short = entry.len() == 2 * limits.len();
-    let (allowed, delay, width, states_start) = if short {
-        (true, Duration::ZERO, 2, 0)
-    } else {
-        if entry.len() < 2 + 3 * limits.len() {
-            return Err(malformed());
-        }
-        let allowed = match integer(&entry[0])? {
-            1 => true,
-            0 => false,
-            _ => return Err(malformed()),
-        };
-        (allowed, Duration::from_millis(unsigned(&entry[1])?), 3, 2)
-    };
-    let states_end = states_start + width * limits.len();
-    let state_at = |slot: usize| {
-        let start = states_start + width * slot;
-        entry.get(start..start + width).ok_or_else(malformed)
-    };
-    let counted = limits
-        .iter()
-        .filter(|rule| !rule.guard && !rule.quota && !rule.concurrency)
-        .count();
-    let guards = limits.iter().filter(|rule| rule.guard).count();
-    let (mut next_counted, mut next_guard, mut next_quota) = (0, counted, counted + guards);
-    let rules = limits
-        .iter()
-        .map(|rule| {
-            let slot = if rule.quota || rule.concurrency {
-                &mut next_quota
-            } else if rule.guard {
-                &mut next_guard
-            } else {
-                &mut next_counted
-            };
-            let state = state_at(*slot)?;
-            *slot += 1;
-            let retry = match state.get(2) {
-                None => -1,
-                Some(retry) => integer(retry)?,
-            };
-            Ok(RuleState {
-                limit: rule.limit,
-                remaining: unsigned(&state[0])?,
-                reset: Duration::from_millis(unsigned(&state[1])?),
-                retry_after: match retry {
-                    -1 => None,
-                    retry => Some(Duration::from_millis(
-                        u64::try_from(retry).map_err(|_| malformed())?,
-                    )),
-                },
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    let (lease, alerts_start) = match limits.last() {
-        Some(last) if last.concurrency && !short => {
-            let id = unsigned(entry.get(states_end).ok_or_else(malformed)?)?;
-            (Some(id).filter(|&id| id > 0), states_end + 1)
-        }
-        _ => (None, states_end),
-    };
-    let quota_alerts = entry[alerts_start..]
-        .iter()
-        .map(|value| {
-            u8::try_from(integer(value)?)
-                .ok()
-                .filter(|percent| (1..=100).contains(percent))
-                .ok_or_else(malformed)
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(Decision {
-        allowed,
-        rules,
-        now_unix_ms,
-        delay,
-        quota_alerts,
-        lease,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::quota::QuotaThreshold;
 
     #[test]
@@ -524,36 +364,6 @@ mod tests {
                 "rl:{ip:2001:db8::/64}:login:sl:3600000:100"
             ]
         );
-    }
-
-    #[test]
-    fn a_flat_batch_reply_splits_into_each_checks_items_or_error() {
-        let reply = [
-            Value::Int(1_000),
-            Value::Int(3),
-            Value::Int(1),
-            Value::Int(10),
-            Value::Int(0),
-            Value::Int(-1),
-            Value::BulkString(b"WRONGTYPE no".to_vec()),
-            Value::Int(0),
-        ];
-        let read = check_replies(&reply).unwrap();
-        assert_eq!(read.now_unix_ms, 1_000);
-        let checks = read.entries;
-        assert_eq!(checks.len(), 3);
-        assert_eq!(checks[0].as_ref().unwrap(), &(2..5));
-        // Its error, in Redis's words, as the fault it is.
-        assert!(
-            matches!(&checks[1], Err(StoreError::WrongType(message)) if message == "WRONGTYPE no")
-        );
-        assert_eq!(checks[2].as_ref().unwrap(), &(8..8));
-        // No time, a length past the end, or an item where a length belongs: protocol errors.
-        assert!(check_replies(&[]).is_err());
-        assert!(check_replies(&[Value::Int(-5)]).is_err());
-        assert!(check_replies(&[Value::Int(1), Value::Int(2), Value::Int(1)]).is_err());
-        assert!(check_replies(&[Value::Int(1), Value::Nil]).is_err());
-        assert!(check_replies(&[Value::Int(1), Value::Int(-1)]).is_err());
     }
 
     /// The batch command of `request` alone.
@@ -685,77 +495,6 @@ mod tests {
                 "1"
             ]
         );
-        // The quota's state comes last, then the alerts fired.
-        let reply = ints(&[1, 0, 19, 60_000, -1, 20, 5_000, -1, 80]);
-        let decision = decision_from(
-            &reply,
-            1_000,
-            &[
-                counted(20),
-                RuleLimit {
-                    limit: 100,
-                    guard: false,
-                    quota: true,
-                    concurrency: false,
-                },
-            ],
-        )
-        .unwrap();
-        assert_eq!(decision.rules[1].remaining, 20);
-        assert_eq!(decision.quota_alerts, [80]);
-    }
-
-    #[test]
-    fn replies_become_decisions() {
-        let reply = ints(&[0, 0, 0, 500, 500, 7, 90_000, -1]);
-        let decision = decision_from(&reply, 1_000, &[counted(5), counted(10)]).unwrap();
-        assert!(!decision.allowed);
-        assert_eq!(decision.now_unix_ms, 1_000);
-        assert_eq!(decision.delay, Duration::ZERO);
-        assert_eq!(
-            decision.rules,
-            [
-                RuleState {
-                    limit: 5,
-                    remaining: 0,
-                    reset: Duration::from_millis(500),
-                    retry_after: Some(Duration::from_millis(500)),
-                },
-                RuleState {
-                    limit: 10,
-                    remaining: 7,
-                    reset: Duration::from_secs(90),
-                    retry_after: None,
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn an_admissions_short_form_is_two_items_per_rule() {
-        let reply = ints(&[4, 500, 29, 59_500]);
-        let decision = decision_from(&reply, 1_000, &[counted(5), counted(30)]).unwrap();
-        assert!(decision.allowed);
-        assert_eq!(decision.now_unix_ms, 1_000);
-        assert_eq!(decision.delay, Duration::ZERO);
-        assert!(decision.quota_alerts.is_empty());
-        assert_eq!(
-            decision.rules,
-            [
-                RuleState {
-                    limit: 5,
-                    remaining: 4,
-                    reset: Duration::from_millis(500),
-                    retry_after: None,
-                },
-                RuleState {
-                    limit: 30,
-                    remaining: 29,
-                    reset: Duration::from_millis(59_500),
-                    retry_after: None,
-                },
-            ]
-        );
     }
 
     #[test]
@@ -787,82 +526,5 @@ mod tests {
                 "1"
             ]
         );
-    }
-
-    #[test]
-    fn the_guard_state_comes_last_and_goes_back_to_its_rule() {
-        // A guard that isn't the last rule (a hand-made request) still gets its own state.
-        let reply = ints(&[1, 250, 0, 5_000, -1, 4, 900, -1]);
-        let limits = [
-            RuleLimit {
-                limit: 1,
-                guard: true,
-                quota: false,
-                concurrency: false,
-            },
-            counted(5),
-        ];
-        let decision = decision_from(&reply, 1_000, &limits).unwrap();
-        assert_eq!(decision.delay, Duration::from_millis(250));
-        assert_eq!(
-            (decision.rules[0].limit, decision.rules[0].remaining),
-            (1, 4)
-        );
-        assert_eq!(
-            (decision.rules[1].limit, decision.rules[1].remaining),
-            (5, 0)
-        );
-    }
-
-    fn counted(limit: u64) -> RuleLimit {
-        RuleLimit {
-            limit,
-            guard: false,
-            quota: false,
-            concurrency: false,
-        }
-    }
-
-    #[test]
-    fn malformed_replies_are_protocol_errors() {
-        for reply in [
-            &[1][..],
-            &[1, 0, 1],
-            &[1, 0, 1, 2],
-            &[2, 0, 1, 2, -1],
-            &[1, -1, 1, 2, -1],
-            &[0, 0, -1, 2, -1],
-            &[0, 0, 1, 2, -7],
-            &[-1, 2],
-            &[1, -2],
-        ] {
-            assert!(
-                matches!(
-                    decision_from(&ints(reply), 1_000, &[counted(5)]),
-                    Err(StoreError::Protocol(_))
-                ),
-                "{reply:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn replies_that_are_not_integers_are_protocol_errors() {
-        let mut reply = ints(&[1, 0, 4, 500, -1]);
-        reply[2] = Value::BulkString(b"4".to_vec());
-        assert!(matches!(
-            decision_from(&reply, 1_000, &[counted(5)]),
-            Err(StoreError::Protocol(_))
-        ));
-        let mut short = ints(&[4, 500]);
-        short[1] = Value::Nil;
-        assert!(matches!(
-            decision_from(&short, 1_000, &[counted(5)]),
-            Err(StoreError::Protocol(_))
-        ));
-    }
-
-    fn ints(values: &[i64]) -> Vec<Value> {
-        values.iter().copied().map(Value::Int).collect()
     }
 }

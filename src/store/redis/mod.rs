@@ -25,7 +25,7 @@ use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use self::batch::{Batcher, Member};
-use self::command::{PackedCheck, batch_command, check_replies, decision_from};
+use self::command::{PackedCheck, batch_command};
 use self::connection::{Connection, Connector, eval_of, is_no_script, store_error};
 use super::{ActionFuture, CheckFuture, CheckRequest, PauseFuture, Store, StoreError};
 use crate::decision::Decision;
@@ -35,6 +35,7 @@ mod batch;
 mod cluster;
 mod command;
 mod connection;
+mod reply;
 mod server;
 #[cfg(feature = "tls")]
 mod tls;
@@ -391,7 +392,8 @@ impl RedisStore {
             .iter()
             .map(|request| self.member(request))
             .collect();
-        self.shared.call(&members).await
+        let deadline = Instant::now() + self.timeout;
+        self.shared.call(&members, deadline).await
     }
 }
 
@@ -728,7 +730,9 @@ impl Shared {
 
     /// Sends `member` as a script call of its own.
     async fn call_alone(&self, member: &Member) -> Result<Decision, StoreError> {
-        let mut decisions = self.call(std::slice::from_ref(member)).await;
+        let mut decisions = self
+            .call(std::slice::from_ref(member), member.deadline)
+            .await;
         decisions.pop().unwrap_or_else(|| {
             Err(StoreError::Protocol(
                 "a call of one check answered nothing".into(),
@@ -736,16 +740,16 @@ impl Shared {
         })
     }
 
-    /// Sends `members` as one script call and returns their decisions, in order.
-    async fn call(&self, members: &[Member]) -> Vec<Result<Decision, StoreError>> {
+    /// Sends `members` as one script call, giving up at `deadline`, and returns their
+    /// decisions, in order.
+    async fn call(
+        &self,
+        members: &[Member],
+        deadline: Instant,
+    ) -> Vec<Result<Decision, StoreError>> {
         self.batcher.record(members.len());
-        let now = Instant::now();
-        // The call may take as long as its most hurried check may still wait.
-        let timeout = members
-            .iter()
-            .map(|member| member.deadline.saturating_duration_since(now))
-            .min()
-            .unwrap_or_default()
+        let timeout = deadline
+            .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
         let replicas = members.iter().filter_map(|member| member.replicas).max();
         let command = batch_command(
@@ -753,37 +757,27 @@ impl Shared {
             members.iter().map(|member| &member.check),
             self.fixed_time(),
         );
-        let replies = self
-            .evaluate(&command, replicas, timeout)
-            .await
-            .and_then(|(reply, acknowledged)| match reply {
-                Value::Array(reply) => Ok((reply, acknowledged)),
-                other => Err(StoreError::Protocol(format!(
-                    "unexpected batch reply {other:?}"
-                ))),
-            })
-            .and_then(|(reply, acknowledged)| {
-                let read = check_replies(&reply)?;
-                if read.entries.len() == members.len() {
-                    Ok((reply, read, acknowledged))
-                } else {
-                    Err(StoreError::Protocol(format!(
-                        "a batch of {} checks answered {} replies",
-                        members.len(),
-                        read.entries.len()
-                    )))
-                }
-            });
-        let (reply, read, acknowledged) = match replies {
+        let replies =
+            self.evaluate(&command, replicas, timeout)
+                .await
+                .and_then(|(reply, acknowledged)| match reply {
+                    Value::BulkString(packed) => {
+                        let shorts = members.iter().map(|member| 2 * member.check.limits.len());
+                        Ok((reply::read_batch_reply(&packed, shorts)?, acknowledged))
+                    }
+                    other => Err(StoreError::Protocol(format!(
+                        "unexpected batch reply {other:?}"
+                    ))),
+                });
+        let (read, acknowledged) = match replies {
             Ok(replies) => replies,
             Err(error) => return each_gets(error, members),
         };
-        read.entries
-            .into_iter()
+        let limits = members.iter().map(|member| &member.check.limits[..]);
+        read.into_decisions(limits)
             .zip(members)
-            .map(|(entry, member)| {
-                let decision =
-                    decision_from(&reply[entry?], read.now_unix_ms, &member.check.limits)?;
+            .map(|(decision, member)| {
+                let decision = decision?;
                 // Only an admission must survive a failover: a refusal recorded nothing to lose
                 // (but a penalty block, which a lost write only shortens).
                 if let (Some(wanted), Some(acknowledged)) = (member.replicas, acknowledged)

@@ -1,0 +1,271 @@
+//! What a check costs the app, in CPU per request, on each store, under concurrency: the part of a
+//! load run that is the limiter's own, without HTTP, sockets to clients or wrk.
+//!
+//! Each setup sends `GET /` through the same axum router in-process (`oneshot`, no hyper) from
+//! `CONCURRENCY` tasks at once on a two-worker tokio runtime, as a server's connections would,
+//! for a few seconds, every request from the same client IP (one hot key, as in
+//! `benches/load_peers.sh`), every request admitted (a limit no run reaches, fixed window, one
+//! rule). It prints requests per second and the CPU time per request of this process and of
+//! `redis-server` (from `/proc/<pid>/stat`), interleaved over rounds, then the medians:
+//!
+//! - `bare`: the router alone, the baseline;
+//! - `memory`: [`RateLimitLayer`] on a [`MemoryStore`];
+//! - `redis`: [`RateLimitLayer`] on a [`RedisStore`], whose checks group-commit into script calls.
+//!
+//! `redis` minus `memory` is what a Redis check costs the app beyond a memory check: packing the
+//! check, queueing it, the connection's work shared by a batch, reading the decision, the wake-ups.
+//!
+//! The bench starts a private `redis-server` (no persistence) on a free loopback port, so its CPU
+//! can be read; with `REDIS_URL` set it uses that Redis instead and prints no Redis CPU.
+//!
+//! ```text
+//! cargo bench --bench check_cost                 # 3 rounds of 3 s, 64 and 1 concurrent
+//! cargo bench --bench check_cost -- 5 5          # 5 rounds of 5 s
+//! cargo bench --bench check_cost -- 1 20 redis-c64   # the setups whose name has `redis-c64`
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::StatusCode;
+use tower::ServiceExt;
+use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, RateLimitLayer, RedisStore, Rule};
+
+#[path = "support/app.rs"]
+mod app;
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use app::{request, router};
+use redis_server::Server;
+
+/// A limit no run comes near.
+const HUGE: u64 = 1_000_000_000;
+
+/// The setups, in the order of the first round.
+const SETUPS: [&str; 3] = ["bare", "memory", "redis"];
+
+/// The router of `setup`, and its Redis store if it has one.
+fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore>) {
+    let policy = || {
+        Policy::builder("cost")
+            .prefix(prefix)
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::new(HUGE, Duration::from_secs(1)))
+            .build()
+            .expect("a valid policy")
+    };
+    match setup {
+        "bare" => (router(), None),
+        "memory" => (
+            router().layer(RateLimitLayer::new(policy(), MemoryStore::new())),
+            None,
+        ),
+        "redis" => {
+            let store = RedisStore::from_url(redis_url).expect("a Redis URL");
+            let app = router().layer(RateLimitLayer::new(policy(), store.clone()));
+            (app, Some(store))
+        }
+        other => unreachable!("no setup {other}"),
+    }
+}
+
+/// User + system CPU time of process `pid` so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
+    // Fields after "pid (comm) ": utime and stime are the 12th and 13th, in clock ticks.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .expect("a stat line")
+        .1
+        .split(' ')
+        .collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // Linux reports these in USER_HZ, 100 per second on every architecture it runs on.
+    Duration::from_millis(ticks * 10)
+}
+
+/// One run's figures.
+struct Run {
+    per_second: f64,
+    app_us: f64,
+    redis_us: Option<f64>,
+}
+
+/// Loads `app` from `concurrency` tasks for `seconds`.
+fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>) -> Run {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    // Warm up: the connection, the library, the caches.
+    runtime.block_on(async {
+        for _ in 0..100 {
+            let response = app
+                .clone()
+                .oneshot(request())
+                .await
+                .unwrap_or_else(|never| match never {});
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+    });
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let me = std::process::id();
+    let (app_before, redis_before) = (cpu_time(me), redis_pid.map(cpu_time));
+    let started = Instant::now();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let (app, done, stop) = (app.clone(), done.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let response = app
+                            .clone()
+                            .oneshot(request())
+                            .await
+                            .unwrap_or_else(|never| match never {});
+                        assert_eq!(
+                            response.status(),
+                            StatusCode::OK,
+                            "{:?}",
+                            response.headers()
+                        );
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        // Not a tokio timer: a memory-store request never yields, so busy workers would never
+        // turn the timer wheel.
+        let wait = move || std::thread::sleep(Duration::from_secs(seconds));
+        tokio::task::spawn_blocking(wait)
+            .await
+            .expect("the run's timer");
+        stop.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await.expect("a load task");
+        }
+    });
+    let elapsed = started.elapsed();
+    let (app_after, redis_after) = (cpu_time(me), redis_pid.map(cpu_time));
+    let requests = done.load(Ordering::Relaxed) as f64;
+    let per_request =
+        |before: Duration, after: Duration| (after - before).as_secs_f64() * 1e6 / requests;
+    Run {
+        per_second: requests / elapsed.as_secs_f64(),
+        app_us: per_request(app_before, app_after),
+        redis_us: redis_before
+            .zip(redis_after)
+            .map(|(before, after)| per_request(before, after)),
+    }
+}
+
+/// Waits up to 5 s for the Redis at `url` to answer.
+fn wait_for(url: &str) {
+    let client = redis::Client::open(url).expect("a Redis URL");
+    for _ in 0..100 {
+        if client.get_connection().is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no Redis answers at {url}");
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; the numbers are rounds and seconds.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| arg != "--bench")
+        .collect();
+    let numbers: Vec<u64> = args.iter().filter_map(|arg| arg.parse().ok()).collect();
+    // A word that is not a number picks the setups whose name contains it.
+    let only = args
+        .iter()
+        .find(|arg| arg.parse::<u64>().is_err())
+        .cloned()
+        .unwrap_or_default();
+    let rounds = numbers.first().copied().unwrap_or(3);
+    let seconds = numbers.get(1).copied().unwrap_or(3);
+    let server = Server::shared()
+        .or_else(Server::private)
+        .expect("redis-server on the PATH (apt-get install redis-server), or REDIS_URL");
+    let (redis_url, redis_pid) = (server.url.clone(), server.pid());
+    wait_for(&redis_url);
+    if !server.is_private() {
+        println!("Redis at REDIS_URL, shared: its CPU time is not measured");
+    }
+    let prefix = format!("check-cost-{}", std::process::id());
+    let cases: Vec<(&str, usize)> = [64, 1]
+        .into_iter()
+        .flat_map(|concurrency| SETUPS.map(|setup| (setup, concurrency)))
+        .filter(|(setup, concurrency)| format!("{setup}-c{concurrency}").contains(&only))
+        .collect();
+    let mut results: Vec<Vec<Run>> = cases.iter().map(|_| Vec::new()).collect();
+    println!(
+        "{:<6} {:<12} {:>10} {:>12} {:>14}",
+        "round", "setup", "req/s", "app µs/req", "redis µs/req"
+    );
+    for round in 0..rounds as usize {
+        // Rotated each round, so no setup always runs first or last.
+        for i in 0..cases.len() {
+            let at = (i + round) % cases.len();
+            let (setup, concurrency) = cases[at];
+            let (app, store) = app(setup, &redis_url, &prefix);
+            let measured = run(
+                &app,
+                concurrency,
+                seconds,
+                redis_pid.filter(|_| setup == "redis"),
+            );
+            let redis = measured
+                .redis_us
+                .map_or("-".to_owned(), |us| format!("{us:.2}"));
+            println!(
+                "{:<6} {:<12} {:>10.0} {:>12.2} {:>14}",
+                round + 1,
+                format!("{setup}-c{concurrency}"),
+                measured.per_second,
+                measured.app_us,
+                redis
+            );
+            if let Some(store) = store {
+                let stats = store.batch_stats();
+                println!(
+                    "       ({:.1} checks per script call)",
+                    stats.checks as f64 / stats.script_calls.max(1) as f64
+                );
+            }
+            results[at].push(measured);
+        }
+    }
+    println!("\nmedians of {rounds} rounds of {seconds} s:");
+    println!(
+        "{:<12} {:>10} {:>12} {:>14}",
+        "setup", "req/s", "app µs/req", "redis µs/req"
+    );
+    for ((setup, concurrency), runs) in cases.iter().zip(&results) {
+        let redis: Vec<f64> = runs.iter().filter_map(|run| run.redis_us).collect();
+        println!(
+            "{:<12} {:>10.0} {:>12.2} {:>14}",
+            format!("{setup}-c{concurrency}"),
+            median(runs.iter().map(|run| run.per_second).collect()),
+            median(runs.iter().map(|run| run.app_us).collect()),
+            if redis.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.2}", median(redis))
+            }
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! How much Redis memory a policy's sliding logs may take per identity, and the warning
+//! [`PolicyBuilder::build`](super::PolicyBuilder::build) logs when that is a lot.
+//!
+//! A sliding log keeps one timestamp per admitted unit in its window, up to its rule's limit; the
+//! other algorithms keep one small value per rule whatever the limit (under 200 bytes per rule in
+//! Redis). The constants are measured by `cargo bench --bench redis_memory` (Redis 7.0, keys as
+//! the layer builds them, `used_memory` growth per identity; the README has its tables). Redis
+//! keeps a sorted set of up to 128 members in one compact listpack and a larger one as a skiplist
+//! plus a hash table, so a log's cost per entry jumps about fourfold past 128 entries.
+
+use super::{Algorithm, Policy};
+
+/// A sliding log's Redis bytes besides its entries: key name, object, keyspace and expiry slots
+/// (the bench's one-entry log, 197 B, less one compact entry).
+const LOG_KEY_BYTES: u64 = 165;
+
+/// The most entries Redis keeps in its compact encoding (`zset-max-listpack-entries`, 128 unless
+/// configured otherwise).
+const COMPACT_ENTRIES: u64 = 128;
+
+/// Bytes per entry of a compact log (the bench: 31.9 B per entry from 1 to 128 entries).
+const COMPACT_ENTRY_BYTES: u64 = 32;
+
+/// A log past [`COMPACT_ENTRIES`]: a fixed part and bytes per entry, fitted to the bench's
+/// 19 108 B at 129 entries and 126 491 B at 1 000 (123.3 B per entry between them).
+const LARGE_LOG_BYTES: u64 = 3_200;
+
+/// See [`LARGE_LOG_BYTES`].
+const LARGE_ENTRY_BYTES: u64 = 123;
+
+/// Above this estimate per identity, building the policy logs a warning. 16 KiB is about 45 times
+/// what the other algorithms take for two rules (the bench: 300–360 B), 16 GiB for a million
+/// active identities. Two small compact logs (10 per minute and 100 per hour: about 3 850 B) stay
+/// under it; any single log past 128 entries (at least 19 KB) is over it.
+const WARN_BYTES_PER_IDENTITY: u64 = 16 * 1024;
+
+/// The Redis bytes of a sliding log holding `entries` timestamps.
+fn log_bytes(entries: u64) -> u64 {
+    if entries <= COMPACT_ENTRIES {
+        LOG_KEY_BYTES + entries * COMPACT_ENTRY_BYTES
+    } else {
+        LARGE_LOG_BYTES.saturating_add(entries.saturating_mul(LARGE_ENTRY_BYTES))
+    }
+}
+
+/// The most timestamps one identity's sliding logs hold under `policy`, and the Redis bytes they
+/// take then (an estimate from the bench); `None` unless the policy counts with
+/// [`Algorithm::SlidingLog`] (whose duplicate guard alone holds one entry at most).
+pub(super) fn sliding_log_bytes_per_identity(policy: &Policy) -> Option<(u64, u64)> {
+    if policy.algorithm() != Algorithm::SlidingLog {
+        return None;
+    }
+    policy
+        .rules()
+        .iter()
+        .map(|rule| (rule.limit(), log_bytes(rule.limit())))
+        .reduce(|(entries, bytes), (more, more_bytes)| {
+            (
+                entries.saturating_add(more),
+                bytes.saturating_add(more_bytes),
+            )
+        })
+}
+
+/// What [`warn_if_large`] warns of: the entries and bytes per identity when over the threshold.
+pub(super) fn large_sliding_logs(policy: &Policy) -> Option<(u64, u64)> {
+    sliding_log_bytes_per_identity(policy).filter(|&(_, bytes)| bytes > WARN_BYTES_PER_IDENTITY)
+}
+
+/// Logs a warning when `policy`'s sliding logs may take more than
+/// [`WARN_BYTES_PER_IDENTITY`] per identity.
+pub(super) fn warn_if_large(policy: &Policy) {
+    if let Some((entries, bytes)) = large_sliding_logs(policy) {
+        tracing::warn!(
+            policy = %policy.name(),
+            entries_per_identity = entries,
+            bytes_per_identity = bytes,
+            "this sliding_log policy keeps a timestamp per admitted request: an active identity \
+             may take up to about bytes_per_identity bytes of Redis memory; sliding_counter, \
+             fixed_window and token_bucket take under 200 bytes per rule whatever the limits"
+        );
+    }
+}
