@@ -90,6 +90,7 @@ pub mod config;
 pub mod decision;
 pub mod extract;
 mod future;
+pub mod grpc;
 pub mod headers;
 mod key;
 mod layer;

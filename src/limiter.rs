@@ -16,7 +16,7 @@ use crate::policy::{
 };
 use crate::quota::QuotaLookup;
 use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
-use crate::response::{self, LimitHeaders, Rejected};
+use crate::response::{self, LimitHeaders, Protocol, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 use crate::store_error_log::StoreErrorLog;
 use crate::telemetry::{Outcome, PolicyMetrics};
@@ -62,6 +62,8 @@ pub(crate) struct Checked {
     pub(crate) key: StorageKey,
     pub(crate) cost: u64,
     pub(crate) quota: Option<QuotaLookup>,
+    /// How the limiter's own answers reach the client: HTTP or gRPC.
+    protocol: Protocol,
     /// The check's span (`rate_limit`, at `debug`): policy, key kind, outcome, store latency.
     span: tracing::Span,
     /// When the store was asked.
@@ -203,6 +205,7 @@ impl Limiter {
     /// Finds a request's key and cost, or what to do without a store check.
     pub(crate) fn prepare(&self, parts: &http::request::Parts) -> Prepared {
         let policy = &self.policy;
+        let protocol = Protocol::of(&parts.headers);
         let key = match policy.storage_key(parts) {
             KeyLookup::Found(key) => key,
             KeyLookup::Unlimited => {
@@ -211,7 +214,7 @@ impl Limiter {
             }
             KeyLookup::Refuse(status) => {
                 self.metrics().request(Outcome::NoKey);
-                return Prepared::Respond(response::key_unavailable(status));
+                return Prepared::Respond(response::key_unavailable(status, protocol));
             }
             KeyLookup::NoClientIp => {
                 self.metrics().request(Outcome::NoKey);
@@ -222,6 +225,7 @@ impl Limiter {
                 );
                 return Prepared::Respond(response::key_unavailable(
                     StatusCode::INTERNAL_SERVER_ERROR,
+                    protocol,
                 ));
             }
         };
@@ -255,7 +259,7 @@ impl Limiter {
                         key = key.identity(),
                         "request denied by an override"
                     );
-                    return Prepared::Respond(response::denied());
+                    return Prepared::Respond(response::denied(protocol));
                 }
                 Applied::Rules(_) => {
                     if let Some(own) = self.overriding(index) {
@@ -300,7 +304,7 @@ impl Limiter {
                 );
                 return Prepared::Unlimited;
             }
-            return Prepared::Respond(response::too_costly(policy, cost, rule, at_most));
+            return Prepared::Respond(response::too_costly(policy, cost, rule, at_most, protocol));
         }
         let span = tracing::debug_span!(
             "rate_limit",
@@ -313,6 +317,7 @@ impl Limiter {
             key,
             cost,
             quota,
+            protocol,
             span,
             started: Instant::now(),
         };
@@ -322,7 +327,7 @@ impl Limiter {
         {
             self.refusals.count_unlogged();
             self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
-            return Prepared::Respond(self.refusal(decision, None));
+            return Prepared::Respond(self.refusal(decision, None, protocol));
         }
         Prepared::Check(checked)
     }
@@ -474,7 +479,7 @@ impl Limiter {
                 }
                 self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
                 let log = self.refusals.may_log().then_some(key);
-                Verdict::Respond(self.refusal(decision, log))
+                Verdict::Respond(self.refusal(decision, log, checked.protocol))
             }
             Err(error) => match self.policy.on_store_error() {
                 OnStoreError::Allow => {
@@ -490,7 +495,7 @@ impl Limiter {
                     metrics.request(outcome(Outcome::StoreErrorDenied));
                     self.store_errors
                         .log(self.policy.name(), &error, "refusing the request");
-                    Verdict::Respond(response::store_unavailable())
+                    Verdict::Respond(response::store_unavailable(checked.protocol))
                 }
             },
         }
@@ -588,16 +593,23 @@ impl Limiter {
     }
 
     /// The 429 for a refusal: the problem body (or the app's own), `Retry-After` and the headers;
-    /// logged with `key` when given.
-    fn refusal(&self, decision: Decision, log: Option<&StorageKey>) -> Response<Body> {
+    /// logged with `key` when given. A gRPC call gets its gRPC answer
+    /// ([`Rejected::grpc_response`]), never a body meant for HTTP clients.
+    fn refusal(
+        &self,
+        decision: Decision,
+        log: Option<&StorageKey>,
+        protocol: Protocol,
+    ) -> Response<Body> {
         let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
         let rejected = Rejected::new(self.policy.clone(), decision);
         if let Some(key) = log {
             self.log_rejection(&rejected, key, "request rate limited");
         }
-        let response = match &self.on_rejected {
-            Some(respond) => respond(&rejected),
-            None => rejected.problem_response(),
+        let response = match (protocol, &self.on_rejected) {
+            (Protocol::Grpc, _) => rejected.grpc_response(),
+            (Protocol::Http, Some(respond)) => respond(&rejected),
+            (Protocol::Http, None) => rejected.problem_response(),
         };
         response::finish_rejection(response, &rejected, headers)
     }

@@ -10,8 +10,28 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
 use crate::decision::{Decision, ceil_secs};
+use crate::grpc;
 use crate::headers::{self, RateLimitItem};
 use crate::policy::Policy;
+
+/// What a request speaks, and so how it is answered when the limiter answers it itself: plain
+/// HTTP (problem details) or gRPC (a trailers-only status, see [`crate::grpc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    Http,
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol of a request with these headers.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        if grpc::is_grpc(headers) {
+            Protocol::Grpc
+        } else {
+            Protocol::Http
+        }
+    }
+}
 
 /// The media type of problem details (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -85,6 +105,40 @@ impl Rejected {
             refusal_body(self.policy.message(), &violated),
         )
     }
+
+    /// The answer to a refused gRPC call, which the layer gives gRPC calls in place of the 429:
+    /// HTTP 200, trailers-only, `grpc-status: 8` (`RESOURCE_EXHAUSTED`) with the policy's message,
+    /// `grpc-retry-pushback-ms` (the wait of `Retry-After`, in milliseconds) and, with the `grpc`
+    /// feature, `grpc-status-details-bin` (a `google.rpc.Status` carrying a `RetryInfo` and a
+    /// `QuotaFailure` that names the refusing rules). (The layer adds `Retry-After` and the
+    /// rate-limit headers, which gRPC clients see as metadata.)
+    pub fn grpc_response(&self) -> Response<Body> {
+        let message = self.policy.message();
+        let retry = self.retry_after();
+        let mut response = grpc::trailers_only(grpc::RESOURCE_EXHAUSTED, message);
+        let headers = response.headers_mut();
+        headers.insert(grpc::GRPC_RETRY_PUSHBACK_MS, grpc::pushback(Some(retry)));
+        #[cfg(feature = "grpc")]
+        {
+            let states = self.decision.rules.len();
+            let violations: Vec<grpc::Violation<'_>> = self
+                .decision
+                .violated()
+                .filter_map(|index| {
+                    Some(grpc::Violation {
+                        subject: self.policy.name(),
+                        rule: self.policy.state_name(index, states)?,
+                        limit: self.decision.rules[index].limit,
+                    })
+                })
+                .collect();
+            headers.insert(
+                grpc::GRPC_STATUS_DETAILS_BIN,
+                grpc::details(grpc::RESOURCE_EXHAUSTED, message, Some(retry), &violations),
+            );
+        }
+        response
+    }
 }
 
 /// The problem body of a refusal by `violated` rules with the policy's `message`.
@@ -115,8 +169,12 @@ fn status_number<S: serde::Serializer>(status: &StatusCode, out: S) -> Result<S:
     out.serialize_u16(status.as_u16())
 }
 
-fn problem(problem: &Problem<'_>) -> Response<Body> {
-    problem_response(problem.status, problem_bytes(problem))
+/// A problem as `protocol` answers it: problem details, or a gRPC status of its detail.
+fn problem(problem: &Problem<'_>, protocol: Protocol) -> Response<Body> {
+    match protocol {
+        Protocol::Http => problem_response(problem.status, problem_bytes(problem)),
+        Protocol::Grpc => grpc::trailers_only(grpc::code_of(problem.status), problem.detail),
+    }
 }
 
 fn problem_bytes(problem: &Problem<'_>) -> Bytes {
@@ -133,57 +191,95 @@ fn problem_response(status: StatusCode, body: Bytes) -> Response<Body> {
     response
 }
 
-/// The 503 of a fail-closed policy whose store is down.
-pub(crate) fn store_unavailable() -> Response<Body> {
-    problem(&Problem {
-        kind: "about:blank",
-        title: "Service Unavailable",
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        detail: "The rate limiter cannot reach its store.",
-        violated_policies: None,
-    })
+/// The 503 of a fail-closed policy whose store is down (`UNAVAILABLE` to a gRPC call).
+pub(crate) fn store_unavailable(protocol: Protocol) -> Response<Body> {
+    problem(
+        &Problem {
+            kind: "about:blank",
+            title: "Service Unavailable",
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            detail: "The rate limiter cannot reach its store.",
+            violated_policies: None,
+        },
+        protocol,
+    )
 }
 
 /// The response for a request whose rate-limit key can't be found.
-pub(crate) fn key_unavailable(status: StatusCode) -> Response<Body> {
-    problem(&Problem {
-        kind: "about:blank",
-        title: status.canonical_reason().unwrap_or("Error"),
-        status,
-        detail: "The request carries no rate-limit key.",
-        violated_policies: None,
-    })
+pub(crate) fn key_unavailable(status: StatusCode, protocol: Protocol) -> Response<Body> {
+    problem(
+        &Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status,
+            detail: "The request carries no rate-limit key.",
+            violated_policies: None,
+        },
+        protocol,
+    )
 }
 
 /// The 403 of a request a `deny` override refuses: no rate-limit headers, since no limit was
 /// checked, and no `Retry-After`, since waiting won't help.
-pub(crate) fn denied() -> Response<Body> {
-    problem(&Problem {
-        kind: "about:blank",
-        title: "Forbidden",
-        status: StatusCode::FORBIDDEN,
-        detail: "This client may not use this resource.",
-        violated_policies: None,
-    })
+pub(crate) fn denied(protocol: Protocol) -> Response<Body> {
+    problem(
+        &Problem {
+            kind: "about:blank",
+            title: "Forbidden",
+            status: StatusCode::FORBIDDEN,
+            detail: "This client may not use this resource.",
+            violated_policies: None,
+        },
+        protocol,
+    )
 }
 
 /// The 413 for a request that costs more than a rule (or the daily quota) could ever admit:
 /// waiting won't help, so it gets no `Retry-After`, and the body says what it costs and what the
 /// rule allows.
-pub(crate) fn too_costly(policy: &Policy, cost: u64, rule: &str, at_most: u64) -> Response<Body> {
+///
+/// A gRPC call gets `RESOURCE_EXHAUSTED`, the code of a limit, with `grpc-retry-pushback-ms: -1`,
+/// which tells a gRPC client's retry policy not to retry (gRFC A6): no wait would help. (Not
+/// `INVALID_ARGUMENT`: the call is valid, it is the limit that can't take it.)
+pub(crate) fn too_costly(
+    policy: &Policy,
+    cost: u64,
+    rule: &str,
+    at_most: u64,
+    protocol: Protocol,
+) -> Response<Body> {
     let detail = format!(
         "This request costs {cost} units; rule \"{rule}\" admits at most {at_most} at once."
     );
-    let mut response = problem(&Problem {
-        kind: "about:blank",
-        title: "Request costs more than the rate limit allows",
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        detail: &detail,
-        violated_policies: Some(&[rule]),
-    });
-    response
-        .headers_mut()
-        .insert(headers::RATELIMIT_POLICY, policy.policy_header().clone());
+    let mut response = problem(
+        &Problem {
+            kind: "about:blank",
+            title: "Request costs more than the rate limit allows",
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            detail: &detail,
+            violated_policies: Some(&[rule]),
+        },
+        protocol,
+    );
+    let headers = response.headers_mut();
+    if protocol == Protocol::Grpc {
+        headers.insert(grpc::GRPC_RETRY_PUSHBACK_MS, grpc::pushback(None));
+        #[cfg(feature = "grpc")]
+        headers.insert(
+            grpc::GRPC_STATUS_DETAILS_BIN,
+            grpc::details(
+                grpc::RESOURCE_EXHAUSTED,
+                &detail,
+                None,
+                &[grpc::Violation {
+                    subject: policy.name(),
+                    rule,
+                    limit: at_most,
+                }],
+            ),
+        );
+    }
+    headers.insert(headers::RATELIMIT_POLICY, policy.policy_header().clone());
     response
 }
 

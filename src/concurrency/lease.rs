@@ -130,10 +130,15 @@ impl<B: Body> Body for LeasedBody<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let frame = ready!(this.body.poll_frame(cx));
-        if !matches!(frame, Some(Ok(_))) {
-            // The end, or an error that ends it: the request is done.
+        let mut this = self.project();
+        let frame = ready!(this.body.as_mut().poll_frame(cx));
+        // The end, an error that ends it, or a stream's trailers (a gRPC stream ends with them,
+        // and hyper polls no further once it has sent them): the request is done.
+        let ended = match &frame {
+            Some(Ok(frame)) => frame.is_trailers() || this.body.is_end_stream(),
+            _ => true,
+        };
+        if ended {
             this.lease.take();
         }
         Poll::Ready(frame)
