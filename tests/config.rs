@@ -99,7 +99,7 @@ fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
     let cases = [
         (
             "algoritm = \"fixed_window\"",
-            "routes[0].algoritm: unknown field `algoritm`, expected one of `path`, `name`, `key`, \
+            "routes[0].algoritm: unknown field `algoritm`, expected one of `path`, `paths`, `name`, `key`, \
              `algorithm`, `rules`, `prevent_duplicate`, `block_for`, `mode`, `max_delay`, \
              `cost_header`, `max_in_flight`, `lease`, `overrides` (line 6, column 1)",
         ),
@@ -498,6 +498,90 @@ async fn apply_limits_each_route_by_its_policy_and_leaves_the_others_alone() {
     for _ in 0..5 {
         assert_eq!(status(&app, "/free").await, StatusCode::OK);
     }
+}
+
+#[tokio::test]
+async fn a_route_of_several_paths_gives_them_one_policy_and_one_budget() {
+    let config = RateLimitConfig::from_toml_str(
+        r#"
+        [[routes]]
+        paths = ["/ping", "/users/{id}"]
+        key = "global"
+        rules = [{ limit = 3, period = "1m" }]
+        [[routes]]
+        path = "/a"
+        paths = ["/b"]
+        rules = [{ limit = 1, period = "1m" }]
+        "#,
+    )
+    .unwrap();
+    let routes = config.routes();
+    assert_eq!(routes[0].path(), "/ping");
+    assert_eq!(routes[0].paths(), ["/ping", "/users/{id}"]);
+    // Named by its first path.
+    assert_eq!(routes[0].policy().name(), "/ping");
+    assert_eq!(routes[1].paths(), ["/a", "/b"]);
+
+    let router = Router::new()
+        .route("/ping", get(|| async { "pong" }))
+        .route("/users/{id}", get(|| async { "user" }))
+        .route("/a", get(|| async { "a" }))
+        .route("/b", get(|| async { "b" }));
+    let app = config
+        .apply(router)
+        .unwrap()
+        .layer(MockConnectInfo(SocketAddr::from(([127, 0, 0, 1], 4000))));
+    for path in ["/ping", "/users/1", "/ping"] {
+        assert_eq!(status(&app, path).await, StatusCode::OK, "{path}");
+    }
+    assert_eq!(
+        status(&app, "/users/2").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&app, "/ping").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&app, "/b").await, StatusCode::OK);
+    assert_eq!(status(&app, "/a").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[test]
+fn a_route_needs_a_path_and_no_path_is_limited_twice() {
+    let refused = |routes: &str| {
+        let error = RateLimitConfig::from_toml_str(routes).expect_err("refused");
+        (error.field().to_owned(), error.message().to_owned())
+    };
+    let rules = "rules = [{ limit = 1, period = \"1m\" }]";
+    assert_eq!(
+        refused(&format!("[[routes]]\n{rules}\n")),
+        (
+            "routes[0].path".to_owned(),
+            "a route needs a `path` or `paths`".to_owned()
+        )
+    );
+    assert_eq!(
+        refused(&format!("[[routes]]\npaths = [\"/a\", \"b\"]\n{rules}\n")),
+        (
+            "routes[0].paths[1]".to_owned(),
+            "\"b\" must start with \"/\"".to_owned()
+        )
+    );
+    assert_eq!(
+        refused(&format!(
+            "[[routes]]\npath = \"/a\"\n{rules}\n[[routes]]\npaths = [\"/b\", \"/a\"]\n{rules}\n"
+        )),
+        (
+            "routes[1].paths[1]".to_owned(),
+            "\"/a\" is already used by routes[0]".to_owned()
+        )
+    );
+    assert_eq!(
+        refused(&format!(
+            "[[routes]]\npath = \"/a\"\npaths = [\"/a\"]\n{rules}\n"
+        )),
+        (
+            "routes[0].paths[0]".to_owned(),
+            "\"/a\" is already used by this route".to_owned()
+        )
+    );
 }
 
 proptest! {

@@ -76,6 +76,7 @@ const CLOSED_TABLES: &[(&str, &[&str])] = &[
         "RouteConfig",
         &[
             "path",
+            "paths",
             "name",
             "key",
             "algorithm",
@@ -338,6 +339,11 @@ fn bad_files_fail_the_schema_as_the_loader_refuses_them() {
     let quota = |line: &str| format!("{ROUTE}[quota]\ntiers = {{ free = 100 }}\n{line}\n");
     let cases: Vec<(String, &str)> = vec![
         (route("limmit = 5"), "/routes/0"),
+        (
+            "[[routes]]\nrules = [{ limit = 5, period = \"1m\" }]\n".to_owned(),
+            "/routes/0",
+        ),
+        (route("paths = [\"/b\", \"c\"]"), "/routes/0/paths/1"),
         (
             "[[routes]]\npath = \"/a\"\nrules = { limit = 5, period = \"1m\" }\n".to_owned(),
             "/routes/0/rules",

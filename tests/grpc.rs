@@ -344,3 +344,38 @@ async fn delay_mode_delays_a_unary_call_rather_than_refusing_it() {
         started.elapsed()
     );
 }
+
+/// A configuration route that lists an HTTP path and a gRPC method: one policy, one count per
+/// identity, whichever transport a call comes by (axum routes the gRPC service by a wildcard, so
+/// the layer finds the method by the request's own path).
+#[cfg(feature = "config")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_route_of_an_http_path_and_a_grpc_method_has_one_budget() {
+    let config = tower_redis_ratelimit::config::RateLimitConfig::from_toml_str(
+        r#"
+        [[routes]]
+        name = "health"
+        paths = ["/api/ping", "/grpc.health.v1.Health/Check"]
+        rules = [{ limit = 3, period = "1m" }]
+        "#,
+    )
+    .unwrap();
+    let addr = common::serve(config.apply(http_and_grpc()).unwrap()).await;
+    let (mut grpc, http) = (health_client(addr).await, http_client());
+
+    check(&mut grpc).await.expect("the first of 3");
+    assert_eq!(ping(&http, addr).await.status(), StatusCode::OK);
+    check(&mut grpc).await.expect("the third of 3");
+    assert_eq!(
+        ping(&http, addr).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let refused = check(&mut grpc).await.expect_err("over the shared budget");
+    assert_resource_exhausted_of(&refused, 3);
+    // The health service's other method isn't listed: unlimited.
+    let request = HealthCheckRequest {
+        service: String::new(),
+    };
+    let watch = grpc.watch(request).await.expect("not limited");
+    assert!(watch.metadata().get("ratelimit").is_none());
+}

@@ -129,11 +129,27 @@ pub(super) fn check_file(
             settings: &settings,
         }
         .check(raw)?;
-        if let Some(first) = routes.iter().position(|earlier| earlier.path == route.path) {
-            return Err(ConfigError::new(
-                format!("routes[{index}].path"),
-                format!("{:?} is already used by routes[{first}]", route.path),
-            ));
+        for (at, path) in route.paths.iter().enumerate() {
+            let field = match (raw.path.is_empty(), at) {
+                (false, 0) => "path".to_owned(),
+                (false, at) => format!("paths[{}]", at - 1),
+                (true, at) => format!("paths[{at}]"),
+            };
+            let earlier = routes
+                .iter()
+                .position(|earlier| earlier.paths.contains(path))
+                .map(|first| format!("routes[{first}]"))
+                .or_else(|| {
+                    route.paths[..at]
+                        .contains(path)
+                        .then(|| "this route".to_owned())
+                });
+            if let Some(earlier) = earlier {
+                return Err(ConfigError::new(
+                    format!("routes[{index}].{field}"),
+                    format!("{path:?} is already used by {earlier}"),
+                ));
+            }
         }
         if let Some(first) = routes
             .iter()
@@ -184,9 +200,23 @@ impl RouteCheck<'_> {
     }
 
     fn check(&self, raw: &RouteConfig) -> Result<RouteLimit, ConfigError> {
-        if !raw.path.starts_with('/') {
+        if !raw.path.is_empty() && !raw.path.starts_with('/') {
             return Err(self.error("path", format!("{:?} must start with \"/\"", raw.path)));
         }
+        for (at, path) in raw.paths.iter().enumerate() {
+            if !path.starts_with('/') {
+                let field = format!("paths[{at}]");
+                return Err(self.error(&field, format!("{path:?} must start with \"/\"")));
+            }
+        }
+        let paths: Vec<String> = (!raw.path.is_empty())
+            .then(|| raw.path.clone())
+            .into_iter()
+            .chain(raw.paths.iter().cloned())
+            .collect();
+        let Some(first_path) = paths.first() else {
+            return Err(self.error("path", "a route needs a `path` or `paths`"));
+        };
         let key_text = raw.key.as_deref().unwrap_or("ip");
         let key = parse_key(key_text).map_err(|message| self.error("key", message))?;
         let algorithm: Algorithm = match &raw.algorithm {
@@ -207,7 +237,7 @@ impl RouteCheck<'_> {
             .collect::<Result<Vec<_>, _>>()?;
         let name = match &raw.name {
             Some(name) => name.clone(),
-            None if policy::is_valid_name(&raw.path) => raw.path.clone(),
+            None if policy::is_valid_name(first_path) => first_path.clone(),
             None => format!("route-{}", self.index),
         };
         let mut builder = Policy::builder(name)
@@ -295,7 +325,8 @@ impl RouteCheck<'_> {
             .build()
             .map_err(|error| self.policy_error(error))?;
         Ok(RouteLimit {
-            path: raw.path.clone(),
+            path: first_path.clone(),
+            paths,
             key: key_text.to_owned(),
             policy,
             source: RouteSource {

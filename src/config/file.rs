@@ -87,10 +87,19 @@ pub struct ConfigFile {
 /// A `[[routes]]` entry.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(extend("anyOf" = [{ "required": ["path"] }, { "required": ["paths"] }]))]
 pub struct RouteConfig {
-    /// The route's path, as given to axum's `Router::route`; it starts with `/`.
-    #[schemars(regex(pattern = "^/"))]
+    /// The route's path, as given to axum's `Router::route` (or a request's own path, such as a
+    /// gRPC method's `/package.Service/Method`); it starts with `/`. A route names `path`,
+    /// `paths` or both.
+    #[serde(default)]
+    #[schemars(regex(pattern = "^/"), transform = no_default)]
     pub path: String,
+    /// More paths that share the route's policy and one count per identity: one budget across
+    /// routes or transports, e.g. `["/api/ping", "/grpc.health.v1.Health/Check"]`.
+    #[serde(default)]
+    #[schemars(transform = no_default, inner(regex(pattern = "^/")))]
+    pub paths: Vec<String>,
     /// The policy's name (default: the path, or `route-<index>` when the path can't be a name).
     #[serde(default)]
     pub name: Option<String>,

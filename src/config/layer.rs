@@ -53,15 +53,28 @@ struct Shared {
     refused: AtomicU64,
 }
 
-/// The limiter of each limited path, and what it was built from.
+/// The limiter of each limited path, and what it was built from. A route that lists several
+/// paths is one entry under each of them: one limiter, one budget.
 #[derive(Default)]
 struct RouteTable {
-    by_path: HashMap<String, Route>,
+    by_path: HashMap<String, Arc<Route>>,
 }
 
 struct Route {
+    /// The route's first path, which names it (in a reload's summary and in `layers`).
+    path: String,
     limiter: Arc<Limiter>,
     source: RouteSource,
+}
+
+impl RouteTable {
+    /// Each route once, under its first path.
+    fn routes(&self) -> impl Iterator<Item = &Route> {
+        self.by_path
+            .iter()
+            .filter(|(path, route)| **path == route.path)
+            .map(|(_, route)| &**route)
+    }
 }
 
 /// What a reload changed, route by route (a route is its path).
@@ -181,11 +194,11 @@ impl RouteLimitsLayer {
     /// by path. Call it again after a reload.
     pub fn layers(&self) -> Vec<RateLimitLayer> {
         let table = self.shared.routes.load();
-        let mut routes: Vec<(&String, &Route)> = table.by_path.iter().collect();
-        routes.sort_by(|a, b| a.0.cmp(b.0));
+        let mut routes: Vec<&Route> = table.routes().collect();
+        routes.sort_by(|a, b| a.path.cmp(&b.path));
         routes
             .into_iter()
-            .map(|(_, route)| RateLimitLayer::from_limiter(route.limiter.clone()))
+            .map(|route| RateLimitLayer::from_limiter(route.limiter.clone()))
             .collect()
     }
 }
@@ -220,13 +233,22 @@ impl RouteTable {
                     Arc::new(limiter)
                 }
             };
-            let source = route.source.clone();
-            by_path.insert(route.path.clone(), Route { limiter, source });
+            let entry = Arc::new(Route {
+                path: route.path.clone(),
+                limiter,
+                source: route.source.clone(),
+            });
+            for path in &route.paths {
+                by_path.insert(path.clone(), entry.clone());
+            }
         }
         summary.removed = current
-            .by_path
-            .keys()
-            .filter(|path| !by_path.contains_key(*path))
+            .routes()
+            .filter(|old| {
+                by_path
+                    .get(&old.path)
+                    .is_none_or(|new| new.path != old.path)
+            })
             .count();
         Ok((RouteTable { by_path }, summary))
     }
@@ -287,10 +309,14 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // One read of the table: the request runs under this one policy to its end.
         let table = self.shared.routes.load();
+        // The route axum matched, else the request's own path: a gRPC method's path
+        // (`/package.Service/Method`) under a service that axum routes by a wildcard, or any
+        // path where the layer wraps a service that is not an axum router.
         let route = request
             .extensions()
             .get::<MatchedPath>()
-            .and_then(|path| table.by_path.get(path.as_str()));
+            .and_then(|path| table.by_path.get(path.as_str()))
+            .or_else(|| table.by_path.get(request.uri().path()));
         match route {
             Some(route) => limit_call(&route.limiter, &mut self.inner, request),
             None => ResponseFuture::inner(self.inner.call(request), None, None),

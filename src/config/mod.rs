@@ -19,7 +19,8 @@
 //! | `forwarded_header` | the first present of `x-forwarded-for`, `forwarded`, `x-real-ip` |
 //! | `legacy_headers` | `false` |
 //! | `tls_ca`, `tls_insecure`, `wait_for_replicas` | none, `false`, `0` (Redis only) |
-//! | `routes[].name` | the path (or `route-<index>` when the path can't be a policy name) |
+//! | `routes[].path`, `routes[].paths` | one of them: a path, or several (`paths = ["/api/ping", "/grpc.health.v1.Health/Check"]`) that share one policy and one count per identity |
+//! | `routes[].name` | the (first) path (or `route-<index>` when the path can't be a policy name) |
 //! | `routes[].key` | `"ip"`; or `"user"` ([`UserId`](crate::UserId)), `"global"`, `"header:<name>"`, `"query:<name>"` |
 //! | `routes[].algorithm` | `"sliding_log"`; or `"fixed_window"`, `"sliding_counter"`, `"token_bucket"` |
 //! | `routes[].mode` | `"enforce"`; or `"shadow"`, `"delay"` (with `max_delay`) |
@@ -110,7 +111,11 @@ const SCHEMA_ID: &str = "urn:tower-redis-ratelimit:config";
 /// assert_eq!(schema["title"], "tower-redis-ratelimit configuration");
 /// let route = &schema["definitions"]["RouteConfig"];
 /// assert_eq!(route["additionalProperties"], false);
-/// assert_eq!(route["required"], serde_json::json!(["path"]));
+/// // A route names a `path`, several `paths`, or both.
+/// assert_eq!(
+///     route["anyOf"],
+///     serde_json::json!([{ "required": ["path"] }, { "required": ["paths"] }])
+/// );
 /// ```
 pub fn json_schema() -> serde_json::Value {
     use schemars::transform::{RecursiveTransform, Transform};
@@ -162,6 +167,7 @@ pub struct RateLimitConfig {
 #[derive(Debug, Clone)]
 pub struct RouteLimit {
     path: String,
+    paths: Vec<String>,
     key: String,
     policy: Policy,
     source: RouteSource,
@@ -189,9 +195,14 @@ pub(crate) struct SharedSettings {
 }
 
 impl RouteLimit {
-    /// The route's path, as axum's `MatchedPath` gives it.
+    /// The route's path, as axum's `MatchedPath` gives it: its first, when it lists several.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Every path of the route (`path`, then `paths`): they share its policy and its counts.
+    pub fn paths(&self) -> &[String] {
+        &self.paths
     }
 
     /// The route's `key` as written (`"ip"` when left out).
