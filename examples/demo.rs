@@ -6,14 +6,16 @@
 //! RUST_LOG=debug cargo run --all-features --example demo               # more logging (default: info)
 //! ```
 //!
-//! (The demo needs the crate features `config`, `cluster`, `sentinel`, `tls`, `webhook` and
-//! `metrics`; `--all-features` turns them on.)
+//! (The demo needs the crate features `config`, `cluster`, `sentinel`, `tls`, `webhook`,
+//! `metrics` and `grpc`; `--all-features` turns them on.)
 //!
 //! With no arguments the demo listens on `127.0.0.1:3000`, counts in the in-memory store and limits
 //! `GET`/`POST /api/ping` to 20 requests a minute and 100 an hour per client IP. It prints a `curl`
 //! loop to try: requests 1 to 20 get `200 PONG`, the next ones `429 Too Many Requests` with
 //! `Retry-After` and the `RateLimit` headers, and each refusal is logged. `GET /healthz` is never
-//! limited. Ctrl-C stops the server gracefully. `--no-limiter` serves the same routes without any
+//! limited. The same port serves the standard gRPC health service (`grpc.health.v1.Health`, h2c,
+//! SERVING), unlimited unless a route lists `/grpc.health.v1.Health/Check` in its `paths`, which
+//! then shares that route's budget with its HTTP path. Ctrl-C stops the server gracefully. `--no-limiter` serves the same routes without any
 //! limiter (the baseline of a load run).
 //!
 //! # The config file
@@ -366,17 +368,25 @@ fn key_text(key: &str) -> String {
 // The server.
 // ---------------------------------------------------------------------------------------------
 
-/// The app: every configured route answers `GET` and `POST` with `200 PONG`, `/work` works and
-/// `/healthz` answers `200 ok`, all behind one [`RouteLimitsLayer`] that limits the configured
-/// routes (in one store) and nothing else. Also that layer, for the operator listener; neither
-/// with `--no-limiter`.
+/// The app: every configured path answers `GET` and `POST` with `200 PONG`, `/work` works,
+/// `/healthz` answers `200 ok` and the standard gRPC health service (`grpc.health.v1.Health`,
+/// SERVING) answers gRPC calls on the same port (h2c), all behind one [`RouteLimitsLayer`] that
+/// limits the configured paths (in one store) and nothing else: a route listing
+/// `/grpc.health.v1.Health/Check` limits the gRPC health check. Also that layer, for the operator
+/// listener; neither with `--no-limiter`.
 fn build_app(config: &DemoConfig) -> Result<(Router, Option<RouteLimitsLayer>), BoxError> {
+    // The health service as one route of the router, not merged with tonic's `Routes`, whose
+    // fallback would answer every unknown HTTP path as a gRPC `UNIMPLEMENTED`.
+    let (_reporter, grpc_health) = tonic_health::server::health_reporter();
     let mut app = Router::new()
         .route(HEALTHZ, get(|| async { "ok" }))
-        .route(WORK, get(work).post(work));
+        .route(WORK, get(work).post(work))
+        .route_service(&format!("{GRPC_HEALTH}/{{*method}}"), grpc_health);
     for route in config.limits.routes() {
-        if route.path() != WORK {
-            app = app.route(route.path(), get(pong).post(pong));
+        for path in route.paths() {
+            if path != WORK && !path.starts_with(&format!("{GRPC_HEALTH}/")) {
+                app = app.route(path, get(pong).post(pong));
+            }
         }
     }
     let limits = match config.no_limiter {
@@ -404,6 +414,10 @@ async fn user_id_from_header(mut request: Request) -> Request {
     }
     request
 }
+
+/// The gRPC health service's path prefix: its methods are `/grpc.health.v1.Health/Check` and
+/// `/grpc.health.v1.Health/Watch`.
+const GRPC_HEALTH: &str = "/grpc.health.v1.Health";
 
 async fn pong() -> &'static str {
     "PONG"
@@ -458,7 +472,7 @@ async fn run(config: DemoConfig, listener: TcpListener) -> io::Result<()> {
     let limits = &config.limits;
     for route in limits.routes() {
         tracing::info!(
-            path = %route.path(),
+            path = %route.paths().join(", "),
             policy = route.policy().name(),
             key = %key_text(route.key()),
             algorithm = %route.policy().algorithm(),
@@ -517,7 +531,7 @@ fn watch_config(config: &DemoConfig, layer: &RouteLimitsLayer, file: &Path) {
         .limits
         .routes()
         .iter()
-        .map(|route| route.path().to_owned())
+        .flat_map(|route| route.paths().iter().cloned())
         .collect();
     let (listen, metrics) = (config.listen, config.metrics);
     let loader = RateLimitConfig::loader().app_fields(["listen", "metrics"]);
@@ -527,10 +541,11 @@ fn watch_config(config: &DemoConfig, layer: &RouteLimitsLayer, file: &Path) {
             if new.listen != listen || new.metrics != metrics {
                 tracing::warn!("listen and metrics change at the next start, not on a reload");
             }
-            for route in new.limits.routes() {
-                if !served.iter().any(|path| path == route.path()) && route.path() != WORK {
+            for path in new.limits.routes().iter().flat_map(|route| route.paths()) {
+                let grpc = path.starts_with(&format!("{GRPC_HEALTH}/"));
+                if !served.contains(path) && path != WORK && !grpc {
                     tracing::warn!(
-                        path = route.path(),
+                        path = %path,
                         "a new path is served from the next start: until then it is not limited"
                     );
                 }
@@ -1338,37 +1353,37 @@ QXvkTTxEd9w=
         let cases = [
             (
                 with_quota(|text| text.replace("{ free = 100, pro = 5000 }", "{}")),
-                "quota.tiers: must name at least one tier, such as { free = 100 } (line 38, column 9)",
+                "quota.tiers: must name at least one tier, such as { free = 100 } (line 39, column 9)",
             ),
             (
                 with_quota(|text| text.replace("free = 100", "free = 0")),
-                "quota.tiers.free: must be 1 to 2^35 requests per day (line 38, column 18)",
+                "quota.tiers.free: must be 1 to 2^35 requests per day (line 39, column 18)",
             ),
             (
                 with_quota(|text| {
                     text.replace("default_tier = \"free\"", "default_tier = \"gold\"")
                 }),
-                r#"quota.default_tier: "gold" is not one of the tiers (line 37, column 16)"#,
+                r#"quota.default_tier: "gold" is not one of the tiers (line 38, column 16)"#,
             ),
             (
                 with_quota(|text| text.replace("default_tier = \"free\"\n", "")),
-                "quota.default_tier: is required with more than one tier: the tier of requests without a known one (line 34, column 1)",
+                "quota.default_tier: is required with more than one tier: the tier of requests without a known one (line 35, column 1)",
             ),
             (
                 with_quota(|text| text.replace("[80, 100]", "[0, 100]")),
-                "quota.alert_at: 0 is not a percent from 1 to 100 (line 39, column 12)",
+                "quota.alert_at: 0 is not a percent from 1 to 100 (line 40, column 12)",
             ),
             (
                 with_quota(|text| text.replace("\"+00:00\"", "\"UTC\"")),
-                r#"quota.utc_offset: "UTC" is not an offset such as "+00:00", "+05:30" or "-08:00" (at most 18 hours) (line 41, column 14)"#,
+                r#"quota.utc_offset: "UTC" is not an offset such as "+00:00", "+05:30" or "-08:00" (at most 18 hours) (line 42, column 14)"#,
             ),
             (
                 with_quota(|text| text.replace("\"+00:00\"", "\"+19:00\"")),
-                r#"quota.utc_offset: "+19:00" is not an offset such as "+00:00", "+05:30" or "-08:00" (at most 18 hours) (line 41, column 14)"#,
+                r#"quota.utc_offset: "+19:00" is not an offset such as "+00:00", "+05:30" or "-08:00" (at most 18 hours) (line 42, column 14)"#,
             ),
             (
                 with_quota(|text| text.replace("http://127.0.0.1:9000/alerts", "ftp://x")),
-                r#"quota.alert_webhook: "ftp://x" is not an http:// URL (line 40, column 17)"#,
+                r#"quota.alert_webhook: "ftp://x" is not an http:// URL (line 41, column 17)"#,
             ),
         ];
         assert_refused(&cases);
@@ -1414,7 +1429,7 @@ QXvkTTxEd9w=
             ),
             (
                 edited("path = \"/api/ping\" ", "# no path "),
-                "routes[0]: missing field `path` (line 17, column 1)",
+                "routes[0].path: a route needs a `path` or `paths` (line 17, column 1)",
             ),
             (
                 edited("limit = 20,", "limit = \"20\","),
@@ -2324,6 +2339,49 @@ rules = [{{ limit = 10, period = "1m" }}]
         };
         assert_eq!(status(unknown).await, 404);
         assert_eq!(status(one("user:%7Bx%7D")).await, 400);
+    }
+
+    /// The demo serves the gRPC health service on its listen port, next to HTTP; a route that
+    /// lists the health check beside an HTTP path limits both from one budget.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn run_serves_grpc_health_next_to_http_and_a_route_limits_both() {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::health_client::HealthClient;
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let config = load_config(
+            "[[routes]]\npaths = [\"/api/ping\", \"/grpc.health.v1.Health/Check\"]\n\
+             rules = [{ limit = 2, period = \"1m\" }]\n",
+        )
+        .unwrap();
+        let server = tokio::spawn(run(config, listener));
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .expect("h2c on the listen port");
+        let mut grpc = HealthClient::new(channel);
+        let check = || HealthCheckRequest {
+            service: String::new(),
+        };
+        let serving = grpc.check(check()).await.expect("the first of 2");
+        assert_eq!(serving.into_inner().status(), ServingStatus::Serving);
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let ping = format!("http://{addr}/api/ping");
+        assert_eq!(client.get(&ping).send().await.unwrap().status(), 200);
+        let refused = grpc.check(check()).await.expect_err("the third");
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(client.get(&ping).send().await.unwrap().status(), 429);
+        // Unknown HTTP paths are still HTTP 404s.
+        let unknown = client
+            .get(format!("http://{addr}/nope"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(unknown.status(), 404);
+        server.abort();
     }
 
     #[tokio::test]
