@@ -150,6 +150,47 @@ pub(crate) fn details(
     HeaderValue::try_from(encoded).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
+/// The wait a gRPC upstream asks for when it refuses a call with `RESOURCE_EXHAUSTED` in a
+/// trailers-only answer (how servers and proxies refuse a call before answering it, the status in
+/// the response's headers): the longer of `grpc-retry-pushback-ms` (a negative one says "don't
+/// retry this call", not "wait") and, with the `grpc` feature, the `RetryInfo` of
+/// `grpc-status-details-bin`. Malformed values are ignored.
+pub(crate) fn announced_wait(headers: &HeaderMap) -> Option<Duration> {
+    let code = headers.get(GRPC_STATUS)?.to_str().ok()?.trim();
+    if code.parse::<u16>().ok()? != RESOURCE_EXHAUSTED {
+        return None;
+    }
+    let pushback = headers
+        .get(GRPC_RETRY_PUSHBACK_MS)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<i64>().ok())
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis);
+    pushback.into_iter().chain(retry_info(headers)).max()
+}
+
+/// The delay of the `RetryInfo` in `grpc-status-details-bin`, if it decodes.
+#[cfg(feature = "grpc")]
+fn retry_info(headers: &HeaderMap) -> Option<Duration> {
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    use tonic_types::StatusExt as _;
+
+    // Padded or not: the gRPC protocol asks receivers to take both.
+    const BASE64: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let encoded = headers.get(GRPC_STATUS_DETAILS_BIN)?.as_bytes();
+    let details = BASE64.decode(encoded).ok()?;
+    let status = tonic::Status::with_details(tonic::Code::ResourceExhausted, "", details.into());
+    status.get_details_retry_info()?.retry_delay
+}
+
+#[cfg(not(feature = "grpc"))]
+fn retry_info(_headers: &HeaderMap) -> Option<Duration> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +227,59 @@ mod tests {
             "2147483647"
         );
         assert_eq!(pushback(None), "-1");
+    }
+
+    #[test]
+    fn a_resource_exhausted_answer_announces_its_pushback_and_retry_info() {
+        let answer = |pairs: &[(&'static str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in pairs {
+                headers.insert(*name, HeaderValue::from_str(value).unwrap());
+            }
+            announced_wait(&headers)
+        };
+        let wait = |ms| Some(Duration::from_millis(ms));
+        assert_eq!(
+            answer(&[("grpc-status", "8"), ("grpc-retry-pushback-ms", "1500")]),
+            wait(1500)
+        );
+        assert_eq!(
+            answer(&[("grpc-status", "14"), ("grpc-retry-pushback-ms", "1500")]),
+            None
+        );
+        assert_eq!(
+            answer(&[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")]),
+            None
+        );
+        assert_eq!(
+            answer(&[("grpc-status", "8"), ("grpc-retry-pushback-ms", "soon")]),
+            None
+        );
+        assert_eq!(answer(&[("grpc-retry-pushback-ms", "1500")]), None);
+        assert_eq!(answer(&[("grpc-status", "8")]), None);
+        // Garbage where base64 belongs is ignored, never a panic.
+        assert_eq!(
+            answer(&[("grpc-status", "8"), ("grpc-status-details-bin", "%%%")]),
+            None
+        );
+        #[cfg(feature = "grpc")]
+        {
+            let details = details(8, "slow down", Some(Duration::from_secs(7)), &[]);
+            let details = details.to_str().unwrap();
+            let pairs = [("grpc-status", "8"), ("grpc-status-details-bin", details)];
+            assert_eq!(answer(&pairs), wait(7000));
+            // The longer of the two.
+            let pairs = [
+                ("grpc-status", "8"),
+                ("grpc-retry-pushback-ms", "9000"),
+                ("grpc-status-details-bin", details),
+            ];
+            assert_eq!(answer(&pairs), wait(9000));
+            // Padded base64 too.
+            let padded = format!("{details}{}", "=".repeat((4 - details.len() % 4) % 4));
+            let pairs = [("grpc-status", "8"), ("grpc-status-details-bin", &padded)];
+            assert_eq!(answer(&pairs), wait(7000));
+        }
     }
 
     #[test]

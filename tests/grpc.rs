@@ -379,3 +379,93 @@ async fn a_config_route_of_an_http_path_and_a_grpc_method_has_one_budget() {
     let watch = grpc.watch(request).await.expect("not limited");
     assert!(watch.metadata().get("ratelimit").is_none());
 }
+
+/// An upstream whose every health check is refused, trailers-only, with these headers.
+async fn refusing_upstream(headers: Vec<(&'static str, String)>) -> SocketAddr {
+    let refuse = move || {
+        let headers = headers.clone();
+        async move {
+            let mut response = http::Response::new(axum::body::Body::empty());
+            for (name, value) in headers {
+                response
+                    .headers_mut()
+                    .insert(name, http::HeaderValue::from_str(&value).unwrap());
+            }
+            response
+        }
+    };
+    common::serve(Router::new().route(CHECK, axum::routing::post(refuse))).await
+}
+
+/// The outbound layer around a tonic `Channel` learns a pause from the upstream's
+/// `RESOURCE_EXHAUSTED`, by its pushback or its `RetryInfo`: the next call isn't sent, it fails
+/// at once saying when to try again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbound_layer_learns_a_pause_from_a_grpc_upstreams_refusal() {
+    use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer};
+
+    let refusal = |more: (&'static str, String)| {
+        vec![
+            ("content-type", "application/grpc".to_owned()),
+            ("grpc-status", "8".to_owned()),
+            ("grpc-message", "slow%20down".to_owned()),
+            more,
+        ]
+    };
+    let mut upstreams = vec![(
+        "pushback",
+        refusal(("grpc-retry-pushback-ms", "30000".into())),
+    )];
+    #[cfg(feature = "grpc")]
+    {
+        use tonic_types::{ErrorDetails, StatusExt};
+        let details = ErrorDetails::with_retry_info(Some(Duration::from_secs(30)));
+        let status = tonic::Status::with_error_details(Code::ResourceExhausted, "slow", details);
+        let mut headers = http::HeaderMap::new();
+        status.add_header(&mut headers).unwrap();
+        let bin = headers["grpc-status-details-bin"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        upstreams.push(("RetryInfo", refusal(("grpc-status-details-bin", bin))));
+    }
+    for (told_by, headers) in upstreams {
+        let addr = refusing_upstream(headers).await;
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let ours = Policy::builder("health-upstream")
+            .rule(Rule::per_second(100))
+            .build()
+            .unwrap();
+        let outbound =
+            OutboundLayer::new(ours, MemoryStore::new()).max_wait(Duration::from_secs(1));
+        let service = tower::ServiceBuilder::new()
+            .layer(outbound)
+            .service(channel);
+        let mut client = HealthClient::new(service);
+        let request = || HealthCheckRequest {
+            service: String::new(),
+        };
+        let refused = client.check(request()).await.expect_err("refused upstream");
+        assert_eq!(
+            refused.code(),
+            Code::ResourceExhausted,
+            "{told_by}: {refused:?}"
+        );
+
+        // Held back here, for the 30 s asked (less the moment since).
+        let held = client.check(request()).await.expect_err("held back here");
+        let error = std::error::Error::source(&held)
+            .and_then(|source| source.downcast_ref::<OutboundError>());
+        match error {
+            Some(OutboundError::WouldWait { retry_after, .. }) => assert!(
+                (Duration::from_secs(20)..=Duration::from_secs(30)).contains(retry_after),
+                "{told_by}: {retry_after:?}"
+            ),
+            other => panic!("{told_by}: {other:?} ({held:?})"),
+        }
+    }
+}

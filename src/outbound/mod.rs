@@ -9,8 +9,9 @@
 //! fails at once with [`OutboundError::WouldWait`], which says when to try again.
 //!
 //! The upstream's own word counts too: when an answer carries `Retry-After` (on a 429 or 503),
-//! an IETF `RateLimit` item with `r=0`, or `X-RateLimit-Remaining: 0` with a reset
-//! ([`announced_pause`]), the upstream's key is paused in the store until then (at most
+//! an IETF `RateLimit` item with `r=0`, `X-RateLimit-Remaining: 0` with a reset, or is a gRPC
+//! `RESOURCE_EXHAUSTED` with a pushback or a `RetryInfo` ([`announced_pause`]; the layer wraps a
+//! tonic `Channel` as it wraps any HTTP client), the upstream's key is paused in the store until then (at most
 //! [`OutboundLayer::pause_cap`]), so every instance holds its requests, not only the one that was
 //! told. A request that finds its upstream paused waits for the pause's end and then for a slot,
 //! within its maximum wait.
@@ -210,7 +211,9 @@ impl OutboundLayer {
     }
 
     /// Keys requests by what `key` returns for their URI and headers (e.g. the API key of ours
-    /// they carry) instead of by the URI's authority.
+    /// they carry) instead of by the URI's authority (or `Host`; for a gRPC call that names
+    /// neither, as those through a tonic `Channel` don't, the policy's name: one upstream per
+    /// layer).
     pub fn key_from_fn<F>(mut self, key: F) -> Self
     where
         F: Fn(&Uri, &HeaderMap) -> String + Send + Sync + 'static,
@@ -320,6 +323,10 @@ impl Shared {
                     let host = headers.get(http::header::HOST)?.to_str().ok()?;
                     Some(host.to_ascii_lowercase())
                 })
+                // A tonic `Channel` adds its origin inside, so the calls a layer around it sees
+                // name none: they all go to the one upstream the channel was built for, which the
+                // policy's name stands for.
+                .or_else(|| crate::grpc::is_grpc(headers).then(|| self.policy.name().to_owned()))
                 .unwrap_or_default(),
         };
         if is_storable_identity(&key) {

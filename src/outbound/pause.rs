@@ -57,7 +57,11 @@ const UNIX_TIME_FROM: u64 = 1_000_000_000;
 /// the longest of
 /// - `Retry-After` (delay-seconds or an HTTP-date) on a 429 or a 503;
 /// - the reset `t` of an IETF `RateLimit` item with `r=0`;
-/// - `X-RateLimit-Reset` (Unix seconds, or seconds from now) with `X-RateLimit-Remaining: 0`.
+/// - `X-RateLimit-Reset` (Unix seconds, or seconds from now) with `X-RateLimit-Remaining: 0`;
+/// - a gRPC upstream's trailers-only `RESOURCE_EXHAUSTED` (`grpc-status: 8`, HTTP 200): its
+///   `grpc-retry-pushback-ms` and, with the `grpc` feature, the `RetryInfo` of its
+///   `grpc-status-details-bin`. (A status that comes in trailers, after a response has begun, is
+///   not seen: servers and proxies refuse a call before answering it, trailers-only.)
 ///
 /// Each header is read on its own, so a malformed one doesn't hide the others; malformed values
 /// are ignored and nothing here panics. `now` turns HTTP-dates and Unix times into waits. The
@@ -109,6 +113,9 @@ pub fn announced_pause(
         } else {
             Duration::from_secs(reset)
         };
+        longest = longest.max(wait);
+    }
+    if let Some(wait) = crate::grpc::announced_wait(upstream) {
         longest = longest.max(wait);
     }
     (!longest.is_zero()).then_some(longest)
