@@ -412,6 +412,7 @@ async fn the_outbound_layer_learns_a_pause_from_a_grpc_upstreams_refusal() {
             more,
         ]
     };
+    #[cfg_attr(not(feature = "grpc"), allow(unused_mut))]
     let mut upstreams = vec![(
         "pushback",
         refusal(("grpc-retry-pushback-ms", "30000".into())),
