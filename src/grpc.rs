@@ -1,7 +1,7 @@
 //! gRPC answers. A gRPC client reads a call's outcome from `grpc-status`, not from the HTTP
 //! status: it maps an HTTP 429 without one to `UNAVAILABLE`, which many clients retry at once. So
-//! a refused or failed gRPC call (its `content-type` is `application/grpc` or
-//! `application/grpc+…`) is answered as a gRPC server would: HTTP 200, "trailers-only" (the
+//! a refused or failed gRPC call (its `content-type` starts with `application/grpc`) is answered
+//! as a gRPC server would: HTTP 200, "trailers-only" (the
 //! status in the one HEADERS frame, no body), with
 //!
 //! - `grpc-status` and `grpc-message` (percent-encoded as the gRPC protocol says);
@@ -35,15 +35,16 @@ pub(crate) const RESOURCE_EXHAUSTED: u16 = 8;
 /// `UNAVAILABLE`: the service can't answer now (its limiter's store is down).
 pub(crate) const UNAVAILABLE: u16 = 14;
 
-/// Whether a request is a gRPC call: its `content-type` is `application/grpc`, alone or followed
-/// by `+<format>` or `;<parameters>`.
+/// Whether a request is a gRPC call: its `content-type` starts with `application/grpc`
+/// (`application/grpc`, `application/grpc+proto`, and gRPC-Web's `application/grpc-web…`, whose
+/// clients read a trailers-only answer from the headers as well).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers.get(CONTENT_TYPE).is_some_and(|value| {
-        let value = value.as_bytes();
         let prefix = b"application/grpc";
-        value.len() >= prefix.len()
-            && value[..prefix.len()].eq_ignore_ascii_case(prefix)
-            && matches!(value.get(prefix.len()), None | Some(b'+' | b';'))
+        value
+            .as_bytes()
+            .get(..prefix.len())
+            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
     })
 }
 
@@ -205,9 +206,9 @@ mod tests {
         assert!(grpc("application/grpc"));
         assert!(grpc("application/grpc+proto"));
         assert!(grpc("application/GRPC;charset=utf-8"));
-        assert!(!grpc("application/grpc-web"));
-        assert!(!grpc("application/grpcx"));
+        assert!(grpc("application/grpc-web+proto"));
         assert!(!grpc("application/json"));
+        assert!(!grpc("application/grp"));
         assert!(!is_grpc(&HeaderMap::new()));
     }
 

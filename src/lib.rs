@@ -7,6 +7,9 @@
 //! that the store answered carries the IETF `RateLimit-Policy` and `RateLimit` headers (read them
 //! back with [`headers::parse`]).
 //!
+//! A gRPC call (a tonic service behind the same layer) that is refused gets a gRPC answer instead:
+//! `RESOURCE_EXHAUSTED` with a retry pushback and (feature `grpc`) a rich status; see [`grpc`].
+//!
 //! A policy can also be declared as a type next to its handler and required by the [`Limited`]
 //! extractor, and can add costs per request ([`Cost`]), a duplicate guard, a penalty block, and a
 //! shadow or delay [`Mode`]; see [`PolicyBuilder`].

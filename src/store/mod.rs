@@ -451,7 +451,7 @@ pub enum StoreError {
         acknowledged: u32,
     },
     /// The Redis server is older than the store runs on (see
-    /// [`MINIMUM_VERSION`](crate::store::MINIMUM_VERSION)): its scripts would fail. Logged at
+    /// [`MINIMUM_VERSION`]): its scripts would fail. Logged at
     /// ERROR when first seen; the store asks the server again at most once a second, so an
     /// upgrade is picked up without a restart.
     #[error("Redis {found} is too old for the rate limiter: it needs Redis {minimum} or later")]
