@@ -59,8 +59,10 @@
 //! - `forwarded_header` (default: the first present of the three): `"x-forwarded-for"`,
 //!   `"forwarded"` or `"x-real-ip"`, the proxy header read from `trusted_proxies`.
 //! - `legacy_headers` (default `false`): also send `X-RateLimit-*`.
-//! - `routes[].path` (required): a literal path (no `{captures}` or wildcards), which the demo
-//!   serves; `/healthz` is taken.
+//! - `routes[].path`, `routes[].paths` (one of them, or both): literal paths (no `{captures}` or
+//!   wildcards), which the demo serves and which share the route's policy and counts; `/healthz`
+//!   is taken. A gRPC health method (`/grpc.health.v1.Health/Check`) limits the demo's gRPC
+//!   health service.
 //! - `routes[].rules` (required): `{ limit, period }` pairs that must all pass. A `token_bucket`
 //!   rule may add `burst`, the bucket size (default: the limit).
 //! - `routes[].key` (default `"ip"`): `ip`, `user`, `global`, `header:<name>` or `query:<name>` (a
@@ -132,8 +134,9 @@ use http::StatusCode;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower::BoxError;
+use tower_redis_ratelimit::config::file::RouteConfig;
 use tower_redis_ratelimit::config::{
-    ConfigError, ConfigWatcher, RateLimitConfig, RouteLimitsLayer,
+    ConfigError, ConfigFile, ConfigWatcher, RateLimitConfig, RouteLimitsLayer,
 };
 use tower_redis_ratelimit::{Policy, Rule, UserId};
 use tracing_subscriber::EnvFilter;
@@ -289,6 +292,13 @@ struct DemoFields {
     metrics: Option<String>,
 }
 
+/// The `[[routes]]` entries of a file the crate has read, as written (to name a field of one).
+fn file_routes(text: &str) -> Vec<RouteConfig> {
+    toml::from_str::<ConfigFile>(text)
+        .map(|file| file.routes)
+        .unwrap_or_default()
+}
+
 /// Reads and checks a config file: the crate's format, then the demo's own fields and rules. Every
 /// error names its field, line and column.
 fn load_config(text: &str) -> Result<DemoConfig, ConfigError> {
@@ -318,9 +328,16 @@ fn load_config(text: &str) -> Result<DemoConfig, ConfigError> {
         .map(operator::parse_address)
         .transpose()
         .map_err(|message| error("metrics", message))?;
-    for (index, route) in limits.routes().iter().enumerate() {
-        check_path(route.path())
-            .map_err(|message| error(&format!("routes[{index}].path"), message))?;
+    // Every path is served (or is the gRPC health service's), so each must be one axum takes.
+    for ((index, route), raw) in limits.routes().iter().enumerate().zip(&file_routes(text)) {
+        for (at, path) in route.paths().iter().enumerate() {
+            let field = match (raw.path.is_some(), at) {
+                (true, 0) => format!("routes[{index}].path"),
+                (true, at) => format!("routes[{index}].paths[{}]", at - 1),
+                (false, at) => format!("routes[{index}].paths[{at}]"),
+            };
+            check_path(path).map_err(|message| error(&field, message))?;
+        }
     }
     Ok(DemoConfig {
         listen,
@@ -384,7 +401,7 @@ fn build_app(config: &DemoConfig) -> Result<(Router, Option<RouteLimitsLayer>), 
         .route_service(&format!("{GRPC_HEALTH}/{{*method}}"), grpc_health);
     for route in config.limits.routes() {
         for path in route.paths() {
-            if path != WORK && !path.starts_with(&format!("{GRPC_HEALTH}/")) {
+            if path != WORK && !is_grpc_health(path) {
                 app = app.route(path, get(pong).post(pong));
             }
         }
@@ -418,6 +435,12 @@ async fn user_id_from_header(mut request: Request) -> Request {
 /// The gRPC health service's path prefix: its methods are `/grpc.health.v1.Health/Check` and
 /// `/grpc.health.v1.Health/Watch`.
 const GRPC_HEALTH: &str = "/grpc.health.v1.Health";
+
+/// Whether `path` is one of the gRPC health service's methods, which the demo serves as such.
+fn is_grpc_health(path: &str) -> bool {
+    path.strip_prefix(GRPC_HEALTH)
+        .is_some_and(|method| method.starts_with('/'))
+}
 
 async fn pong() -> &'static str {
     "PONG"
@@ -542,8 +565,7 @@ fn watch_config(config: &DemoConfig, layer: &RouteLimitsLayer, file: &Path) {
                 tracing::warn!("listen and metrics change at the next start, not on a reload");
             }
             for path in new.limits.routes().iter().flat_map(|route| route.paths()) {
-                let grpc = path.starts_with(&format!("{GRPC_HEALTH}/"));
-                if !served.contains(path) && path != WORK && !grpc {
+                if !served.contains(path) && path != WORK && !is_grpc_health(path) {
                     tracing::warn!(
                         path = %path,
                         "a new path is served from the next start: until then it is not limited"
@@ -596,9 +618,22 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
         text += "  --no-limiter: the routes below are served WITHOUT rate limiting (a load-run baseline)\n";
     }
     for route in limits.routes() {
+        let (grpc, http): (Vec<&str>, Vec<&str>) = route
+            .paths()
+            .iter()
+            .map(String::as_str)
+            .partition(|path| is_grpc_health(path));
+        let served = [
+            (!http.is_empty()).then(|| format!("GET|POST {} -> 200 \"PONG\"", http.join(", "))),
+            (!grpc.is_empty()).then(|| format!("gRPC {} -> SERVING", grpc.join(", "))),
+        ];
         text += &format!(
-            "  GET|POST {} -> 200 \"PONG\"; per {}, {}: {}\n",
-            route.path(),
+            "  {}; per {}, {}: {}\n",
+            served
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" and "),
             key_text(route.key()),
             route.policy().algorithm(),
             rules_text(route.policy())
@@ -606,7 +641,14 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
     }
     text += &format!("  GET {HEALTHZ} -> 200 \"ok\", never limited\n");
 
-    let first = &limits.routes()[0];
+    // The curl loop tries the first route served over plain HTTP.
+    let Some((first, first_path)) = limits.routes().iter().find_map(|route| {
+        let path = route.paths().iter().find(|path| !is_grpc_health(path))?;
+        Some((route, path.as_str()))
+    }) else {
+        text += "\nOnly gRPC is limited: call grpc.health.v1.Health/Check (h2c) to try it.\n";
+        return text;
+    };
     let limit = first
         .policy()
         .rules()
@@ -623,14 +665,14 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
         (_, Some(("query", name))) => (String::new(), vec![format!("{name}=demo-token")]),
         _ => (String::new(), vec![]),
     };
-    if first.path() == WORK {
+    if first_path == WORK {
         query.push("ms=100".to_owned());
     }
     let url = if query.is_empty() {
-        format!("http://{host}{}", first.path())
+        format!("http://{host}{first_path}")
     } else {
         // Quoted: a shell would take `?` and `&` for its own.
-        format!("\"http://{host}{}?{}\"", first.path(), query.join("&"))
+        format!("\"http://{host}{first_path}?{}\"", query.join("&"))
     };
     text += &format!(
         "\nTry it: requests 1-{limit} get 200, the next ones 429 (each refusal is logged):\n  \
@@ -863,6 +905,14 @@ mod tests {
             (
                 edited("path = \"/api/ping\"", "path = \"/files/*rest\""),
                 r#"routes[0].path: "/files/*rest" must be a literal path: "/" then letters, digits and -._~@+=!(),/ (line 18, column 8)"#,
+            ),
+            // Every path of a route is served: each is checked, and named.
+            (
+                edited(
+                    "path = \"/api/ping\"",
+                    "path = \"/api/ping\"\npaths = [\"/x\", \"/healthz\"]",
+                ),
+                r#"routes[0].paths[1]: "/healthz" is the demo's health check, which is never limited (line 19, column 16)"#,
             ),
         ];
         assert_refused(&cases);

@@ -79,21 +79,43 @@ pub(crate) fn trailers_only(code: u16, message: &str) -> Response<Body> {
     response
 }
 
-/// `grpc-retry-pushback-ms` for a wait of `retry`, or -1 (don't retry) for none.
+/// `response` with the gRPC call's own `content-type`: `application/grpc+proto`, or a gRPC-Web
+/// one, whose clients check that their answer is theirs.
+pub(crate) fn answered_as(
+    mut response: Response<Body>,
+    content_type: &HeaderValue,
+) -> Response<Body> {
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, content_type.clone());
+    response
+}
+
+/// `grpc-retry-pushback-ms` for a wait of `retry`, or -1 (don't retry) for none. Rounded up and
+/// at least 1, as `Retry-After` is: a client that retries when told is never early.
 pub(crate) fn pushback(retry: Option<Duration>) -> HeaderValue {
     match retry {
         // The header is a signed 32-bit number: a longer wait is said as the longest it can say.
-        Some(retry) => HeaderValue::from(retry.as_millis().min(i32::MAX as u128) as u64),
+        Some(retry) => {
+            let ms = retry
+                .as_nanos()
+                .div_ceil(1_000_000)
+                .clamp(1, i32::MAX as u128);
+            HeaderValue::from(ms as u64)
+        }
         None => HeaderValue::from_static("-1"),
     }
 }
 
 /// `grpc-message` as the gRPC protocol encodes it: printable ASCII but `%` as is, every other byte
-/// of its UTF-8 as `%XX`.
+/// of its UTF-8 as `%XX`; a space at either end too, since an HTTP/2 field value may not start
+/// or end with one (RFC 9113, 8.2.1).
 fn encode_message(message: &str) -> HeaderValue {
     let mut encoded = String::with_capacity(message.len());
-    for &byte in message.as_bytes() {
-        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+    let last = message.len().saturating_sub(1);
+    for (at, &byte) in message.as_bytes().iter().enumerate() {
+        let at_an_end = at == 0 || at == last;
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' && !(byte == b' ' && at_an_end) {
             encoded.push(char::from(byte));
         } else {
             encoded.push_str(&format!("%{byte:02X}"));
@@ -153,7 +175,7 @@ pub(crate) fn details(
 
 /// The wait a gRPC upstream asks for when it refuses a call with `RESOURCE_EXHAUSTED` in a
 /// trailers-only answer (how servers and proxies refuse a call before answering it, the status in
-/// the response's headers): the longer of `grpc-retry-pushback-ms` (a negative one says "don't
+/// the response's headers; whatever the HTTP status, gRPC's is what counts): the longer of `grpc-retry-pushback-ms` (a negative one says "don't
 /// retry this call", not "wait") and, with the `grpc` feature, the `RetryInfo` of
 /// `grpc-status-details-bin`. Malformed values are ignored.
 pub(crate) fn announced_wait(headers: &HeaderMap) -> Option<Duration> {
@@ -218,11 +240,15 @@ mod tests {
             encode_message("Too many: 100% – \"wait\"\n"),
             "Too many: 100%25 %E2%80%93 \"wait\"%0A"
         );
+        assert_eq!(encode_message(" slow down "), "%20slow down%20");
     }
 
     #[test]
     fn a_pushback_is_milliseconds_and_minus_one_says_never() {
         assert_eq!(pushback(Some(Duration::from_millis(1500))), "1500");
+        // Never early: a part of a millisecond is a millisecond, and no wait is the least one.
+        assert_eq!(pushback(Some(Duration::from_micros(1_500_001))), "1501");
+        assert_eq!(pushback(Some(Duration::ZERO)), "1");
         assert_eq!(
             pushback(Some(Duration::from_secs(86_400 * 30))),
             "2147483647"

@@ -87,7 +87,9 @@ impl RateLimitLayer {
     }
 
     /// Replaces the default 429 body. The layer still adds `Retry-After` and the rate-limit headers
-    /// to the response you return.
+    /// to the response you return. It answers HTTP requests: a refused gRPC call (its
+    /// `content-type` starts with `application/grpc`) always gets
+    /// [`Rejected::grpc_response`](crate::response::Rejected::grpc_response).
     ///
     /// ```
     /// use axum::body::Body;

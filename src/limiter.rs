@@ -214,7 +214,7 @@ impl Limiter {
             }
             KeyLookup::Refuse(status) => {
                 self.metrics().request(Outcome::NoKey);
-                return Prepared::Respond(response::key_unavailable(status, protocol));
+                return Prepared::Respond(response::key_unavailable(status, &protocol));
             }
             KeyLookup::NoClientIp => {
                 self.metrics().request(Outcome::NoKey);
@@ -225,7 +225,7 @@ impl Limiter {
                 );
                 return Prepared::Respond(response::key_unavailable(
                     StatusCode::INTERNAL_SERVER_ERROR,
-                    protocol,
+                    &protocol,
                 ));
             }
         };
@@ -259,7 +259,7 @@ impl Limiter {
                         key = key.identity(),
                         "request denied by an override"
                     );
-                    return Prepared::Respond(response::denied(protocol));
+                    return Prepared::Respond(response::denied(&protocol));
                 }
                 Applied::Rules(_) => {
                     if let Some(own) = self.overriding(index) {
@@ -304,7 +304,7 @@ impl Limiter {
                 );
                 return Prepared::Unlimited;
             }
-            return Prepared::Respond(response::too_costly(policy, cost, rule, at_most, protocol));
+            return Prepared::Respond(response::too_costly(policy, cost, rule, at_most, &protocol));
         }
         let span = tracing::debug_span!(
             "rate_limit",
@@ -327,7 +327,7 @@ impl Limiter {
         {
             self.refusals.count_unlogged();
             self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
-            return Prepared::Respond(self.refusal(decision, None, protocol));
+            return Prepared::Respond(self.refusal(decision, None, &checked.protocol));
         }
         Prepared::Check(checked)
     }
@@ -479,7 +479,7 @@ impl Limiter {
                 }
                 self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
                 let log = self.refusals.may_log().then_some(key);
-                Verdict::Respond(self.refusal(decision, log, checked.protocol))
+                Verdict::Respond(self.refusal(decision, log, &checked.protocol))
             }
             Err(error) => match self.policy.on_store_error() {
                 OnStoreError::Allow => {
@@ -495,7 +495,7 @@ impl Limiter {
                     metrics.request(outcome(Outcome::StoreErrorDenied));
                     self.store_errors
                         .log(self.policy.name(), &error, "refusing the request");
-                    Verdict::Respond(response::store_unavailable(checked.protocol))
+                    Verdict::Respond(response::store_unavailable(&checked.protocol))
                 }
             },
         }
@@ -599,7 +599,7 @@ impl Limiter {
         &self,
         decision: Decision,
         log: Option<&StorageKey>,
-        protocol: Protocol,
+        protocol: &Protocol,
     ) -> Response<Body> {
         let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
         let rejected = Rejected::new(self.policy.clone(), decision);
@@ -607,7 +607,9 @@ impl Limiter {
             self.log_rejection(&rejected, key, "request rate limited");
         }
         let response = match (protocol, &self.on_rejected) {
-            (Protocol::Grpc, _) => rejected.grpc_response(),
+            (Protocol::Grpc(content_type), _) => {
+                crate::grpc::answered_as(rejected.grpc_response(), content_type)
+            }
             (Protocol::Http, Some(respond)) => respond(&rejected),
             (Protocol::Http, None) => rejected.problem_response(),
         };

@@ -15,20 +15,20 @@ use crate::headers::{self, RateLimitItem};
 use crate::policy::Policy;
 
 /// What a request speaks, and so how it is answered when the limiter answers it itself: plain
-/// HTTP (problem details) or gRPC (a trailers-only status, see [`crate::grpc`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// HTTP (problem details) or gRPC (a trailers-only status, see [`crate::grpc`]) with the call's
+/// own `content-type` (gRPC-Web clients expect theirs back).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Protocol {
     Http,
-    Grpc,
+    Grpc(HeaderValue),
 }
 
 impl Protocol {
     /// The protocol of a request with these headers.
     pub(crate) fn of(headers: &HeaderMap) -> Self {
-        if grpc::is_grpc(headers) {
-            Protocol::Grpc
-        } else {
-            Protocol::Http
+        match headers.get(CONTENT_TYPE) {
+            Some(content_type) if grpc::is_grpc(headers) => Protocol::Grpc(content_type.clone()),
+            _ => Protocol::Http,
         }
     }
 }
@@ -48,7 +48,9 @@ pub const QUOTA_EXCEEDED_TITLE: &str =
 ///
 /// Pass a function of `&Rejected` to
 /// [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected) to replace the default
-/// response; [`Rejected::problem_response`] is the default.
+/// response; [`Rejected::problem_response`] is the default. A gRPC call always gets
+/// [`Rejected::grpc_response`], whatever `on_rejected` says: a body meant for HTTP clients would
+/// read to a gRPC client as a broken answer.
 #[derive(Debug, Clone)]
 pub struct Rejected {
     policy: Policy,
@@ -170,10 +172,13 @@ fn status_number<S: serde::Serializer>(status: &StatusCode, out: S) -> Result<S:
 }
 
 /// A problem as `protocol` answers it: problem details, or a gRPC status of its detail.
-fn problem(problem: &Problem<'_>, protocol: Protocol) -> Response<Body> {
+fn problem(problem: &Problem<'_>, protocol: &Protocol) -> Response<Body> {
     match protocol {
         Protocol::Http => problem_response(problem.status, problem_bytes(problem)),
-        Protocol::Grpc => grpc::trailers_only(grpc::code_of(problem.status), problem.detail),
+        Protocol::Grpc(content_type) => grpc::answered_as(
+            grpc::trailers_only(grpc::code_of(problem.status), problem.detail),
+            content_type,
+        ),
     }
 }
 
@@ -192,7 +197,7 @@ fn problem_response(status: StatusCode, body: Bytes) -> Response<Body> {
 }
 
 /// The 503 of a fail-closed policy whose store is down (`UNAVAILABLE` to a gRPC call).
-pub(crate) fn store_unavailable(protocol: Protocol) -> Response<Body> {
+pub(crate) fn store_unavailable(protocol: &Protocol) -> Response<Body> {
     problem(
         &Problem {
             kind: "about:blank",
@@ -206,7 +211,7 @@ pub(crate) fn store_unavailable(protocol: Protocol) -> Response<Body> {
 }
 
 /// The response for a request whose rate-limit key can't be found.
-pub(crate) fn key_unavailable(status: StatusCode, protocol: Protocol) -> Response<Body> {
+pub(crate) fn key_unavailable(status: StatusCode, protocol: &Protocol) -> Response<Body> {
     problem(
         &Problem {
             kind: "about:blank",
@@ -221,7 +226,7 @@ pub(crate) fn key_unavailable(status: StatusCode, protocol: Protocol) -> Respons
 
 /// The 403 of a request a `deny` override refuses: no rate-limit headers, since no limit was
 /// checked, and no `Retry-After`, since waiting won't help.
-pub(crate) fn denied(protocol: Protocol) -> Response<Body> {
+pub(crate) fn denied(protocol: &Protocol) -> Response<Body> {
     problem(
         &Problem {
             kind: "about:blank",
@@ -246,7 +251,7 @@ pub(crate) fn too_costly(
     cost: u64,
     rule: &str,
     at_most: u64,
-    protocol: Protocol,
+    protocol: &Protocol,
 ) -> Response<Body> {
     let detail = format!(
         "This request costs {cost} units; rule \"{rule}\" admits at most {at_most} at once."
@@ -262,7 +267,7 @@ pub(crate) fn too_costly(
         protocol,
     );
     let headers = response.headers_mut();
-    if protocol == Protocol::Grpc {
+    if let Protocol::Grpc(_) = protocol {
         headers.insert(grpc::GRPC_RETRY_PUSHBACK_MS, grpc::pushback(None));
         #[cfg(feature = "grpc")]
         headers.insert(

@@ -452,7 +452,7 @@ fn other_serde_formats_get_the_same_checks() {
     );
     // The file format itself, for tools that edit it.
     let file: ConfigFile = toml::from_str(MINIMAL).unwrap();
-    assert_eq!(file.routes[0].path, "/api/ping");
+    assert_eq!(file.routes[0].path.as_deref(), Some("/api/ping"));
 }
 
 async fn status(app: &Router, path: &str) -> StatusCode {
@@ -541,6 +541,24 @@ async fn a_route_of_several_paths_gives_them_one_policy_and_one_budget() {
     assert_eq!(status(&app, "/ping").await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(status(&app, "/b").await, StatusCode::OK);
     assert_eq!(status(&app, "/a").await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// An HTTP request is limited by the route axum matched, never by a file path that merely equals
+/// its own (only gRPC calls are found by their own path).
+#[tokio::test]
+async fn an_http_request_is_limited_by_its_matched_route_only() {
+    let config = RateLimitConfig::from_toml_str(
+        "[[routes]]\npath = \"/users/me\"\nrules = [{ limit = 1, period = \"1m\" }]\n",
+    )
+    .unwrap();
+    let router = Router::new().route("/users/{id}", get(|| async { "user" }));
+    let app = config
+        .apply(router)
+        .unwrap()
+        .layer(MockConnectInfo(SocketAddr::from(([127, 0, 0, 1], 4000))));
+    for _ in 0..3 {
+        assert_eq!(status(&app, "/users/me").await, StatusCode::OK);
+    }
 }
 
 #[test]

@@ -429,3 +429,39 @@ async fn the_watcher_runs_the_apps_own_checks_before_a_reload() {
     wait_for_reloads(&limits, 1, 1).await;
     watcher.abort();
 }
+
+/// A route is known by its first path: reordering, splitting or shortening a route of several
+/// paths counts each old route once, as changed or removed, never both.
+#[test]
+fn a_reload_counts_a_route_of_several_paths_once() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let rules = "rules = [{ limit = 3, period = \"1m\" }]";
+    let routes = |entries: &[&str]| {
+        let text: String = entries
+            .iter()
+            .map(|paths| format!("[[routes]]\npaths = {paths}\n{rules}\n"))
+            .collect();
+        config("rl", &text)
+    };
+    let counts = |from: &[&str], to: &[&str]| {
+        let limits = routes(from).route_limits(store.clone()).unwrap();
+        let summary = limits.reload(&routes(to)).unwrap();
+        (
+            summary.kept,
+            summary.changed,
+            summary.added,
+            summary.removed,
+        )
+    };
+    let both = ["[\"/a\", \"/b\"]"];
+    // Unchanged.
+    assert_eq!(counts(&both, &both), (1, 0, 0, 0));
+    // One more path: the same route, changed.
+    assert_eq!(counts(&both, &["[\"/a\", \"/b\", \"/c\"]"]), (0, 1, 0, 0));
+    // Reordered: a new first path is a new route; the old one is gone.
+    assert_eq!(counts(&both, &["[\"/b\", \"/a\"]"]), (0, 0, 1, 1));
+    // Split in two: `/a` changed, `/b` new.
+    assert_eq!(counts(&both, &["[\"/a\"]", "[\"/b\"]"]), (0, 1, 1, 0));
+    // The first path dropped: `/b` is a new route, the old one is gone.
+    assert_eq!(counts(&both, &["[\"/b\"]"]), (0, 0, 1, 1));
+}

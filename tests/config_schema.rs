@@ -345,6 +345,10 @@ fn bad_files_fail_the_schema_as_the_loader_refuses_them() {
         ),
         (route("paths = [\"/b\", \"c\"]"), "/routes/0/paths/1"),
         (
+            "[[routes]]\npaths = []\nrules = [{ limit = 5, period = \"1m\" }]\n".to_owned(),
+            "/routes/0/paths",
+        ),
+        (
             "[[routes]]\npath = \"/a\"\nrules = { limit = 5, period = \"1m\" }\n".to_owned(),
             "/routes/0/rules",
         ),

@@ -165,11 +165,51 @@ async fn a_refused_grpc_call_is_one_trailers_only_answer() {
         headers.contains_key("grpc-status-details-bin"),
         cfg!(feature = "grpc")
     );
+    // One HEADERS frame that ends the stream: no DATA frame, no trailers after it.
+    assert!(
+        http_body::Body::is_end_stream(response.body()),
+        "trailers-only"
+    );
     let body = http_body_util::BodyExt::collect(response.into_body())
         .await
         .unwrap();
     assert!(body.trailers().is_none());
-    assert!(body.to_bytes().is_empty(), "trailers-only: no body");
+    assert!(body.to_bytes().is_empty());
+
+    // A gRPC-Web call (over HTTP/1.1, as browsers send them) gets the same answer, in its own
+    // content-type, which gRPC-Web clients check.
+    let web = http_client()
+        .post(format!("http://{addr}{CHECK}"))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .body(vec![0u8; 5])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(web.status(), StatusCode::OK);
+    assert_eq!(web.headers()["content-type"], "application/grpc-web+proto");
+    assert_eq!(web.headers()["grpc-status"], "8");
+    assert!(web.bytes().await.unwrap().is_empty());
+}
+
+/// A custom 429 is for HTTP clients: a gRPC call still gets its gRPC answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_rejection_answers_http_and_grpc_calls_still_get_grpc_answers() {
+    let policy = per_minute("health", 2).build().unwrap();
+    let layer = RateLimitLayer::new(policy, MemoryStore::new()).on_rejected(|_| {
+        let mut response = http::Response::new(axum::body::Body::from("custom"));
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        response
+    });
+    let addr = common::serve(http_and_grpc().layer(layer)).await;
+    let (mut grpc, http) = (health_client(addr).await, http_client());
+    check(&mut grpc).await.expect("the first of 2");
+    assert_eq!(ping(&http, addr).await.status(), StatusCode::OK);
+    let refused = ping(&http, addr).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.text().await.unwrap(), "custom");
+    let refused = check(&mut grpc).await.expect_err("refused");
+    assert_resource_exhausted(&refused);
 }
 
 /// HTTP and gRPC of one client (one IP) on one port count against one budget: 3 per minute, in

@@ -130,10 +130,10 @@ pub(super) fn check_file(
         }
         .check(raw)?;
         for (at, path) in route.paths.iter().enumerate() {
-            let field = match (raw.path.is_empty(), at) {
-                (false, 0) => "path".to_owned(),
-                (false, at) => format!("paths[{}]", at - 1),
-                (true, at) => format!("paths[{at}]"),
+            let field = match (&raw.path, at) {
+                (Some(_), 0) => "path".to_owned(),
+                (Some(_), at) => format!("paths[{}]", at - 1),
+                (None, at) => format!("paths[{at}]"),
             };
             let earlier = routes
                 .iter()
@@ -200,8 +200,10 @@ impl RouteCheck<'_> {
     }
 
     fn check(&self, raw: &RouteConfig) -> Result<RouteLimit, ConfigError> {
-        if !raw.path.is_empty() && !raw.path.starts_with('/') {
-            return Err(self.error("path", format!("{:?} must start with \"/\"", raw.path)));
+        if let Some(path) = &raw.path
+            && !path.starts_with('/')
+        {
+            return Err(self.error("path", format!("{path:?} must start with \"/\"")));
         }
         for (at, path) in raw.paths.iter().enumerate() {
             if !path.starts_with('/') {
@@ -209,11 +211,7 @@ impl RouteCheck<'_> {
                 return Err(self.error(&field, format!("{path:?} must start with \"/\"")));
             }
         }
-        let paths: Vec<String> = (!raw.path.is_empty())
-            .then(|| raw.path.clone())
-            .into_iter()
-            .chain(raw.paths.iter().cloned())
-            .collect();
+        let paths: Vec<String> = raw.path.iter().chain(&raw.paths).cloned().collect();
         let Some(first_path) = paths.first() else {
             return Err(self.error("path", "a route needs a `path` or `paths`"));
         };

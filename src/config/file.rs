@@ -93,12 +93,12 @@ pub struct RouteConfig {
     /// gRPC method's `/package.Service/Method`); it starts with `/`. A route names `path`,
     /// `paths` or both.
     #[serde(default)]
-    #[schemars(regex(pattern = "^/"), transform = no_default)]
-    pub path: String,
+    #[schemars(regex(pattern = "^/"))]
+    pub path: Option<String>,
     /// More paths that share the route's policy and one count per identity: one budget across
     /// routes or transports, e.g. `["/api/ping", "/grpc.health.v1.Health/Check"]`.
     #[serde(default)]
-    #[schemars(transform = no_default, inner(regex(pattern = "^/")))]
+    #[schemars(transform = no_default, length(min = 1), inner(regex(pattern = "^/")))]
     pub paths: Vec<String>,
     /// The policy's name (default: the path, or `route-<index>` when the path can't be a name).
     #[serde(default)]

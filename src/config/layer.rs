@@ -1,5 +1,6 @@
 //! [`RouteLimitsLayer`]: the policies of a configuration on the routes they name, as one
-//! `route_layer` that picks each request's policy by its matched path, and swaps them all at once
+//! `route_layer` that picks each request's policy by its matched path (a gRPC call's own path),
+//! and swaps them all at once
 //! on a reload.
 
 use std::collections::HashMap;
@@ -24,8 +25,9 @@ use crate::service::limit_call;
 use crate::store::Store;
 use crate::telemetry;
 
-/// Limits each request by the policy of its route (axum's [`MatchedPath`]); a route without one
-/// is not limited. Made by [`RateLimitConfig::route_limits`] (and
+/// Limits each request by the policy of its route (axum's [`MatchedPath`]; for a gRPC call
+/// that axum routed by a wildcard, or that reaches the layer without a router, the call's own
+/// path, `/package.Service/Method`); a route the file doesn't name is not limited. Made by [`RateLimitConfig::route_limits`] (and
 /// [`RateLimitConfig::apply`](super::RateLimitConfig::apply)); add it with `Router::route_layer`,
 /// which runs it after routing.
 ///
@@ -77,7 +79,8 @@ impl RouteTable {
     }
 }
 
-/// What a reload changed, route by route (a route is its path).
+/// What a reload changed, route by route (a route is known by its path, its first when it lists
+/// several).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ReloadSummary {
@@ -214,7 +217,13 @@ impl RouteTable {
         let mut summary = ReloadSummary::default();
         let mut by_path = HashMap::with_capacity(config.routes.len());
         for (index, route) in config.routes.iter().enumerate() {
-            let limiter = match current.by_path.get(&route.path) {
+            // A route is known by its first path: one whose first path was another route's
+            // second is a new route.
+            let old = current
+                .by_path
+                .get(&route.path)
+                .filter(|old| old.path == route.path);
+            let limiter = match old {
                 Some(old) if old.source == route.source => {
                     summary.kept += 1;
                     old.limiter.clone()
@@ -309,14 +318,19 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // One read of the table: the request runs under this one policy to its end.
         let table = self.shared.routes.load();
-        // The route axum matched, else the request's own path: a gRPC method's path
-        // (`/package.Service/Method`) under a service that axum routes by a wildcard, or any
-        // path where the layer wraps a service that is not an axum router.
+        // The route axum matched; for a gRPC call, else its own path: a method's path
+        // (`/package.Service/Method`) under a service that axum routes by a wildcard, or that a
+        // layer around a tonic service sees without a router. (An HTTP request is only ever
+        // limited by the route axum matched, as before gRPC calls were.)
         let route = request
             .extensions()
             .get::<MatchedPath>()
             .and_then(|path| table.by_path.get(path.as_str()))
-            .or_else(|| table.by_path.get(request.uri().path()));
+            .or_else(|| {
+                crate::grpc::is_grpc(request.headers())
+                    .then(|| table.by_path.get(request.uri().path()))
+                    .flatten()
+            });
         match route {
             Some(route) => limit_call(&route.limiter, &mut self.inner, request),
             None => ResponseFuture::inner(self.inner.call(request), None, None),

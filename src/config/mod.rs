@@ -19,7 +19,7 @@
 //! | `forwarded_header` | the first present of `x-forwarded-for`, `forwarded`, `x-real-ip` |
 //! | `legacy_headers` | `false` |
 //! | `tls_ca`, `tls_insecure`, `wait_for_replicas` | none, `false`, `0` (Redis only) |
-//! | `routes[].path`, `routes[].paths` | one of them: a path, or several (`paths = ["/api/ping", "/grpc.health.v1.Health/Check"]`) that share one policy and one count per identity |
+//! | `routes[].path`, `routes[].paths` | at least one path in all: `path`, `paths` or both; several paths (`paths = ["/api/ping", "/grpc.health.v1.Health/Check"]`) share one policy and one count per identity |
 //! | `routes[].name` | the (first) path (or `route-<index>` when the path can't be a policy name) |
 //! | `routes[].key` | `"ip"`; or `"user"` ([`UserId`](crate::UserId)), `"global"`, `"header:<name>"`, `"query:<name>"` |
 //! | `routes[].algorithm` | `"sliding_log"`; or `"fixed_window"`, `"sliding_counter"`, `"token_bucket"` |

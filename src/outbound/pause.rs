@@ -58,7 +58,7 @@ const UNIX_TIME_FROM: u64 = 1_000_000_000;
 /// - `Retry-After` (delay-seconds or an HTTP-date) on a 429 or a 503;
 /// - the reset `t` of an IETF `RateLimit` item with `r=0`;
 /// - `X-RateLimit-Reset` (Unix seconds, or seconds from now) with `X-RateLimit-Remaining: 0`;
-/// - a gRPC upstream's trailers-only `RESOURCE_EXHAUSTED` (`grpc-status: 8`, HTTP 200): its
+/// - a gRPC upstream's trailers-only `RESOURCE_EXHAUSTED` (`grpc-status: 8` in the headers): its
 ///   `grpc-retry-pushback-ms` and, with the `grpc` feature, the `RetryInfo` of its
 ///   `grpc-status-details-bin`. (A status that comes in trailers, after a response has begun, is
 ///   not seen: servers and proxies refuse a call before answering it, trailers-only.)
