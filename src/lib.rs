@@ -84,6 +84,8 @@
 //! [axum]: https://docs.rs/axum
 //! [tower]: https://docs.rs/tower
 #![warn(missing_docs)]
+// docs.rs builds with `--cfg docsrs`: every item a feature gates shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod alert;
 pub mod client_ip;
