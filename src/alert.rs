@@ -16,8 +16,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use serde::Serialize;
-
-use crate::telemetry;
 use tokio::sync::mpsc;
 
 /// The error a notifier reports.
@@ -56,6 +54,11 @@ pub trait QuotaNotifier: Send + Sync + 'static {
     /// Delivers one alert.
     fn notify<'a>(&'a self, alert: &'a QuotaAlert) -> NotifyFuture<'a>;
 }
+
+/// Where the outcome of each alert is reported besides [`AlertStats`]: `(quota, percent, outcome)`
+/// with outcome `sent`, `failed` or `dropped`. The layer that sends the alerts passes its metrics
+/// here, so alerts need not know how outcomes are counted.
+pub(crate) type AlertReport = fn(quota: &str, percent: u8, outcome: &'static str);
 
 /// Counts of what became of a quota's alerts.
 #[derive(Debug, Default)]
@@ -119,13 +122,13 @@ impl AlertQueue {
         &self.stats
     }
 
-    /// Queues `alert` without waiting: a full queue drops it.
-    pub(crate) fn push(&self, alert: QuotaAlert) {
+    /// Queues `alert` without waiting: a full queue drops it. Its outcome goes to `report` too.
+    pub(crate) fn push(&self, alert: QuotaAlert, report: AlertReport) {
         let mut sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
         if sender.as_ref().is_none_or(mpsc::Sender::is_closed) {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 drop(sender);
-                self.drop_alert(&alert, "no tokio runtime to send it from");
+                self.drop_alert(&alert, "no tokio runtime to send it from", report);
                 return;
             };
             let (new_sender, receiver) = mpsc::channel(self.capacity);
@@ -134,6 +137,7 @@ impl AlertQueue {
                 self.notifier.clone(),
                 self.stats.clone(),
                 self.quota.clone(),
+                report,
             ));
             *sender = Some(new_sender);
         }
@@ -141,18 +145,18 @@ impl AlertQueue {
         drop(sender);
         match result {
             Some(Err(mpsc::error::TrySendError::Full(alert))) => {
-                self.drop_alert(&alert, "the alert queue is full");
+                self.drop_alert(&alert, "the alert queue is full", report);
             }
             Some(Err(mpsc::error::TrySendError::Closed(alert))) => {
-                self.drop_alert(&alert, "the alert task has stopped");
+                self.drop_alert(&alert, "the alert task has stopped", report);
             }
             Some(Ok(())) | None => {}
         }
     }
 
-    fn drop_alert(&self, alert: &QuotaAlert, why: &str) {
+    fn drop_alert(&self, alert: &QuotaAlert, why: &str, report: AlertReport) {
         self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-        telemetry::quota_alert(&self.quota, alert.percent, "dropped");
+        report(&self.quota, alert.percent, "dropped");
         tracing::warn!(
             user = %alert.user,
             percent = alert.percent,
@@ -168,16 +172,17 @@ async fn drain(
     notifier: Arc<dyn QuotaNotifier>,
     stats: Arc<AlertStats>,
     quota: Arc<str>,
+    report: AlertReport,
 ) {
     while let Some(alert) = receiver.recv().await {
         match notifier.notify(&alert).await {
             Ok(()) => {
                 stats.sent.fetch_add(1, Ordering::Relaxed);
-                telemetry::quota_alert(&quota, alert.percent, "sent");
+                report(&quota, alert.percent, "sent");
             }
             Err(error) => {
                 stats.failed.fetch_add(1, Ordering::Relaxed);
-                telemetry::quota_alert(&quota, alert.percent, "failed");
+                report(&quota, alert.percent, "failed");
                 tracing::warn!(
                     user = %alert.user,
                     percent = alert.percent,

@@ -428,6 +428,7 @@ impl Limiter {
                         &decision.quota_alerts,
                         state.remaining,
                         decision.now_unix_ms,
+                        crate::telemetry::quota_alert,
                     );
                 }
                 if decision.allowed {

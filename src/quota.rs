@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 
-use crate::alert::{AlertQueue, AlertStats, QuotaAlert, QuotaNotifier, date_of};
+use crate::alert::{AlertQueue, AlertReport, AlertStats, QuotaAlert, QuotaNotifier, date_of};
 use crate::client_ip::ClientIp;
 use crate::headers::{self, SfName};
 use crate::key::Key;
@@ -249,8 +249,16 @@ impl Quota {
         self.0.alerts.as_ref().map(AlertQueue::stats)
     }
 
-    /// Sends the alerts a request fired (`percents`), given the quota's state after it.
-    pub(crate) fn alert(&self, lookup: &QuotaLookup, percents: &[u8], remaining: u64, now_ms: u64) {
+    /// Sends the alerts a request fired (`percents`), given the quota's state after it; each
+    /// alert's outcome also goes to `report`.
+    pub(crate) fn alert(
+        &self,
+        lookup: &QuotaLookup,
+        percents: &[u8],
+        remaining: u64,
+        now_ms: u64,
+        report: AlertReport,
+    ) {
         let identity = lookup.key.identity();
         let user = identity.split_once(':').map_or(identity, |(_, user)| user);
         let day_start =
@@ -275,7 +283,7 @@ impl Quota {
                 "quota alert"
             );
             if let Some(queue) = &self.0.alerts {
-                queue.push(alert);
+                queue.push(alert, report);
             }
         }
     }
