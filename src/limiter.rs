@@ -16,7 +16,7 @@ use crate::policy::{
 };
 use crate::quota::QuotaLookup;
 use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
-use crate::response::{self, LimitHeaders, Protocol, Rejected};
+use crate::response::{self, LimitHeaders, Protocol, RefusalBodies, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 use crate::store_error_log::StoreErrorLog;
 use crate::telemetry::{Outcome, PolicyMetrics};
@@ -37,6 +37,8 @@ pub(crate) struct Limiter {
     store: Arc<dyn Store>,
     pub(crate) legacy_headers: bool,
     pub(crate) on_rejected: Option<RejectHandler>,
+    /// The policy's one-state refusal bodies, built once.
+    refusal_bodies: RefusalBodies,
     /// Requests a shadow-mode policy would have refused; shared by the clones of a layer.
     pub(crate) shadow_refusals: Arc<AtomicU64>,
     /// Refused identities answered without the store, and the refusal log's budget.
@@ -121,6 +123,7 @@ impl Limiter {
             0
         };
         Limiter {
+            refusal_bodies: RefusalBodies::new(&policy),
             policy,
             store,
             legacy_headers: false,
@@ -143,6 +146,7 @@ impl Limiter {
     /// differ, and a request of the same key may fall outside a network override).
     fn with_policy(&self, policy: Policy) -> Limiter {
         Limiter {
+            refusal_bodies: RefusalBodies::new(&policy),
             policy,
             store: self.store.clone(),
             legacy_headers: self.legacy_headers,
@@ -461,7 +465,8 @@ impl Limiter {
                     self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
                     self.count_refusal(outcome(Outcome::ShadowRefused), key, decision.violated());
                     let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
-                    let rejected = Rejected::new(self.policy.clone(), decision);
+                    let rejected =
+                        Rejected::new(self.policy.clone(), decision, self.refusal_bodies.clone());
                     self.log_rejection(
                         &rejected,
                         key,
@@ -603,7 +608,7 @@ impl Limiter {
         protocol: &Protocol,
     ) -> Response<Body> {
         let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
-        let rejected = Rejected::new(self.policy.clone(), decision);
+        let rejected = Rejected::new(self.policy.clone(), decision, self.refusal_bodies.clone());
         if let Some(key) = log {
             self.log_rejection(&rejected, key, "request rate limited");
         }

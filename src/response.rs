@@ -1,6 +1,7 @@
 //! What clients get: the 429 for a refused request (RFC 9457 problem details), the 503 when a
 //! fail-closed store is down, and the rate-limit headers on every response of a limited route.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,7 +13,7 @@ use serde::Serialize;
 use crate::decision::{Decision, ceil_secs};
 use crate::grpc;
 use crate::headers::{self, RateLimitItem};
-use crate::policy::Policy;
+use crate::policy::{Policy, StateOf};
 
 /// What a request speaks, and so how it is answered when the limiter answers it itself: plain
 /// HTTP (problem details) or gRPC (a trailers-only status, see [`crate::grpc`]) with the call's
@@ -44,6 +45,36 @@ pub const QUOTA_EXCEEDED_TYPE: &str =
 pub const QUOTA_EXCEEDED_TITLE: &str =
     "Request cannot be satisfied as assigned quota has been exceeded";
 
+/// The 429 body of a refusal by one state alone (a rule, then the quota, then the concurrency
+/// limit), built once per limiter: the common refusal is answered without serialising anything.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RefusalBodies(Arc<[Bytes]>);
+
+impl RefusalBodies {
+    /// The bodies of `policy`'s states.
+    pub(crate) fn new(policy: &Policy) -> Self {
+        let states = policy.rules().len()
+            + usize::from(policy.quota().is_some())
+            + usize::from(policy.concurrency().is_some());
+        let bodies = (0..states)
+            .filter_map(|index| policy.state_name(index, states))
+            .map(|name| refusal_body(policy.message(), &[name]))
+            .collect();
+        RefusalBodies(bodies)
+    }
+
+    /// The ready body of a refusal by the state at `index` alone, of a decision of `states`.
+    fn get(&self, policy: &Policy, index: usize, states: usize) -> Option<&Bytes> {
+        let rules = policy.rules().len();
+        let at = match policy.state_of(index, states) {
+            StateOf::Rule(index) => index,
+            StateOf::Quota => rules,
+            StateOf::Concurrency => rules + usize::from(policy.quota().is_some()),
+        };
+        self.0.get(at)
+    }
+}
+
 /// A refused request: everything a custom 429 needs.
 ///
 /// Pass a function of `&Rejected` to
@@ -55,11 +86,16 @@ pub const QUOTA_EXCEEDED_TITLE: &str =
 pub struct Rejected {
     policy: Policy,
     decision: Decision,
+    bodies: RefusalBodies,
 }
 
 impl Rejected {
-    pub(crate) fn new(policy: Policy, decision: Decision) -> Self {
-        Rejected { policy, decision }
+    pub(crate) fn new(policy: Policy, decision: Decision, bodies: RefusalBodies) -> Self {
+        Rejected {
+            policy,
+            decision,
+            bodies,
+        }
     }
 
     /// The policy that refused the request.
@@ -97,7 +133,9 @@ impl Rejected {
         // The common refusal, by one rule, has its body ready from when the policy was built.
         let mut violated = self.decision.violated();
         if let (Some(index), None) = (violated.next(), violated.next())
-            && let Some(body) = self.policy.refusal_body(index, self.decision.rules.len())
+            && let Some(body) = self
+                .bodies
+                .get(&self.policy, index, self.decision.rules.len())
         {
             return problem_response(StatusCode::TOO_MANY_REQUESTS, body.clone());
         }

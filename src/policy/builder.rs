@@ -464,13 +464,6 @@ impl PolicyBuilder {
             }
         };
         let key_base = format!("{}:{}:", self.prefix, self.name);
-        let refusal_bodies = rule_names
-            .iter()
-            .map(|name| &**name)
-            .chain(self.quota.as_ref().map(Quota::name))
-            .chain(concurrency.as_ref().map(|(_, name, _, _)| &**name))
-            .map(|name| crate::response::refusal_body(&self.message, &[name]))
-            .collect();
         let max_cost = self.rules[..counted_rules]
             .iter()
             .enumerate()
@@ -512,7 +505,6 @@ impl PolicyBuilder {
             key_base,
             policy_header,
             policy_header_with_concurrency,
-            refusal_bodies,
             overrides,
         })))
     }

@@ -35,7 +35,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::HeaderValue;
 use http::request::Parts;
 
@@ -97,9 +96,6 @@ pub(super) struct Inner {
     /// The `RateLimit-Policy` value of a request without a quota: the rules' items, then the
     /// concurrency limit's, built once.
     pub(super) policy_header_with_concurrency: HeaderValue,
-    /// The 429 body of a refusal by one rule, per rule (then the quota's, the concurrency
-    /// limit's), built once.
-    pub(super) refusal_bodies: Box<[Bytes]>,
     /// Identities and networks treated apart.
     pub(super) overrides: Overrides,
 }
@@ -280,16 +276,6 @@ impl Policy {
             .concurrency
             .as_ref()
             .map(|(_, _, sf_name, item)| (sf_name, &**item))
-    }
-
-    /// The ready 429 body of a refusal by the state at `index` alone, of a decision of `states`.
-    pub(crate) fn refusal_body(&self, index: usize, states: usize) -> Option<&Bytes> {
-        let at = match self.state_of(index, states) {
-            StateOf::Rule(index) => index,
-            StateOf::Quota => self.0.rules.len(),
-            StateOf::Concurrency => self.0.rules.len() + usize::from(self.0.quota.is_some()),
-        };
-        self.0.refusal_bodies.get(at)
     }
 
     /// The identities and networks this policy treats apart.
