@@ -39,13 +39,16 @@ pub(crate) const UNAVAILABLE: u16 = 14;
 /// (`application/grpc`, `application/grpc+proto`, and gRPC-Web's `application/grpc-web…`, whose
 /// clients read a trailers-only answer from the headers as well).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers.get(CONTENT_TYPE).is_some_and(|value| {
-        let prefix = b"application/grpc";
-        value
-            .as_bytes()
-            .get(..prefix.len())
-            .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
-    })
+    headers.get(CONTENT_TYPE).is_some_and(is_grpc_content_type)
+}
+
+/// Whether a `content-type` is a gRPC call's (see [`is_grpc`]).
+pub(crate) fn is_grpc_content_type(value: &HeaderValue) -> bool {
+    let prefix = b"application/grpc";
+    value
+        .as_bytes()
+        .get(..prefix.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(prefix))
 }
 
 /// The gRPC code of an HTTP answer's status, as `google.rpc.Code` pairs them.

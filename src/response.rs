@@ -25,10 +25,12 @@ pub(crate) enum Protocol {
 }
 
 impl Protocol {
-    /// The protocol of a request with these headers.
+    /// The protocol of a request with these headers (one look at its `content-type`).
     pub(crate) fn of(headers: &HeaderMap) -> Self {
         match headers.get(CONTENT_TYPE) {
-            Some(content_type) if grpc::is_grpc(headers) => Protocol::Grpc(content_type.clone()),
+            Some(content_type) if grpc::is_grpc_content_type(content_type) => {
+                Protocol::Grpc(content_type.clone())
+            }
             _ => Protocol::Http,
         }
     }
