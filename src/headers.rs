@@ -62,6 +62,8 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::{BareItem, ItemSerializer, ListEntry, Parameters, Parser, StringRef};
 
+use crate::policy::InvalidRuleName;
+
 /// `RateLimit-Policy`: the quota policies of the rules that apply to a request.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
@@ -91,7 +93,7 @@ const OWS: &[char] = &[' ', '\t'];
 /// One rule's entry in `RateLimit-Policy`, as passed to [`policy_header_value`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PolicyItem<'a> {
-    /// Rule name, serialised when the policy was built.
+    /// Rule name, serialised once when the limiter was built.
     pub name: &'a SfName,
     /// Requests allowed per window (`q`).
     pub quota: u64,
@@ -119,6 +121,19 @@ impl SfName {
         ))
     }
 
+    /// Serialises a name a policy has checked ([`check_rule_name`](crate::policy::check_rule_name)
+    /// accepts exactly what an sf-string carries). Were one to slip through unchecked, its other
+    /// characters would be written as `?` rather than make a header invalid.
+    pub(crate) fn of_checked(name: &str) -> Self {
+        SfName::new(name).unwrap_or_else(|_| {
+            let printable: String = name
+                .chars()
+                .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+                .collect();
+            SfName::new(&printable).unwrap_or(SfName("\"?\"".into()))
+        })
+    }
+
     /// The serialised name, quotes included.
     pub(crate) fn as_str(&self) -> &str {
         &self.0
@@ -128,7 +143,7 @@ impl SfName {
 /// One rule's entry in `RateLimit`, as passed to [`ratelimit_header_value`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RateLimitItem<'a> {
-    /// Rule name, serialised when the policy was built.
+    /// Rule name, serialised once when the limiter was built.
     pub name: &'a SfName,
     /// Requests still allowed in the current window (`r`).
     pub remaining: u64,
@@ -136,16 +151,8 @@ pub(crate) struct RateLimitItem<'a> {
     pub reset_secs: u64,
 }
 
-/// A rule name cannot be written as a structured-field string.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("rule name {name:?} is not a valid structured-field string (printable ASCII only)")]
-pub struct InvalidRuleName {
-    /// The offending name.
-    pub name: String,
-}
-
 /// Serialises the `RateLimit-Policy` value for `items`, e.g.
-/// `"20-per-60s";q=20;w=60, "100-per-3600s";q=100;w=3600`. Runs once, when the policy is built.
+/// `"20-per-60s";q=20;w=60, "100-per-3600s";q=100;w=3600`. Runs once per limiter (and per quota tier's request).
 /// Numbers above [`SF_INTEGER_MAX`] are clamped. An empty `items` gives an empty value, which
 /// callers should not send (RFC 9651 never serialises empty lists).
 pub(crate) fn policy_header_value(items: &[PolicyItem<'_>]) -> HeaderValue {
@@ -176,7 +183,7 @@ where
 }
 
 /// Writes a list of `name;<first>=a;<second>=b` items. The names were serialised by sfv when the
-/// policy was built and the parameters are non-negative integers, whose sf form is plain decimal
+/// limiter was built and the parameters are non-negative integers, whose sf form is plain decimal
 /// digits, so this only appends; the buffer is sized exactly, so the `HeaderValue` takes it over
 /// without a second allocation.
 fn write_list<'a>(
@@ -798,6 +805,18 @@ mod tests {
     fn empty_item_lists_serialise_to_empty_values() {
         assert_eq!(policy_header_value(&[]).as_bytes(), b"");
         assert_eq!(ratelimit_header_value([]).as_bytes(), b"");
+    }
+
+    proptest::proptest! {
+        /// The policy's name check and the header writer agree: every name a policy accepts can be
+        /// written as an sf-string, and every other one is refused by both.
+        #[test]
+        fn the_policy_name_check_is_the_sf_string_check(name in "[ -~]{0,12}|\\PC{0,12}|[\\x00-\\x7f]{0,12}") {
+            proptest::prop_assert_eq!(
+                crate::policy::check_rule_name(&name).is_ok(),
+                SfName::new(&name).is_ok()
+            );
+        }
     }
 
     #[test]

@@ -104,7 +104,7 @@ mod log_budget;
 mod operate;
 pub mod outbound;
 pub mod policy;
-pub mod quota;
+pub use policy::quota;
 mod refusals;
 pub mod response;
 mod service;
@@ -123,8 +123,8 @@ pub use key::{Identity, Key, KeyExtractor, UserId};
 pub use layer::RateLimitLayer;
 pub use operate::{OperatorError, RuleStatus};
 pub use policy::{
-    Algorithm, Cost, MissingKey, Mode, OnStoreError, Override, Policy, PolicyBuilder, PolicyError,
-    Rule, Scope,
+    Algorithm, Cost, InvalidRuleName, MissingKey, Mode, OnStoreError, Override, Policy,
+    PolicyBuilder, PolicyError, Rule, Scope,
 };
 pub use quota::{Quota, QuotaBuilder, QuotaError, Tier};
 pub use response::Rejected;

@@ -15,8 +15,8 @@ use crate::policy::{
     Applied, KeyLookup, Mode, OnStoreError, Policy, PolicyError, StateOf, StorageKey,
 };
 use crate::quota::QuotaLookup;
-use crate::refusals::{DEFAULT_REFUSAL_CACHE, Refusals};
-use crate::response::{self, LimitHeaders, Protocol, RefusalBodies, Rejected};
+use crate::refusals::{Asking, DEFAULT_REFUSAL_CACHE, Refusals};
+use crate::response::{self, AnswerPlan, LimitHeaders, Protocol, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 use crate::store_error_log::StoreErrorLog;
 use crate::telemetry::{Outcome, PolicyMetrics};
@@ -37,8 +37,8 @@ pub(crate) struct Limiter {
     store: Arc<dyn Store>,
     pub(crate) legacy_headers: bool,
     pub(crate) on_rejected: Option<RejectHandler>,
-    /// The policy's one-state refusal bodies, built once.
-    refusal_bodies: RefusalBodies,
+    /// The wire side's parts of every answer, prepared once from the policy.
+    answers: AnswerPlan,
     /// Requests a shadow-mode policy would have refused; shared by the clones of a layer.
     pub(crate) shadow_refusals: Arc<AtomicU64>,
     /// Refused identities answered without the store, and the refusal log's budget.
@@ -70,6 +70,17 @@ pub(crate) struct Checked {
     span: tracing::Span,
     /// When the store was asked.
     started: Instant,
+}
+
+impl Checked {
+    /// The request as the refusal cache knows it.
+    fn asking(&self) -> Asking<'_> {
+        Asking {
+            key: self.key.as_str(),
+            cost: self.cost,
+            quota: self.quota.as_ref().map(|quota| (quota.tier, quota.limit)),
+        }
+    }
 }
 
 /// What to do with a request before asking the store.
@@ -123,7 +134,7 @@ impl Limiter {
             0
         };
         Limiter {
-            refusal_bodies: RefusalBodies::new(&policy),
+            answers: AnswerPlan::new(&policy),
             policy,
             store,
             legacy_headers: false,
@@ -146,7 +157,7 @@ impl Limiter {
     /// differ, and a request of the same key may fall outside a network override).
     fn with_policy(&self, policy: Policy) -> Limiter {
         Limiter {
-            refusal_bodies: RefusalBodies::new(&policy),
+            answers: AnswerPlan::new(&policy),
             policy,
             store: self.store.clone(),
             legacy_headers: self.legacy_headers,
@@ -308,7 +319,14 @@ impl Limiter {
                 );
                 return Prepared::Unlimited;
             }
-            return Prepared::Respond(response::too_costly(policy, cost, rule, at_most, &protocol));
+            return Prepared::Respond(response::too_costly(
+                policy,
+                &self.answers,
+                cost,
+                rule,
+                at_most,
+                &protocol,
+            ));
         }
         let span = tracing::debug_span!(
             "rate_limit",
@@ -327,7 +345,7 @@ impl Limiter {
         };
         // Shadow mode asks the store every time: it counts what it lets through.
         if policy.mode() != Mode::Shadow
-            && let Some(decision) = self.refusals.answer(&checked)
+            && let Some(decision) = self.refusals.answer(checked.asking())
         {
             self.refusals.count_unlogged();
             self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
@@ -438,9 +456,14 @@ impl Limiter {
                 if decision.allowed {
                     // An admission (of another cost) used quota: a refusal cached before it may
                     // now have to wait longer.
-                    self.refusals.forget(checked);
+                    self.refusals.forget(checked.asking());
                     metrics.admitted(&decision);
-                    let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                    let headers = LimitHeaders::new(
+                        &self.answers,
+                        &self.policy,
+                        &decision,
+                        self.legacy_headers,
+                    );
                     let waiting = self.may_wait_for_slots().then(|| self.slot_queues.clone());
                     let lease = decision.lease.map(|id| {
                         let (store, policy) = (self.store.clone(), self.policy.clone());
@@ -464,9 +487,14 @@ impl Limiter {
                 if self.policy.mode() == Mode::Shadow {
                     self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
                     self.count_refusal(outcome(Outcome::ShadowRefused), key, decision.violated());
-                    let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
+                    let headers = LimitHeaders::new(
+                        &self.answers,
+                        &self.policy,
+                        &decision,
+                        self.legacy_headers,
+                    );
                     let rejected =
-                        Rejected::new(self.policy.clone(), decision, self.refusal_bodies.clone());
+                        Rejected::new(self.policy.clone(), decision, self.answers.clone());
                     self.log_rejection(
                         &rejected,
                         key,
@@ -481,7 +509,7 @@ impl Limiter {
                 let slot_refused = self.policy.concurrency().is_some()
                     && decision.rules.last().is_some_and(RuleState::refused);
                 if self.policy.block_for().is_none() && !slot_refused {
-                    self.refusals.remember(checked, &decision);
+                    self.refusals.remember(checked.asking(), &decision);
                 }
                 self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
                 let log = self.refusals.may_log().then_some(key);
@@ -607,8 +635,9 @@ impl Limiter {
         log: Option<&StorageKey>,
         protocol: &Protocol,
     ) -> Response<Body> {
-        let headers = LimitHeaders::new(&self.policy, &decision, self.legacy_headers);
-        let rejected = Rejected::new(self.policy.clone(), decision, self.refusal_bodies.clone());
+        let headers =
+            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+        let rejected = Rejected::new(self.policy.clone(), decision, self.answers.clone());
         if let Some(key) = log {
             self.log_rejection(&rejected, key, "request rate limited");
         }

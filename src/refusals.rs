@@ -25,7 +25,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::decision::Decision;
-use crate::limiter::Checked;
 use crate::log_budget::LogBudget;
 
 /// The longest a cached refusal is answered without asking the store again.
@@ -52,6 +51,15 @@ pub(crate) struct Refusals {
     /// The refusal log's budget; it counts the refusals not logged since the last line (over
     /// budget, or answered from the cache).
     log: LogBudget,
+}
+
+/// A request as the cache knows it: its identity's store key, its cost and its quota tier and
+/// limit. A cached refusal answers only a request of the same cost and tier.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asking<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) cost: u64,
+    pub(crate) quota: Option<(usize, u64)>,
 }
 
 /// One refused identity.
@@ -84,8 +92,8 @@ impl Refusals {
         self.capacity
     }
 
-    /// Remembers the store's refusal of `checked`.
-    pub(crate) fn remember(&self, checked: &Checked, decision: &Decision) {
+    /// Remembers the store's refusal of `asking`.
+    pub(crate) fn remember(&self, asking: Asking<'_>, decision: &Decision) {
         let Some(cache) = &self.cache else { return };
         let Some(retry) = decision.retry_after() else {
             return;
@@ -104,15 +112,12 @@ impl Refusals {
         let at = Instant::now();
         let entry = Entry {
             decision: decision.clone(),
-            cost: checked.cost,
-            quota: checked
-                .quota
-                .as_ref()
-                .map(|quota| (quota.tier, quota.limit)),
+            cost: asking.cost,
+            quota: asking.quota,
             at,
             until: at + stands_for,
         };
-        cache.insert(checked.key.as_str().to_owned(), Arc::new(entry));
+        cache.insert(asking.key.to_owned(), Arc::new(entry));
         self.last_remembered
             .fetch_max(self.millis_since_epoch(at) + 1, Ordering::Relaxed);
     }
@@ -131,13 +136,13 @@ impl Refusals {
         last == 0 || self.millis_since_epoch(now) >= last.saturating_add(longest)
     }
 
-    /// Forgets the refusal cached for `checked`'s identity, after the store admitted it (at another
+    /// Forgets the refusal cached for `asking`'s identity, after the store admitted it (at another
     /// cost or tier): the admission used quota, so that refusal's retry time may have moved.
-    pub(crate) fn forget(&self, checked: &Checked) {
+    pub(crate) fn forget(&self, asking: Asking<'_>) {
         if let Some(cache) = &self.cache
             && !self.none_stands(Instant::now())
         {
-            cache.remove(checked.key.as_str());
+            cache.remove(asking.key);
         }
     }
 
@@ -150,20 +155,15 @@ impl Refusals {
         }
     }
 
-    /// The cached refusal of `checked`, moved forward to now, if one stands.
-    pub(crate) fn answer(&self, checked: &Checked) -> Option<Decision> {
+    /// The cached refusal of `asking`, moved forward to now, if one stands.
+    pub(crate) fn answer(&self, asking: Asking<'_>) -> Option<Decision> {
         let cache = self.cache.as_ref()?;
         let now = Instant::now();
         if self.none_stands(now) {
             return None;
         }
-        let entry = cache.get(checked.key.as_str())?;
-        let same_quota = checked
-            .quota
-            .as_ref()
-            .map(|quota| (quota.tier, quota.limit))
-            == entry.quota;
-        if now >= entry.until || checked.cost != entry.cost || !same_quota {
+        let entry = cache.get(asking.key)?;
+        if now >= entry.until || asking.cost != entry.cost || asking.quota != entry.quota {
             return None;
         }
         let elapsed = now - entry.at;

@@ -4,19 +4,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
 use http::request::Parts;
 
 use crate::client_ip::ClientIp;
-use crate::concurrency::ConcurrencyLimit;
-use crate::headers::{self, PolicyItem, SfName};
 use crate::key::{self, Key};
-use crate::quota::Quota;
 
 use super::overrides::{Override, Overrides};
+use super::quota::Quota;
 use super::{
-    Algorithm, CostFn, Inner, MAX_LIMIT, MAX_PERIOD, MissingKey, Mode, OnStoreError, Policy,
-    PolicyError, Rule, Scope,
+    Algorithm, ConcurrencyLimit, CostFn, Inner, MAX_LIMIT, MAX_PERIOD, MissingKey, Mode,
+    OnStoreError, Policy, PolicyError, Rule, Scope, check_rule_name,
 };
 
 /// Whether `name` may be a policy name or key prefix: 1 to 64 characters of letters, digits and
@@ -330,15 +327,8 @@ impl PolicyBuilder {
                     return Err(option("max_in_flight", "is larger than any rule may be"));
                 }
                 let limit = ConcurrencyLimit::new(n, lease);
-                let name = limit.name();
-                let sf_name =
-                    SfName::new(&name).map_err(|source| PolicyError::InvalidRuleName {
-                        policy: policy(),
-                        index: self.rules.len(),
-                        source,
-                    })?;
-                let item = format!("{};q={n}", sf_name.as_str());
-                Some((limit, name.into_boxed_str(), sf_name, item.into_boxed_str()))
+                // `<n>-in-flight`: always a valid rule name.
+                Some((limit, limit.name().into_boxed_str()))
             }
         };
         if matches!(self.mode, Mode::Delay { .. }) && !self.algorithm.can_reserve() {
@@ -355,7 +345,6 @@ impl PolicyBuilder {
             self.rules.push(guard);
         }
         let mut rule_names: Vec<Box<str>> = Vec::with_capacity(self.rules.len());
-        let mut sf_names = Vec::with_capacity(self.rules.len());
         for (index, rule) in self.rules.iter().enumerate() {
             let text = || rule.to_string();
             if rule.limit == 0 {
@@ -421,12 +410,11 @@ impl PolicyBuilder {
                     name: name.into_owned(),
                 });
             }
-            let sf_name = SfName::new(&name).map_err(|source| PolicyError::InvalidRuleName {
+            check_rule_name(&name).map_err(|source| PolicyError::InvalidRuleName {
                 policy: policy(),
                 index,
                 source,
             })?;
-            sf_names.push(sf_name);
             rule_names.push(name.into());
         }
         if let Some(quota) = &self.quota
@@ -440,29 +428,6 @@ impl PolicyBuilder {
                 name: quota.name().to_owned(),
             });
         }
-        let items: Vec<PolicyItem<'_>> = self
-            .rules
-            .iter()
-            .zip(&sf_names)
-            .map(|(rule, name)| PolicyItem {
-                name,
-                quota: rule.limit,
-                window_secs: crate::decision::ceil_secs(rule.period),
-            })
-            .collect();
-        let policy_header = headers::policy_header_value(&items);
-        let policy_header_with_concurrency = match &concurrency {
-            None => policy_header.clone(),
-            Some((.., item)) => {
-                let rules = policy_header.to_str().unwrap_or_default();
-                let joined = if rules.is_empty() {
-                    item.to_string()
-                } else {
-                    format!("{rules}, {item}")
-                };
-                HeaderValue::try_from(joined).unwrap_or_else(|_| policy_header.clone())
-            }
-        };
         let key_base = format!("{}:{}:", self.prefix, self.name);
         let max_cost = self.rules[..counted_rules]
             .iter()
@@ -489,7 +454,6 @@ impl PolicyBuilder {
             key: self.key,
             rules: self.rules.into(),
             rule_names: rule_names.into(),
-            sf_names: sf_names.into(),
             algorithm: self.algorithm,
             message: self.message,
             scope: self.scope,
@@ -503,8 +467,6 @@ impl PolicyBuilder {
             concurrency,
             max_cost,
             key_base,
-            policy_header,
-            policy_header_with_concurrency,
             overrides,
         })))
     }

@@ -1,7 +1,5 @@
 //! [`PolicyError`]: why a policy was refused when it was built.
 
-use crate::headers;
-
 /// Why a policy was refused when it was built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -99,7 +97,7 @@ pub enum PolicyError {
         /// The rule's position (from 0).
         index: usize,
         /// What is wrong with the name.
-        source: headers::InvalidRuleName,
+        source: super::InvalidRuleName,
     },
     /// A rule's token-bucket settings can't work.
     #[error("policy {policy:?}, rules[{index}] ({rule}): {reason}")]

@@ -7,15 +7,18 @@
 //!
 //! One concept per file: `rule.rs`, `algorithm.rs`, `options.rs` (scope, missing key, store
 //! errors, mode, cost), `error.rs`, `builder.rs` (and its checks), `storage_key.rs` (a request's
-//! store key), `footprint.rs` (what a policy's sliding logs may take in Redis); this file holds
-//! the built [`Policy`].
+//! store key), `footprint.rs` (what a policy's sliding logs may take in Redis), `quota.rs` (a
+//! daily quota with tiers and alerts, re-exported as [`crate::quota`]), `concurrency_limit.rs`;
+//! this file holds the built [`Policy`].
 
 mod algorithm;
 mod builder;
+mod concurrency_limit;
 mod error;
 mod footprint;
 mod options;
 mod overrides;
+pub mod quota;
 mod rule;
 mod storage_key;
 #[cfg(test)]
@@ -23,11 +26,13 @@ mod tests;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
 pub use builder::{PolicyBuilder, is_valid_name};
+pub use concurrency_limit::ConcurrencyLimit;
 pub use error::PolicyError;
 pub use options::{Cost, CostFn, DEFAULT_DUPLICATE_WINDOW, MissingKey, Mode, OnStoreError, Scope};
 pub(crate) use overrides::{Applied, Overrides};
 pub use overrides::{Override, OverrideTarget};
-pub use rule::{MAX_LIMIT, MAX_PERIOD, Rule};
+pub(crate) use rule::check_rule_name;
+pub use rule::{InvalidRuleName, MAX_LIMIT, MAX_PERIOD, Rule};
 use storage_key::push_route;
 pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
 
@@ -35,14 +40,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
 use http::request::Parts;
 
 use crate::client_ip::ClientIp;
-use crate::concurrency::ConcurrencyLimit;
-use crate::headers::SfName;
 use crate::key::Key;
-use crate::quota::Quota;
+use quota::Quota;
 
 /// A rate-limit policy: build one with [`Policy::builder`]. Cheap to clone.
 ///
@@ -72,8 +74,6 @@ pub(super) struct Inner {
     pub(super) key: Key,
     pub(super) rules: Box<[Rule]>,
     pub(super) rule_names: Box<[Box<str>]>,
-    /// The rule names serialised for headers, built once.
-    pub(super) sf_names: Box<[SfName]>,
     pub(super) algorithm: Algorithm,
     pub(super) message: String,
     pub(super) scope: Scope,
@@ -84,18 +84,13 @@ pub(super) struct Inner {
     pub(super) block_for: Option<Duration>,
     pub(super) cost_fn: Option<CostFn>,
     pub(super) quota: Option<Quota>,
-    /// The concurrency limit, its name and its `RateLimit-Policy` item (`"1-in-flight";q=1`).
-    pub(super) concurrency: Option<(ConcurrencyLimit, Box<str>, SfName, Box<str>)>,
+    /// The concurrency limit and its name.
+    pub(super) concurrency: Option<(ConcurrencyLimit, Box<str>)>,
     /// The most a request may cost: the smallest capacity (limit, or burst for a token bucket) of
     /// the counted rules, and the rule that has it.
     pub(super) max_cost: (u64, usize),
     /// `prefix:name:`, the start of every store key of this policy, built once.
     pub(super) key_base: String,
-    /// The `RateLimit-Policy` header value, built once.
-    pub(super) policy_header: HeaderValue,
-    /// The `RateLimit-Policy` value of a request without a quota: the rules' items, then the
-    /// concurrency limit's, built once.
-    pub(super) policy_header_with_concurrency: HeaderValue,
     /// Identities and networks treated apart.
     pub(super) overrides: Overrides,
 }
@@ -228,19 +223,9 @@ impl Policy {
         self.0.max_cost.0
     }
 
-    /// The rule names serialised as structured-field strings, in rule order.
-    pub(crate) fn sf_names(&self) -> &[SfName] {
-        &self.0.sf_names
-    }
-
-    /// The `RateLimit-Policy` header value of this policy.
-    pub fn policy_header(&self) -> &HeaderValue {
-        &self.0.policy_header
-    }
-
     /// The concurrency limit, if the policy has one.
     pub fn concurrency(&self) -> Option<ConcurrencyLimit> {
-        self.0.concurrency.as_ref().map(|(limit, ..)| *limit)
+        self.0.concurrency.as_ref().map(|(limit, _)| *limit)
     }
 
     /// What the state at `index` of a decision of `states` states describes (see
@@ -260,22 +245,8 @@ impl Policy {
         match self.state_of(index, states) {
             StateOf::Rule(index) => self.0.rule_names.get(index).map(|name| &**name),
             StateOf::Quota => self.quota().map(Quota::name),
-            StateOf::Concurrency => self.0.concurrency.as_ref().map(|(_, name, ..)| &**name),
+            StateOf::Concurrency => self.0.concurrency.as_ref().map(|(_, name)| &**name),
         }
-    }
-
-    /// The `RateLimit-Policy` value of a request without a quota: the rules', then the concurrency
-    /// limit's item.
-    pub(crate) fn policy_header_with_concurrency(&self) -> &HeaderValue {
-        &self.0.policy_header_with_concurrency
-    }
-
-    /// The concurrency limit's name serialised for headers, and its `RateLimit-Policy` item.
-    pub(crate) fn concurrency_items(&self) -> Option<(&SfName, &str)> {
-        self.0
-            .concurrency
-            .as_ref()
-            .map(|(_, _, sf_name, item)| (sf_name, &**item))
     }
 
     /// The identities and networks this policy treats apart.

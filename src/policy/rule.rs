@@ -13,6 +13,26 @@ pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 86_400);
 /// exactly (the sliding counter multiplies counts by a 16-bit weight).
 pub const MAX_LIMIT: u64 = 1 << 35;
 
+/// A rule name clients could not read: names are sent in the `RateLimit` headers and 429 bodies,
+/// so they are printable ASCII (space to `~`), the characters a structured-field string carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rule name {name:?} is not a valid structured-field string (printable ASCII only)")]
+pub struct InvalidRuleName {
+    /// The offending name.
+    pub name: String,
+}
+
+/// Checks a rule's (or a quota's, or a concurrency limit's) name: printable ASCII only.
+pub(crate) fn check_rule_name(name: &str) -> Result<(), InvalidRuleName> {
+    if name.bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
+        Ok(())
+    } else {
+        Err(InvalidRuleName {
+            name: name.to_owned(),
+        })
+    }
+}
+
 /// One limit: at most `limit` units per `period`.
 ///
 /// ```

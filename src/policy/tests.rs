@@ -161,8 +161,12 @@ fn the_duplicate_guard_is_the_last_rule_and_costs_stay_within_the_rules() {
     assert!(guard.is_duplicate_guard());
     assert_eq!((guard.limit(), guard.name()), (1, "duplicate".into()));
     assert_eq!(
-        policy.policy_header(),
-        "\"10-per-60s\";q=10;w=60, \"4-per-3600s\";q=4;w=3600, \"duplicate\";q=1;w=5"
+        policy
+            .rule_names()
+            .iter()
+            .map(|name| &**name)
+            .collect::<Vec<_>>(),
+        ["10-per-60s", "4-per-3600s", "duplicate"]
     );
     // The guard counts requests, not units: the cheapest counted rule caps the cost.
     assert_eq!(policy.max_cost(), 4);
@@ -264,18 +268,6 @@ fn names_that_break_keys_are_refused() {
             }
         ));
     }
-}
-
-#[test]
-fn policy_header_lists_every_rule() {
-    let policy = build(vec![Rule::per_minute(20), Rule::per_hour(100)]).unwrap();
-    assert_eq!(
-        policy.policy_header(),
-        "\"20-per-60s\";q=20;w=60, \"100-per-3600s\";q=100;w=3600"
-    );
-    // A sub-second window is sent as one whole second.
-    let policy = build(vec![Rule::new(5, Duration::from_millis(1500))]).unwrap();
-    assert_eq!(policy.policy_header(), "\"5-per-1500ms\";q=5;w=2");
 }
 
 fn request(path: &str, method: http::Method, peer: Option<&str>) -> Parts {

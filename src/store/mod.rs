@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::concurrency::ConcurrencyLimit;
 use crate::decision::Decision;
+use crate::policy::ConcurrencyLimit;
 use crate::policy::{Algorithm, Rule};
 use crate::quota::QuotaThreshold;
 

@@ -1,7 +1,6 @@
 //! What clients get: the 429 for a refused request (RFC 9457 problem details), the 503 when a
 //! fail-closed store is down, and the rate-limit headers on every response of a limited route.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -10,10 +9,16 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
+mod limit_headers;
+mod plan;
+
+pub(crate) use limit_headers::LimitHeaders;
+pub(crate) use plan::AnswerPlan;
+
 use crate::decision::{Decision, ceil_secs};
 use crate::grpc;
-use crate::headers::{self, RateLimitItem};
-use crate::policy::{Policy, StateOf};
+use crate::headers;
+use crate::policy::Policy;
 
 /// What a request speaks, and so how it is answered when the limiter answers it itself: plain
 /// HTTP (problem details) or gRPC (a trailers-only status, see [`crate::grpc`]) with the call's
@@ -47,36 +52,6 @@ pub const QUOTA_EXCEEDED_TYPE: &str =
 pub const QUOTA_EXCEEDED_TITLE: &str =
     "Request cannot be satisfied as assigned quota has been exceeded";
 
-/// The 429 body of a refusal by one state alone (a rule, then the quota, then the concurrency
-/// limit), built once per limiter: the common refusal is answered without serialising anything.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RefusalBodies(Arc<[Bytes]>);
-
-impl RefusalBodies {
-    /// The bodies of `policy`'s states.
-    pub(crate) fn new(policy: &Policy) -> Self {
-        let states = policy.rules().len()
-            + usize::from(policy.quota().is_some())
-            + usize::from(policy.concurrency().is_some());
-        let bodies = (0..states)
-            .filter_map(|index| policy.state_name(index, states))
-            .map(|name| refusal_body(policy.message(), &[name]))
-            .collect();
-        RefusalBodies(bodies)
-    }
-
-    /// The ready body of a refusal by the state at `index` alone, of a decision of `states`.
-    fn get(&self, policy: &Policy, index: usize, states: usize) -> Option<&Bytes> {
-        let rules = policy.rules().len();
-        let at = match policy.state_of(index, states) {
-            StateOf::Rule(index) => index,
-            StateOf::Quota => rules,
-            StateOf::Concurrency => rules + usize::from(policy.quota().is_some()),
-        };
-        self.0.get(at)
-    }
-}
-
 /// A refused request: everything a custom 429 needs.
 ///
 /// Pass a function of `&Rejected` to
@@ -88,15 +63,15 @@ impl RefusalBodies {
 pub struct Rejected {
     policy: Policy,
     decision: Decision,
-    bodies: RefusalBodies,
+    plan: AnswerPlan,
 }
 
 impl Rejected {
-    pub(crate) fn new(policy: Policy, decision: Decision, bodies: RefusalBodies) -> Self {
+    pub(crate) fn new(policy: Policy, decision: Decision, plan: AnswerPlan) -> Self {
         Rejected {
             policy,
             decision,
-            bodies,
+            plan,
         }
     }
 
@@ -132,12 +107,12 @@ impl Rejected {
     /// the policy's message and the violated rules. (The layer adds `Retry-After` and the
     /// rate-limit headers to whatever response is used.)
     pub fn problem_response(&self) -> Response<Body> {
-        // The common refusal, by one rule, has its body ready from when the policy was built.
+        // The common refusal, by one rule, has its body ready from when the limiter was built.
         let mut violated = self.decision.violated();
         if let (Some(index), None) = (violated.next(), violated.next())
             && let Some(body) = self
-                .bodies
-                .get(&self.policy, index, self.decision.rules.len())
+                .plan
+                .body(&self.policy, index, self.decision.rules.len())
         {
             return problem_response(StatusCode::TOO_MANY_REQUESTS, body.clone());
         }
@@ -286,8 +261,11 @@ pub(crate) fn denied(protocol: &Protocol) -> Response<Body> {
 /// A gRPC call gets `RESOURCE_EXHAUSTED`, the code of a limit, with `grpc-retry-pushback-ms: -1`,
 /// which tells a gRPC client's retry policy not to retry (gRFC A6): no wait would help. (Not
 /// `INVALID_ARGUMENT`: the call is valid, it is the limit that can't take it.)
+// The policy names the subject of a gRPC `QuotaFailure`, written with the `grpc` feature only.
+#[cfg_attr(not(feature = "grpc"), allow(unused_variables))]
 pub(crate) fn too_costly(
     policy: &Policy,
+    plan: &AnswerPlan,
     cost: u64,
     rule: &str,
     at_most: u64,
@@ -324,133 +302,8 @@ pub(crate) fn too_costly(
             ),
         );
     }
-    headers.insert(headers::RATELIMIT_POLICY, policy.policy_header().clone());
+    headers.insert(headers::RATELIMIT_POLICY, plan.rules_policy().clone());
     response
-}
-
-/// The rate-limit headers of one decision, built before the inner service runs and added to its
-/// response.
-#[derive(Debug, Clone)]
-pub(crate) struct LimitHeaders {
-    policy: HeaderValue,
-    status: HeaderValue,
-    legacy: Option<Legacy>,
-}
-
-#[derive(Debug, Clone)]
-struct Legacy {
-    limit: HeaderValue,
-    remaining: u64,
-    reset_unix_secs: HeaderValue,
-}
-
-/// A copy of `value` in a buffer of its own. A clone would share the policy's buffer, whose
-/// reference count every worker thread then writes twice per response (clone, drop): one cache line
-/// bouncing between cores costs more than copying a few dozen bytes.
-fn own_copy(value: &HeaderValue) -> HeaderValue {
-    HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone())
-}
-
-impl LimitHeaders {
-    pub(crate) fn new(policy: &Policy, decision: &Decision, legacy: bool) -> Self {
-        // A quota's state follows the rules' when the request had one, then the concurrency
-        // limit's when the policy has one.
-        let concurrency = policy.concurrency_items();
-        let quota = policy.quota().filter(|_| {
-            decision.rules.len() > policy.rules().len() + usize::from(concurrency.is_some())
-        });
-        let items = policy
-            .sf_names()
-            .iter()
-            .chain(quota.map(|quota| quota.sf_name()))
-            .chain(concurrency.map(|(name, _)| name))
-            .zip(&decision.rules)
-            .map(|(name, state)| RateLimitItem {
-                name,
-                remaining: state.remaining,
-                reset_secs: ceil_secs(state.reset),
-            });
-        let legacy = legacy
-            .then(|| legacy_rule(policy, decision))
-            .flatten()
-            .map(|index| {
-                let state = &decision.rules[index];
-                let now = Duration::from_millis(decision.now_unix_ms);
-                Legacy {
-                    limit: HeaderValue::from(state.limit),
-                    remaining: state.remaining,
-                    reset_unix_secs: HeaderValue::from(ceil_secs(now + state.reset)),
-                }
-            });
-        let quota_item = quota
-            .zip(decision.rules.get(policy.rules().len()))
-            .map(|(quota, state)| crate::quota::policy_item(quota, state.limit));
-        let policy_header = if quota_item.is_none() {
-            own_copy(policy.policy_header_with_concurrency())
-        } else {
-            let mut value = policy
-                .policy_header()
-                .to_str()
-                .unwrap_or_default()
-                .to_owned();
-            for item in quota_item
-                .as_deref()
-                .into_iter()
-                .chain(concurrency.map(|(_, item)| item))
-            {
-                if !value.is_empty() {
-                    value.push_str(", ");
-                }
-                value.push_str(item);
-            }
-            HeaderValue::try_from(value).unwrap_or_else(|_| policy.policy_header().clone())
-        };
-        LimitHeaders {
-            policy: policy_header,
-            status: headers::ratelimit_header_value(items),
-            legacy,
-        }
-    }
-
-    /// Adds the headers. `RateLimit-Policy` and `RateLimit` are lists, so nested limiters append
-    /// their items; the single-rule legacy headers keep whichever limiter has less remaining.
-    pub(crate) fn apply(self, map: &mut HeaderMap) {
-        map.append(headers::RATELIMIT_POLICY, self.policy);
-        map.append(headers::RATELIMIT, self.status);
-        if let Some(legacy) = self.legacy {
-            let existing = map
-                .get(headers::X_RATELIMIT_REMAINING)
-                .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-            if existing.is_none_or(|remaining| legacy.remaining < remaining) {
-                map.insert(headers::X_RATELIMIT_LIMIT, legacy.limit);
-                map.insert(
-                    headers::X_RATELIMIT_REMAINING,
-                    HeaderValue::from(legacy.remaining),
-                );
-                map.insert(headers::X_RATELIMIT_RESET, legacy.reset_unix_secs);
-            }
-        }
-    }
-}
-
-/// The rule the single-rule legacy headers describe: the one closest to running out, leaving out
-/// the duplicate guard (one request per few seconds would show on every response) unless it is
-/// what refused the request.
-fn legacy_rule(policy: &Policy, decision: &Decision) -> Option<usize> {
-    let rules = policy.rules();
-    let guard_refused = rules
-        .iter()
-        .zip(&decision.rules)
-        .any(|(rule, state)| rule.is_duplicate_guard() && state.refused());
-    let counted = rules.iter().any(|rule| !rule.is_duplicate_guard());
-    if guard_refused || !counted {
-        return decision.most_limiting();
-    }
-    decision.most_limiting_among(|index| {
-        rules
-            .get(index)
-            .is_none_or(|rule| !rule.is_duplicate_guard())
-    })
 }
 
 /// Finishes a refusal: the chosen response plus `Retry-After` and the rate-limit headers.

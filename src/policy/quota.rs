@@ -35,7 +35,6 @@ use http::request::Parts;
 
 use crate::alert::{AlertQueue, AlertReport, AlertStats, QuotaAlert, QuotaNotifier, date_of};
 use crate::client_ip::ClientIp;
-use crate::headers::{self, SfName};
 use crate::key::Key;
 use crate::policy::{KeyLookup, MAX_LIMIT, Policy, Rule, StorageKey};
 
@@ -79,7 +78,6 @@ struct Inner {
     alert_percents: Vec<u8>,
     /// Per tier, the counts its alert thresholds are reached at: worked out once, here.
     thresholds: Vec<Vec<QuotaThreshold>>,
-    sf_name: SfName,
     /// Where alerts go; without a notifier they are only logged.
     alerts: Option<AlertQueue>,
 }
@@ -288,10 +286,6 @@ impl Quota {
         }
     }
 
-    pub(crate) fn sf_name(&self) -> &SfName {
-        &self.0.sf_name
-    }
-
     /// Where days start, as an offset from the epoch's midnight in `[0, day)` ms: midnight at
     /// UTC+07:00 is 17:00 UTC of the day before.
     pub(crate) fn day_start_offset_ms(&self) -> u64 {
@@ -487,9 +481,6 @@ impl QuotaBuilder {
         {
             return Err(QuotaError::BadDayLength { quota: quota() });
         }
-        let sf_name = SfName::new(&self.name).map_err(|_| QuotaError::InvalidName {
-            value: self.name.clone(),
-        })?;
         // The key lookup of a policy: the same identities, fallbacks and key layout.
         let keys = Policy::builder(&self.name)
             .prefix(&self.prefix)
@@ -525,26 +516,7 @@ impl QuotaBuilder {
             day: self.day,
             alert_percents,
             thresholds,
-            sf_name,
             alerts,
         })))
     }
-}
-
-/// The window of the quota item in `RateLimit-Policy`: the day in whole seconds.
-pub(crate) fn window_secs(quota: &Quota) -> u64 {
-    crate::decision::ceil_secs(quota.day())
-}
-
-/// Serialises the `RateLimit-Policy` item of a quota for a tier's limit.
-pub(crate) fn policy_item(quota: &Quota, limit: u64) -> String {
-    let item = headers::PolicyItem {
-        name: quota.sf_name(),
-        quota: limit,
-        window_secs: window_secs(quota),
-    };
-    headers::policy_header_value(&[item])
-        .to_str()
-        .unwrap_or_default()
-        .to_owned()
 }

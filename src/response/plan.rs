@@ -1,0 +1,239 @@
+//! [`AnswerPlan`]: what a limiter prepares once from its policy to answer requests, so that the
+//! wire side, not the policy, knows how answers are written: the rule names as header items, the
+//! `RateLimit-Policy` values and the 429 bodies of one-state refusals.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+use super::refusal_body;
+use crate::decision::ceil_secs;
+use crate::headers::{self, PolicyItem, SfName};
+use crate::policy::{Policy, StateOf};
+
+/// Prepared once per limiter (and rebuilt with it); cheap to clone into a [`Rejected`](super::Rejected).
+#[derive(Debug, Clone)]
+pub(crate) struct AnswerPlan(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    /// The rules' names as sf-strings, in rule order.
+    rule_names: Box<[SfName]>,
+    /// The daily quota's name as an sf-string, and its window (the day) in whole seconds.
+    quota: Option<(SfName, u64)>,
+    /// The concurrency limit's name as an sf-string and its `RateLimit-Policy` item
+    /// (`"1-in-flight";q=1`).
+    concurrency: Option<(SfName, Box<str>)>,
+    /// `RateLimit-Policy` of the rules alone.
+    rules_policy: HeaderValue,
+    /// `RateLimit-Policy` of a request without a quota: the rules' items, then the concurrency
+    /// limit's.
+    policy: HeaderValue,
+    /// The 429 body of a refusal by one state alone: each rule, then the quota, then the
+    /// concurrency limit. The common refusal is answered without serialising anything.
+    bodies: Box<[Bytes]>,
+}
+
+impl AnswerPlan {
+    /// The plan of `policy`'s answers.
+    pub(crate) fn new(policy: &Policy) -> Self {
+        let rule_names: Box<[SfName]> = policy
+            .rule_names()
+            .iter()
+            .map(|name| SfName::of_checked(name))
+            .collect();
+        let items: Vec<PolicyItem<'_>> = policy
+            .rules()
+            .iter()
+            .zip(&rule_names)
+            .map(|(rule, name)| PolicyItem {
+                name,
+                quota: rule.limit(),
+                window_secs: ceil_secs(rule.period()),
+            })
+            .collect();
+        let rules_policy = headers::policy_header_value(&items);
+        let concurrency = policy.concurrency().map(|limit| {
+            let name = SfName::of_checked(&limit.name());
+            let item = format!("{};q={}", name.as_str(), limit.max_in_flight());
+            (name, item.into_boxed_str())
+        });
+        let policy_value = match &concurrency {
+            None => rules_policy.clone(),
+            Some((_, item)) => joined(&rules_policy, [&**item]),
+        };
+        let quota = policy
+            .quota()
+            .map(|quota| (SfName::of_checked(quota.name()), ceil_secs(quota.day())));
+        let states = policy.rules().len()
+            + usize::from(policy.quota().is_some())
+            + usize::from(policy.concurrency().is_some());
+        let bodies = (0..states)
+            .filter_map(|index| policy.state_name(index, states))
+            .map(|name| refusal_body(policy.message(), &[name]))
+            .collect();
+        AnswerPlan(Arc::new(Inner {
+            rule_names,
+            quota,
+            concurrency,
+            rules_policy,
+            policy: policy_value,
+            bodies,
+        }))
+    }
+
+    /// The ready body of a refusal by the state at `index` alone, of a decision of `states`.
+    pub(super) fn body(&self, policy: &Policy, index: usize, states: usize) -> Option<&Bytes> {
+        let rules = policy.rules().len();
+        let at = match policy.state_of(index, states) {
+            StateOf::Rule(index) => index,
+            StateOf::Quota => rules,
+            StateOf::Concurrency => rules + usize::from(policy.quota().is_some()),
+        };
+        self.0.bodies.get(at)
+    }
+
+    /// `RateLimit-Policy` of the rules alone.
+    pub(super) fn rules_policy(&self) -> &HeaderValue {
+        &self.0.rules_policy
+    }
+
+    /// `RateLimit-Policy` of a request without a quota.
+    pub(super) fn policy(&self) -> &HeaderValue {
+        &self.0.policy
+    }
+
+    /// The names of a decision's states as sf-strings, in the decision's order: the rules, the
+    /// quota when the request had one, the concurrency limit when the policy has one.
+    pub(super) fn state_names(&self, with_quota: bool) -> impl Iterator<Item = &SfName> + Clone {
+        self.0
+            .rule_names
+            .iter()
+            .chain(
+                self.0
+                    .quota
+                    .as_ref()
+                    .filter(|_| with_quota)
+                    .map(|(name, _)| name),
+            )
+            .chain(self.0.concurrency.as_ref().map(|(name, _)| name))
+    }
+
+    /// Whether the policy has a concurrency limit.
+    pub(super) fn has_concurrency(&self) -> bool {
+        self.0.concurrency.is_some()
+    }
+
+    /// `RateLimit-Policy` of a request whose quota tier allows `quota_limit` a day: the rules'
+    /// items, the quota's, then the concurrency limit's.
+    pub(super) fn policy_with_quota(&self, quota_limit: u64) -> HeaderValue {
+        let Some((name, window_secs)) = &self.0.quota else {
+            return self.0.policy.clone();
+        };
+        let quota = headers::policy_header_value(&[PolicyItem {
+            name,
+            quota: quota_limit,
+            window_secs: *window_secs,
+        }]);
+        let quota = quota.to_str().unwrap_or_default();
+        let concurrency = self.0.concurrency.as_ref().map(|(_, item)| &**item);
+        joined(
+            &self.0.rules_policy,
+            std::iter::once(quota).chain(concurrency),
+        )
+    }
+}
+
+/// `list` with `items` appended, as one structured-field list.
+fn joined<'a>(list: &HeaderValue, items: impl IntoIterator<Item = &'a str>) -> HeaderValue {
+    let mut value = list.to_str().unwrap_or_default().to_owned();
+    for item in items {
+        if !value.is_empty() {
+            value.push_str(", ");
+        }
+        value.push_str(item);
+    }
+    // The parts are valid field values, and so is their join.
+    HeaderValue::try_from(value).unwrap_or_else(|_| list.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Key, Quota, Rule};
+
+    fn plan(policy: &Policy) -> AnswerPlan {
+        AnswerPlan::new(policy)
+    }
+
+    #[test]
+    fn the_policy_value_lists_every_rule_with_its_window_in_whole_seconds() {
+        let policy = Policy::builder("p")
+            .rule(Rule::per_minute(20))
+            .rule(Rule::per_hour(100))
+            .prevent_duplicate(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let expected =
+            "\"20-per-60s\";q=20;w=60, \"100-per-3600s\";q=100;w=3600, \"duplicate\";q=1;w=5";
+        assert_eq!(plan(&policy).policy(), expected);
+        assert_eq!(plan(&policy).rules_policy(), expected);
+        // A sub-second window is sent as one whole second.
+        let policy = Policy::builder("p")
+            .rule(Rule::new(5, Duration::from_millis(1500)))
+            .build()
+            .unwrap();
+        assert_eq!(plan(&policy).policy(), "\"5-per-1500ms\";q=5;w=2");
+    }
+
+    #[test]
+    fn the_quota_comes_after_the_rules_and_the_concurrency_limit_last() {
+        let quota = Quota::builder("daily")
+            .key(Key::global())
+            .tier("free", 500)
+            .build()
+            .unwrap();
+        let policy = Policy::builder("p")
+            .rule(Rule::per_minute(10).named("minute"))
+            .max_in_flight(2)
+            .lease(Duration::from_secs(30))
+            .quota(quota)
+            .build()
+            .unwrap();
+        let plan = plan(&policy);
+        assert_eq!(plan.rules_policy(), "\"minute\";q=10;w=60");
+        assert_eq!(plan.policy(), "\"minute\";q=10;w=60, \"2-in-flight\";q=2");
+        assert_eq!(
+            plan.policy_with_quota(500),
+            "\"minute\";q=10;w=60, \"daily\";q=500;w=86400, \"2-in-flight\";q=2"
+        );
+        let names = |with_quota| {
+            plan.state_names(with_quota)
+                .map(|name| name.as_str().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(true), ["\"minute\"", "\"daily\"", "\"2-in-flight\""]);
+        assert_eq!(names(false), ["\"minute\"", "\"2-in-flight\""]);
+    }
+
+    #[test]
+    fn each_state_has_its_refusal_body() {
+        let policy = Policy::builder("p")
+            .rule(Rule::per_minute(10).named("minute"))
+            .max_in_flight(2)
+            .lease(Duration::from_secs(30))
+            .message("slow down")
+            .build()
+            .unwrap();
+        let plan = plan(&policy);
+        for (index, name) in [(0, "minute"), (1, "2-in-flight")] {
+            let body = plan.body(&policy, index, 2).expect("a ready body");
+            let json: serde_json::Value = serde_json::from_slice(body).unwrap();
+            assert_eq!(json["violated-policies"], serde_json::json!([name]));
+            assert_eq!(json["detail"], "slow down");
+        }
+    }
+}

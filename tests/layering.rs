@@ -1,0 +1,166 @@
+//! The layering `DESIGN.md` names, checked on the source: rules know nothing of stores, headers,
+//! responses or metrics; alerts know nothing of the metrics facade; stores know nothing of HTTP;
+//! and no two top-level modules import each other, directly or around a circle.
+//!
+//! A module's imports are the `crate::<module>` paths in its files, outside comments and its
+//! `#[cfg(test)] mod tests` (tests may reach anywhere).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Top-level module name → the top-level modules it names.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).expect("src/ is readable") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of a file without its comments and its unit-test module.
+fn code_of(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level modules `code` names through `crate::`.
+fn named_modules(code: &str) -> BTreeSet<String> {
+    code.match_indices("crate::")
+        .map(|(at, prefix)| {
+            code[at + prefix.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect::<String>()
+        })
+        .filter(|name| !name.is_empty())
+        .collect()
+}
+
+fn graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph = Graph::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src/");
+        let first = relative
+            .components()
+            .next()
+            .expect("a path")
+            .as_os_str()
+            .to_string_lossy();
+        let module = first.trim_end_matches(".rs").to_owned();
+        if module == "lib" || relative.file_name().is_some_and(|name| name == "tests.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&file).expect("a source file");
+        let imports = graph.entry(module.clone()).or_default();
+        imports.extend(
+            named_modules(&code_of(&text))
+                .into_iter()
+                .filter(|name| *name != module),
+        );
+    }
+    // `quota` is `policy::quota`, re-exported at the root.
+    for imports in graph.values_mut() {
+        if imports.remove("quota") {
+            imports.insert("policy".to_owned());
+        }
+    }
+    graph.remove("quota");
+    graph
+}
+
+/// Every module `from` reaches through its imports.
+fn reachable(graph: &Graph, from: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from.to_owned()];
+    while let Some(module) = stack.pop() {
+        for next in graph.get(&module).into_iter().flatten() {
+            if seen.insert(next.clone()) {
+                stack.push(next.clone());
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_source_is_read_as_modules_with_imports() {
+    let graph = graph();
+    // The reading itself works: these imports exist and must be found.
+    assert!(graph["limiter"].contains("policy"), "{graph:#?}");
+    assert!(graph["response"].contains("headers"), "{graph:#?}");
+    assert!(graph.len() > 15, "{graph:#?}");
+}
+
+#[test]
+fn no_module_imports_itself_around_a_circle() {
+    let graph = graph();
+    let circles: Vec<&String> = graph
+        .keys()
+        .filter(|module| reachable(&graph, module).contains(*module))
+        .collect();
+    assert!(
+        circles.is_empty(),
+        "modules on an import circle: {circles:?}\n{graph:#?}"
+    );
+}
+
+#[test]
+fn rules_keys_and_decisions_know_nothing_of_stores_headers_responses_or_metrics() {
+    let graph = graph();
+    let wire_and_beyond = [
+        "store",
+        "headers",
+        "response",
+        "telemetry",
+        "limiter",
+        "layer",
+        "service",
+        "future",
+        "grpc",
+        "outbound",
+        "config",
+    ];
+    for module in ["policy", "key", "decision", "client_ip", "alert"] {
+        let reached = reachable(&graph, module);
+        let wrong: Vec<_> = wire_and_beyond
+            .iter()
+            .filter(|name| reached.contains(**name))
+            .collect();
+        assert!(wrong.is_empty(), "{module} reaches {wrong:?}: {reached:?}");
+    }
+}
+
+#[test]
+fn alerts_report_without_the_metrics_facade() {
+    let reached = reachable(&graph(), "alert");
+    assert!(!reached.contains("telemetry"), "alert reaches {reached:?}");
+}
+
+#[test]
+fn stores_know_nothing_of_http() {
+    let reached = reachable(&graph(), "store");
+    for http_side in ["layer", "service", "future", "headers", "response", "grpc"] {
+        assert!(
+            !reached.contains(http_side),
+            "store reaches {http_side}: {reached:?}"
+        );
+    }
+}
