@@ -121,7 +121,7 @@ impl SfName {
         ))
     }
 
-    /// Serialises a name a policy has checked ([`check_rule_name`](crate::policy::check_rule_name)
+    /// Serialises a name a policy has checked (`check_rule_name`
     /// accepts exactly what an sf-string carries). Were one to slip through unchecked, its other
     /// characters would be written as `?` rather than make a header invalid.
     pub(crate) fn of_checked(name: &str) -> Self {
@@ -813,7 +813,7 @@ mod tests {
         #[test]
         fn the_policy_name_check_is_the_sf_string_check(name in "[ -~]{0,12}|\\PC{0,12}|[\\x00-\\x7f]{0,12}") {
             proptest::prop_assert_eq!(
-                crate::policy::check_rule_name(&name).is_ok(),
+                tower_redis_ratelimit_spec::check_rule_name(&name).is_ok(),
                 SfName::new(&name).is_ok()
             );
         }

@@ -15,10 +15,9 @@ use http::HeaderName;
 use http::request::Parts;
 use sha2::{Digest, Sha256};
 
-use crate::client_ip::ClientIp;
+use tower_redis_ratelimit_spec::KeySpec;
 
-/// Longest value kept verbatim in an identity; longer values are hashed.
-const MAX_VERBATIM_LEN: usize = 64;
+use crate::client_ip::ClientIp;
 
 /// The bucket a request counts against, in a form that is safe for store keys and logs.
 ///
@@ -117,15 +116,9 @@ fn push_ip(out: &mut String, net: ipnet::IpNet) {
     }
 }
 
-/// Characters that may appear verbatim in a key component: nothing that separates (`:`), tags
-/// (`{`, `}`), marks a hash (`#`), escapes (`%`) or spaces.
-fn is_safe_byte(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric() || b"-._~@+=!*(),/".contains(&byte)
-}
-
-/// Whether `value` can go into a key as it is.
+/// Whether `value` can go into a key as it is: what a policy name may be, too.
 pub(crate) fn is_verbatim(value: &str) -> bool {
-    !value.is_empty() && value.len() <= MAX_VERBATIM_LEN && value.bytes().all(is_safe_byte)
+    tower_redis_ratelimit_spec::is_valid_name(value)
 }
 
 /// Pushes `value` verbatim when safe, else as `#` and a hash. The `#` can't appear in a verbatim
@@ -213,6 +206,19 @@ enum Source {
     UserExtension,
     UserFn(Arc<UserFn>),
     Custom(Arc<dyn KeyExtractor>),
+}
+
+/// A key as config files and the derive's attribute write it (`"ip"`, `"header:x-api-key"`).
+impl From<KeySpec> for Key {
+    fn from(spec: KeySpec) -> Self {
+        match spec {
+            KeySpec::Ip => Key::ip(),
+            KeySpec::User => Key::user(),
+            KeySpec::Global => Key::global(),
+            KeySpec::Header(name) => Key::header(name),
+            KeySpec::Query(name) => Key::query(name),
+        }
+    }
 }
 
 impl Key {
@@ -371,6 +377,7 @@ impl fmt::Debug for Key {
 mod tests {
     use super::*;
     use std::net::SocketAddr;
+    use tower_redis_ratelimit_spec::MAX_VERBATIM_LEN;
 
     use axum::extract::ConnectInfo;
 

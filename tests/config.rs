@@ -134,7 +134,7 @@ fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
         ),
         (
             "mode = \"later\"",
-            "routes[0].mode: unknown mode \"later\": expected \"enforce\", \"shadow\" or \
+            "routes[0].mode: unknown value \"later\": expected \"enforce\", \"shadow\" or \
              \"delay\" (line 6, column 8)",
         ),
         (

@@ -21,6 +21,7 @@ use crate::policy::{
     UnknownAlgorithm,
 };
 use crate::quota::Quota;
+use tower_redis_ratelimit_spec::{ErrorSite, KeySpec, PolicyParts, RulePart, parse_duration};
 
 /// The tier header when none is configured.
 pub(super) const DEFAULT_TIER_HEADER: &str = "x-tier";
@@ -60,14 +61,10 @@ pub(super) fn check_file(
         replicas => replicas.unwrap_or(0),
     };
     let on_store_error = match file.on_store_error.as_deref() {
-        None | Some("allow") => OnStoreError::Allow,
-        Some("deny") => OnStoreError::Deny,
-        Some(other) => {
-            return Err(ConfigError::new(
-                "on_store_error",
-                format!("unknown value {other:?}: expected \"allow\" or \"deny\""),
-            ));
-        }
+        None => OnStoreError::default(),
+        Some(text) => text.parse().map_err(|error: policy::UnknownName| {
+            ConfigError::new("on_store_error", error.to_string())
+        })?,
     };
     let prefix = file.prefix.as_deref().unwrap_or(DEFAULT_PREFIX);
     if !policy::is_valid_name(prefix) {
@@ -223,15 +220,12 @@ impl RouteCheck<'_> {
                 .parse()
                 .map_err(|error: UnknownAlgorithm| self.error("algorithm", error.to_string()))?,
         };
-        if raw.rules.is_empty() && raw.max_in_flight.is_none() {
-            return Err(self.error("rules", "must list at least one rule"));
-        }
         let rules = self.rules("rules", &raw.rules)?;
         let overrides = raw
             .overrides
             .iter()
             .enumerate()
-            .map(|(i, entry)| self.check_override(&format!("overrides[{i}]"), entry))
+            .map(|(i, entry)| self.check_override(&format!("overrides[{i}]"), entry, algorithm))
             .collect::<Result<Vec<_>, _>>()?;
         let name = match &raw.name {
             Some(name) => name.clone(),
@@ -267,53 +261,23 @@ impl RouteCheck<'_> {
         if let Some(text) = &raw.block_for {
             builder = builder.block_for(self.duration("block_for", text)?);
         }
-        let mode = match (raw.mode.as_deref(), &raw.max_delay) {
-            (None | Some("enforce"), None) => Mode::Enforce,
-            (Some("shadow"), None) => Mode::Shadow,
-            (Some("delay"), Some(text)) => Mode::Delay {
-                max_delay: self.duration("max_delay", text)?,
-            },
-            (Some("delay"), None) => {
-                return Err(self.error(
-                    "max_delay",
-                    "is required with mode = \"delay\": the longest a request may wait, such \
-                     as \"2s\"",
-                ));
-            }
-            (None | Some("enforce" | "shadow"), Some(_)) => {
-                return Err(self.error("max_delay", "applies only with mode = \"delay\""));
-            }
-            (Some(other), _) => {
-                return Err(self.error(
-                    "mode",
-                    format!(
-                        "unknown mode {other:?}: expected \"enforce\", \"shadow\" or \"delay\""
-                    ),
-                ));
-            }
+        let max_delay = match &raw.max_delay {
+            Some(text) => Some(self.duration("max_delay", text)?),
+            None => None,
         };
+        let mode = Mode::from_written(raw.mode.as_deref(), max_delay)
+            .map_err(|error| self.error(error.field, error.reason))?;
         builder = builder.mode(mode);
         if let Some(name) = &raw.cost_header {
             let header = HeaderName::try_from(name.as_str())
                 .map_err(|_| self.error("cost_header", format!("{name:?} is not a header name")))?;
             builder = builder.cost_from_fn(move |parts| header_cost(parts, &header));
         }
-        match (raw.max_in_flight, &raw.lease) {
-            (None, None) => {}
-            (Some(0), _) => return Err(self.error("max_in_flight", "must be at least 1")),
-            (Some(n), Some(text)) => {
-                builder = builder
-                    .max_in_flight(n)
-                    .lease(self.duration("lease", text)?);
-            }
-            (Some(_), None) => {
-                return Err(self.error(
-                    "lease",
-                    "is required with max_in_flight: the longest a request holds its slot, \
-                     such as \"30s\" (a crashed instance must not hold one for ever)",
-                ));
-            }
-            (None, Some(_)) => return Err(self.error("lease", "applies only with max_in_flight")),
+        if let Some(n) = raw.max_in_flight {
+            builder = builder.max_in_flight(n);
+        }
+        if let Some(text) = &raw.lease {
+            builder = builder.lease(self.duration("lease", text)?);
         }
         if let Some(quota) = self.quota {
             builder = builder.quota(quota.clone());
@@ -321,7 +285,7 @@ impl RouteCheck<'_> {
         let policy = builder
             .overrides(overrides)
             .build()
-            .map_err(|error| self.policy_error(error))?;
+            .map_err(|error| self.policy_error("", error))?;
         Ok(RouteLimit {
             path: first_path.clone(),
             paths,
@@ -339,10 +303,6 @@ impl RouteCheck<'_> {
     fn rules(&self, field: &str, raw: &[RuleConfig]) -> Result<Vec<Rule>, ConfigError> {
         let mut rules = Vec::with_capacity(raw.len());
         for (i, rule) in raw.iter().enumerate() {
-            // Checked here rather than left to the builder so the message names the field.
-            if rule.limit == 0 {
-                return Err(self.error(&format!("{field}[{i}].limit"), "must be at least 1"));
-            }
             let period = self.duration(&format!("{field}[{i}].period"), &rule.period)?;
             let mut parsed = Rule::new(rule.limit, period);
             if let Some(burst) = rule.burst {
@@ -354,7 +314,12 @@ impl RouteCheck<'_> {
     }
 
     /// An `overrides` entry at `field`: whom it is for, and exactly one of what it does.
-    fn check_override(&self, field: &str, raw: &OverrideConfig) -> Result<Override, ConfigError> {
+    fn check_override(
+        &self,
+        field: &str,
+        raw: &OverrideConfig,
+        algorithm: Algorithm,
+    ) -> Result<Override, ConfigError> {
         let target = match (&raw.identity, &raw.cidr) {
             (Some(identity), None) => Override::identity(identity.clone()),
             (None, Some(text)) => Override::cidr(parse_cidr(text).ok_or_else(|| {
@@ -391,7 +356,24 @@ impl RouteCheck<'_> {
                         self.error(&format!("{field}.rules"), "must list at least one rule")
                     );
                 }
-                Ok(target.rules(self.rules(&format!("{field}.rules"), rules)?))
+                let rules = self.rules(&format!("{field}.rules"), rules)?;
+                // The builder checks them again with the whole policy; checked here first so the
+                // message names the override's rule.
+                PolicyParts {
+                    name: "override",
+                    prefix: DEFAULT_PREFIX,
+                    rules: rules.clone(),
+                    algorithm,
+                    mode: Mode::Enforce,
+                    block_for: None,
+                    duplicate_window: None,
+                    max_in_flight: None,
+                    lease: None,
+                    quota_name: None,
+                }
+                .check()
+                .map_err(|error| self.policy_error(&format!("{field}."), error))?;
+                Ok(target.rules(rules))
             }
             (None, Some(true), None) => Ok(target.unlimited()),
             (None, None, Some(true)) => Ok(target.deny()),
@@ -406,43 +388,26 @@ impl RouteCheck<'_> {
         }
     }
 
-    /// Rephrases an error of `PolicyBuilder::build` so it names the field.
-    fn policy_error(&self, error: PolicyError) -> ConfigError {
-        match error {
-            PolicyError::InvalidBurst {
-                index: rule,
-                rule: text,
-                reason,
-                ..
-            } => {
-                // Most reasons are about the burst; a rate above one unit per microsecond is
-                // about the limit and period.
-                let field = if reason.contains("burst") {
-                    format!("rules[{rule}].burst")
-                } else {
-                    format!("rules[{rule}]")
-                };
-                self.error(&field, format!("{text}: {reason}"))
+    /// An error of the policy checks, at the field it is about (under `within`: `""` for the
+    /// route, `"overrides[1]."` for an override's rules).
+    fn policy_error(&self, within: &str, error: PolicyError) -> ConfigError {
+        let field = match error.site() {
+            ErrorSite::Prefix => return ConfigError::new("prefix", error.reason()),
+            ErrorSite::Policy => {
+                return ConfigError::new(format!("routes[{}]", self.index), error.reason());
             }
-            PolicyError::InvalidOption { option, reason, .. } => self.error(option, reason),
-            PolicyError::DuplicateRule {
-                index: rule,
-                first,
-                rule: text,
-                ..
-            } => self.error(
-                &format!("rules[{rule}]"),
-                format!("{text} is the same rule as rules[{first}]"),
-            ),
-            PolicyError::InvalidName {
-                what: "key prefix", ..
-            } => ConfigError::new("prefix", error.to_string()),
-            PolicyError::InvalidName { .. } => self.error("name", error.to_string()),
-            PolicyError::InvalidOverride { index, reason, .. } => {
-                self.error(&format!("overrides[{index}]"), reason)
-            }
-            other => ConfigError::new(format!("routes[{}]", self.index), other.to_string()),
-        }
+            ErrorSite::Name => "name".to_owned(),
+            ErrorSite::Rules => "rules".to_owned(),
+            ErrorSite::Rule { index, part } => match part {
+                RulePart::Whole | RulePart::Name => format!("rules[{index}]"),
+                RulePart::Limit => format!("rules[{index}].limit"),
+                RulePart::Period => format!("rules[{index}].period"),
+                RulePart::Burst => format!("rules[{index}].burst"),
+            },
+            ErrorSite::Option(option) => option.to_owned(),
+            ErrorSite::Override(index) => format!("overrides[{index}]"),
+        };
+        self.error(&format!("{within}{field}"), error.reason())
     }
 }
 
@@ -538,35 +503,7 @@ fn check_quota(raw: &QuotaConfig, prefix: &str) -> Result<Quota, ConfigError> {
 
 /// A key kind: `ip`, `user`, `global`, `header:<name>` or `query:<name>`.
 pub(super) fn parse_key(text: &str) -> Result<Key, String> {
-    match text {
-        "ip" => Ok(Key::ip()),
-        "user" => Ok(Key::user()),
-        "global" => Ok(Key::global()),
-        _ => match (text.strip_prefix("header:"), text.strip_prefix("query:")) {
-            (Some(name), _) => HeaderName::try_from(name)
-                .map(Key::header)
-                .map_err(|_| format!("{name:?} is not a valid header name (in {text:?})")),
-            (_, Some("")) => Err(format!("{text:?} names no query parameter")),
-            (_, Some(name)) => Ok(Key::query(name)),
-            (None, None) => Err(format!(
-                "unknown key {text:?}: expected \"ip\", \"user\", \"global\", \
-                 \"header:<name>\" or \"query:<name>\""
-            )),
-        },
-    }
-}
-
-/// A duration as people write it (`"500ms"`, `"10s"`, `"1m"`, `"1h30m"`, `"1d"`), through
-/// `humantime`; more than zero.
-pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(duration) if !duration.is_zero() => Ok(duration),
-        Ok(_) => Err(format!("{text:?} must be longer than zero")),
-        Err(error) => Err(format!(
-            "invalid duration {text:?} ({error}): expected a number and a unit, such as \
-             \"500ms\", \"10s\", \"1m\", \"1h30m\" or \"1d\""
-        )),
-    }
+    KeySpec::parse(text).map(Key::from)
 }
 
 /// A CIDR, or a bare address meaning just that address.

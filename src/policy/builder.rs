@@ -7,20 +7,16 @@ use std::time::Duration;
 use http::request::Parts;
 
 use crate::client_ip::ClientIp;
-use crate::key::{self, Key};
+use crate::key::Key;
+
+use tower_redis_ratelimit_spec::{CheckedParts, PolicyParts};
 
 use super::overrides::{Override, Overrides};
 use super::quota::Quota;
 use super::{
-    Algorithm, ConcurrencyLimit, CostFn, Inner, MAX_LIMIT, MAX_PERIOD, MissingKey, Mode,
-    OnStoreError, Policy, PolicyError, Rule, Scope, check_rule_name,
+    Algorithm, ConcurrencyLimit, CostFn, Inner, MissingKey, Mode, OnStoreError, Policy,
+    PolicyError, Rule, Scope,
 };
-
-/// Whether `name` may be a policy name or key prefix: 1 to 64 characters of letters, digits and
-/// `-._~@+=!*(),/`, the rule [`PolicyBuilder::build`] applies (names are part of every store key).
-pub fn is_valid_name(name: &str) -> bool {
-    key::is_verbatim(name)
-}
 
 /// Builds a [`Policy`]; see [`Policy::builder`].
 #[must_use = "call .build() to get the policy"]
@@ -269,165 +265,30 @@ impl PolicyBuilder {
         let overrides = std::mem::take(&mut self.overrides);
         // What a `rules` override's policy is built from: this one, but for its rules.
         let base = (!overrides.is_empty()).then(|| self.clone());
-        for (what, value) in [("policy name", &self.name), ("key prefix", &self.prefix)] {
-            if !is_valid_name(value) {
-                return Err(PolicyError::InvalidName {
-                    what,
-                    value: value.clone(),
-                });
-            }
+        let CheckedParts {
+            rules,
+            counted_rules,
+            rule_names,
+            concurrency,
+        } = PolicyParts {
+            name: &self.name,
+            prefix: &self.prefix,
+            rules: std::mem::take(&mut self.rules),
+            algorithm: self.algorithm,
+            mode: self.mode,
+            block_for: self.block_for,
+            duplicate_window: self.duplicate_window,
+            max_in_flight: self.max_in_flight,
+            lease: self.lease,
+            quota_name: self.quota.as_ref().map(Quota::name),
         }
-        let policy = || self.name.clone();
-        if self.rules.is_empty() && self.max_in_flight.is_none() {
-            return Err(PolicyError::NoRules { policy: policy() });
-        }
-        let option = |option, reason| PolicyError::InvalidOption {
-            policy: policy(),
-            option,
-            reason,
-        };
-        let durations = [
-            ("block_for", self.block_for),
-            ("prevent_duplicate", self.duplicate_window),
-            (
-                "max_delay",
-                match self.mode {
-                    Mode::Delay { max_delay } => Some(max_delay),
-                    Mode::Enforce | Mode::Shadow => None,
-                },
-            ),
-        ];
-        for (name, duration) in durations {
-            if let Some(duration) = duration
-                && let Err(reason) = check_duration(duration)
-            {
-                return Err(option(name, reason));
-            }
-        }
-        let concurrency = match (self.max_in_flight, self.lease) {
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(option(
-                    "lease",
-                    "max_in_flight needs a lease: how long a request may hold its slot before \
-                     it is free again (a crashed instance must not hold one for ever)",
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(option("lease", "a lease only goes with max_in_flight"));
-            }
-            (Some(0), Some(_)) => {
-                return Err(option("max_in_flight", "must be at least 1"));
-            }
-            (Some(n), Some(lease)) => {
-                if let Err(reason) = check_duration(lease) {
-                    return Err(option("lease", reason));
-                }
-                if n > MAX_LIMIT {
-                    return Err(option("max_in_flight", "is larger than any rule may be"));
-                }
-                let limit = ConcurrencyLimit::new(n, lease);
-                // `<n>-in-flight`: always a valid rule name.
-                Some((limit, limit.name().into_boxed_str()))
-            }
-        };
-        if matches!(self.mode, Mode::Delay { .. }) && !self.algorithm.can_reserve() {
-            return Err(option(
-                "mode",
-                "delay mode needs the sliding_log or token_bucket algorithm, which can reserve a \
-                 request's place in the future",
-            ));
-        }
-        let counted_rules = self.rules.len();
-        if let Some(window) = self.duplicate_window {
-            let mut guard = Rule::new(1, window).named("duplicate");
-            guard.duplicate_guard = true;
-            self.rules.push(guard);
-        }
-        let mut rule_names: Vec<Box<str>> = Vec::with_capacity(self.rules.len());
-        for (index, rule) in self.rules.iter().enumerate() {
-            let text = || rule.to_string();
-            if rule.limit == 0 {
-                return Err(PolicyError::ZeroLimit {
-                    policy: policy(),
-                    index,
-                    rule: text(),
-                });
-            }
-            if rule.limit > MAX_LIMIT {
-                return Err(PolicyError::LimitTooLarge {
-                    policy: policy(),
-                    index,
-                    rule: text(),
-                });
-            }
-            if rule.period.is_zero() {
-                return Err(PolicyError::ZeroPeriod {
-                    policy: policy(),
-                    index,
-                    rule: text(),
-                });
-            }
-            if !rule.period.subsec_nanos().is_multiple_of(1_000_000) {
-                return Err(PolicyError::SubMillisecondPeriod {
-                    policy: policy(),
-                    index,
-                    rule: text(),
-                });
-            }
-            if rule.period > MAX_PERIOD {
-                return Err(PolicyError::PeriodTooLong {
-                    policy: policy(),
-                    index,
-                    rule: text(),
-                });
-            }
-            if let Err(reason) = check_burst(self.algorithm, rule) {
-                return Err(PolicyError::InvalidBurst {
-                    policy: policy(),
-                    index,
-                    rule: text(),
-                    reason,
-                });
-            }
-            if let Some(first) = self.rules[..index]
-                .iter()
-                .position(|earlier| earlier.limit == rule.limit && earlier.period == rule.period)
-            {
-                return Err(PolicyError::DuplicateRule {
-                    policy: policy(),
-                    index,
-                    first,
-                    rule: text(),
-                });
-            }
-            let name = rule.name();
-            if let Some(first) = rule_names.iter().position(|earlier| **earlier == *name) {
-                return Err(PolicyError::DuplicateRuleName {
-                    policy: policy(),
-                    index,
-                    first,
-                    name: name.into_owned(),
-                });
-            }
-            check_rule_name(&name).map_err(|source| PolicyError::InvalidRuleName {
-                policy: policy(),
-                index,
-                source,
-            })?;
-            rule_names.push(name.into());
-        }
-        if let Some(quota) = &self.quota
-            && let Some(first) = rule_names.iter().position(|name| **name == *quota.name())
-        {
-            // Clients tell the quota's header item from the rules' by name.
-            return Err(PolicyError::DuplicateRuleName {
-                policy: policy(),
-                index: self.rules.len(),
-                first,
-                name: quota.name().to_owned(),
-            });
-        }
+        .check()?;
+        self.rules = rules;
+        let concurrency = concurrency.map(|(n, lease)| {
+            let limit = ConcurrencyLimit::new(n, lease);
+            // `<n>-in-flight`: always a valid rule name.
+            (limit, limit.name().into_boxed_str())
+        });
         let key_base = format!("{}:{}:", self.prefix, self.name);
         let max_cost = self.rules[..counted_rules]
             .iter()
@@ -475,46 +336,7 @@ impl PolicyBuilder {
     fn capacity(&self, rule: &Rule) -> u64 {
         match self.algorithm {
             Algorithm::TokenBucket => rule.burst_size(),
-            _ => rule.limit,
+            _ => rule.limit(),
         }
     }
-}
-
-/// Whether a policy option's duration can work: whole milliseconds, more than zero, at most
-/// [`MAX_PERIOD`].
-fn check_duration(duration: Duration) -> Result<(), &'static str> {
-    if duration.is_zero() {
-        Err("must be longer than zero")
-    } else if !duration.subsec_nanos().is_multiple_of(1_000_000) {
-        Err("must be a whole number of milliseconds")
-    } else if duration > MAX_PERIOD {
-        Err("must be at most 366 days")
-    } else {
-        Ok(())
-    }
-}
-
-/// Whether a rule's burst can work under `algorithm`.
-fn check_burst(algorithm: Algorithm, rule: &Rule) -> Result<(), &'static str> {
-    if algorithm != Algorithm::TokenBucket {
-        return match rule.burst {
-            Some(_) => Err("a burst applies only to the token_bucket algorithm"),
-            None => Ok(()),
-        };
-    }
-    if rule.duplicate_guard {
-        return Ok(());
-    }
-    if rule.burst == Some(0) {
-        return Err("the burst must be at least 1");
-    }
-    let period_us = u128::from(rule.period_ms()) * 1_000;
-    if u128::from(rule.limit) > period_us {
-        return Err("a token bucket refills at most one unit per microsecond");
-    }
-    let interval = period_us.div_ceil(u128::from(rule.limit));
-    if u128::from(rule.burst_size()) * interval > MAX_PERIOD.as_micros() {
-        return Err("the bucket must refill from empty within 366 days (burst × period / limit)");
-    }
-    Ok(())
 }

@@ -5,36 +5,35 @@
 //! refused requests. Every rule of a policy must pass for a request to be admitted. A policy that
 //! can't work is refused by [`PolicyBuilder::build`] with a [`PolicyError`] naming the bad rule.
 //!
-//! One concept per file: `rule.rs`, `algorithm.rs`, `options.rs` (scope, missing key, store
-//! errors, mode, cost), `error.rs`, `builder.rs` (and its checks), `storage_key.rs` (a request's
+//! The plain parts ([`Rule`], [`Algorithm`], [`Mode`], [`Scope`], [`OnStoreError`], [`PolicyError`])
+//! and the checks come from `tower-redis-ratelimit-spec`, which the derive macro shares. Here, one
+//! concept per file: `options.rs` (missing key, cost), `builder.rs`, `storage_key.rs` (a request's
 //! store key), `footprint.rs` (what a policy's sliding logs may take in Redis), `quota.rs` (a
 //! daily quota with tiers and alerts, re-exported as [`crate::quota`]), `concurrency_limit.rs`;
 //! this file holds the built [`Policy`].
 
-mod algorithm;
 mod builder;
 mod concurrency_limit;
-mod error;
 mod footprint;
 mod options;
 mod overrides;
 pub mod quota;
-mod rule;
 mod storage_key;
 #[cfg(test)]
 mod tests;
 
-pub use algorithm::{Algorithm, UnknownAlgorithm};
-pub use builder::{PolicyBuilder, is_valid_name};
+pub use builder::PolicyBuilder;
 pub use concurrency_limit::ConcurrencyLimit;
-pub use error::PolicyError;
-pub use options::{Cost, CostFn, DEFAULT_DUPLICATE_WINDOW, MissingKey, Mode, OnStoreError, Scope};
+pub use options::{Cost, CostFn, MissingKey};
 pub(crate) use overrides::{Applied, Overrides};
 pub use overrides::{Override, OverrideTarget};
-pub(crate) use rule::check_rule_name;
-pub use rule::{InvalidRuleName, MAX_LIMIT, MAX_PERIOD, Rule};
+// The plain parts and the checks, shared with the derive macro.
 use storage_key::push_route;
 pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
+pub use tower_redis_ratelimit_spec::{
+    Algorithm, DEFAULT_DUPLICATE_WINDOW, InvalidRuleName, MAX_LIMIT, MAX_PERIOD, Mode, ModeName,
+    OnStoreError, PolicyError, Rule, Scope, UnknownAlgorithm, UnknownName, is_valid_name,
+};
 
 use std::fmt;
 use std::sync::Arc;

@@ -6,7 +6,6 @@ use std::str::FromStr;
 /// How a policy counts requests. Every algorithm checks all rules first and records the request in
 /// all of them only if all pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
 pub enum Algorithm {
     /// One counter per rule and window; windows are aligned to the epoch. Cheapest, but a client can
     /// get up to twice the limit across a window edge.
@@ -19,7 +18,7 @@ pub enum Algorithm {
     /// to how much of it the sliding window still overlaps. Constant memory per key, no 2x burst at
     /// window edges; an estimate that assumes the last window's requests were spread evenly.
     SlidingCounter,
-    /// A token bucket, as GCRA: one timestamp per rule. The bucket holds [`Rule::burst_size`](crate::policy::Rule::burst_size) units
+    /// A token bucket, as GCRA: one timestamp per rule. The bucket holds [`Rule::burst_size`](crate::Rule::burst_size) units
     /// (the limit unless set) and refills at `limit` per `period`, one unit at a time, so a client
     /// that was quiet may burst, then gets the steady rate. Constant memory per key, no window
     /// edges at all.
@@ -39,7 +38,7 @@ impl Algorithm {
     }
 
     /// Whether a request that doesn't fit now can reserve its place in the future (the algorithms
-    /// [`Mode::Delay`](crate::policy::Mode::Delay) works with): the token bucket and the sliding log know the exact time a
+    /// [`Mode::Delay`](crate::Mode::Delay) works with): the token bucket and the sliding log know the exact time a
     /// request fits and can record it for then.
     pub fn can_reserve(self) -> bool {
         matches!(self, Algorithm::SlidingLog | Algorithm::TokenBucket)

@@ -23,7 +23,11 @@ pub struct InvalidRuleName {
 }
 
 /// Checks a rule's (or a quota's, or a concurrency limit's) name: printable ASCII only.
-pub(crate) fn check_rule_name(name: &str) -> Result<(), InvalidRuleName> {
+///
+/// # Errors
+///
+/// [`InvalidRuleName`] for any other character.
+pub fn check_rule_name(name: &str) -> Result<(), InvalidRuleName> {
     if name.bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
         Ok(())
     } else {
@@ -37,7 +41,7 @@ pub(crate) fn check_rule_name(name: &str) -> Result<(), InvalidRuleName> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::Rule;
+/// use tower_redis_ratelimit_spec::Rule;
 ///
 /// assert_eq!(Rule::per_minute(20).name(), "20-per-60s");
 /// assert_eq!(Rule::new(5, Duration::from_millis(1500)).name(), "5-per-1500ms");
@@ -45,11 +49,11 @@ pub(crate) fn check_rule_name(name: &str) -> Result<(), InvalidRuleName> {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rule {
-    pub(super) limit: u64,
-    pub(super) period: Duration,
-    pub(super) name: Option<Cow<'static, str>>,
-    pub(super) burst: Option<u64>,
-    pub(super) duplicate_guard: bool,
+    pub(crate) limit: u64,
+    pub(crate) period: Duration,
+    pub(crate) name: Option<Cow<'static, str>>,
+    pub(crate) burst: Option<u64>,
+    pub(crate) duplicate_guard: bool,
 }
 
 impl Rule {
@@ -93,12 +97,12 @@ impl Rule {
         self
     }
 
-    /// The bucket size of a [`Algorithm::TokenBucket`](crate::policy::Algorithm::TokenBucket) rule: up to `burst` units at once after a
+    /// The bucket size of a [`Algorithm::TokenBucket`](crate::Algorithm::TokenBucket) rule: up to `burst` units at once after a
     /// quiet spell, refilled at `limit` per `period` (default: the limit). Only token buckets have
-    /// one; [`PolicyBuilder::build`](crate::policy::PolicyBuilder::build) refuses a burst under another algorithm.
+    /// one; `PolicyBuilder::build` refuses a burst under another algorithm.
     ///
     /// ```
-    /// use tower_redis_ratelimit::Rule;
+    /// use tower_redis_ratelimit_spec::Rule;
     ///
     /// let rule = Rule::per_second(10).burst(50);
     /// assert_eq!((rule.limit(), rule.burst_size()), (10, 50));
@@ -110,7 +114,8 @@ impl Rule {
     }
 
     /// The same rule over a period longer by `margin` (the outbound layer's safety margin).
-    pub(crate) fn widened(&self, margin: Duration) -> Rule {
+    #[doc(hidden)]
+    pub fn widened(&self, margin: Duration) -> Rule {
         Rule {
             period: self.period.saturating_add(margin),
             ..self.clone()
@@ -122,7 +127,7 @@ impl Rule {
         self.burst.unwrap_or(self.limit)
     }
 
-    /// Whether this is the rule [`PolicyBuilder::prevent_duplicate`](crate::policy::PolicyBuilder::prevent_duplicate) adds: one request per
+    /// Whether this is the rule `PolicyBuilder::prevent_duplicate` adds: one request per
     /// period, counted exactly (as a sliding log) whatever the policy's algorithm.
     pub fn is_duplicate_guard(&self) -> bool {
         self.duplicate_guard
