@@ -6,10 +6,11 @@
 //! - a limit for one method of one route: `MethodRouter::layer` (`post(..).layer(..)`), so `GET
 //!   /comments` is free and `POST /comments` limited;
 //! - a policy declared next to its handler, as a type required by an extractor:
-//!   `async fn login(limited: Limited<LoginPolicy>)`, the counterpart of `@RateLimiter` on a method.
+//!   `async fn login(limited: Limited<LoginPolicy>)`, the counterpart of `@RateLimiter` on a
+//!   method, written with `#[derive(LimitPolicy)]` and checked when the example compiles.
 //!
 //! ```text
-//! cargo run --example per_route            # serves 127.0.0.1:3001
+//! cargo run --example per_route --features macros   # serves 127.0.0.1:3001
 //! curl -i -X POST 127.0.0.1:3001/login     # the 6th within a minute gets a 429
 //! ```
 //!
@@ -17,28 +18,27 @@
 //! its response carries the items of both in `RateLimit-Policy` and `RateLimit`.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use tower_redis_ratelimit::{
-    Key, LimitPolicy, LimitStore, Limited, MemoryStore, Policy, PolicyError, RateLimitLayer, Rule,
+    Key, LimitPolicy, LimitStore, Limited, MemoryStore, Policy, RateLimitLayer, Rule,
 };
 
-/// The login policy, declared as a type next to its handler.
+/// The login policy, declared as a type next to its handler: a limit of 0 or a period of "0s"
+/// here would not compile.
+#[derive(LimitPolicy)]
+// Clippy misreads the two rule(limit = ..) as one attribute given twice (rust-clippy#13238).
+#[allow(clippy::duplicated_attributes)]
+#[rate_limit(
+    name = "login",
+    key = "ip",
+    rule(limit = 5, period = "1m"),
+    rule(limit = 20, period = "1h"),
+    prevent_duplicate(period = "1s"),
+    message = "Too many login attempts, try again later."
+)]
 struct LoginPolicy;
-
-impl LimitPolicy for LoginPolicy {
-    fn policy() -> Result<Policy, PolicyError> {
-        Policy::builder("login")
-            .key(Key::ip())
-            .rule(Rule::per_minute(5))
-            .rule(Rule::per_hour(20))
-            .prevent_duplicate(Duration::from_secs(1))
-            .message("Too many login attempts, try again later.")
-            .build()
-    }
-}
 
 /// Limited by `LoginPolicy`; returning `limited` adds its headers to the response.
 async fn login(limited: Limited<LoginPolicy>) -> (Limited<LoginPolicy>, &'static str) {
@@ -92,6 +92,8 @@ async fn main() -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::time::Duration;
 
     use axum::body::Body;
     use axum::extract::ConnectInfo;

@@ -1,7 +1,8 @@
 //! [`Limited`]: a policy declared next to the handler, the axum counterpart of putting
 //! `@RateLimiter` on a method.
 //!
-//! A policy is a type implementing [`LimitPolicy`]; a handler that takes `Limited<ThatPolicy>` is
+//! A policy is a type implementing [`LimitPolicy`] (by hand, as below, or with
+//! `#[derive(LimitPolicy)]` and the `macros` feature); a handler that takes `Limited<ThatPolicy>` is
 //! limited by it. The count is kept in the store the app gives as a [`LimitStore`] extension, and a
 //! refused request gets the same 429 (or delay, or shadow pass) as from [`RateLimitLayer`], with the
 //! same headers. Return the `Limited` value in the response, as in `(limited, body)`, to send the
@@ -53,7 +54,17 @@ use crate::store::Store;
 use crate::top_refused::RefusedIdentity;
 
 /// A rate-limit policy as a type, for [`Limited`]. Its policy is built once per [`LimitStore`], on
-/// the first request that needs it.
+/// the first request that needs it (or by [`LimitStore::check`] when the app starts).
+///
+/// Implement it by hand with a builder chain, or, with the `macros` feature, derive it from a
+/// `#[rate_limit(...)]` attribute that takes what a config file's route takes and is checked when
+/// the app compiles:
+///
+/// ```ignore
+/// #[derive(LimitPolicy)]
+/// #[rate_limit(name = "login", key = "ip", rule(limit = 10, period = "60s"), prevent_duplicate)]
+/// struct LoginPolicy;
+/// ```
 pub trait LimitPolicy: Send + Sync + 'static {
     /// Builds the policy. An error is logged and answered with 500 on every request of the
     /// handler, so a bad policy is loud rather than silently unlimited.
@@ -97,6 +108,36 @@ impl LimitStore {
                 .shadow_refusals
                 .load(std::sync::atomic::Ordering::Relaxed)
         })
+    }
+
+    /// Builds `P`'s policy now, as the first request through `Limited<P>` would, and says whether
+    /// it can work: call it when the app starts, for each policy its handlers use, so that a bad
+    /// hand-written [`LimitPolicy`] stops the app rather than answering 500 to every request.
+    /// (A policy from `#[derive(LimitPolicy)]` was checked when the app compiled; over Redis
+    /// Cluster this also checks that its quota shares its keys' slot.) The limiter it builds is
+    /// the one requests then use.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{LimitPolicy, LimitStore, MemoryStore, Policy, PolicyError, Rule};
+    ///
+    /// struct Broken;
+    ///
+    /// impl LimitPolicy for Broken {
+    ///     fn policy() -> Result<Policy, PolicyError> {
+    ///         Policy::builder("broken").rule(Rule::per_minute(0)).build()
+    ///     }
+    /// }
+    ///
+    /// let store = LimitStore::new(MemoryStore::new());
+    /// let error = store.check::<Broken>().unwrap_err();
+    /// assert!(error.to_string().contains("the limit must be at least 1"));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The [`PolicyError`] every request through `Limited<P>` would otherwise log.
+    pub fn check<P: LimitPolicy>(&self) -> Result<(), PolicyError> {
+        self.limiter::<P>().map(|_| ())
     }
 
     fn limiter<P: LimitPolicy>(&self) -> Result<Arc<Limiter>, PolicyError> {

@@ -131,8 +131,17 @@ pub use response::Rejected;
 pub use service::RateLimit;
 pub use store::{MemoryStore, RedisStore, Store, StoreError};
 pub use top_refused::RefusedIdentity;
+/// `#[derive(LimitPolicy)]` with `#[rate_limit(...)]`: see [`LimitPolicy`](trait@LimitPolicy).
+#[cfg(feature = "macros")]
+pub use tower_redis_ratelimit_macros::LimitPolicy;
 
 // The README's examples are compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// What `#[derive(LimitPolicy)]` expands to refers to; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use http::HeaderName;
+}

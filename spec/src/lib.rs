@@ -25,4 +25,4 @@ pub use options::{
     DEFAULT_DUPLICATE_WINDOW, Mode, ModeError, ModeName, OnStoreError, Scope, UnknownName,
 };
 pub use rule::{InvalidRuleName, MAX_LIMIT, MAX_PERIOD, Rule, check_rule_name};
-pub use written::{KeySpec, MAX_VERBATIM_LEN, is_valid_name, parse_duration};
+pub use written::{KeySpec, MAX_VERBATIM_LEN, is_valid_name, parse_duration, parse_header_name};

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 /// Which requests share a bucket, besides having the same identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
 pub enum Scope {
     /// One bucket per identity for every route the layer covers.
     #[default]
@@ -36,7 +35,6 @@ pub enum OnStoreError {
 
 /// What a policy does with a request that its rules refuse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
 pub enum Mode {
     /// Refuse it with 429 (default).
     #[default]

@@ -31,6 +31,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// A header name as written (`cost_header`, `tier_header`, a `header:` key's name).
+///
+/// # Errors
+///
+/// What is wrong, as a message.
+pub fn parse_header_name(text: &str) -> Result<HeaderName, String> {
+    HeaderName::try_from(text).map_err(|_| format!("{text:?} is not a header name"))
+}
+
 /// A key as written: `ip`, `user`, `global`, `header:<name>` or `query:<name>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySpec {

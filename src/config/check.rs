@@ -4,7 +4,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderName;
 use ipnet::IpNet;
 
 use super::file::{
@@ -21,7 +20,9 @@ use crate::policy::{
     UnknownAlgorithm,
 };
 use crate::quota::Quota;
-use tower_redis_ratelimit_spec::{ErrorSite, KeySpec, PolicyParts, RulePart, parse_duration};
+use tower_redis_ratelimit_spec::{
+    ErrorSite, KeySpec, PolicyParts, RulePart, parse_duration, parse_header_name,
+};
 
 /// The tier header when none is configured.
 pub(super) const DEFAULT_TIER_HEADER: &str = "x-tier";
@@ -269,9 +270,9 @@ impl RouteCheck<'_> {
             .map_err(|error| self.error(error.field, error.reason))?;
         builder = builder.mode(mode);
         if let Some(name) = &raw.cost_header {
-            let header = HeaderName::try_from(name.as_str())
-                .map_err(|_| self.error("cost_header", format!("{name:?} is not a header name")))?;
-            builder = builder.cost_from_fn(move |parts| header_cost(parts, &header));
+            let header =
+                parse_header_name(name).map_err(|message| self.error("cost_header", message))?;
+            builder = builder.cost_from_header(header);
         }
         if let Some(n) = raw.max_in_flight {
             builder = builder.max_in_flight(n);
@@ -416,12 +417,8 @@ fn check_quota(raw: &QuotaConfig, prefix: &str) -> Result<Quota, ConfigError> {
     let key = parse_key(raw.key.as_deref().unwrap_or("user"))
         .map_err(|message| ConfigError::new("quota.key", message))?;
     let tier_header = raw.tier_header.as_deref().unwrap_or(DEFAULT_TIER_HEADER);
-    let tier_header = HeaderName::try_from(tier_header).map_err(|_| {
-        ConfigError::new(
-            "quota.tier_header",
-            format!("{tier_header:?} is not a header name"),
-        )
-    })?;
+    let tier_header = parse_header_name(tier_header)
+        .map_err(|message| ConfigError::new("quota.tier_header", message))?;
     if raw.tiers.is_empty() {
         return Err(ConfigError::new(
             "quota.tiers",
@@ -528,16 +525,4 @@ fn parse_utc_offset(text: &str) -> Option<i32> {
     let (hours, minutes): (i32, i32) = (hours.parse().ok()?, minutes.parse().ok()?);
     let total = hours * 60 + minutes;
     (minutes < 60 && total <= 18 * 60).then_some(sign * total)
-}
-
-/// A request's cost from a header: a whole number of at least 1; absent or anything else: 1.
-/// The header is trusted, as an app trusts what its own gateway computed; it never panics on what
-/// a client sends.
-fn header_cost(parts: &http::request::Parts, header: &HeaderName) -> u64 {
-    parts
-        .headers
-        .get(header)
-        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
-        .filter(|&cost| cost >= 1)
-        .unwrap_or(1)
 }

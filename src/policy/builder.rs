@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderName;
 use http::request::Parts;
 
 use crate::client_ip::ClientIp;
@@ -191,6 +192,13 @@ impl PolicyBuilder {
         self
     }
 
+    /// Each request costs the whole number in its `header` (at least 1; absent or anything else:
+    /// 1), as config files' `cost_header` says. The header is trusted, as an app trusts what its
+    /// own gateway computed; nothing a client sends there panics.
+    pub fn cost_from_header(self, header: HeaderName) -> Self {
+        self.cost_from_fn(move |parts| header_cost(parts, &header))
+    }
+
     /// A daily quota by tier, checked and recorded with the policy's rules in the same atomic step
     /// (one call on Redis). It is keyed by its own key, so one quota given to several policies (routes)
     /// caps their sum. On Redis Cluster every key of a check must hash to one slot: there, key the
@@ -339,4 +347,16 @@ impl PolicyBuilder {
             _ => rule.limit(),
         }
     }
+}
+
+/// A request's cost from a header: a whole number of at least 1; absent or anything else: 1.
+/// The header is trusted, as an app trusts what its own gateway computed; it never panics on what
+/// a client sends.
+fn header_cost(parts: &Parts, header: &HeaderName) -> u64 {
+    parts
+        .headers
+        .get(header)
+        .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+        .filter(|&cost| cost >= 1)
+        .unwrap_or(1)
 }

@@ -1,0 +1,234 @@
+//! Reads `#[rate_limit(...)]` into values, each with the span of what wrote it, parsing every
+//! value as a config file would (through `tower-redis-ratelimit-spec`).
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
+use syn::spanned::Spanned as _;
+use syn::{Attribute, LitInt, LitStr};
+use tower_redis_ratelimit_spec::{
+    Algorithm, KeySpec, OnStoreError, Scope, UnknownAlgorithm, UnknownName, parse_duration,
+    parse_header_name,
+};
+
+/// A value and the span of the argument that wrote it.
+#[derive(Debug, Clone)]
+pub(crate) struct Spanned<T> {
+    pub(crate) value: T,
+    pub(crate) span: Span,
+}
+
+/// One `rule(limit = .., period = ..[, burst = ..][, name = ..])`.
+#[derive(Debug, Clone)]
+pub(crate) struct RuleArg {
+    /// The whole `rule(...)`.
+    pub(crate) span: Span,
+    pub(crate) limit: Spanned<u64>,
+    pub(crate) period: Spanned<Duration>,
+    pub(crate) burst: Option<Spanned<u64>>,
+    pub(crate) name: Option<Spanned<String>>,
+}
+
+/// Everything `#[rate_limit(...)]` says.
+#[derive(Debug, Default)]
+pub(crate) struct RateLimitArgs {
+    pub(crate) name: Option<Spanned<String>>,
+    pub(crate) key: Option<Spanned<KeySpec>>,
+    pub(crate) algorithm: Option<Spanned<Algorithm>>,
+    pub(crate) message: Option<Spanned<String>>,
+    pub(crate) rules: Vec<RuleArg>,
+    pub(crate) prevent_duplicate: Option<Spanned<Duration>>,
+    pub(crate) block_for: Option<Spanned<Duration>>,
+    pub(crate) mode: Option<Spanned<String>>,
+    pub(crate) max_delay: Option<Spanned<Duration>>,
+    pub(crate) cost_header: Option<Spanned<String>>,
+    pub(crate) max_in_flight: Option<Spanned<u64>>,
+    pub(crate) lease: Option<Spanned<Duration>>,
+    pub(crate) scope: Option<Spanned<Scope>>,
+    pub(crate) on_store_error: Option<Spanned<OnStoreError>>,
+}
+
+/// The options the attribute takes, as an error lists them.
+const OPTIONS: &str = "name, key, algorithm, message, rule(...), prevent_duplicate, block_for, \
+                       mode, max_delay, cost_header, max_in_flight, lease, scope, on_store_error";
+
+impl RateLimitArgs {
+    /// Reads every `#[rate_limit(...)]` of the type (options may be split over several).
+    pub(crate) fn from_attributes(attributes: &[Attribute]) -> syn::Result<(Self, Span)> {
+        let mut args = RateLimitArgs::default();
+        let mut found = None;
+        for attribute in attributes {
+            if !attribute.path().is_ident("rate_limit") {
+                continue;
+            }
+            found.get_or_insert(attribute.span());
+            attribute.parse_nested_meta(|meta| args.option(&meta))?;
+        }
+        let Some(span) = found else {
+            return Err(syn::Error::new(
+                Span::call_site(),
+                "#[derive(LimitPolicy)] needs a #[rate_limit(...)] attribute with at least one \
+                 rule(limit = .., period = \"..\") or a max_in_flight",
+            ));
+        };
+        Ok((args, span))
+    }
+
+    fn option(&mut self, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+        let Some(option) = meta.path.get_ident().map(ToString::to_string) else {
+            return Err(meta.error(format!("unknown option: expected one of {OPTIONS}")));
+        };
+        let span = meta.path.span();
+        match option.as_str() {
+            "name" => set(&mut self.name, span, string(meta)?)?,
+            "key" => {
+                let text = string(meta)?;
+                let key = KeySpec::parse(&text.value()).map_err(|m| error(&text, m))?;
+                set_spanned(&mut self.key, span, spanned(key, &text))?;
+            }
+            "algorithm" => {
+                let text = string(meta)?;
+                let algorithm = text
+                    .value()
+                    .parse()
+                    .map_err(|e: UnknownAlgorithm| error(&text, e))?;
+                set_spanned(&mut self.algorithm, span, spanned(algorithm, &text))?;
+            }
+            "message" => set(&mut self.message, span, string(meta)?)?,
+            "rule" => {
+                let rule = rule(meta)?;
+                self.rules.push(rule);
+            }
+            "prevent_duplicate" => {
+                let window = if meta.input.peek(syn::token::Paren) {
+                    let mut period = None;
+                    meta.parse_nested_meta(|inner| {
+                        if inner.path.is_ident("period") {
+                            let span = inner.path.span();
+                            set_spanned(&mut period, span, duration(&inner)?)
+                        } else {
+                            Err(inner.error("unknown option of prevent_duplicate: expected period"))
+                        }
+                    })?;
+                    period.ok_or_else(|| {
+                        meta.error("prevent_duplicate(...) needs a period, such as \"5s\"")
+                    })?
+                } else {
+                    Spanned {
+                        value: tower_redis_ratelimit_spec::DEFAULT_DUPLICATE_WINDOW,
+                        span,
+                    }
+                };
+                set_spanned(&mut self.prevent_duplicate, span, window)?;
+            }
+            "block_for" => set_spanned(&mut self.block_for, span, duration(meta)?)?,
+            "mode" => {
+                let text = string(meta)?;
+                set(&mut self.mode, span, text)?;
+            }
+            "max_delay" => set_spanned(&mut self.max_delay, span, duration(meta)?)?,
+            "cost_header" => {
+                let text = string(meta)?;
+                let header = parse_header_name(&text.value()).map_err(|m| error(&text, m))?;
+                let value = spanned(header.as_str().to_owned(), &text);
+                set_spanned(&mut self.cost_header, span, value)?;
+            }
+            "max_in_flight" => set_spanned(&mut self.max_in_flight, span, integer(meta)?)?,
+            "lease" => set_spanned(&mut self.lease, span, duration(meta)?)?,
+            "scope" => {
+                let text = string(meta)?;
+                let scope = text
+                    .value()
+                    .parse()
+                    .map_err(|e: UnknownName| error(&text, e))?;
+                set_spanned(&mut self.scope, span, spanned(scope, &text))?;
+            }
+            "on_store_error" => {
+                let text = string(meta)?;
+                let value = text
+                    .value()
+                    .parse()
+                    .map_err(|e: UnknownName| error(&text, e))?;
+                set_spanned(&mut self.on_store_error, span, spanned(value, &text))?;
+            }
+            _ => {
+                return Err(meta.error(format!(
+                    "unknown option `{option}`: expected one of {OPTIONS}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `rule(limit = 10, period = "60s"[, burst = 20][, name = "minute"])`.
+fn rule(meta: &ParseNestedMeta<'_>) -> syn::Result<RuleArg> {
+    let (mut limit, mut period, mut burst, mut name) = (None, None, None, None);
+    meta.parse_nested_meta(|inner| {
+        let span = inner.path.span();
+        if inner.path.is_ident("limit") {
+            set_spanned(&mut limit, span, integer(&inner)?)
+        } else if inner.path.is_ident("period") {
+            set_spanned(&mut period, span, duration(&inner)?)
+        } else if inner.path.is_ident("burst") {
+            set_spanned(&mut burst, span, integer(&inner)?)
+        } else if inner.path.is_ident("name") {
+            let text = string(&inner)?;
+            set_spanned(&mut name, span, spanned(text.value(), &text))
+        } else {
+            Err(inner.error("unknown option of rule: expected limit, period, burst or name"))
+        }
+    })?;
+    let span = meta.path.span();
+    let limit = limit.ok_or_else(|| meta.error("rule(...) needs a limit, such as limit = 10"))?;
+    let period =
+        period.ok_or_else(|| meta.error("rule(...) needs a period, such as period = \"60s\""))?;
+    Ok(RuleArg {
+        span,
+        limit,
+        period,
+        burst,
+        name,
+    })
+}
+
+/// Sets an option given as a string literal, refusing it twice.
+fn set(slot: &mut Option<Spanned<String>>, span: Span, text: LitStr) -> syn::Result<()> {
+    set_spanned(slot, span, spanned(text.value(), &text))
+}
+
+fn set_spanned<T>(slot: &mut Option<Spanned<T>>, span: Span, value: Spanned<T>) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(span, "this option is given twice"));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn spanned<T>(value: T, literal: &impl syn::spanned::Spanned) -> Spanned<T> {
+    Spanned {
+        value,
+        span: literal.span(),
+    }
+}
+
+fn error(literal: &LitStr, message: impl std::fmt::Display) -> syn::Error {
+    syn::Error::new(literal.span(), message)
+}
+
+fn string(meta: &ParseNestedMeta<'_>) -> syn::Result<LitStr> {
+    meta.value()?.parse()
+}
+
+fn integer(meta: &ParseNestedMeta<'_>) -> syn::Result<Spanned<u64>> {
+    let literal: LitInt = meta.value()?.parse()?;
+    Ok(spanned(literal.base10_parse()?, &literal))
+}
+
+/// A duration as config files write it (`"500ms"`, `"1h30m"`).
+fn duration(meta: &ParseNestedMeta<'_>) -> syn::Result<Spanned<Duration>> {
+    let text = string(meta)?;
+    let duration = parse_duration(&text.value()).map_err(|message| error(&text, message))?;
+    Ok(spanned(duration, &text))
+}

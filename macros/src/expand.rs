@@ -1,0 +1,229 @@
+//! Checks the attribute's policy with the builder's own checks and writes the `impl LimitPolicy`
+//! that builds it.
+
+use std::time::Duration;
+
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use syn::DeriveInput;
+use tower_redis_ratelimit_spec::{
+    Algorithm, ErrorSite, KeySpec, Mode, OnStoreError, PolicyParts, Rule, RulePart, Scope,
+};
+
+use crate::attribute::{RateLimitArgs, RuleArg};
+
+/// The key prefix of a derived policy: the builder's default (the attribute doesn't take one).
+const PREFIX: &str = "rl";
+
+pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
+    let (args, attribute_span) = RateLimitArgs::from_attributes(&input.attrs)?;
+    let name = args
+        .name
+        .as_ref()
+        .map_or_else(|| input.ident.to_string(), |name| name.value.clone());
+    let mode = Mode::from_written(
+        args.mode.as_ref().map(|mode| mode.value.as_str()),
+        args.max_delay.as_ref().map(|max_delay| max_delay.value),
+    )
+    .map_err(|error| {
+        // A missing max_delay is pointed at the mode that needs it.
+        let span = match (error.field, &args.max_delay, &args.mode) {
+            ("max_delay", Some(max_delay), _) => max_delay.span,
+            (_, _, Some(mode)) => mode.span,
+            _ => attribute_span,
+        };
+        syn::Error::new(span, error.to_string())
+    })?;
+    let algorithm = args
+        .algorithm
+        .as_ref()
+        .map_or_else(Algorithm::default, |algorithm| algorithm.value);
+    let rules: Vec<Rule> = args.rules.iter().map(rule_of).collect();
+    let parts = PolicyParts {
+        name: &name,
+        prefix: PREFIX,
+        rules: rules.clone(),
+        algorithm,
+        mode,
+        block_for: args.block_for.as_ref().map(|block| block.value),
+        duplicate_window: args.prevent_duplicate.as_ref().map(|window| window.value),
+        max_in_flight: args.max_in_flight.as_ref().map(|n| n.value),
+        lease: args.lease.as_ref().map(|lease| lease.value),
+        quota_name: None,
+    };
+    if let Err(error) = parts.check() {
+        let span = span_of(&error.site(), &args, attribute_span, &input.ident);
+        return Err(syn::Error::new(span, error.to_string()));
+    }
+    Ok(implementation(input, &name, &args, mode, algorithm))
+}
+
+/// The rule an argument writes, as the builder gets it.
+fn rule_of(arg: &RuleArg) -> Rule {
+    let mut rule = Rule::new(arg.limit.value, arg.period.value);
+    if let Some(burst) = &arg.burst {
+        rule = rule.burst(burst.value);
+    }
+    if let Some(name) = &arg.name {
+        rule = rule.named(name.value.clone());
+    }
+    rule
+}
+
+/// Where an error of the checks points: the argument it is about.
+fn span_of(site: &ErrorSite, args: &RateLimitArgs, attribute: Span, ident: &syn::Ident) -> Span {
+    let option = |span: Option<Span>| span.unwrap_or(attribute);
+    match *site {
+        ErrorSite::Name => args.name.as_ref().map_or(ident.span(), |name| name.span),
+        ErrorSite::Prefix | ErrorSite::Rules | ErrorSite::Policy | ErrorSite::Override(_) => {
+            attribute
+        }
+        ErrorSite::Rule { index, part } => match args.rules.get(index) {
+            Some(rule) => match part {
+                RulePart::Limit => rule.limit.span,
+                RulePart::Period => rule.period.span,
+                RulePart::Burst => rule.burst.as_ref().map_or(rule.span, |burst| burst.span),
+                RulePart::Name => rule.name.as_ref().map_or(rule.span, |name| name.span),
+                RulePart::Whole => rule.span,
+            },
+            // Past the rules: the duplicate guard.
+            None => option(args.prevent_duplicate.as_ref().map(|guard| guard.span)),
+        },
+        ErrorSite::Option(name) => option(match name {
+            "block_for" => args.block_for.as_ref().map(|arg| arg.span),
+            "prevent_duplicate" => args.prevent_duplicate.as_ref().map(|arg| arg.span),
+            "max_delay" => args.max_delay.as_ref().map(|arg| arg.span),
+            "max_in_flight" => args.max_in_flight.as_ref().map(|arg| arg.span),
+            // A lease missing is the max_in_flight's fault.
+            "lease" => args
+                .lease
+                .as_ref()
+                .map(|arg| arg.span)
+                .or(args.max_in_flight.as_ref().map(|arg| arg.span)),
+            "mode" => args.mode.as_ref().map(|arg| arg.span),
+            _ => None,
+        }),
+    }
+}
+
+/// The `impl LimitPolicy` that builds the checked policy.
+fn implementation(
+    input: &DeriveInput,
+    name: &str,
+    args: &RateLimitArgs,
+    mode: Mode,
+    algorithm: Algorithm,
+) -> TokenStream {
+    let krate = quote!(::tower_redis_ratelimit);
+    let ident = &input.ident;
+    let (impl_generics, type_generics, where_clause) = input.generics.split_for_impl();
+    let mut calls = Vec::new();
+    if let Some(key) = &args.key {
+        let key = key_tokens(&key.value);
+        calls.push(quote!(.key(#key)));
+    }
+    if args.algorithm.is_some() {
+        let algorithm = algorithm_tokens(algorithm);
+        calls.push(quote!(.algorithm(#krate::Algorithm::#algorithm)));
+    }
+    if let Some(message) = &args.message {
+        let message = &message.value;
+        calls.push(quote!(.message(#message)));
+    }
+    for rule in &args.rules {
+        let limit = rule.limit.value;
+        let period = duration_tokens(rule.period.value);
+        let mut tokens = quote!(#krate::Rule::new(#limit, #period));
+        if let Some(burst) = &rule.burst {
+            let burst = burst.value;
+            tokens = quote!(#tokens.burst(#burst));
+        }
+        if let Some(name) = &rule.name {
+            let name = &name.value;
+            tokens = quote!(#tokens.named(#name));
+        }
+        calls.push(quote!(.rule(#tokens)));
+    }
+    if let Some(window) = &args.prevent_duplicate {
+        let window = duration_tokens(window.value);
+        calls.push(quote!(.prevent_duplicate(#window)));
+    }
+    if let Some(block) = &args.block_for {
+        let block = duration_tokens(block.value);
+        calls.push(quote!(.block_for(#block)));
+    }
+    if args.mode.is_some() {
+        let mode = match mode {
+            Mode::Enforce => quote!(#krate::Mode::Enforce),
+            Mode::Shadow => quote!(#krate::Mode::Shadow),
+            Mode::Delay { max_delay } => {
+                let max_delay = duration_tokens(max_delay);
+                quote!(#krate::Mode::Delay { max_delay: #max_delay })
+            }
+        };
+        calls.push(quote!(.mode(#mode)));
+    }
+    if let Some(header) = &args.cost_header {
+        let header = &header.value;
+        calls.push(quote!(.cost_from_header(
+            #krate::__private::HeaderName::from_static(#header)
+        )));
+    }
+    if let (Some(n), Some(lease)) = (&args.max_in_flight, &args.lease) {
+        let n = n.value;
+        let lease = duration_tokens(lease.value);
+        calls.push(quote!(.max_in_flight(#n).lease(#lease)));
+    }
+    if let Some(scope) = &args.scope {
+        let scope = match scope.value {
+            Scope::Policy => quote!(Policy),
+            Scope::Route => quote!(Route),
+        };
+        calls.push(quote!(.scope(#krate::Scope::#scope)));
+    }
+    if let Some(on_error) = &args.on_store_error {
+        let on_error = match on_error.value {
+            OnStoreError::Allow => quote!(Allow),
+            OnStoreError::Deny => quote!(Deny),
+        };
+        calls.push(quote!(.on_store_error(#krate::OnStoreError::#on_error)));
+    }
+    quote! {
+        impl #impl_generics #krate::LimitPolicy for #ident #type_generics #where_clause {
+            fn policy() -> ::core::result::Result<#krate::Policy, #krate::PolicyError> {
+                #krate::Policy::builder(#name)
+                    #(#calls)*
+                    .build()
+            }
+        }
+    }
+}
+
+fn key_tokens(key: &KeySpec) -> TokenStream {
+    let krate = quote!(::tower_redis_ratelimit);
+    match key {
+        KeySpec::Ip => quote!(#krate::Key::ip()),
+        KeySpec::User => quote!(#krate::Key::user()),
+        KeySpec::Global => quote!(#krate::Key::global()),
+        KeySpec::Header(name) => {
+            let name = name.as_str();
+            quote!(#krate::Key::header(#krate::__private::HeaderName::from_static(#name)))
+        }
+        KeySpec::Query(name) => quote!(#krate::Key::query(#name)),
+    }
+}
+
+fn algorithm_tokens(algorithm: Algorithm) -> TokenStream {
+    match algorithm {
+        Algorithm::FixedWindow => quote!(FixedWindow),
+        Algorithm::SlidingLog => quote!(SlidingLog),
+        Algorithm::SlidingCounter => quote!(SlidingCounter),
+        Algorithm::TokenBucket => quote!(TokenBucket),
+    }
+}
+
+/// A duration as a constant expression, exactly.
+fn duration_tokens(duration: Duration) -> TokenStream {
+    let (secs, nanos) = (duration.as_secs(), duration.subsec_nanos());
+    quote!(::core::time::Duration::new(#secs, #nanos))
+}

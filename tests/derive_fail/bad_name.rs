@@ -1,0 +1,7 @@
+use tower_redis_ratelimit::LimitPolicy;
+
+#[derive(LimitPolicy)]
+#[rate_limit(name = "login attempts", rule(limit = 5, period = "60s"))]
+struct Bad;
+
+fn main() {}
