@@ -60,10 +60,17 @@ use crate::top_refused::RefusedIdentity;
 /// `#[rate_limit(...)]` attribute that takes what a config file's route takes and is checked when
 /// the app compiles:
 ///
-/// ```ignore
+/// ```
+/// # #[cfg(feature = "macros")] {
+/// use tower_redis_ratelimit::LimitPolicy;
+///
 /// #[derive(LimitPolicy)]
 /// #[rate_limit(name = "login", key = "ip", rule(limit = 10, period = "60s"), prevent_duplicate)]
 /// struct LoginPolicy;
+///
+/// let policy = LoginPolicy::policy().unwrap();
+/// assert_eq!(policy.rule_names().len(), 2); // the rule and the duplicate guard
+/// # }
 /// ```
 pub trait LimitPolicy: Send + Sync + 'static {
     /// Builds the policy. An error is logged and answered with 500 on every request of the

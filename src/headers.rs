@@ -62,7 +62,9 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sfv::{BareItem, ItemSerializer, ListEntry, Parameters, Parser, StringRef};
 
-use crate::policy::InvalidRuleName;
+// Re-exported where it was first public: the header writer refused such names before the
+// policy did.
+pub use crate::policy::InvalidRuleName;
 
 /// `RateLimit-Policy`: the quota policies of the rules that apply to a request.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

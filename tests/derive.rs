@@ -70,6 +70,17 @@ struct Shadowed;
 )]
 struct Everyone;
 
+#[derive(LimitPolicy)]
+#[rate_limit(rule(limit = 3, period = "1s"))]
+#[allow(non_camel_case_types)]
+struct r#match;
+
+#[test]
+fn the_default_name_is_the_types_name_without_its_raw_prefix() {
+    assert_eq!(r#match::policy().unwrap().name(), "match");
+    assert_eq!(Everyone::policy().unwrap().name(), "Everyone");
+}
+
 /// What a policy is, field by field, as its public accessors tell.
 fn fields(policy: &Policy) -> String {
     format!(

@@ -8,7 +8,7 @@ use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned as _;
 use syn::{Attribute, LitInt, LitStr};
 use tower_redis_ratelimit_spec::{
-    Algorithm, KeySpec, OnStoreError, Scope, UnknownAlgorithm, UnknownName, parse_duration,
+    Algorithm, KeySpec, OnStoreError, Scope, UnknownAlgorithm, UnknownName, parse_any_duration,
     parse_header_name,
 };
 
@@ -54,25 +54,26 @@ const OPTIONS: &str = "name, key, algorithm, message, rule(...), prevent_duplica
                        mode, max_delay, cost_header, max_in_flight, lease, scope, on_store_error";
 
 impl RateLimitArgs {
-    /// Reads every `#[rate_limit(...)]` of the type (options may be split over several).
-    pub(crate) fn from_attributes(attributes: &[Attribute]) -> syn::Result<(Self, Span)> {
+    /// Reads every `#[rate_limit(...)]` of the type (options may be split over several), and
+    /// returns the first, which errors about the policy as a whole point at.
+    pub(crate) fn from_attributes(attributes: &[Attribute]) -> syn::Result<(Self, Attribute)> {
         let mut args = RateLimitArgs::default();
         let mut found = None;
         for attribute in attributes {
             if !attribute.path().is_ident("rate_limit") {
                 continue;
             }
-            found.get_or_insert(attribute.span());
+            found.get_or_insert_with(|| attribute.clone());
             attribute.parse_nested_meta(|meta| args.option(&meta))?;
         }
-        let Some(span) = found else {
+        let Some(attribute) = found else {
             return Err(syn::Error::new(
                 Span::call_site(),
                 "#[derive(LimitPolicy)] needs a #[rate_limit(...)] attribute with at least one \
                  rule(limit = .., period = \"..\") or a max_in_flight",
             ));
         };
-        Ok((args, span))
+        Ok((args, attribute))
     }
 
     fn option(&mut self, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
@@ -221,14 +222,22 @@ fn string(meta: &ParseNestedMeta<'_>) -> syn::Result<LitStr> {
     meta.value()?.parse()
 }
 
+/// A whole number, written plainly (`10`, `1_000`): no sign, no type suffix.
 fn integer(meta: &ParseNestedMeta<'_>) -> syn::Result<Spanned<u64>> {
     let literal: LitInt = meta.value()?.parse()?;
-    Ok(spanned(literal.base10_parse()?, &literal))
+    match literal.base10_parse() {
+        Ok(value) if literal.suffix().is_empty() => Ok(spanned(value, &literal)),
+        _ => Err(syn::Error::new(
+            literal.span(),
+            format!("{literal} is not a whole number such as 10 (no sign, no type suffix)"),
+        )),
+    }
 }
 
-/// A duration as config files write it (`"500ms"`, `"1h30m"`).
+/// A duration as config files write it (`"500ms"`, `"1h30m"`). Zero is let through: the
+/// builder's checks refuse it with their own message.
 fn duration(meta: &ParseNestedMeta<'_>) -> syn::Result<Spanned<Duration>> {
     let text = string(meta)?;
-    let duration = parse_duration(&text.value()).map_err(|message| error(&text, message))?;
+    let duration = parse_any_duration(&text.value()).map_err(|message| error(&text, message))?;
     Ok(spanned(duration, &text))
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
 use syn::DeriveInput;
+use syn::ext::IdentExt as _;
+use syn::spanned::Spanned as _;
 use tower_redis_ratelimit_spec::{
     Algorithm, ErrorSite, KeySpec, Mode, OnStoreError, PolicyParts, Rule, RulePart, Scope,
 };
@@ -16,11 +18,20 @@ use crate::attribute::{RateLimitArgs, RuleArg};
 const PREFIX: &str = "rl";
 
 pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
-    let (args, attribute_span) = RateLimitArgs::from_attributes(&input.attrs)?;
-    let name = args
-        .name
-        .as_ref()
-        .map_or_else(|| input.ident.to_string(), |name| name.value.clone());
+    if let Some(parameter) = input.generics.params.first() {
+        // A policy is one type with one name: `G<A>` and `G<B>` would share one set of counts.
+        return Err(syn::Error::new_spanned(
+            parameter,
+            "#[derive(LimitPolicy)] takes a type without generic parameters: each policy is a \
+             type of its own, with a name of its own",
+        ));
+    }
+    let (args, attribute) = RateLimitArgs::from_attributes(&input.attrs)?;
+    let attribute_span = attribute.span();
+    let name = args.name.as_ref().map_or_else(
+        || input.ident.unraw().to_string(),
+        |name| name.value.clone(),
+    );
     let mode = Mode::from_written(
         args.mode.as_ref().map(|mode| mode.value.as_str()),
         args.max_delay.as_ref().map(|max_delay| max_delay.value),
@@ -52,8 +63,11 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         quota_name: None,
     };
     if let Err(error) = parts.check() {
-        let span = span_of(&error.site(), &args, attribute_span, &input.ident);
-        return Err(syn::Error::new(span, error.to_string()));
+        return Err(match span_of(&error.site(), &args, &input.ident) {
+            Some(span) => syn::Error::new(span, error.to_string()),
+            // About the policy as a whole: the whole attribute.
+            None => syn::Error::new_spanned(&attribute, error.to_string()),
+        });
     }
     Ok(implementation(input, &name, &args, mode, algorithm))
 }
@@ -70,26 +84,23 @@ fn rule_of(arg: &RuleArg) -> Rule {
     rule
 }
 
-/// Where an error of the checks points: the argument it is about.
-fn span_of(site: &ErrorSite, args: &RateLimitArgs, attribute: Span, ident: &syn::Ident) -> Span {
-    let option = |span: Option<Span>| span.unwrap_or(attribute);
+/// Where an error of the checks points: the argument it is about (`None`: the attribute).
+fn span_of(site: &ErrorSite, args: &RateLimitArgs, ident: &syn::Ident) -> Option<Span> {
     match *site {
-        ErrorSite::Name => args.name.as_ref().map_or(ident.span(), |name| name.span),
-        ErrorSite::Prefix | ErrorSite::Rules | ErrorSite::Policy | ErrorSite::Override(_) => {
-            attribute
-        }
+        ErrorSite::Name => Some(args.name.as_ref().map_or(ident.span(), |name| name.span)),
+        ErrorSite::Prefix | ErrorSite::Rules | ErrorSite::Policy | ErrorSite::Override(_) => None,
         ErrorSite::Rule { index, part } => match args.rules.get(index) {
-            Some(rule) => match part {
+            Some(rule) => Some(match part {
                 RulePart::Limit => rule.limit.span,
                 RulePart::Period => rule.period.span,
                 RulePart::Burst => rule.burst.as_ref().map_or(rule.span, |burst| burst.span),
                 RulePart::Name => rule.name.as_ref().map_or(rule.span, |name| name.span),
                 RulePart::Whole => rule.span,
-            },
+            }),
             // Past the rules: the duplicate guard.
-            None => option(args.prevent_duplicate.as_ref().map(|guard| guard.span)),
+            None => args.prevent_duplicate.as_ref().map(|guard| guard.span),
         },
-        ErrorSite::Option(name) => option(match name {
+        ErrorSite::Option(name) => match name {
             "block_for" => args.block_for.as_ref().map(|arg| arg.span),
             "prevent_duplicate" => args.prevent_duplicate.as_ref().map(|arg| arg.span),
             "max_delay" => args.max_delay.as_ref().map(|arg| arg.span),
@@ -102,7 +113,7 @@ fn span_of(site: &ErrorSite, args: &RateLimitArgs, attribute: Span, ident: &syn:
                 .or(args.max_in_flight.as_ref().map(|arg| arg.span)),
             "mode" => args.mode.as_ref().map(|arg| arg.span),
             _ => None,
-        }),
+        },
     }
 }
 

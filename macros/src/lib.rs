@@ -33,6 +33,9 @@ use proc_macro::TokenStream;
 /// Every check `PolicyBuilder::build` makes runs here, from the same code: a policy it would
 /// refuse is a compile error with its message, pointing at the argument at fault.
 ///
+/// The type takes no generic parameters (each policy is one type with one name), and the code it
+/// writes names the crate `::tower_redis_ratelimit`, so the dependency can't be renamed.
+///
 /// Clippy's `duplicated_attributes` lint misreads two `rule(limit = ..)` of one attribute as one
 /// attribute given twice (rust-clippy#13238); allow it on the type.
 #[proc_macro_derive(LimitPolicy, attributes(rate_limit))]

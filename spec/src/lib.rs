@@ -7,7 +7,7 @@
 //! through it, and `#[derive(LimitPolicy)]` when the app compiles. Keeping them here, in a crate
 //! with no runtime, is what lets the derive refuse at compile time exactly what the builder
 //! refuses at run time, with the same message. Use them through `tower-redis-ratelimit`, which
-//! re-exports every public item.
+//! re-exports what an app names (in its `policy` module, and the common ones at its root).
 //!
 //! [tower-redis-ratelimit]: https://docs.rs/tower-redis-ratelimit
 
@@ -25,4 +25,6 @@ pub use options::{
     DEFAULT_DUPLICATE_WINDOW, Mode, ModeError, ModeName, OnStoreError, Scope, UnknownName,
 };
 pub use rule::{InvalidRuleName, MAX_LIMIT, MAX_PERIOD, Rule, check_rule_name};
-pub use written::{KeySpec, MAX_VERBATIM_LEN, is_valid_name, parse_duration, parse_header_name};
+pub use written::{
+    KeySpec, MAX_VERBATIM_LEN, is_valid_name, parse_any_duration, parse_duration, parse_header_name,
+};

@@ -21,14 +21,25 @@ use http::HeaderName;
 ///
 /// What is wrong, as a message: not a duration, or zero.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(duration) if !duration.is_zero() => Ok(duration),
-        Ok(_) => Err(format!("{text:?} must be longer than zero")),
-        Err(error) => Err(format!(
+    match parse_any_duration(text)? {
+        duration if duration.is_zero() => Err(format!("{text:?} must be longer than zero")),
+        duration => Ok(duration),
+    }
+}
+
+/// [`parse_duration`] that lets zero through, for a caller whose checks refuse it with their own
+/// message (the derive leaves a zero period to [`PolicyParts::check`](crate::PolicyParts::check)).
+///
+/// # Errors
+///
+/// What is wrong, as a message: not a duration.
+pub fn parse_any_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|error| {
+        format!(
             "invalid duration {text:?} ({error}): expected a number and a unit, such as \
              \"500ms\", \"10s\", \"1m\", \"1h30m\" or \"1d\""
-        )),
-    }
+        )
+    })
 }
 
 /// A header name as written (`cost_header`, `tier_header`, a `header:` key's name).

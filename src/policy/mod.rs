@@ -31,8 +31,10 @@ pub use overrides::{Override, OverrideTarget};
 use storage_key::push_route;
 pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
 pub use tower_redis_ratelimit_spec::{
-    Algorithm, DEFAULT_DUPLICATE_WINDOW, InvalidRuleName, MAX_LIMIT, MAX_PERIOD, Mode, ModeName,
-    OnStoreError, PolicyError, Rule, Scope, UnknownAlgorithm, UnknownName, is_valid_name,
+    Algorithm, DEFAULT_DUPLICATE_WINDOW, ErrorSite, InvalidRuleName, KeySpec, MAX_LIMIT,
+    MAX_PERIOD, Mode, ModeError, ModeName, OnStoreError, PolicyError, Rule, RulePart, Scope,
+    UnknownAlgorithm, UnknownName, check_rule_name, is_valid_name, parse_duration,
+    parse_header_name,
 };
 
 use std::fmt;
