@@ -49,18 +49,18 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         .algorithm
         .as_ref()
         .map_or_else(Algorithm::default, |algorithm| algorithm.value);
-    let rules: Vec<Rule> = args.rules.iter().map(rule_of).collect();
     let parts = PolicyParts {
-        name: &name,
-        prefix: PREFIX,
-        rules: rules.clone(),
-        algorithm,
         mode,
         block_for: args.block_for.as_ref().map(|block| block.value),
         duplicate_window: args.prevent_duplicate.as_ref().map(|window| window.value),
         max_in_flight: args.max_in_flight.as_ref().map(|n| n.value),
         lease: args.lease.as_ref().map(|lease| lease.value),
-        quota_name: None,
+        ..PolicyParts::new(
+            &name,
+            PREFIX,
+            args.rules.iter().map(rule_of).collect(),
+            algorithm,
+        )
     };
     if let Err(error) = parts.check() {
         return Err(match span_of(&error.site(), &args, &input.ident) {

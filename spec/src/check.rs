@@ -47,24 +47,30 @@ pub struct CheckedParts {
     pub concurrency: Option<(u64, Duration)>,
 }
 
-impl PolicyParts<'_> {
+impl<'a> PolicyParts<'a> {
+    /// A policy of `rules` and nothing else (enforce mode, no options); set the other fields on
+    /// the result.
+    pub fn new(name: &'a str, prefix: &'a str, rules: Vec<Rule>, algorithm: Algorithm) -> Self {
+        PolicyParts {
+            name,
+            prefix,
+            rules,
+            algorithm,
+            mode: Mode::Enforce,
+            block_for: None,
+            duplicate_window: None,
+            max_in_flight: None,
+            lease: None,
+            quota_name: None,
+        }
+    }
+
     /// Runs every check, in the order `PolicyBuilder::build` reports them.
     ///
     /// ```
-    /// use tower_redis_ratelimit_spec::{Algorithm, Mode, PolicyParts, Rule};
+    /// use tower_redis_ratelimit_spec::{Algorithm, PolicyParts, Rule};
     ///
-    /// let parts = PolicyParts {
-    ///     name: "login",
-    ///     prefix: "rl",
-    ///     rules: vec![Rule::per_minute(0)],
-    ///     algorithm: Algorithm::SlidingLog,
-    ///     mode: Mode::Enforce,
-    ///     block_for: None,
-    ///     duplicate_window: None,
-    ///     max_in_flight: None,
-    ///     lease: None,
-    ///     quota_name: None,
-    /// };
+    /// let parts = PolicyParts::new("login", "rl", vec![Rule::per_minute(0)], Algorithm::SlidingLog);
     /// let error = parts.check().unwrap_err();
     /// assert_eq!(
     ///     error.to_string(),
@@ -288,18 +294,7 @@ mod tests {
     use crate::{ErrorSite, RulePart};
 
     fn parts(rules: Vec<Rule>) -> PolicyParts<'static> {
-        PolicyParts {
-            name: "p",
-            prefix: "rl",
-            rules,
-            algorithm: Algorithm::SlidingLog,
-            mode: Mode::Enforce,
-            block_for: None,
-            duplicate_window: None,
-            max_in_flight: None,
-            lease: None,
-            quota_name: None,
-        }
+        PolicyParts::new("p", "rl", rules, Algorithm::SlidingLog)
     }
 
     #[test]

@@ -360,20 +360,9 @@ impl RouteCheck<'_> {
                 let rules = self.rules(&format!("{field}.rules"), rules)?;
                 // The builder checks them again with the whole policy; checked here first so the
                 // message names the override's rule.
-                PolicyParts {
-                    name: "override",
-                    prefix: DEFAULT_PREFIX,
-                    rules: rules.clone(),
-                    algorithm,
-                    mode: Mode::Enforce,
-                    block_for: None,
-                    duplicate_window: None,
-                    max_in_flight: None,
-                    lease: None,
-                    quota_name: None,
-                }
-                .check()
-                .map_err(|error| self.policy_error(&format!("{field}."), error))?;
+                PolicyParts::new("override", DEFAULT_PREFIX, rules.clone(), algorithm)
+                    .check()
+                    .map_err(|error| self.policy_error(&format!("{field}."), error))?;
                 Ok(target.rules(rules))
             }
             (None, Some(true), None) => Ok(target.unlimited()),
