@@ -8,8 +8,7 @@ use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned as _;
 use syn::{Attribute, LitInt, LitStr};
 use tower_redis_ratelimit_spec::{
-    Algorithm, KeySpec, OnStoreError, Scope, UnknownAlgorithm, UnknownName, parse_any_duration,
-    parse_header_name,
+    Algorithm, KeySpec, OnStoreError, Scope, parse_any_duration, parse_header_name,
 };
 
 /// A value and the span of the argument that wrote it.
@@ -83,18 +82,10 @@ impl RateLimitArgs {
         let span = meta.path.span();
         match option.as_str() {
             "name" => set(&mut self.name, span, string(meta)?)?,
-            "key" => {
-                let text = string(meta)?;
-                let key = KeySpec::parse(&text.value()).map_err(|m| error(&text, m))?;
-                set_spanned(&mut self.key, span, spanned(key, &text))?;
-            }
+            "key" => set_spanned(&mut self.key, span, parsed(meta, KeySpec::parse)?)?,
             "algorithm" => {
-                let text = string(meta)?;
-                let algorithm = text
-                    .value()
-                    .parse()
-                    .map_err(|e: UnknownAlgorithm| error(&text, e))?;
-                set_spanned(&mut self.algorithm, span, spanned(algorithm, &text))?;
+                let algorithm = parsed(meta, |text| text.parse::<Algorithm>())?;
+                set_spanned(&mut self.algorithm, span, algorithm)?;
             }
             "message" => set(&mut self.message, span, string(meta)?)?,
             "rule" => {
@@ -130,28 +121,16 @@ impl RateLimitArgs {
             }
             "max_delay" => set_spanned(&mut self.max_delay, span, duration(meta)?)?,
             "cost_header" => {
-                let text = string(meta)?;
-                let header = parse_header_name(&text.value()).map_err(|m| error(&text, m))?;
-                let value = spanned(header.as_str().to_owned(), &text);
-                set_spanned(&mut self.cost_header, span, value)?;
+                let header = parsed(meta, |text| {
+                    parse_header_name(text).map(|name| name.as_str().to_owned())
+                })?;
+                set_spanned(&mut self.cost_header, span, header)?;
             }
             "max_in_flight" => set_spanned(&mut self.max_in_flight, span, integer(meta)?)?,
             "lease" => set_spanned(&mut self.lease, span, duration(meta)?)?,
-            "scope" => {
-                let text = string(meta)?;
-                let scope = text
-                    .value()
-                    .parse()
-                    .map_err(|e: UnknownName| error(&text, e))?;
-                set_spanned(&mut self.scope, span, spanned(scope, &text))?;
-            }
+            "scope" => set_spanned(&mut self.scope, span, parsed(meta, str::parse)?)?,
             "on_store_error" => {
-                let text = string(meta)?;
-                let value = text
-                    .value()
-                    .parse()
-                    .map_err(|e: UnknownName| error(&text, e))?;
-                set_spanned(&mut self.on_store_error, span, spanned(value, &text))?;
+                set_spanned(&mut self.on_store_error, span, parsed(meta, str::parse)?)?;
             }
             _ => {
                 return Err(meta.error(format!(
@@ -216,6 +195,17 @@ fn spanned<T>(value: T, literal: &impl syn::spanned::Spanned) -> Spanned<T> {
 
 fn error(literal: &LitStr, message: impl std::fmt::Display) -> syn::Error {
     syn::Error::new(literal.span(), message)
+}
+
+/// A string option read by `parse` (a parser of the spec crate, the one config files use), its
+/// error pointed at the literal.
+fn parsed<T, E: std::fmt::Display>(
+    meta: &ParseNestedMeta<'_>,
+    parse: impl FnOnce(&str) -> Result<T, E>,
+) -> syn::Result<Spanned<T>> {
+    let text = string(meta)?;
+    let value = parse(&text.value()).map_err(|message| error(&text, message))?;
+    Ok(spanned(value, &text))
 }
 
 fn string(meta: &ParseNestedMeta<'_>) -> syn::Result<LitStr> {
