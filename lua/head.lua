@@ -100,44 +100,10 @@ local function quota_day_start()
   return now - (now + quota_day - quota_offset % quota_day) % quota_day
 end
 
--- A penalty block refuses everything until it ends: nothing is available, and nothing is counted.
--- A quota that is used up stays so past the block, to the end of its day: its item says when.
+-- A penalty block refuses everything until it ends (lua/tail.lua answers it): the time it has left.
+local blocked_for = 0
 if block > 0 then
-  local left = (tonumber(call('GET', block_key)) or 0) - now
-  if left > 0 then
-    local reply = {0, 0}
-    local reported = rules
-    if guard_window > 0 then
-      reported = reported + 1
-    end
-    for _ = 1, reported do
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = left
-      reply[#reply + 1] = left
-    end
-    if quota_limit > 0 then
-      local start = quota_day_start()
-      local count = tonumber(call('HGET', quota_key, start)) or 0
-      local until_free = left
-      if count + cost > quota_limit then
-        local wait = start + quota_day - now
-        if cost > quota_limit then
-          wait = quota_day
-        end
-        until_free = math.max(left, wait)
-      end
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = until_free
-      reply[#reply + 1] = until_free
-    end
-    if max_in_flight > 0 then
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = left
-      reply[#reply + 1] = left
-      reply[#reply + 1] = 0
-    end
-    return reply
-  end
+  blocked_for = math.max((tonumber(call('GET', block_key)) or 0) - now, 0)
 end
 
 -- The duplicate guard: the time of the last admission, while it is less than a window ago.

@@ -45,6 +45,58 @@ if in_flight_key then
   end
 end
 
+-- When a refused quota admits the request: at the end of its day, or (a cost above its limit,
+-- which no day admits) a day from now.
+local function quota_wait()
+  if cost > quota_limit then
+    return quota_day
+  end
+  return quota.start + quota_day - now
+end
+
+-- When the earliest lease expires (0: none is held).
+local function slot_frees()
+  local earliest = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')[2]
+  if earliest then
+    return math.max(tonumber(earliest) - now, 0)
+  end
+  return 0
+end
+
+-- During a penalty block nothing is admitted or counted. Every item is refused until the later of
+-- the block's end and the time it would admit the request itself: a client that waits as long as
+-- Retry-After says must not find a rule still full, and be refused and blocked anew.
+if blocked_for > 0 then
+  local reply = {0, 0}
+  local function refused_for(own_wait)
+    local until_free = math.max(blocked_for, own_wait)
+    reply[#reply + 1] = 0
+    reply[#reply + 1] = until_free
+    reply[#reply + 1] = until_free
+  end
+  for i = 1, rules do
+    local state = states[i]
+    local own_wait = 0
+    if not state.fits then
+      local _, period = rule_args(i)
+      own_wait = wait(state) or period
+    end
+    undo(state)
+    refused_for(own_wait)
+  end
+  if guard_window > 0 then
+    refused_for(guard_stamp and guard_stamp + guard_window - now or 0)
+  end
+  if quota then
+    refused_for(quota.fits and 0 or quota_wait())
+  end
+  if in_flight then
+    refused_for(in_flight.fits and 0 or slot_frees())
+    reply[#reply + 1] = 0
+  end
+  return reply
+end
+
 -- A reservation: a request that may wait is recorded for the time it fits. Never a duplicate, nor
 -- past the quota (a calendar day can't be reserved into), nor for a slot (its end isn't known).
 local delay = 0
@@ -150,22 +202,14 @@ if quota then
     reply[#reply + 1] = 0
   end
   if allowed == 0 and not quota.fits then
-    if cost > quota_limit then
-      reply[#reply + 1] = retry_of(quota_day)
-    else
-      reply[#reply + 1] = retry_of(quota.start + quota_day - now)
-    end
+    reply[#reply + 1] = retry_of(quota_wait())
   else
     reply[#reply + 1] = -1
   end
 end
 if in_flight then
   reply[#reply + 1] = math.max(max_in_flight - in_flight.held, 0)
-  local earliest = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')[2]
-  local frees = 0
-  if earliest then
-    frees = math.max(tonumber(earliest) - now, 0)
-  end
+  local frees = slot_frees()
   reply[#reply + 1] = frees
   if slot_refused then
     reply[#reply + 1] = retry_of(frees)

@@ -115,9 +115,12 @@ impl RateLimitLayer {
     /// How many refused identities the layer remembers (default 10 000 over a networked store such
     /// as Redis, none over the memory store, which answers as fast; `0` turns the cache off). After the store refuses a request, the same identity is refused without asking the
     /// store until that refusal's retry time, for the same cost and the same quota tier (not
-    /// for a policy with a penalty block, whose refusals always ask the store). That is exact, not an estimate: other instances can only make the wait longer, and a
-    /// refused request counts nowhere. So a refusal flood costs no store calls, and logs one line
-    /// per identity and window; the rest are counted in the next line's `unlogged_refusals`.
+    /// for a policy with a penalty block, whose refusals always ask the store). In
+    /// [delay mode](crate::Mode::Delay) only until the wait is down to `max_delay`: from then on
+    /// the store holds the request and admits it. That is exact, not an estimate: other instances
+    /// can only make the wait longer, and a refused request counts nowhere. So a refusal flood
+    /// costs no store calls, and logs one line per identity and window; the rest are counted in
+    /// the next line's `unlogged_refusals`.
     pub fn refusal_cache(mut self, capacity: usize) -> Self {
         self.limiter_mut().refusals = Arc::new(Refusals::new(capacity));
         self

@@ -509,7 +509,9 @@ impl Limiter {
                 let slot_refused = self.policy.concurrency().is_some()
                     && decision.rules.last().is_some_and(RuleState::refused);
                 if self.policy.block_for().is_none() && !slot_refused {
-                    self.refusals.remember(checked.asking(), &decision);
+                    let max_delay = self.policy.mode().max_delay();
+                    self.refusals
+                        .remember(checked.asking(), &decision, max_delay);
                 }
                 self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
                 let log = self.refusals.may_log().then_some(key);

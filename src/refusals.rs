@@ -8,7 +8,10 @@
 //! entry, since it used quota. An entry is used only for the same identity, the same cost (a
 //! smaller one may fit sooner; a larger one would be refused too, but may have to wait longer than
 //! the cached `Retry-After` says) and the same quota tier and limit, and only until the earliest of the retry time and the
-//! next reset of any rule (so no window rolls over behind a cached answer's headers). Its
+//! next reset of any rule (so no window rolls over behind a cached answer's headers); in delay
+//! mode, until the wait is down to the policy's `max_delay`, when the store would hold the
+//! request and admit it rather than refuse it (the store refuses exactly while the wait is
+//! longer, and the wait only shrinks with time or grows with others' admissions). Its
 //! headers are the refusal's, with every time counted down: `r` as the store last said, `t` and
 //! `Retry-After` to the same instants.
 //!
@@ -92,19 +95,23 @@ impl Refusals {
         self.capacity
     }
 
-    /// Remembers the store's refusal of `asking`.
-    pub(crate) fn remember(&self, asking: Asking<'_>, decision: &Decision) {
+    /// Remembers the store's refusal of `asking`, checked with a reservation of up to
+    /// `max_delay` (zero but in delay mode).
+    pub(crate) fn remember(&self, asking: Asking<'_>, decision: &Decision, max_delay: Duration) {
         let Some(cache) = &self.cache else { return };
         let Some(retry) = decision.retry_after() else {
             return;
         };
+        // In delay mode the store holds and admits a request once its wait is down to
+        // `max_delay`, that long before the retry time: the refusal stands only until then.
+        let refused_until = retry.saturating_sub(max_delay);
         // Until the first time any rule's state could improve.
         let stands_for = decision
             .rules
             .iter()
             .map(|state| state.reset)
             .filter(|reset| !reset.is_zero())
-            .fold(retry, Duration::min)
+            .fold(refused_until, Duration::min)
             .min(MAX_CACHED_FOR);
         if stands_for.is_zero() {
             return;

@@ -15,7 +15,9 @@ use common::{request_from, send};
 use http::StatusCode;
 use proptest::prelude::*;
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, ManualClock};
-use tower_redis_ratelimit::{Algorithm, Cost, MemoryStore, Policy, RateLimitLayer, Rule, Store};
+use tower_redis_ratelimit::{
+    Algorithm, Cost, MemoryStore, Mode, Policy, RateLimitLayer, Rule, Store,
+};
 
 const PEER: &str = "198.51.100.7:1000";
 
@@ -120,6 +122,8 @@ fn clock_secs(clock: &ManualClock) -> u64 {
 struct Case {
     algorithm: Algorithm,
     block: bool,
+    /// Delay mode's `max_delay` (ms), for the algorithms that can reserve.
+    max_delay: Option<u64>,
     steps: Vec<(u64, u64)>,
 }
 
@@ -132,20 +136,45 @@ fn cases() -> impl Strategy<Value = Case> {
             Algorithm::TokenBucket,
         ]),
         any::<bool>(),
+        prop::option::of(1u64..2_500),
         prop::collection::vec((0u64..1_500, 1u64..=3), 1..60),
     )
-        .prop_map(|(algorithm, block, steps)| Case {
+        .prop_map(|(algorithm, block, max_delay, steps)| Case {
             algorithm,
             block,
+            max_delay: max_delay.filter(|_| algorithm.can_reserve()),
             steps,
         })
+}
+
+/// Unix time that follows tokio's clock, paused in these tests: a request held in delay mode
+/// sleeps, and the stores see the time it slept.
+struct TokioClock {
+    start_unix_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl tower_redis_ratelimit::store::Clock for TokioClock {
+    fn now_unix_ms(&self) -> u64 {
+        self.start_unix_ms + self.start.elapsed().as_millis() as u64
+    }
+}
+
+fn tokio_clocked() -> MemoryStore {
+    MemoryStore::builder()
+        .clock(TokioClock {
+            start_unix_ms: 1_700_000_000_000,
+            start: tokio::time::Instant::now(),
+        })
+        .build()
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// The cached layer answers every request as a layer without the cache does (status and
-    /// Retry-After), so it never refuses what the store would admit.
+    /// Retry-After), so it never refuses what the store would admit: with and without a penalty
+    /// block, and in delay mode, where the store holds what fits within `max_delay`.
     #[test]
     fn the_cache_answers_as_the_store_would(case in cases()) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -154,7 +183,6 @@ proptest! {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let clock = ManualClock::new(1_700_000_000_000);
             let mut builder = Policy::builder("same")
                 .algorithm(case.algorithm)
                 .rule(Rule::per_second(3))
@@ -162,18 +190,23 @@ proptest! {
             if case.block {
                 builder = builder.block_for(Duration::from_secs(4));
             }
+            if let Some(max_delay) = case.max_delay {
+                builder = builder.mode(Mode::Delay { max_delay: Duration::from_millis(max_delay) });
+            }
             let policy = builder.build().unwrap();
             let checks = Arc::new(AtomicU64::new(0));
             let cached = app(
                 policy.clone(),
-                Counting { store: store(&clock), checks: checks.clone() },
+                Counting { store: tokio_clocked(), checks: checks.clone() },
                 100,
             );
-            let uncached = app(policy, store(&clock), 0);
+            let uncached = app(policy, tokio_clocked(), 0);
             for (step, &(wait_ms, cost)) in case.steps.iter().enumerate() {
-                advance(&clock, Duration::from_millis(wait_ms)).await;
-                let expected = send(&uncached, request(cost)).await;
-                let got = send(&cached, request(cost)).await;
+                tokio::time::advance(Duration::from_millis(wait_ms)).await;
+                // Side by side, so both are checked at the same instant, however long a held
+                // request then sleeps.
+                let (expected, got) =
+                    tokio::join!(send(&uncached, request(cost)), send(&cached, request(cost)));
                 assert_eq!(got.status(), expected.status(), "step {step} of {case:?}");
                 assert_eq!(
                     retry_after(&got),

@@ -192,12 +192,7 @@ impl Entry {
                 self.leases.push((lease_id, expires));
                 lease = Some(lease_id);
             }
-            let frees = self
-                .leases
-                .iter()
-                .map(|&(_, expires)| expires - now)
-                .min()
-                .unwrap_or(0);
+            let frees = self.earliest_lease_expiry(now);
             rules.push(RuleState {
                 limit: limit.max_in_flight(),
                 remaining: limit
@@ -247,36 +242,55 @@ impl Entry {
         }
     }
 
-    /// The answer during a penalty block: nothing is available until it ends. A quota that is used
-    /// up stays so past the block, to the end of its day: its item says when.
+    /// The answer during a penalty block: nothing is admitted or counted. Every item is refused
+    /// until the later of the block's end and the time it would admit the request itself, so a
+    /// client that waits as long as `Retry-After` says finds no rule still full (which would
+    /// refuse it and block it anew).
     fn blocked(
-        &self,
+        &mut self,
         request: &CheckRequest<'_>,
         now: u64,
         quota: Option<&(&mut QuotaCounter, QuotaRequest<'_>)>,
     ) -> Decision {
         let left = self.blocked_until_ms - now;
-        let state = |limit, wait: u64| RuleState {
-            limit,
-            remaining: 0,
-            reset: Duration::from_millis(wait),
-            retry_after: Some(Duration::from_millis(wait)),
+        let state = |limit, own_wait: u64| {
+            let wait = Duration::from_millis(left.max(own_wait));
+            RuleState {
+                limit,
+                remaining: 0,
+                reset: wait,
+                retry_after: Some(wait),
+            }
         };
-        let mut rules: Vec<RuleState> = request
-            .rules
-            .iter()
-            .map(|rule| state(rule.limit(), left))
-            .collect();
-        if let Some((counter, quota)) = quota {
-            let wait = if counter.fits(request.cost, quota.limit) {
-                left
+        let mut rules = Vec::with_capacity(request.rules.len() + 2);
+        for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
+            counter.forget_before(now);
+            let cost = rule_cost(rule, request.cost);
+            let own_wait = if counter.fits(now, cost) {
+                0
             } else {
-                left.max(counter.admits_after(request.cost, quota, now))
+                counter
+                    .admits_after(now, cost)
+                    .unwrap_or(counter.period_ms())
             };
-            rules.push(state(quota.limit, wait));
+            rules.push(state(rule.limit(), own_wait));
+        }
+        if let Some((counter, quota)) = quota {
+            let own_wait = if counter.fits(request.cost, quota.limit) {
+                0
+            } else {
+                counter.admits_after(request.cost, quota, now)
+            };
+            rules.push(state(quota.limit, own_wait));
         }
         if let Some(limit) = request.concurrency {
-            rules.push(state(limit.max_in_flight(), left));
+            self.leases.retain(|&(_, expires)| expires > now);
+            let own_wait = if (self.leases.len() as u64) < limit.max_in_flight() {
+                0
+            } else {
+                self.earliest_lease_expiry(now)
+            };
+            rules.push(state(limit.max_in_flight(), own_wait));
         }
         Decision {
             allowed: false,
@@ -286,6 +300,15 @@ impl Entry {
             quota_alerts: Vec::new(),
             lease: None,
         }
+    }
+
+    /// Milliseconds until the earliest lease expires (0: none is held).
+    fn earliest_lease_expiry(&self, now: u64) -> u64 {
+        self.leases
+            .iter()
+            .map(|&(_, expires)| expires - now)
+            .min()
+            .unwrap_or(0)
     }
 }
 
