@@ -113,46 +113,105 @@ local function window_opened(key, start, period)
   end
 end
 
--- The sliding log's (lua/sliding_log.lua) score of the n-th oldest admission (1-based), or nil.
-local function nth_oldest(key, n)
-  local found = call('ZRANGE', key, n - 1, n - 1, 'WITHSCORES')
-  return tonumber(found[2])
-end
-
--- ZADD takes members in batches, so a costly request never overflows Lua's stack with unpack.
+-- ZADD takes members in batches, so a long log never overflows Lua's stack with unpack.
 local ZADD_BATCH = 1000
 
--- Adds `units` members scored `at` to a sliding log, named `at-<n>` for n from `first` on; returns
--- how many were new (a name already taken is not added again).
-local function add_members(key, at, first, units)
-  local added = 0
-  local done = 0
-  while done < units do
-    local members = {}
-    for _ = 1, math.min(ZADD_BATCH, units - done) do
-      members[#members + 1] = text_of(at)
-      members[#members + 1] = text_of(at) .. '-' .. text_of(first + done)
-      done = done + 1
-    end
-    added = added + call('ZADD', key, unpack(members))
-  end
-  return added
+-- A sliding log (lua/sliding_log.lua) holds one member per admitted request, however much it
+-- costs: no request costs Redis work or memory in proportion to its cost. A member's score is
+-- its admission's time (ms); its name, `<first>:<units>`, numbers the request's units among all
+-- the log has held since it was last empty: `first`, the number of its first unit, is written
+-- after a letter that gives its digit count (a for 1 digit, b for 2, ...), so that the names of
+-- one score sort in admission order as the scores do. The log holds the newest member's
+-- first + units less the oldest one's first; the n-th oldest unit is in the member whose units
+-- span it, found by a binary search over ranks. Members go in time order: one admitted before
+-- the newest (a clock that stepped back, a reservation ahead) is scored as the newest, which
+-- only counts it longer.
+local function log_name(first, units)
+  local digits = string.format('%d', first)
+  return string.char(96 + #digits) .. digits .. ':' .. text_of(units)
 end
 
--- Records `cost` admissions at `at` in the sliding log `key` that held `count` of them, and makes
--- it live until the newest leaves the window of `period`.
-local function log_admit(key, at, count, cost, period)
-  -- Members at one score need distinct names. Numbering them after the log's count works while
-  -- time only moves forward, the common case; when names were taken (a clock that stepped back, a
-  -- reservation made earlier for the same millisecond), the rest go after the highest number at
-  -- that score.
-  local added = add_members(key, at, count + 1, cost)
-  if added < cost then
-    local highest = 0
-    for _, member in ipairs(call('ZRANGEBYSCORE', key, at, at)) do
-      highest = math.max(highest, tonumber(string.match(member, '-(%d+)$')) or 0)
-    end
-    add_members(key, at, highest + 1, cost - added)
+-- The member at `rank` of a log (0: the oldest, -1: the newest): its score, first unit and
+-- units; nil when there is none.
+local function log_member(key, rank)
+  local found = call('ZRANGE', key, rank, rank, 'WITHSCORES')
+  if found[1] == nil then
+    return nil
   end
-  expire_at_least(key, at + period, count == 0)
+  local first, units = string.match(found[1], '^%a(%d+):(%d+)$')
+  return tonumber(found[2]), tonumber(first), tonumber(units)
+end
+
+-- Lua's doubles count exactly below 2^53: a log never empty for so long that its numbers reach
+-- this (2^50 units, years at millions of units a second) is numbered again from 0.
+local LOG_RENUMBER_AT = 2 ^ 50
+
+-- The log, after its expired members left: {oldest (ms), base (the oldest's first unit),
+-- newest (ms), next (the number of the next unit), count (units held)}; nil times and zeros when
+-- it is empty.
+local function log_read(key)
+  local oldest, base = log_member(key, 0)
+  if oldest == nil then
+    return {base = 0, next = 0, count = 0}
+  end
+  local newest, first, units = log_member(key, -1)
+  return {oldest = oldest, base = base, newest = newest, next = first + units,
+          count = first + units - base}
+end
+
+-- The time (ms) of the admission holding unit `n` (1-based) of `log`, counted from its oldest.
+local function log_unit_at(key, log, n)
+  local target = log.base + n - 1
+  -- The last member whose first unit is at most the target: every member holds a unit at least,
+  -- so its rank is at most n - 1.
+  local low, high = 0, math.min(call('ZCARD', key), n) - 1
+  while low < high do
+    local middle = floor((low + high + 1) / 2)
+    local _, first = log_member(key, middle)
+    if first <= target then
+      low = middle
+    else
+      high = middle - 1
+    end
+  end
+  return (log_member(key, low))
+end
+
+-- Numbers the log's units from 0 again (see LOG_RENUMBER_AT): the same members, times and order,
+-- under new names. The key loses its expiry; the caller sets it. Returns the next number.
+local function log_renumber(key, log)
+  local members = call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  call('DEL', key)
+  local renamed = {}
+  for i = 1, #members, 2 do
+    local first, units = string.match(members[i], '^%a(%d+):(%d+)$')
+    renamed[#renamed + 1] = members[i + 1]
+    renamed[#renamed + 1] = log_name(tonumber(first) - log.base, tonumber(units))
+    if #renamed == 2 * ZADD_BATCH or i + 1 == #members then
+      call('ZADD', key, unpack(renamed))
+      renamed = {}
+    end
+  end
+  log.base = 0
+  return log.count
+end
+
+-- Records a request of `cost` admitted at `at` in the sliding log `key`, read as `log` (see
+-- log_read), and makes it live until its newest member leaves the window of `period`. A request
+-- of cost 0 adds nothing, but still gets the key's expiry.
+local function log_admit(key, at, log, cost, period)
+  at = math.max(at, log.newest or at)
+  local created = log.count == 0
+  if cost > 0 then
+    if log.next + cost >= LOG_RENUMBER_AT then
+      log.next = log_renumber(key, log)
+      created = true
+    end
+    call('ZADD', key, text_of(at), log_name(log.next, cost))
+    log.oldest = log.oldest or at
+    log.newest = at
+    log.next = log.next + cost
+    log.count = log.count + cost
+  end
+  expire_at_least(key, at + period, created)
 end

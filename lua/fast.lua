@@ -114,14 +114,14 @@ end
 -- Sliding log (lua/sliding_log.lua): count every rule's window; record in all if all admit.
 fast.sl = function(KEYS, key_at, shape, now, out, n)
   local cost, rules = shape.cost, shape.rules
-  local counts = {}
+  local logs = {}
   local allowed = 1
   for i = 1, rules do
     local key = KEYS[key_at + i]
     call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - shape.periods[i]))
-    local count = call('ZCARD', key)
-    counts[i] = count
-    if count + cost > shape.limits[i] then
+    local log = log_read(key)
+    logs[i] = log
+    if log.count + cost > shape.limits[i] then
       allowed = 0
     end
   end
@@ -130,22 +130,20 @@ fast.sl = function(KEYS, key_at, shape, now, out, n)
   for i = 1, rules do
     local key = KEYS[key_at + i]
     local limit, period = shape.limits[i], shape.periods[i]
-    local count = counts[i]
+    local log = logs[i]
     local retry = -1
     if allowed == 1 then
-      log_admit(key, now, count, cost, period)
-      count = count + cost
-    elseif count + cost > limit then
+      log_admit(key, now, log, cost, period)
+    elseif log.count + cost > limit then
       if cost > limit then
         retry = period
       else
-        -- It fits once `count + cost - limit` of the oldest admissions leave the window.
-        retry = nth_oldest(key, count + cost - limit) + period - now
+        -- It fits once `count + cost - limit` of the oldest units leave the window.
+        retry = log_unit_at(key, log, log.count + cost - limit) + period - now
       end
     end
-    local oldest = nth_oldest(key, 1)
-    items[3 * i - 2] = math.max(limit - count, 0)
-    items[3 * i - 1] = oldest and oldest + period - now or 0
+    items[3 * i - 2] = math.max(limit - log.count, 0)
+    items[3 * i - 1] = log.oldest and log.oldest + period - now or 0
     items[3 * i] = retry
   end
   if allowed == 1 then

@@ -18,7 +18,7 @@ use http::StatusCode;
 use proptest::prelude::*;
 use redis::Commands;
 use tower_redis_ratelimit::quota::QuotaThreshold;
-use tower_redis_ratelimit::store::{CheckRequest, QuotaRequest, RedisStore};
+use tower_redis_ratelimit::store::{CheckRequest, ManualClock, QuotaRequest, RedisStore};
 use tower_redis_ratelimit::{
     Algorithm, MemoryStore, OnStoreError, Policy, RateLimitLayer, Rule, Store,
 };
@@ -205,17 +205,17 @@ async fn one_round_trip_per_request_whatever_the_rules() {
         .filter(|(name, calls)| *calls > 0 && !["info", "client"].contains(name))
         .collect();
     // Redis counts the commands a script runs too: one TIME per script run, and per rule the
-    // sliding log's trim, count, add, expiry and oldest-entry read. Anything the client sent besides
-    // FCALL (a pool health check's PING, a second read) would show up or change these counts.
+    // sliding log's trim, its oldest and newest members' reads (which give its count), add and
+    // expiry. Anything the client sent besides FCALL (a pool health check's PING, a second read)
+    // would show up or change these counts.
     let rules = 3;
     let mut client = redis.client();
     let mut wanted = HashMap::from([
         (store_call_command(&mut client), 50),
         ("time", 50),
         ("zremrangebyscore", 50 * rules),
-        ("zcard", 50 * rules),
+        ("zrange", 2 * 50 * rules),
         ("zadd", 50 * rules),
-        ("zrange", 50 * rules),
     ]);
     if has_functions(&mut client) {
         // Redis 7: PEXPIREAT … GT extends the expiry in one command.
@@ -738,65 +738,58 @@ async fn a_request_of_cost_zero_is_answered_by_every_script() {
     assert_every_key_expires(&redis, &prefix);
 }
 
-/// The log names its members per millisecond; when names at one millisecond were taken earlier (a
-/// reservation made ahead, a clock that stepped back), a new unit must not reuse one and be lost.
-#[test]
-fn sliding_log_members_never_share_a_name() {
+/// A log's member numbers its request's units (`lua/common.lua`); a log never empty for so long
+/// that the numbers near 2^53 (past which Lua's doubles are not exact) is numbered again from 0,
+/// keeping its members, times, count and expiry.
+#[tokio::test]
+async fn a_sliding_log_numbered_near_2_pow_50_is_renumbered() {
     let redis = TestRedis::shared();
+    let store = store(&redis);
     let mut client = redis.client();
-    let key = format!("{}:{{x}}:sl", unique_prefix("names"));
+    let prefix = unique_prefix("renumber");
+    let rules = [Rule::per_hour(5)];
+    let key = format!("{prefix}:user:ann");
+    let check =
+        |cost| store.check(&CheckRequest::new(&key, &rules, Algorithm::SlidingLog).cost(cost));
     let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut client).unwrap();
-    let at = secs * 1_000 + 5_000;
-    // Two old members and one at `at` numbered 3, as a reservation for `at` leaves them.
-    let _: () = redis::cmd("ZADD")
-        .arg(&key)
-        .arg(at - 1_000)
-        .arg(format!("{}-1", at - 1_000))
-        .arg(at - 1_000)
-        .arg(format!("{}-2", at - 1_000))
-        .arg(at)
-        .arg(format!("{at}-3"))
+    let at = secs * 1_000;
+    store.fix_time_for_tests(Some(at * 1_000));
+    assert!(check(2).await.unwrap().allowed);
+    let keys: Vec<String> = client.keys(format!("{prefix}*")).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let log = &keys[0];
+    let members: Vec<String> = client.zrange(log, 0, -1).unwrap();
+    assert_eq!(members, ["a0:2"], "one member for a request of two units");
+    // As if the log had held 2^50 - 4 units before this one: 16 digits, letter p.
+    let _: () = redis::pipe()
+        .del(log)
+        .zadd(log, "p1125899906842620:2", at)
+        .pexpire_at(log, (at + 3_600_000) as i64)
         .query(&mut client)
         .unwrap();
-    let _: () = redis::cmd("PEXPIREAT")
-        .arg(&key)
-        .arg(at + 1_000)
-        .query(&mut client)
-        .unwrap();
-    // commit() alone, for one unit at `at` with a count of 2 (as if the old ones had left the
-    // window): the count would name it "<at>-3", which is taken.
-    let log = include_str!("../lua/sliding_log.lua");
-    let script = format!(
-        "{}call, floor = redis.call, math.floor\nexpire_options = redis.REDIS_VERSION_NUM ~= nil\nlocal now_us = {at}000\n{}{}\ncommit({{key = KEYS[1], period = 10000, count = 2}}, {at})\n\
-         return call('ZCARD', KEYS[1])",
-        include_str!("../lua/common.lua"),
-        include_str!("../lua/head.lua"),
-        &log[..log.find("local function undo").unwrap()],
+    store.fix_time_for_tests(Some((at + 1) * 1_000));
+    let full = check(3).await.unwrap();
+    assert!(full.allowed);
+    assert_eq!(full.rules[0].remaining, 0);
+    let members: Vec<String> = client.zrange(log, 0, -1).unwrap();
+    assert_eq!(members, ["a0:2", "a2:3"], "numbered from 0 again, in order");
+    store.fix_time_for_tests(Some((at + 2) * 1_000));
+    let refused = check(1).await.unwrap();
+    assert!(!refused.allowed);
+    // The oldest request's units leave first: an hour after it.
+    assert_eq!(
+        refused.retry_after(),
+        Some(Duration::from_millis(3_600_000 - 2))
     );
-    // ARGV: cost 1, no options (no delay, guard, block or quota).
-    let count: u64 = redis::cmd("EVAL")
-        .arg(script)
-        .arg(1)
-        .arg(&key)
-        .arg(1)
-        .arg("")
-        .query(&mut client)
-        .unwrap();
-    let expires_at = expire_time_ms(&mut client, &key);
-    let exact_expiry = has_functions(&mut client);
-    let _: () = redis::cmd("DEL").arg(&key).query(&mut client).unwrap();
-    assert_eq!(count, 4, "the new unit got a name of its own");
-    let wanted = (at + 10_000) as i64;
-    if exact_expiry {
-        assert_eq!(expires_at, wanted);
-    } else {
-        // Redis 6.2 extends an expiry relative to its clock (lua/common.lua): never earlier than
-        // wanted, later by at most the milliseconds the script ran.
-        assert!(
-            (wanted..wanted + 50).contains(&expires_at),
-            "{expires_at}, {wanted}"
-        );
-    }
+    let expires_at = expire_time_ms(&mut client, log);
+    let wanted = (at + 1 + 3_600_000) as i64;
+    // Redis 6.2 extends an expiry relative to its clock (lua/common.lua): never earlier than
+    // wanted, later by at most the milliseconds the script ran (and the fixed time's lead).
+    assert!(
+        (wanted..wanted + 1_000).contains(&expires_at),
+        "{expires_at}, {wanted}"
+    );
+    store.fix_time_for_tests(None);
 }
 
 /// A penalty block on Redis outlasts the rule's window, and ends on its own (its key's TTL).
@@ -943,14 +936,14 @@ async fn a_quota_on_redis_starts_over_at_midnight() {
 }
 
 /// A policy (algorithm, rules as limit, period and burst, duplicate guard, penalty block, daily
-/// quota) and a request sequence: which of three identities, and how much each request costs.
+/// quota, delay mode's max delay in ms), a request sequence (which of three identities, and how
+/// much each request costs), and a scale that multiplies every limit and cost (large costs).
 type Case = (
-    Algorithm,
-    Vec<(u64, u64, u64)>,
-    bool,
-    bool,
+    (Algorithm, Vec<(u64, u64, u64)>, bool, bool),
     Option<(u64, u64)>,
+    Option<u64>,
     Vec<(usize, u64)>,
+    u64,
 );
 
 fn sequences() -> impl Strategy<Value = Case> {
@@ -978,19 +971,23 @@ fn sequences() -> impl Strategy<Value = Case> {
     let requests = prop::collection::vec((0usize..3, 0u64..4), 1..25);
     // A daily limit and where its days start (the UTC offset's midnight, as ms after UTC's).
     let quota = prop::option::of((1u64..8, 0u64..86_400_000));
+    // Waits within the cases' periods (an hour or more), so reservations are made.
+    let max_delay = prop::option::of(prop_oneof![Just(3_600_000u64), Just(10_800_000)]);
+    // Costs of millions and billions of units cost the stores no more than costs of one.
+    let scale = prop_oneof![Just(1u64), Just(1_000_000), Just(500_000_000)];
     (
-        algorithm,
-        rules,
-        any::<bool>(),
-        any::<bool>(),
+        (algorithm, rules, any::<bool>(), any::<bool>()),
         quota,
+        max_delay,
         requests,
+        scale,
     )
 }
 
 /// The same requests through the in-memory store and the Redis store get the same answers, for
-/// every algorithm, with and without a duplicate guard, a penalty block and a daily quota (shared
-/// by the three identities' two keys each, with alerts at 50 % and 100 %). One Redis for all cases.
+/// every algorithm, with and without a duplicate guard, a penalty block, a daily quota (shared
+/// by the three identities' two keys each, with alerts at 50 % and 100 %) and delay mode (for
+/// the algorithms that reserve), with costs of a few units or of billions. One Redis for all cases.
 #[test]
 fn memory_and_redis_agree() {
     let redis = TestRedis::shared();
@@ -1004,12 +1001,12 @@ fn memory_and_redis_agree() {
     });
     let outcome = runner.run(
         &sequences(),
-        |(algorithm, rules, guard, block, quota, requests)| {
+        |((algorithm, rules, guard, block), quota, max_delay, requests, scale)| {
             let mut builder = Policy::builder("agree").algorithm(algorithm);
             for (limit, period, burst) in rules {
-                let rule = Rule::new(limit, Duration::from_millis(period));
+                let rule = Rule::new(limit * scale, Duration::from_millis(period));
                 builder = builder.rule(if algorithm == Algorithm::TokenBucket {
-                    rule.burst(burst)
+                    rule.burst(burst * scale)
                 } else {
                     rule
                 });
@@ -1020,9 +1017,24 @@ fn memory_and_redis_agree() {
             }
             let policy = builder.build().unwrap();
             let block_for = block.then_some(Duration::from_secs(3_600));
+            let max_delay =
+                Duration::from_millis(max_delay.filter(|_| algorithm.can_reserve()).unwrap_or(0));
+            let quota = quota.map(|(limit, offset)| (limit * scale, offset));
             let prefix = unique_prefix("agree");
+            // Both stores at one fixed time: a token bucket of billions an hour refills hundreds
+            // of units a millisecond, so clocks a few milliseconds apart would show.
+            let now_ms = u64::try_from(
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis(),
+            )
+            .unwrap();
             let redis_store = store(&redis);
-            let memory_store = MemoryStore::new();
+            redis_store.fix_time_for_tests(Some(now_ms * 1_000));
+            let memory_store = MemoryStore::builder()
+                .clock(ManualClock::new(now_ms))
+                .build();
             runtime.block_on(async {
                 for (who, cost) in requests {
                     let key = format!("{prefix}:p{}:user:{who}", cost % 2);
@@ -1040,7 +1052,8 @@ fn memory_and_redis_agree() {
                                 QuotaRequest::new(&quota_key, limit, 86_400_000, offset, thresholds)
                             });
                     let request = CheckRequest::new(&key, policy.rules(), algorithm)
-                        .cost(cost)
+                        .cost(cost * scale)
+                        .max_delay(max_delay)
                         .block_for(block_for)
                         .quota(quota);
                     let in_memory = memory_store.check(&request).await.unwrap();
@@ -1054,11 +1067,17 @@ fn memory_and_redis_agree() {
                             .collect::<Vec<_>>()
                     };
                     prop_assert_eq!(remaining(&in_memory), remaining(&in_redis));
-                    // Resets and retries agree too, up to the two clocks' difference (the memory
-                    // store's ms since its start against Redis TIME, a few ms apart at most).
+                    // Resets, retries and delays agree too, up to the two clocks' difference (the
+                    // memory store's ms since its start against Redis TIME, a few ms apart at most).
+                    let close =
+                        |a: Duration, b: Duration| a.abs_diff(b) <= Duration::from_millis(500);
+                    prop_assert!(
+                        close(in_memory.delay, in_redis.delay),
+                        "delay {:?} vs {:?}",
+                        in_memory.delay,
+                        in_redis.delay
+                    );
                     for (memory, redis) in in_memory.rules.iter().zip(&in_redis.rules) {
-                        let close =
-                            |a: Duration, b: Duration| a.abs_diff(b) <= Duration::from_millis(500);
                         prop_assert!(
                             close(memory.reset, redis.reset),
                             "reset {memory:?} vs {redis:?}"

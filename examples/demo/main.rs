@@ -181,6 +181,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Logging first: building the config's policies may warn (a large sliding log, say).
+    init_tracing();
     let mut config = match load_config(&text) {
         Ok(config) => config,
         Err(error) => {
@@ -190,7 +192,6 @@ async fn main() -> ExitCode {
     };
     config.no_limiter = no_limiter;
     config.file = path;
-    init_tracing();
     let listener = match TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(error) => {

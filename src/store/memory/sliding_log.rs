@@ -1,16 +1,31 @@
-//! The sliding-window log: one timestamp per admitted unit, so it is exact; also the counter of
+//! The sliding-window log: one entry per admitted request, so it is exact; also the counter of
 //! every duplicate guard, whatever the policy's algorithm. An admission at `t` counts while
 //! `t + period > now`. The counterpart of `lua/sliding_log.lua`.
+//!
+//! An entry holds a request's units, however many: its cost costs neither memory nor time. Units
+//! are numbered in admission order, so the log's count is the next number less the oldest entry's
+//! first, and the entry holding the n-th oldest unit is found by a binary search. Entries are kept
+//! in time order: an admission recorded before the newest one (a clock that stepped back, a
+//! reservation ahead of it) is recorded at the newest one's time, which only counts it longer.
 
 use std::collections::VecDeque;
+
+/// One admitted request: when, and the number of its first unit.
+#[derive(Clone, Copy)]
+struct Admission {
+    at: u64,
+    first: u64,
+}
 
 /// A sliding log of admissions for one rule.
 pub(super) struct SlidingLog {
     /// The limit of the rule this counter counts for (part of its identity, with the period).
     limit: u64,
     period_ms: u64,
-    /// Admission times, oldest first; one per unit of cost.
-    stamps: VecDeque<u64>,
+    /// Admissions, oldest first.
+    admissions: VecDeque<Admission>,
+    /// The number of the next unit: the newest admission's first plus its cost (0 when empty).
+    next: u64,
 }
 
 impl SlidingLog {
@@ -18,7 +33,8 @@ impl SlidingLog {
         SlidingLog {
             limit,
             period_ms,
-            stamps: VecDeque::new(),
+            admissions: VecDeque::new(),
+            next: 0,
         }
     }
 
@@ -34,17 +50,22 @@ impl SlidingLog {
     /// Drops admissions older than the period.
     pub(super) fn forget_before(&mut self, now: u64) {
         while self
-            .stamps
+            .admissions
             .front()
-            .is_some_and(|&stamp| stamp.saturating_add(self.period_ms) <= now)
+            .is_some_and(|admission| admission.at.saturating_add(self.period_ms) <= now)
         {
-            self.stamps.pop_front();
+            self.admissions.pop_front();
+        }
+        if self.admissions.is_empty() {
+            self.next = 0;
         }
     }
 
     /// The units in use (after `forget_before(now)`).
     fn used(&self) -> u64 {
-        self.stamps.len() as u64
+        self.admissions
+            .front()
+            .map_or(0, |oldest| self.next.wrapping_sub(oldest.first))
     }
 
     pub(super) fn fits(&self, cost: u64) -> bool {
@@ -56,38 +77,106 @@ impl SlidingLog {
     }
 
     pub(super) fn record(&mut self, at: u64, cost: u64) {
-        let stamps = &mut self.stamps;
-        // Reservations may lie ahead of `at`: keep the log in time order.
-        let position = stamps.partition_point(|&stamp| stamp <= at);
-        if position == stamps.len() {
-            stamps.extend(std::iter::repeat_n(at, cost as usize));
-        } else {
-            for _ in 0..cost {
-                stamps.insert(position, at);
-            }
+        if cost == 0 {
+            return;
         }
+        let at = self
+            .admissions
+            .back()
+            .map_or(at, |newest| newest.at.max(at));
+        self.admissions.push_back(Admission {
+            at,
+            first: self.next,
+        });
+        self.next = self.next.wrapping_add(cost);
     }
 
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
-        // The request fits once `used + cost - limit` of the oldest admissions expire.
-        let must_expire = (self.stamps.len() as u64 + cost).saturating_sub(self.limit);
-        let stamp = self
-            .stamps
-            .get(usize::try_from(must_expire).ok()?.checked_sub(1)?)?;
-        Some(stamp.saturating_add(self.period_ms).saturating_sub(now))
+        if cost > self.limit {
+            return None;
+        }
+        // The request fits once `used + cost - limit` of the oldest units leave: the one of
+        // them admitted last is unit `used + cost - limit - 1`, counted from the oldest.
+        let unit = (self.used() + cost)
+            .checked_sub(self.limit)?
+            .checked_sub(1)?;
+        let base = self.admissions.front()?.first;
+        let holding = self
+            .admissions
+            .partition_point(|admission| admission.first.wrapping_sub(base) <= unit)
+            .checked_sub(1)?;
+        let admission = self.admissions[holding];
+        Some(
+            admission
+                .at
+                .saturating_add(self.period_ms)
+                .saturating_sub(now),
+        )
     }
 
     /// When the oldest admission leaves the log.
     pub(super) fn frees_after(&self, now: u64) -> u64 {
-        self.stamps.front().map_or(0, |oldest| {
-            oldest.saturating_add(self.period_ms).saturating_sub(now)
+        self.admissions.front().map_or(0, |oldest| {
+            oldest.at.saturating_add(self.period_ms).saturating_sub(now)
         })
     }
 
     /// When the newest admission leaves the log.
     pub(super) fn expires_at(&self) -> u64 {
-        self.stamps
+        self.admissions
             .back()
-            .map_or(0, |newest| newest.saturating_add(self.period_ms))
+            .map_or(0, |newest| newest.at.saturating_add(self.period_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SlidingLog;
+
+    #[test]
+    fn a_request_is_one_admission_whatever_its_cost() {
+        // The outside probe's crash: 2^32 units of a 2^35 log once allocated 8 bytes a unit.
+        let mut log = SlidingLog::new(1 << 35, 3_600_000);
+        log.record(0, 1 << 32);
+        log.record(5, 3);
+        assert_eq!(log.admissions.len(), 2);
+        assert_eq!(log.remaining(), (1 << 35) - (1 << 32) - 3);
+    }
+
+    #[test]
+    fn the_wait_is_for_the_admission_holding_the_last_unit_that_must_leave() {
+        let mut log = SlidingLog::new(10, 1_000);
+        // Units 0-3 at 0 ms, 4 at 100 ms, 5-9 at 200 ms: full.
+        log.record(0, 4);
+        log.record(100, 1);
+        log.record(200, 5);
+        assert!(!log.fits(1));
+        // One unit: the oldest admission's first leaves at 1 000 ms.
+        assert_eq!(log.admits_after(300, 1), Some(700));
+        // Four: still the oldest admission. Five: the one at 100 ms.
+        assert_eq!(log.admits_after(300, 4), Some(700));
+        assert_eq!(log.admits_after(300, 5), Some(800));
+        // Six to ten: the newest. Eleven: never.
+        assert_eq!(log.admits_after(300, 6), Some(900));
+        assert_eq!(log.admits_after(300, 10), Some(900));
+        assert_eq!(log.admits_after(300, 11), None);
+        log.forget_before(1_000);
+        assert_eq!(log.remaining(), 4);
+        assert_eq!(log.frees_after(1_000), 100);
+    }
+
+    #[test]
+    fn an_admission_before_the_newest_counts_from_the_newest() {
+        let mut log = SlidingLog::new(3, 1_000);
+        // A reservation ahead, then an admission at an earlier time: kept in time order.
+        log.record(500, 1);
+        log.record(100, 1);
+        assert_eq!(log.expires_at(), 1_500);
+        log.forget_before(1_499);
+        assert_eq!(log.remaining(), 1);
+        log.forget_before(1_500);
+        assert_eq!(log.remaining(), 3);
+        // Emptied, it numbers its units from 0 again.
+        assert_eq!(log.next, 0);
     }
 }
