@@ -11,7 +11,7 @@
 //!   fixed window (O(1) state per rule, like governor's GCRA);
 //! - `memory_fixed_3_rules`: the same with three rules (per second, per minute, per hour);
 //! - `memory_sliding_1_rule`: the sliding log (the default algorithm) with one per-second rule. The
-//!   log keeps one timestamp per admitted request, so a billion-per-hour rule would measure a deque
+//!   log keeps one entry per admitted request, so a billion-per-hour rule would measure a deque
 //!   growing to millions of entries rather than the layer; real sliding-log limits are small.
 //! - `tower_governor_1_rule`: `tower_governor`'s `GovernorLayer`, peer-IP key, one quota.
 //!

@@ -49,7 +49,9 @@ pub enum Mode {
     /// requests are admitted in order, exactly the limit per period, never polling. Needs an
     /// algorithm that can reserve ([`Algorithm::can_reserve`](crate::Algorithm::can_reserve)). A request refused for want of a
     /// concurrency slot (`PolicyBuilder::max_in_flight`) waits for one up to `max_delay`, first
-    /// come first served (see the `concurrency` module).
+    /// come first served (see the `concurrency` module). A held response carries the rate-limit
+    /// headers of its check (its reservation counted), not counted down to when it is sent: its
+    /// `t` may be up to the delay longer than what is left then, on the safe side.
     Delay {
         /// The longest a request is held.
         max_delay: Duration,

@@ -256,10 +256,10 @@ impl PolicyBuilder {
 
     /// Checks the policy and builds it.
     ///
-    /// A [`Algorithm::SlidingLog`] policy whose logs may take more than 16 KiB of Redis memory
+    /// A [`Algorithm::SlidingLog`] policy whose logs may take more than 10 KiB of Redis memory
     /// per identity is built with a warning in the log (`tracing`), naming the algorithms whose
-    /// memory doesn't grow with the limit. A log keeps one timestamp per admitted request in its
-    /// window, about 32 bytes each up to 128 and 123 bytes past them, so that is any rule above
+    /// memory doesn't grow with the limit. A log keeps one entry per admitted request in its
+    /// window, about 20 bytes each up to 128 and 99 bytes past them, so that is any rule above
     /// 128 per period, or smaller rules whose limits add up to about 500.
     pub fn build(self) -> Result<Policy, PolicyError> {
         let policy = self.build_quietly()?;

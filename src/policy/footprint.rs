@@ -1,7 +1,7 @@
 //! How much Redis memory a policy's sliding logs may take per identity, and the warning
 //! [`PolicyBuilder::build`](super::PolicyBuilder::build) logs when that is a lot.
 //!
-//! A sliding log keeps one timestamp per admitted unit in its window, up to its rule's limit; the
+//! A sliding log keeps one entry per admitted request in its window, up to its rule's limit; the
 //! other algorithms keep one small value per rule whatever the limit (under 200 bytes per rule in
 //! Redis). The constants are measured by `cargo bench --bench redis_memory` (Redis 7.0, keys as
 //! the layer builds them, `used_memory` growth per identity; the README has its tables). Redis
@@ -11,30 +11,30 @@
 use super::{Algorithm, Policy};
 
 /// A sliding log's Redis bytes besides its entries: key name, object, keyspace and expiry slots
-/// (the bench's one-entry log, 197 B, less one compact entry).
-const LOG_KEY_BYTES: u64 = 165;
+/// (the bench's one-entry log, 181 B, less one compact entry).
+const LOG_KEY_BYTES: u64 = 161;
 
 /// The most entries Redis keeps in its compact encoding (`zset-max-listpack-entries`, 128 unless
 /// configured otherwise).
 const COMPACT_ENTRIES: u64 = 128;
 
-/// Bytes per entry of a compact log (the bench: 31.9 B per entry from 1 to 128 entries).
-const COMPACT_ENTRY_BYTES: u64 = 32;
+/// Bytes per entry of a compact log (the bench: 19.9 B per entry from 1 to 128 entries).
+const COMPACT_ENTRY_BYTES: u64 = 20;
 
 /// A log past [`COMPACT_ENTRIES`]: a fixed part and bytes per entry, fitted to the bench's
-/// 19 108 B at 129 entries and 126 491 B at 1 000 (123.3 B per entry between them).
-const LARGE_LOG_BYTES: u64 = 3_200;
+/// 16 015 B at 129 entries and 102 397 B at 1 000 (99.2 B per entry between them).
+const LARGE_LOG_BYTES: u64 = 3_250;
 
 /// See [`LARGE_LOG_BYTES`].
-const LARGE_ENTRY_BYTES: u64 = 123;
+const LARGE_ENTRY_BYTES: u64 = 99;
 
-/// Above this estimate per identity, building the policy logs a warning. 16 KiB is about 45 times
-/// what the other algorithms take for two rules (the bench: 300–360 B), 16 GiB for a million
-/// active identities. Two small compact logs (10 per minute and 100 per hour: about 3 850 B) stay
-/// under it; any single log past 128 entries (at least 19 KB) is over it.
-const WARN_BYTES_PER_IDENTITY: u64 = 16 * 1024;
+/// Above this estimate per identity, building the policy logs a warning. 10 KiB is about 30 times
+/// what the other algorithms take for two rules (the bench: 300–360 B), 10 GiB for a million
+/// active identities. Two small compact logs (10 per minute and 100 per hour: about 2 500 B) stay
+/// under it; any single log past 128 entries (at least 16 KB) is over it.
+const WARN_BYTES_PER_IDENTITY: u64 = 10 * 1024;
 
-/// The Redis bytes of a sliding log holding `entries` timestamps.
+/// The Redis bytes of a sliding log holding `entries` entries.
 fn log_bytes(entries: u64) -> u64 {
     if entries <= COMPACT_ENTRIES {
         LOG_KEY_BYTES + entries * COMPACT_ENTRY_BYTES
@@ -43,7 +43,7 @@ fn log_bytes(entries: u64) -> u64 {
     }
 }
 
-/// The most timestamps one identity's sliding logs hold under `policy`, and the Redis bytes they
+/// The most entries one identity's sliding logs hold under `policy`, and the Redis bytes they
 /// take then (an estimate from the bench); `None` unless the policy counts with
 /// [`Algorithm::SlidingLog`] (whose duplicate guard alone holds one entry at most).
 pub(super) fn sliding_log_bytes_per_identity(policy: &Policy) -> Option<(u64, u64)> {
@@ -75,7 +75,7 @@ pub(super) fn warn_if_large(policy: &Policy) {
             policy = %policy.name(),
             entries_per_identity = entries,
             bytes_per_identity = bytes,
-            "this sliding_log policy keeps a timestamp per admitted request: an active identity \
+            "this sliding_log policy keeps an entry per admitted request: an active identity \
              may take up to about bytes_per_identity bytes of Redis memory; sliding_counter, \
              fixed_window and token_bucket take under 200 bytes per rule whatever the limits"
         );

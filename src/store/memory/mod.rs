@@ -6,7 +6,8 @@
 //! interval, and a cap on distinct keys evicts the least recently checked key when a shard is full.
 //!
 //! The cap counts keys, not bytes: a fixed window keeps one counter per rule, a sliding log one
-//! timestamp per admitted unit, so a sliding-log key can take up to `8 × limit` bytes per rule.
+//! entry (16 bytes) per admitted request, so a sliding-log key can take up to `16 × limit` bytes
+//! per rule.
 //!
 //! Laid out as `lua/` is: [`entry`] is the shared step of a check (`lua/head.lua` and
 //! `lua/tail.lua`), [`counter`] dispatches to one file per algorithm ([`fixed_window`],
