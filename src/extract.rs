@@ -226,15 +226,16 @@ where
             Prepared::Check(checked) => (limiter, checked),
             Prepared::CheckBy(own, checked) => (own, checked),
             Prepared::Unlimited => return Ok(Limited::with(None, None)),
-            Prepared::Respond(response) => return Err(response),
+            Prepared::Respond(answer) => return Err(limiter.respond(&answer)),
+            Prepared::RespondBy(own, answer) => return Err(own.respond(&answer)),
         };
-        match limiter.decide(checked).await {
-            Verdict::Admit(headers, lease) => Ok(Limited::with(headers, lease)),
-            Verdict::Delay(delay, headers, lease) => {
+        match limiter.clone().decide(checked).await {
+            Verdict::Admit(headers, lease, _) => Ok(Limited::with(headers, lease)),
+            Verdict::Delay(delay, headers, lease, _) => {
                 tokio::time::sleep(delay).await;
                 Ok(Limited::with(Some(headers), lease))
             }
-            Verdict::Respond(response) => Err(response),
+            Verdict::Respond(answer) => Err(limiter.respond(&answer)),
             Verdict::AwaitSlot => unreachable!("Limiter::decide waits for the slot"),
         }
     }

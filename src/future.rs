@@ -43,7 +43,7 @@ pin_project! {
         // Waiting for a concurrency slot (delay mode); boxed, as only such requests pay for it.
         WaitingForSlot {
             wait: SlotWait,
-            waiting: Option<(S, Request<ReqBody>)>,
+            waiting: Option<(S, Request<ReqBody>, Arc<Limiter>)>,
         },
         // Admitted by reservation: waiting for the reserved time, then the inner service runs.
         // (The timer is boxed: only delayed requests pay for its size.)
@@ -131,11 +131,16 @@ where
         }
     }
 
-    pub(crate) fn waiting_for_slot(wait: SlotWait, service: S, request: Request<ReqBody>) -> Self {
+    pub(crate) fn waiting_for_slot(
+        wait: SlotWait,
+        service: S,
+        request: Request<ReqBody>,
+        limiter: Arc<Limiter>,
+    ) -> Self {
         ResponseFuture {
             state: State::WaitingForSlot {
                 wait,
-                waiting: Some((service, request)),
+                waiting: Some((service, request, limiter)),
             },
         }
     }
@@ -166,14 +171,19 @@ where
     S: Service<Request<ReqBody>>,
 {
     /// The state after a final verdict: the inner service, a delay, or the answer.
-    fn settled(verdict: Verdict, mut service: S, request: Request<ReqBody>) -> Self {
+    fn settled(
+        verdict: Verdict,
+        limiter: &Limiter,
+        mut service: S,
+        request: Request<ReqBody>,
+    ) -> Self {
         match verdict {
-            Verdict::Admit(headers, lease) => State::Inner {
+            Verdict::Admit(headers, lease, _) => State::Inner {
                 future: service.call(request),
                 headers,
                 lease,
             },
-            Verdict::Delay(delay, headers, lease) => State::Delaying {
+            Verdict::Delay(delay, headers, lease, _) => State::Delaying {
                 sleep: Box::pin(tokio::time::sleep(delay)),
                 waiting: Some(Delayed {
                     service,
@@ -182,8 +192,8 @@ where
                     lease,
                 }),
             },
-            Verdict::Respond(response) => State::Done {
-                response: Some(response),
+            Verdict::Respond(answer) => State::Done {
+                response: Some(limiter.respond(&answer)),
             },
             Verdict::AwaitSlot => unreachable!("a slot is waited for before the verdict is final"),
         }
@@ -214,19 +224,19 @@ where
                         .expect("ResponseFuture polled after it completed");
                     let next = match limiter.settle(result, &checked) {
                         Verdict::AwaitSlot => State::WaitingForSlot {
-                            wait: Box::pin(limiter.wait_for_slot(checked, true)),
-                            waiting: Some((service, request)),
+                            wait: Box::pin(limiter.clone().wait_for_slot(checked, true)),
+                            waiting: Some((service, request, limiter)),
                         },
-                        verdict => State::settled(verdict, service, request),
+                        verdict => State::settled(verdict, &limiter, service, request),
                     };
                     state.set(next);
                 }
                 StateProj::WaitingForSlot { wait, waiting } => {
                     let verdict = ready!(wait.as_mut().poll(cx));
-                    let (service, request) = waiting
+                    let (service, request, limiter) = waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
-                    state.set(State::settled(verdict, service, request));
+                    state.set(State::settled(verdict, &limiter, service, request));
                 }
                 StateProj::Delaying { sleep, waiting } => {
                     ready!(sleep.as_mut().poll(cx));

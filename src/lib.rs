@@ -104,6 +104,7 @@ mod log_budget;
 mod operate;
 pub mod outbound;
 pub mod policy;
+mod rate_limiter;
 pub use policy::quota;
 mod refusals;
 pub mod response;
@@ -127,6 +128,7 @@ pub use policy::{
     PolicyBuilder, PolicyError, Rule, Scope,
 };
 pub use quota::{Quota, QuotaBuilder, QuotaError, Tier};
+pub use rate_limiter::{Admitted, RateLimiter, Refused};
 pub use response::Rejected;
 pub use service::RateLimit;
 pub use store::{MemoryStore, RedisStore, Store, StoreError};

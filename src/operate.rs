@@ -99,7 +99,11 @@ impl Limiter {
 
     /// See [`RateLimitLayer::reset`](crate::RateLimitLayer::reset).
     pub(crate) async fn reset(&self, identity: &str) -> Result<(), OperatorError> {
-        let key = self.key_of(identity)?;
+        self.reset_key(&self.key_of(identity)?).await
+    }
+
+    /// Forgets the counts and the block of `key`, and its cached refusal here.
+    pub(crate) async fn reset_key(&self, key: &StorageKey) -> Result<(), OperatorError> {
         let request = CheckRequest::new(key.as_str(), self.policy.rules(), self.policy.algorithm())
             .identity(key.identity())
             .block_for(self.policy.block_for());

@@ -103,27 +103,30 @@ where
             (&overriding, checked)
         }
         Prepared::Unlimited => return ResponseFuture::inner(inner.call(request), None, None),
-        Prepared::Respond(response) => return ResponseFuture::respond(response),
+        Prepared::Respond(answer) => return ResponseFuture::respond(limiter.respond(&answer)),
+        Prepared::RespondBy(own, answer) => return ResponseFuture::respond(own.respond(&answer)),
     };
     if limiter.queues_first(&checked) {
         let wait = Box::pin(limiter.clone().wait_for_slot(checked, false));
-        return ResponseFuture::waiting_for_slot(wait, take_ready_service(inner), request);
+        let service = take_ready_service(inner);
+        return ResponseFuture::waiting_for_slot(wait, service, request, limiter.clone());
     }
     let mut check = limiter.check(&checked);
     match check.take_ready() {
         // In-process stores answer at once: no clone of the inner service, no extra state.
         Some(result) => match limiter.settle(result, &checked) {
-            Verdict::Admit(headers, lease) => {
+            Verdict::Admit(headers, lease, _) => {
                 ResponseFuture::inner(inner.call(request), headers, lease)
             }
-            Verdict::Delay(delay, headers, lease) => {
+            Verdict::Delay(delay, headers, lease, _) => {
                 ResponseFuture::delaying(delay, take_ready_service(inner), request, headers, lease)
             }
-            Verdict::Respond(response) => ResponseFuture::respond(response),
+            Verdict::Respond(answer) => ResponseFuture::respond(limiter.respond(&answer)),
             Verdict::AwaitSlot => ResponseFuture::waiting_for_slot(
                 Box::pin(limiter.clone().wait_for_slot(checked, true)),
                 take_ready_service(inner),
                 request,
+                limiter.clone(),
             ),
         },
         None => ResponseFuture::checking(

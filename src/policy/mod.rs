@@ -295,6 +295,17 @@ impl Policy {
         (self.0.scope != Scope::Route).then(|| self.unscoped_key_of(identity))
     }
 
+    /// The store key of an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s), of
+    /// kind `named`: `prefix:policy:identity`, whatever the policy's key and scope, the identity
+    /// hashed when it is long or odd, as a header's value is (so it can't break the key's layout).
+    pub(crate) fn named_key(&self, identity: &str) -> StorageKey {
+        let inner = &self.0;
+        let mut key = String::with_capacity(inner.key_base.len() + identity.len().min(40));
+        key.push_str(&inner.key_base);
+        crate::key::push_component(&mut key, identity);
+        StorageKey::new(key, inner.key_base.len(), "named")
+    }
+
     /// The store key of `identity` under this policy, whatever its scope: `prefix:policy:identity`.
     pub(crate) fn unscoped_key_of(&self, identity: &str) -> StorageKey {
         let inner = &self.0;

@@ -195,6 +195,13 @@ impl Overrides {
         Some((index, &self.applied[index]))
     }
 
+    /// The override of an identity the app names (a handle's): by that identity alone, there
+    /// being no client address.
+    pub(crate) fn find_identity(&self, identity: &str) -> Option<(usize, &Applied)> {
+        let index = *self.by_identity.get(identity)?;
+        Some((index, &self.applied[index]))
+    }
+
     /// What each override does, in order.
     pub(crate) fn applied(&self) -> &[Applied] {
         &self.applied

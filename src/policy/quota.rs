@@ -319,6 +319,17 @@ impl Quota {
         })
     }
 
+    /// The quota of an identity the app names (a handle's): its key under the quota's prefix and
+    /// name, as [`Policy::named_key`] makes it, in the default tier.
+    pub(crate) fn lookup_identity(&self, identity: &str) -> QuotaLookup {
+        let index = self.0.default_tier;
+        QuotaLookup {
+            key: self.0.keys.named_key(identity),
+            tier: index,
+            limit: self.0.tiers[index].1,
+        }
+    }
+
     /// The alert thresholds of tier `index`, as counts.
     pub(crate) fn thresholds(&self, tier: usize) -> &[QuotaThreshold] {
         &self.0.thresholds[tier]

@@ -225,6 +225,20 @@ pub(crate) fn store_unavailable(protocol: &Protocol) -> Response<Body> {
     )
 }
 
+/// The 500 of a handle's check of cost 0, which counts nothing: the app's mistake.
+pub(crate) fn zero_cost(protocol: &Protocol) -> Response<Body> {
+    problem(
+        &Problem {
+            kind: "about:blank",
+            title: "Internal Server Error",
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            detail: "The rate limiter was asked to count a cost of 0.",
+            violated_policies: None,
+        },
+        protocol,
+    )
+}
+
 /// The response for a request whose rate-limit key can't be found.
 pub(crate) fn key_unavailable(status: StatusCode, protocol: &Protocol) -> Response<Body> {
     problem(

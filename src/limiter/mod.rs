@@ -1,5 +1,10 @@
-//! [`Limiter`]: what a layer (or a [`Limited`](crate::Limited) extractor) decides with: a request's
-//! key and cost, the store's answer, and what to do with it.
+//! [`Limiter`]: what a layer (or a [`Limited`](crate::Limited) extractor, or a
+//! [`RateLimiter`](crate::RateLimiter) handle) decides with: a request's key and cost, the store's
+//! answer, and what to do with it; `answer.rs`: what it answers itself.
+
+mod answer;
+
+pub(crate) use answer::{Answer, Refusal};
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +21,7 @@ use crate::policy::{
 };
 use crate::quota::QuotaLookup;
 use crate::refusals::{Asking, DEFAULT_REFUSAL_CACHE, Refusals};
-use crate::response::{self, AnswerPlan, LimitHeaders, Protocol, Rejected};
+use crate::response::{AnswerPlan, LimitHeaders, Protocol, Rejected};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 use crate::store_error_log::StoreErrorLog;
 use crate::telemetry::{Outcome, PolicyMetrics};
@@ -92,21 +97,36 @@ pub(crate) enum Prepared {
     /// Let it through unlimited (no key, and the policy allows that).
     Unlimited,
     /// Answer at once (no key and the policy refuses, no client IP, a cost no rule admits).
-    Respond(Response<Body>),
+    Respond(Answer),
+    /// Answer at once, as this limiter (a `rules` override's) answers.
+    RespondBy(Arc<Limiter>, Answer),
+}
+
+/// What an override does to a request.
+enum Overridden {
+    /// Lets it through unlimited.
+    Unlimited,
+    /// Refuses it (403).
+    Denied,
+    /// Hands it to the limiter of its own rules.
+    By(Arc<Limiter>),
+    /// Nothing (an override with rules the limiter can't find).
+    No,
 }
 
 /// What to do with a request once its check is known.
 pub(crate) enum Verdict {
     /// Call the inner service, then add these headers (none when the store failed open); the
-    /// lease of a concurrency slot is held until the response body is done.
-    Admit(Option<LimitHeaders>, Option<Lease>),
+    /// lease of a concurrency slot is held until the response body is done. The store's decision
+    /// comes along for a handle's caller.
+    Admit(Option<LimitHeaders>, Option<Lease>, Option<Decision>),
     /// Wait this long (a reserved admission), then as `Admit`.
-    Delay(Duration, LimitHeaders, Option<Lease>),
+    Delay(Duration, LimitHeaders, Option<Lease>, Decision),
     /// Wait for a concurrency slot ([`Limiter::wait_for_slot`]): only the slot was missing, and the
     /// policy's mode lets the request wait.
     AwaitSlot,
     /// Answer at once.
-    Respond(Response<Body>),
+    Respond(Answer),
 }
 
 impl Limiter {
@@ -229,7 +249,7 @@ impl Limiter {
             }
             KeyLookup::Refuse(status) => {
                 self.metrics().request(Outcome::NoKey);
-                return Prepared::Respond(response::key_unavailable(status, &protocol));
+                return Prepared::Respond(Answer::new(Refusal::NoKey(status), &protocol));
             }
             KeyLookup::NoClientIp => {
                 self.metrics().request(Outcome::NoKey);
@@ -238,58 +258,126 @@ impl Limiter {
                     "no client IP to rate-limit by: serve with \
                      `into_make_service_with_connect_info::<SocketAddr>()`"
                 );
-                return Prepared::Respond(response::key_unavailable(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &protocol,
-                ));
+                let refusal = Refusal::NoKey(StatusCode::INTERNAL_SERVER_ERROR);
+                return Prepared::Respond(Answer::new(refusal, &protocol));
             }
         };
         let overrides = policy.overrides();
         if !overrides.is_empty()
-            && let Some((index, applied)) =
-                overrides.find(key.identity(), parts, policy.client_ip())
+            && let Some(found) = overrides.find(key.identity(), parts, policy.client_ip())
         {
-            match applied {
-                Applied::Unlimited => {
-                    self.metrics().request(Outcome::OverrideUnlimited);
-                    return Prepared::Unlimited;
+            match self.overridden(found, &key) {
+                Overridden::Unlimited => return Prepared::Unlimited,
+                Overridden::Denied => {
+                    return Prepared::Respond(Answer::new(Refusal::Denied, &protocol));
                 }
-                // Shadow mode refuses nothing, a deny list included: it says what it would do.
-                Applied::Deny if policy.mode() == Mode::Shadow => {
-                    self.metrics().request(Outcome::ShadowRefused);
-                    self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        policy = policy.name(),
-                        key_kind = key.kind(),
-                        key = key.identity(),
-                        "request would be denied by an override (shadow mode)"
-                    );
-                    return Prepared::Unlimited;
+                Overridden::By(own) => {
+                    return match own.prepare(parts) {
+                        Prepared::Check(checked) => Prepared::CheckBy(own, checked),
+                        Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
+                        other => other,
+                    };
                 }
-                Applied::Deny => {
-                    self.metrics().request(Outcome::OverrideDenied);
-                    tracing::debug!(
-                        policy = policy.name(),
-                        key_kind = key.kind(),
-                        key = key.identity(),
-                        "request denied by an override"
-                    );
-                    return Prepared::Respond(response::denied(&protocol));
-                }
-                Applied::Rules(_) => {
-                    if let Some(own) = self.overriding(index) {
-                        return match own.prepare(parts) {
-                            Prepared::Check(checked) => Prepared::CheckBy(own, checked),
-                            other => other,
-                        };
-                    }
-                }
+                Overridden::No => {}
             }
         }
         let cost = policy.cost(parts);
         let quota = policy
             .quota()
             .and_then(|quota| quota.lookup(parts, policy.client_ip()));
+        self.prepare_found(key, cost, quota, protocol)
+    }
+
+    /// [`Limiter::prepare`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
+    /// check): its key is the identity under the policy's prefix and name, whatever the policy's
+    /// `Key` and scope; an override applies by that identity, a quota by it too, in its default
+    /// tier.
+    pub(crate) fn prepare_identity(&self, identity: &str, cost: u64) -> Prepared {
+        let policy = &self.policy;
+        let protocol = Protocol::Http;
+        if identity.is_empty() {
+            self.metrics().request(Outcome::NoKey);
+            let refusal = Refusal::NoKey(StatusCode::BAD_REQUEST);
+            return Prepared::Respond(Answer::new(refusal, &protocol));
+        }
+        if cost == 0 {
+            tracing::error!(
+                policy = policy.name(),
+                "a rate-limit check of cost 0 counts nothing: ask for a cost of at least 1"
+            );
+            return Prepared::Respond(Answer::new(Refusal::ZeroCost, &protocol));
+        }
+        let key = policy.named_key(identity);
+        let overrides = policy.overrides();
+        if !overrides.is_empty()
+            && let Some(found) = overrides.find_identity(key.identity())
+        {
+            match self.overridden(found, &key) {
+                Overridden::Unlimited => return Prepared::Unlimited,
+                Overridden::Denied => {
+                    return Prepared::Respond(Answer::new(Refusal::Denied, &protocol));
+                }
+                Overridden::By(own) => {
+                    return match own.prepare_identity(identity, cost) {
+                        Prepared::Check(checked) => Prepared::CheckBy(own, checked),
+                        Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
+                        other => other,
+                    };
+                }
+                Overridden::No => {}
+            }
+        }
+        let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
+        self.prepare_found(key, cost, quota, protocol)
+    }
+
+    /// What an override found for `key` does: decides the request (unlimited, denied), hands it
+    /// to the limiter of its own rules, or nothing.
+    fn overridden(&self, (index, applied): (usize, &Applied), key: &StorageKey) -> Overridden {
+        let policy = &self.policy;
+        match applied {
+            Applied::Unlimited => {
+                self.metrics().request(Outcome::OverrideUnlimited);
+                Overridden::Unlimited
+            }
+            // Shadow mode refuses nothing, a deny list included: it says what it would do.
+            Applied::Deny if policy.mode() == Mode::Shadow => {
+                self.metrics().request(Outcome::ShadowRefused);
+                self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    policy = policy.name(),
+                    key_kind = key.kind(),
+                    key = key.identity(),
+                    "request would be denied by an override (shadow mode)"
+                );
+                Overridden::Unlimited
+            }
+            Applied::Deny => {
+                self.metrics().request(Outcome::OverrideDenied);
+                tracing::debug!(
+                    policy = policy.name(),
+                    key_kind = key.kind(),
+                    key = key.identity(),
+                    "request denied by an override"
+                );
+                Overridden::Denied
+            }
+            Applied::Rules(_) => self
+                .overriding(index)
+                .map_or(Overridden::No, Overridden::By),
+        }
+    }
+
+    /// The rest of [`Limiter::prepare`] once the key is known: a cost no rule admits, a cached
+    /// refusal, or a check to make.
+    fn prepare_found(
+        &self,
+        key: StorageKey,
+        cost: u64,
+        quota: Option<QuotaLookup>,
+        protocol: Protocol,
+    ) -> Prepared {
+        let policy = &self.policy;
         // A request no rule (nor the day's quota) could ever admit: waiting won't help.
         let too_costly = match (policy.too_costly(cost), &quota) {
             (Some(rule), _) => Some((rule, &*policy.rule_names()[rule], policy.max_cost())),
@@ -319,14 +407,12 @@ impl Limiter {
                 );
                 return Prepared::Unlimited;
             }
-            return Prepared::Respond(response::too_costly(
-                policy,
-                &self.answers,
+            let refusal = Refusal::TooCostly {
+                index,
                 cost,
-                rule,
                 at_most,
-                &protocol,
-            ));
+            };
+            return Prepared::Respond(Answer::new(refusal, &protocol));
         }
         let span = tracing::debug_span!(
             "rate_limit",
@@ -349,7 +435,7 @@ impl Limiter {
         {
             self.refusals.count_unlogged();
             self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
-            return Prepared::Respond(self.refusal(decision, None, &checked.protocol));
+            return Prepared::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol));
         }
         Prepared::Check(checked)
     }
@@ -477,9 +563,9 @@ impl Limiter {
                         metrics.request(outcome(Outcome::Allowed));
                     }
                     if !decision.delay.is_zero() {
-                        return Verdict::Delay(decision.delay, headers, lease);
+                        return Verdict::Delay(decision.delay, headers, lease, decision);
                     }
-                    return Verdict::Admit(Some(headers), lease);
+                    return Verdict::Admit(Some(headers), lease, Some(decision));
                 }
                 if !budget.is_zero() && self.only_slot_missing(&decision, budget) {
                     return Verdict::AwaitSlot;
@@ -494,13 +580,13 @@ impl Limiter {
                         self.legacy_headers,
                     );
                     let rejected =
-                        Rejected::new(self.policy.clone(), decision, self.answers.clone());
+                        Rejected::new(self.policy.clone(), decision.clone(), self.answers.clone());
                     self.log_rejection(
                         &rejected,
                         key,
                         "request would be rate limited (shadow mode)",
                     );
-                    return Verdict::Admit(Some(headers), None);
+                    return Verdict::Admit(Some(headers), None, Some(decision));
                 }
                 // A penalty block's refusals are not cached: the property test shows the store's
                 // later answers under a block may wait longer than a cached one would say. Nor
@@ -514,8 +600,12 @@ impl Limiter {
                         .remember(checked.asking(), &decision, max_delay);
                 }
                 self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
-                let log = self.refusals.may_log().then_some(key);
-                Verdict::Respond(self.refusal(decision, log, &checked.protocol))
+                if self.refusals.may_log() {
+                    let rejected =
+                        Rejected::new(self.policy.clone(), decision.clone(), self.answers.clone());
+                    self.log_rejection(&rejected, key, "request rate limited");
+                }
+                Verdict::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol))
             }
             Err(error) => match self.policy.on_store_error() {
                 OnStoreError::Allow => {
@@ -525,13 +615,13 @@ impl Limiter {
                         &error,
                         "letting the request through",
                     );
-                    Verdict::Admit(None, None)
+                    Verdict::Admit(None, None, None)
                 }
                 OnStoreError::Deny => {
                     metrics.request(outcome(Outcome::StoreErrorDenied));
                     self.store_errors
                         .log(self.policy.name(), &error, "refusing the request");
-                    Verdict::Respond(response::store_unavailable(&checked.protocol))
+                    Verdict::Respond(Answer::new(Refusal::StoreUnavailable, &checked.protocol))
                 }
             },
         }
@@ -626,31 +716,6 @@ impl Limiter {
                 verdict => return verdict,
             }
         }
-    }
-
-    /// The 429 for a refusal: the problem body (or the app's own), `Retry-After` and the headers;
-    /// logged with `key` when given. A gRPC call gets its gRPC answer
-    /// ([`Rejected::grpc_response`]), never a body meant for HTTP clients.
-    fn refusal(
-        &self,
-        decision: Decision,
-        log: Option<&StorageKey>,
-        protocol: &Protocol,
-    ) -> Response<Body> {
-        let headers =
-            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
-        let rejected = Rejected::new(self.policy.clone(), decision, self.answers.clone());
-        if let Some(key) = log {
-            self.log_rejection(&rejected, key, "request rate limited");
-        }
-        let response = match (protocol, &self.on_rejected) {
-            (Protocol::Grpc(content_type), _) => {
-                crate::grpc::answered_as(rejected.grpc_response(), content_type)
-            }
-            (Protocol::Http, Some(respond)) => respond(&rejected),
-            (Protocol::Http, None) => rejected.problem_response(),
-        };
-        response::finish_rejection(response, &rejected, headers)
     }
 
     /// Logs a refusal at `info`, with the count of refusals not logged since the last line.

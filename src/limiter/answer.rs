@@ -1,0 +1,96 @@
+//! [`Answer`]: what the limiter answers a request itself (a 429, a 413, a 403, a 503), kept as
+//! data until it is sent, so that every door (the layer, [`Limited`](crate::Limited), the
+//! [`RateLimiter`](crate::RateLimiter) handle) answers alike, byte for byte.
+
+use axum::body::Body;
+use http::{Response, StatusCode};
+
+use super::Limiter;
+use crate::decision::Decision;
+use crate::response::{self, LimitHeaders, Protocol, Rejected};
+
+/// Why the limiter answers a request itself.
+#[derive(Debug, Clone)]
+pub(crate) enum Refusal {
+    /// The store (or the refusal cache) refused it: 429 with `Retry-After`.
+    Limited(Decision),
+    /// It costs more than state `index` (a rule, or the quota after the rules) could ever admit:
+    /// 413, since no wait would help.
+    TooCostly {
+        index: usize,
+        cost: u64,
+        at_most: u64,
+    },
+    /// A `deny` override: 403.
+    Denied,
+    /// No key to count it by: this status (the policy's `MissingKey::Reject`, 500 without a
+    /// client address, 400 for an empty identity given to a handle).
+    NoKey(StatusCode),
+    /// A handle asked for a cost of 0, which counts nothing: the app's mistake, 500.
+    ZeroCost,
+    /// The store failed and the policy fails closed: 503.
+    StoreUnavailable,
+}
+
+/// A refusal and the protocol it is answered in.
+#[derive(Debug, Clone)]
+pub(crate) struct Answer {
+    pub(crate) refusal: Refusal,
+    pub(crate) protocol: Protocol,
+}
+
+impl Answer {
+    pub(crate) fn new(refusal: Refusal, protocol: &Protocol) -> Self {
+        Answer {
+            refusal,
+            protocol: protocol.clone(),
+        }
+    }
+}
+
+impl Limiter {
+    /// The response to `answer`.
+    pub(crate) fn respond(&self, answer: &Answer) -> Response<Body> {
+        self.respond_in(&answer.refusal, &answer.protocol)
+    }
+
+    /// The response to `refusal` in `protocol`.
+    pub(crate) fn respond_in(&self, refusal: &Refusal, protocol: &Protocol) -> Response<Body> {
+        let policy = &self.policy;
+        match refusal {
+            Refusal::Limited(decision) => self.refusal(decision.clone(), protocol),
+            Refusal::TooCostly {
+                index,
+                cost,
+                at_most,
+            } => {
+                let rule = match policy.rule_names().get(*index) {
+                    Some(name) => &**name,
+                    None => policy.quota().map_or("quota", |quota| quota.name()),
+                };
+                response::too_costly(policy, &self.answers, *cost, rule, *at_most, protocol)
+            }
+            Refusal::Denied => response::denied(protocol),
+            Refusal::NoKey(status) => response::key_unavailable(*status, protocol),
+            Refusal::ZeroCost => response::zero_cost(protocol),
+            Refusal::StoreUnavailable => response::store_unavailable(protocol),
+        }
+    }
+
+    /// The 429 for a refusal: the problem body (or the app's own), `Retry-After` and the headers.
+    /// A gRPC call gets its gRPC answer ([`Rejected::grpc_response`]), never a body meant for
+    /// HTTP clients.
+    fn refusal(&self, decision: Decision, protocol: &Protocol) -> Response<Body> {
+        let headers =
+            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+        let rejected = Rejected::new(self.policy.clone(), decision, self.answers.clone());
+        let response = match (protocol, &self.on_rejected) {
+            (Protocol::Grpc(content_type), _) => {
+                crate::grpc::answered_as(rejected.grpc_response(), content_type)
+            }
+            (Protocol::Http, Some(respond)) => respond(&rejected),
+            (Protocol::Http, None) => rejected.problem_response(),
+        };
+        response::finish_rejection(response, &rejected, headers)
+    }
+}

@@ -1,0 +1,272 @@
+//! The [`RateLimiter`] handle: a policy's limits for an identity the code names, on both stores.
+//! Two handles on one Redis share one limit exactly; a refusal is the layer's, byte for byte;
+//! store failures follow `on_store_error`; bad input is refused and never shares a bucket.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::to_bytes;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use common::redis_server::{TestRedis, free_port, unique_prefix};
+use common::{request_from, send};
+use http::StatusCode;
+use redis::Commands;
+use tower_redis_ratelimit::store::ManualClock;
+use tower_redis_ratelimit::{
+    Admitted, Key, MemoryStore, Mode, OnStoreError, Policy, RateLimitLayer, RateLimiter,
+    RedisStore, Refused, Rule, Store,
+};
+
+const PEER: &str = "198.51.100.20:4000";
+
+fn otp(prefix: &str) -> Policy {
+    Policy::builder("otp")
+        .prefix(prefix)
+        .rule(Rule::per_hour(5))
+        .build()
+        .unwrap()
+}
+
+fn redis_store(redis: &TestRedis) -> RedisStore {
+    RedisStore::from_url(&redis.url)
+        .expect("a valid Redis URL")
+        .timeout(Duration::from_secs(10))
+}
+
+/// 20 attempts at once for one identity, split between two handles (two app instances): the
+/// guarded code runs exactly `limit` times.
+async fn two_handles_share_one_limit(first: RateLimiter, second: RateLimiter) {
+    let guarded = Arc::new(AtomicUsize::new(0));
+    let attempts = (0..20).map(|attempt| {
+        let limiter = if attempt % 2 == 0 {
+            first.clone()
+        } else {
+            second.clone()
+        };
+        let guarded = guarded.clone();
+        tokio::spawn(async move {
+            if limiter.check("+15550100").await.is_ok() {
+                guarded.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    });
+    for attempt in attempts.collect::<Vec<_>>() {
+        attempt.await.unwrap();
+    }
+    assert_eq!(guarded.load(Ordering::SeqCst), 5);
+    // Another identity has its own count.
+    assert!(first.check("+15550101").await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_on_one_redis_share_one_limit_exactly() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("handles");
+    two_handles_share_one_limit(
+        RateLimiter::new(otp(&prefix), redis_store(&redis)),
+        RateLimiter::new(otp(&prefix), redis_store(&redis)),
+    )
+    .await;
+    let mut client = redis.client();
+    common::redis_server::assert_every_key_expires(&mut client, &prefix);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_on_one_memory_store_share_one_limit_exactly() {
+    let store = MemoryStore::new();
+    two_handles_share_one_limit(
+        RateLimiter::new(otp("rl"), store.clone()),
+        RateLimiter::new(otp("rl"), store),
+    )
+    .await;
+}
+
+/// Status, headers and body of a response.
+async fn parts_of(
+    response: axum::response::Response,
+) -> (StatusCode, Vec<(String, String)>, Vec<u8>) {
+    let status = response.status();
+    let mut headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
+    let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    (status, headers, body.to_vec())
+}
+
+/// A handle's refusal and the layer's, for the same state of the same policy at the same time:
+/// identical, byte for byte (and so are the admissions' headers).
+async fn a_refusal_is_the_layers_byte_for_byte(store: impl Store + Clone, prefix: &str) {
+    let policy = Policy::builder("login")
+        .prefix(prefix)
+        .key(Key::global())
+        .rule(Rule::per_minute(2))
+        .rule(Rule::per_hour(10))
+        .build()
+        .unwrap();
+    let layered = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(policy.clone(), store.clone()));
+    let handle = RateLimiter::new(policy, store);
+    let handled = Router::new()
+        .route(
+            "/",
+            get(|State(limiter): State<RateLimiter>| async move {
+                let admitted: Admitted = limiter.check("alice").await?;
+                Ok::<_, Refused>((admitted, "hello"))
+            }),
+        )
+        .with_state(handle);
+    for _ in 0..3 {
+        let by_layer = parts_of(send(&layered, request_from(PEER, "/")).await).await;
+        let by_handle = parts_of(send(&handled, request_from(PEER, "/")).await).await;
+        assert_eq!(by_handle, by_layer);
+    }
+}
+
+#[tokio::test]
+async fn a_refusal_is_the_layers_byte_for_byte_in_memory() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = MemoryStore::builder().clock(clock).build();
+    a_refusal_is_the_layers_byte_for_byte(store, "rl").await;
+}
+
+#[tokio::test]
+async fn a_refusal_is_the_layers_byte_for_byte_on_redis() {
+    let redis = TestRedis::shared();
+    let store = redis_store(&redis);
+    // Both doors at one fixed time (an hour ahead of Redis's clock), on keys no earlier run
+    // used: the headers count down from the same instant.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    store.fix_time_for_tests(Some(now_us + 3_600_000_000));
+    a_refusal_is_the_layers_byte_for_byte(store, &unique_prefix("bytes")).await;
+}
+
+#[tokio::test]
+async fn a_refused_check_answers_429_with_its_wait() {
+    let limiter = RateLimiter::new(otp("rl"), MemoryStore::new());
+    for _ in 0..5 {
+        let admitted = limiter.check("bob").await.unwrap();
+        assert!(admitted.decision().unwrap().allowed);
+    }
+    let refused = limiter.check("bob").await.unwrap_err();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let wait = refused.retry_after().unwrap();
+    assert!(wait > Duration::from_secs(3_590), "{wait:?}");
+    assert_eq!(
+        refused.to_string(),
+        "rate limited by policy \"otp\": retry in 3600 s"
+    );
+    let grpc = refused.grpc_response();
+    assert_eq!(grpc.status(), StatusCode::OK);
+    assert_eq!(grpc.headers()["grpc-status"], "8");
+    let response = refused.into_response();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "3600");
+    // A cost no rule could ever admit: 413, not a wait.
+    let too_costly = limiter.check_n("carol", 6).await.unwrap_err();
+    assert_eq!(too_costly.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(too_costly.retry_after(), None);
+    // A reset forgets the counts.
+    limiter.reset("bob").await.unwrap();
+    assert!(limiter.check("bob").await.is_ok());
+}
+
+#[tokio::test]
+async fn delay_mode_holds_the_check_until_its_slot() {
+    let policy = Policy::builder("spaced")
+        .rule(Rule::new(1, Duration::from_millis(300)))
+        .mode(Mode::Delay {
+            max_delay: Duration::from_secs(1),
+        })
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(policy, MemoryStore::new());
+    let started = std::time::Instant::now();
+    limiter.check("job-7").await.unwrap();
+    let held = limiter.check("job-7").await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(290));
+    assert_eq!(held.decision().unwrap().delay.as_millis().div_ceil(100), 3);
+}
+
+/// A store that isn't there: a closed loopback port.
+fn unreachable_store() -> RedisStore {
+    RedisStore::from_url(&format!("redis://127.0.0.1:{}/0", free_port()))
+        .unwrap()
+        .timeout(Duration::from_millis(300))
+}
+
+#[tokio::test]
+async fn a_store_failure_admits_under_allow_and_answers_503_under_deny() {
+    let policy = |on_error| {
+        Policy::builder("outage")
+            .rule(Rule::per_minute(1))
+            .on_store_error(on_error)
+            .build()
+            .unwrap()
+    };
+    let open = RateLimiter::new(policy(OnStoreError::Allow), unreachable_store());
+    for _ in 0..3 {
+        let admitted = open.check("dave").await.unwrap();
+        assert!(
+            admitted.decision().is_none(),
+            "no decision: nothing was checked"
+        );
+        let (_, headers, _) = parts_of((admitted, "ok").into_response()).await;
+        assert!(
+            !headers
+                .iter()
+                .any(|(name, _)| name.starts_with("ratelimit"))
+        );
+    }
+    let closed = RateLimiter::new(policy(OnStoreError::Deny), unreachable_store());
+    let refused = closed.check("dave").await.unwrap_err();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.retry_after(), None);
+    assert_eq!(
+        refused.into_response().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_never_shares_a_bucket() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("bad");
+    let limiter = RateLimiter::new(otp(&prefix), redis_store(&redis));
+    for _ in 0..10 {
+        let empty = limiter.check("").await.unwrap_err();
+        assert_eq!(empty.status(), StatusCode::BAD_REQUEST);
+    }
+    let zero = limiter.check_n("erin", 0).await.unwrap_err();
+    assert_eq!(zero.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(zero.to_string().contains("cost 0"), "{zero}");
+    let mut client = redis.client();
+    let keys: Vec<String> = client.keys(format!("{prefix}*")).unwrap();
+    assert!(
+        keys.is_empty(),
+        "an empty identity or a cost of 0 wrote {keys:?}"
+    );
+    // A long identity is hashed, as a header's value is; an ordinary one is kept.
+    let long = "x".repeat(300);
+    limiter.check(&long).await.unwrap();
+    limiter.check("+15550102").await.unwrap();
+    let mut keys: Vec<String> = client.keys(format!("{prefix}*")).unwrap();
+    keys.sort();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.iter().all(|key| !key.contains(&long)), "{keys:?}");
+    assert!(keys.iter().any(|key| key.contains("{#")), "{keys:?}");
+    assert!(keys.iter().any(|key| key.contains("+15550102")), "{keys:?}");
+    assert!(limiter.reset("").await.is_err());
+}
