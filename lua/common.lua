@@ -147,24 +147,39 @@ end
 local LOG_RENUMBER_AT = 2 ^ 50
 
 -- The log, after its expired members left: {oldest (ms), base (the oldest's first unit),
--- newest (ms), next (the number of the next unit), count (units held)}; nil times and zeros when
--- it is empty.
+-- newest (ms), next (the number of the next unit), count (units held), skip (the expired members
+-- before the oldest: 0)}; nil times and zeros when it is empty.
 local function log_read(key)
   local oldest, base = log_member(key, 0)
   if oldest == nil then
-    return {base = 0, next = 0, count = 0}
+    return {base = 0, next = 0, count = 0, skip = 0}
   end
   local newest, first, units = log_member(key, -1)
   return {oldest = oldest, base = base, newest = newest, next = first + units,
-          count = first + units - base}
+          count = first + units - base, skip = 0}
+end
+
+-- log_read for a peek, which removes nothing: the members scored after `after` count, and `skip`
+-- says how many expired ones come before them.
+local function log_read_after(key, after)
+  local found = call('ZRANGEBYSCORE', key, '(' .. text_of(after), '+inf', 'WITHSCORES', 'LIMIT',
+                     0, 1)
+  if found[1] == nil then
+    return {base = 0, next = 0, count = 0, skip = 0}
+  end
+  local base = tonumber(string.match(found[1], '^%a(%d+):'))
+  local newest, first, units = log_member(key, -1)
+  return {oldest = tonumber(found[2]), base = base, newest = newest, next = first + units,
+          count = first + units - base, skip = call('ZCOUNT', key, '-inf', text_of(after))}
 end
 
 -- The time (ms) of the admission holding unit `n` (1-based) of `log`, counted from its oldest.
 local function log_unit_at(key, log, n)
   local target = log.base + n - 1
   -- The last member whose first unit is at most the target: every member holds a unit at least,
-  -- so its rank is at most n - 1.
-  local low, high = 0, math.min(call('ZCARD', key), n) - 1
+  -- so its rank is at most n - 1 past the expired ones.
+  local low = log.skip
+  local high = math.min(call('ZCARD', key), low + n) - 1
   while low < high do
     local middle = floor((low + high + 1) / 2)
     local _, first = log_member(key, middle)

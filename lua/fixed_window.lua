@@ -13,12 +13,18 @@ max_delay = -1
 local function inspect(i, limit, period)
   local key = KEYS[i]
   local start = now - now % period
-  local count = call('HINCRBY', key, text_of(start), text_of(cost))
-  if count == cost then
-    -- A window's first charge. The key is usually new (an earlier window's has expired), but
-    -- may not be: at the very edge of a window Redis may not have expired the last one's yet, and a
-    -- clock may step back into an earlier window. Either way it lives to the later window end.
-    window_opened(key, start, period)
+  local count
+  if peek then
+    count = (tonumber(call('HGET', key, text_of(start))) or 0) + cost
+  else
+    count = call('HINCRBY', key, text_of(start), text_of(cost))
+    if count == cost then
+      -- A window's first charge. The key is usually new (an earlier window's has expired), but
+      -- may not be: at the very edge of a window Redis may not have expired the last one's yet,
+      -- and a clock may step back into an earlier window. Either way it lives to the later window
+      -- end.
+      window_opened(key, start, period)
+    end
   end
   return {key = key, limit = limit, start = start, ends = start + period, count = count,
           fits = count <= limit}
@@ -35,8 +41,10 @@ local function commit()
 end
 
 local function undo(state)
-  -- (0 - cost, not -cost: a cost of 0 would be sent as "-0", which HINCRBY refuses.)
-  call('HINCRBY', state.key, text_of(state.start), text_of(0 - cost))
+  if not peek then
+    -- (0 - cost, not -cost: a cost of 0 would be sent as "-0", which HINCRBY refuses.)
+    call('HINCRBY', state.key, text_of(state.start), text_of(0 - cost))
+  end
   state.count = state.count - cost
 end
 

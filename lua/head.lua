@@ -18,8 +18,8 @@
 --                max delay (ms; 0: refuse what doesn't fit now), duplicate guard window (ms; 0:
 --                none), penalty block (ms; 0: none), quota limit (0: no quota), quota day length
 --                (ms), where quota days start after epoch-aligned ones (ms), most requests in
---                flight at once (0: no concurrency limit), a lease's length (ms), then per alert
---                threshold: percent, count that reaches it
+--                flight at once (0: no concurrency limit), a lease's length (ms), whether this is
+--                a peek (1) or a check (0), then per alert threshold: percent, count that reaches it
 -- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
 -- Returns {allowed (1|0), delay (ms to wait before going on), then per rule (the counted rules,
@@ -45,7 +45,10 @@ local quota_day = options[5] or 0
 local quota_offset = options[6] or 0
 local max_in_flight = options[7] or 0
 local lease = options[8] or 0
-local thresholds = math.max(floor((#options - 8) / 2), 0)
+-- A peek (RateLimiter::peek) finds what a check would and writes nothing: no charge, no key, no
+-- expiry moved, no block, nothing removed.
+local peek = options[9] == 1
+local thresholds = math.max(floor((#options - 9) / 2), 0)
 -- Arguments per counted rule: limit and period; the token bucket's part sets 3 (and a burst).
 local rule_arity = 2
 local extra_keys = 0
@@ -82,7 +85,7 @@ local block_key = KEYS[#KEYS]
 
 -- Alert threshold j's percent and the count that reaches it.
 local function threshold(j)
-  return options[8 + 2 * j - 1], options[8 + 2 * j]
+  return options[9 + 2 * j - 1], options[9 + 2 * j]
 end
 
 -- Counted rule i's limit, period and burst (the limit, unless the rule has its own).

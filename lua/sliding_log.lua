@@ -7,8 +7,13 @@
 
 local function inspect(i, limit, period)
   local key = KEYS[i]
-  call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
-  local log = log_read(key)
+  local log
+  if peek then
+    log = log_read_after(key, now - period)
+  else
+    call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
+    log = log_read(key)
+  end
   return {key = key, limit = limit, period = period, log = log, fits = log.count + cost <= limit}
 end
 

@@ -37,8 +37,13 @@ end
 -- their instance died), the others each hold a slot.
 local in_flight = nil
 if in_flight_key then
-  call('ZREMRANGEBYSCORE', in_flight_key, '-inf', now)
-  local held = call('ZCARD', in_flight_key)
+  local held
+  if peek then
+    held = call('ZCOUNT', in_flight_key, '(' .. text_of(now), '+inf')
+  else
+    call('ZREMRANGEBYSCORE', in_flight_key, '-inf', now)
+    held = call('ZCARD', in_flight_key)
+  end
   in_flight = {held = held, fits = held < max_in_flight}
   if not in_flight.fits then
     allowed = 0
@@ -56,7 +61,14 @@ end
 
 -- When the earliest lease expires (0: none is held).
 local function slot_frees()
-  local earliest = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')[2]
+  local earliest
+  if peek then
+    -- (Expired leases are still there: a peek removes nothing.)
+    earliest = call('ZRANGEBYSCORE', in_flight_key, '(' .. text_of(now), '+inf', 'WITHSCORES',
+                    'LIMIT', 0, 1)[2]
+  else
+    earliest = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')[2]
+  end
   if earliest then
     return math.max(tonumber(earliest) - now, 0)
   end
@@ -102,8 +114,8 @@ end
 local delay = 0
 local quota_refused = quota and not quota.fits
 local slot_refused = in_flight and not in_flight.fits
-if allowed == 0 and not guard_stamp and not quota_refused and not slot_refused and longest_wait
-    and longest_wait <= max_delay then
+if allowed == 0 and not peek and not guard_stamp and not quota_refused and not slot_refused
+    and longest_wait and longest_wait <= max_delay then
   allowed = 1
   delay = longest_wait
 end
@@ -111,7 +123,11 @@ end
 local block_until = 0
 local fired = {}
 local lease_id = 0
-if allowed == 1 then
+if peek then
+  for i = 1, rules do
+    undo(states[i])
+  end
+elseif allowed == 1 then
   if in_flight then
     -- The lease is named by the time it was taken (µs), made unique: a number the caller
     -- releases it by. It runs from the request's admission, after its delay.

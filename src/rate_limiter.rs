@@ -43,7 +43,7 @@ use crate::limiter::{Limiter, Prepared, Refusal, Verdict};
 use crate::operate::OperatorError;
 use crate::policy::{Policy, PolicyError};
 use crate::response::{LimitHeaders, Protocol};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// A policy's limits, called from code for an identity the code names. Cheap to clone: clones
 /// share one limiter. Two `RateLimiter`s of policies of the same name on one store share their
@@ -132,6 +132,18 @@ impl RateLimiter {
             Verdict::Respond(answer) => Err(Refused::new(limiter, answer.refusal)),
             Verdict::AwaitSlot => unreachable!("Limiter::decide waits for the slot"),
         }
+    }
+
+    /// What a check of cost 1 for `identity` would find now, charging nothing and writing
+    /// nothing (no key created, no expiry moved): each rule's `remaining` now, and whether the
+    /// check would be admitted (`allowed`, and each refusing rule's `retry_after`). For a
+    /// "3 attempts left" in a form, or to skip work that would be refused.
+    ///
+    /// # Errors
+    ///
+    /// The store's error ([`StoreError::Config`] for an empty identity).
+    pub async fn peek(&self, identity: &str) -> Result<Decision, StoreError> {
+        self.limiter.peek_named(identity).await
     }
 
     /// Forgets `identity`'s counts and lifts its penalty block, on every instance sharing the

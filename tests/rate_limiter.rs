@@ -270,3 +270,89 @@ async fn bad_input_is_refused_and_never_shares_a_bucket() {
     assert!(keys.iter().any(|key| key.contains("+15550102")), "{keys:?}");
     assert!(limiter.reset("").await.is_err());
 }
+
+/// Redis's count of writes since its last save (none is made: the test servers keep nothing).
+fn writes(client: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO").arg("persistence").query(client).unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("rdb_changes_since_last_save in INFO persistence")
+}
+
+/// Every algorithm, with a guard, a block, a quota and a concurrency limit in turn: a peek writes
+/// nothing to Redis (its write count doesn't move), and says what a check would find.
+#[tokio::test]
+async fn a_peek_writes_nothing_and_finds_what_a_check_would() {
+    // A server of our own: no other test's writes are counted.
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let store = redis_store(&redis);
+    // The first call loads the store's function library, which Redis counts as a write.
+    RateLimiter::new(otp("warm"), store.clone())
+        .peek("up")
+        .await
+        .unwrap();
+    for algorithm in [
+        tower_redis_ratelimit::Algorithm::SlidingLog,
+        tower_redis_ratelimit::Algorithm::FixedWindow,
+        tower_redis_ratelimit::Algorithm::SlidingCounter,
+        tower_redis_ratelimit::Algorithm::TokenBucket,
+    ] {
+        for extra in 0..4 {
+            let prefix = unique_prefix("peek");
+            let mut builder = Policy::builder("peek")
+                .prefix(&prefix)
+                .algorithm(algorithm)
+                .rule(Rule::per_hour(3));
+            builder = match extra {
+                1 => builder.prevent_duplicate(Duration::from_secs(60)),
+                2 => builder.block_for(Duration::from_secs(60)),
+                3 => builder.max_in_flight(2).lease(Duration::from_secs(60)),
+                _ => builder.quota(
+                    tower_redis_ratelimit::Quota::builder("daily")
+                        .prefix(&prefix)
+                        .tier("free", 10)
+                        .build()
+                        .unwrap(),
+                ),
+            };
+            let limiter = RateLimiter::new(builder.build().unwrap(), store.clone());
+            let case = format!("{algorithm}, case {extra}");
+            // A fresh identity: admitted, everything left, and no key made.
+            let before = writes(&mut client);
+            let fresh = limiter.peek("frank").await.unwrap();
+            assert!(fresh.allowed, "{case}");
+            assert_eq!(fresh.rules[0].remaining, 3, "{case}");
+            assert_eq!(writes(&mut client), before, "{case}: a peek wrote");
+            let keys: Vec<String> = client.keys(format!("{prefix}*")).unwrap();
+            assert!(keys.is_empty(), "{case}: {keys:?}");
+            // Used, then refused (and blocked, in case 2): each peek finds what a check does.
+            let mut admitted = Vec::new();
+            for _ in 0..4 {
+                let peeked = limiter.peek("frank").await.unwrap();
+                let before = writes(&mut client);
+                let _ = limiter.peek("frank").await.unwrap();
+                assert_eq!(writes(&mut client), before, "{case}: a peek wrote");
+                let checked = limiter.check("frank").await;
+                assert_eq!(peeked.allowed, checked.is_ok(), "{case}: {peeked:?}");
+                if !peeked.allowed {
+                    let refused = checked.unwrap_err();
+                    let (peek_wait, check_wait) =
+                        (peeked.retry_after().unwrap(), refused.retry_after().unwrap());
+                    assert!(peek_wait.abs_diff(check_wait) < Duration::from_secs(1), "{case}");
+                }
+                // (An admission of case 3 holds its slot while it lives: this one is dropped at
+                // once, so the rules decide.)
+                admitted.push(peeked.allowed);
+            }
+            // Case 1's guard refuses the second at once; the others admit three.
+            let expected = if extra == 1 {
+                vec![true, false, false, false]
+            } else {
+                vec![true, true, true, false]
+            };
+            assert_eq!(admitted, expected, "{case}");
+        }
+    }
+}

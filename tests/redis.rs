@@ -987,7 +987,8 @@ fn sequences() -> impl Strategy<Value = Case> {
 /// The same requests through the in-memory store and the Redis store get the same answers, for
 /// every algorithm, with and without a duplicate guard, a penalty block, a daily quota (shared
 /// by the three identities' two keys each, with alerts at 50 % and 100 %) and delay mode (for
-/// the algorithms that reserve), with costs of a few units or of billions. One Redis for all cases.
+/// the algorithms that reserve), with costs of a few units or of billions, and a peek before each
+/// check finds the same in both. One Redis for all cases.
 #[test]
 fn memory_and_redis_agree() {
     let redis = TestRedis::shared();
@@ -1056,6 +1057,10 @@ fn memory_and_redis_agree() {
                         .max_delay(max_delay)
                         .block_for(block_for)
                         .quota(quota);
+                    // A peek first: it finds the same in both, and changes nothing.
+                    let peek_memory = memory_store.peek(&request).await.unwrap();
+                    let peek_redis = redis_store.peek(&request).await.unwrap();
+                    prop_assert_eq!(&peek_memory, &peek_redis);
                     let in_memory = memory_store.check(&request).await.unwrap();
                     let in_redis = redis_store.check(&request).await.unwrap();
                     prop_assert_eq!(in_memory.allowed, in_redis.allowed);

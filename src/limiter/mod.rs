@@ -3,6 +3,7 @@
 //! answer, and what to do with it; `answer.rs`: what it answers itself.
 
 mod answer;
+mod named;
 
 pub(crate) use answer::{Answer, Refusal};
 
@@ -103,7 +104,7 @@ pub(crate) enum Prepared {
 }
 
 /// What an override does to a request.
-enum Overridden {
+pub(super) enum Overridden {
     /// Lets it through unlimited.
     Unlimited,
     /// Refuses it (403).
@@ -198,7 +199,7 @@ impl Limiter {
     }
 
     /// The limiter of override `index`, when it has rules.
-    fn overriding(&self, index: usize) -> Option<Arc<Limiter>> {
+    pub(super) fn overriding(&self, index: usize) -> Option<Arc<Limiter>> {
         let limiters = self.overriding.get_or_init(|| {
             let applied = self.policy.overrides().applied();
             applied
@@ -218,7 +219,7 @@ impl Limiter {
     }
 
     /// The layer's metric handles.
-    fn metrics(&self) -> &PolicyMetrics {
+    pub(super) fn metrics(&self) -> &PolicyMetrics {
         self.metrics
             .get_or_init(|| PolicyMetrics::new(&self.policy, self.store.name()))
     }
@@ -288,52 +289,13 @@ impl Limiter {
         self.prepare_found(key, cost, quota, protocol)
     }
 
-    /// [`Limiter::prepare`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
-    /// check): its key is the identity under the policy's prefix and name, whatever the policy's
-    /// `Key` and scope; an override applies by that identity, a quota by it too, in its default
-    /// tier.
-    pub(crate) fn prepare_identity(&self, identity: &str, cost: u64) -> Prepared {
-        let policy = &self.policy;
-        let protocol = Protocol::Http;
-        if identity.is_empty() {
-            self.metrics().request(Outcome::NoKey);
-            let refusal = Refusal::NoKey(StatusCode::BAD_REQUEST);
-            return Prepared::Respond(Answer::new(refusal, &protocol));
-        }
-        if cost == 0 {
-            tracing::error!(
-                policy = policy.name(),
-                "a rate-limit check of cost 0 counts nothing: ask for a cost of at least 1"
-            );
-            return Prepared::Respond(Answer::new(Refusal::ZeroCost, &protocol));
-        }
-        let key = policy.named_key(identity);
-        let overrides = policy.overrides();
-        if !overrides.is_empty()
-            && let Some(found) = overrides.find_identity(key.identity())
-        {
-            match self.overridden(found, &key) {
-                Overridden::Unlimited => return Prepared::Unlimited,
-                Overridden::Denied => {
-                    return Prepared::Respond(Answer::new(Refusal::Denied, &protocol));
-                }
-                Overridden::By(own) => {
-                    return match own.prepare_identity(identity, cost) {
-                        Prepared::Check(checked) => Prepared::CheckBy(own, checked),
-                        Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
-                        other => other,
-                    };
-                }
-                Overridden::No => {}
-            }
-        }
-        let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
-        self.prepare_found(key, cost, quota, protocol)
-    }
-
     /// What an override found for `key` does: decides the request (unlimited, denied), hands it
     /// to the limiter of its own rules, or nothing.
-    fn overridden(&self, (index, applied): (usize, &Applied), key: &StorageKey) -> Overridden {
+    pub(super) fn overridden(
+        &self,
+        (index, applied): (usize, &Applied),
+        key: &StorageKey,
+    ) -> Overridden {
         let policy = &self.policy;
         match applied {
             Applied::Unlimited => {
@@ -370,7 +332,7 @@ impl Limiter {
 
     /// The rest of [`Limiter::prepare`] once the key is known: a cost no rule admits, a cached
     /// refusal, or a check to make.
-    fn prepare_found(
+    pub(super) fn prepare_found(
         &self,
         key: StorageKey,
         cost: u64,

@@ -78,6 +78,8 @@ pub struct CheckRequest<'a> {
     /// (all or nothing with the rules). Its state is reported after the quota's, and the lease's id
     /// is [`Decision::lease`]: give it to [`Store::release`] when the request is done.
     pub concurrency: Option<ConcurrencyLimit>,
+    /// A peek ([`Store::peek`]): decide as a check would, record nothing.
+    pub(crate) peek: bool,
 }
 
 /// The daily quota of one request: a window of `day_ms` starting `day_start_offset_ms` after each
@@ -148,7 +150,14 @@ impl<'a> CheckRequest<'a> {
             block_for: None,
             quota: None,
             concurrency: None,
+            peek: false,
         }
+    }
+
+    /// This request as a peek: decided as a check, recorded nowhere.
+    pub(crate) fn peeking(mut self) -> Self {
+        self.peek = true;
+        self
     }
 
     /// Sets the identity at the end of the key.
@@ -199,6 +208,19 @@ impl<'a> CheckRequest<'a> {
 pub trait Store: Send + Sync + 'static {
     /// Checks and, if every rule admits it, records one request.
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture;
+
+    /// Reads what [`Store::check`] would answer for `request` now, and records nothing: no
+    /// charge, no key created, no expiry moved, no block started, no lease taken. Each rule's
+    /// `remaining` is what it has left now; `allowed` and the retries say whether the check would
+    /// be admitted (without waiting: a peek reserves nothing). The stores of this crate can;
+    /// another store answers [`StoreError::Config`] unless it says how.
+    fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        let _ = request;
+        CheckFuture::ready(Err(StoreError::Config(format!(
+            "the {} store can't peek at a key",
+            self.name()
+        ))))
+    }
 
     /// Whether every key of one check must be in one place: on Redis Cluster one script call
     /// reaches one hash slot, so a request's keys must share their hash tag, its identity. A layer
@@ -305,6 +327,10 @@ pub trait Store: Send + Sync + 'static {
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         (**self).check(request)
+    }
+
+    fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        (**self).peek(request)
     }
 
     fn keys_share_one_slot(&self) -> bool {

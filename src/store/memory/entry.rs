@@ -128,6 +128,7 @@ impl Entry {
         let delay = match wait {
             Some(wait)
                 if !allowed
+                    && !request.peek
                     && !guard_refused
                     && !quota_refused
                     && !slot_refused
@@ -141,15 +142,17 @@ impl Entry {
         };
         let block_ms = request
             .block_for
-            .filter(|_| !allowed && (quota_refused || counted_refused))
+            .filter(|_| !allowed && !request.peek && (quota_refused || counted_refused))
             .map(millis);
+        // A peek records nothing.
+        let record = allowed && !request.peek;
         let mut rules = Vec::with_capacity(request.rules.len());
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             let cost = rule_cost(rule, cost);
-            let retry_after = if allowed {
+            let retry_after = if record {
                 counter.record(now + delay, cost);
                 None
-            } else if counter.fits(now, cost) {
+            } else if allowed || counter.fits(now, cost) {
                 None
             } else {
                 // Costs more than the limit: it never fits; say one period.
@@ -167,7 +170,7 @@ impl Entry {
         }
         let mut quota_alerts = Vec::new();
         if let Some((counter, request_quota)) = quota {
-            let retry_after = if allowed {
+            let retry_after = if record {
                 quota_alerts = counter.record(cost, request_quota, now);
                 None
             } else if quota_refused {
@@ -185,7 +188,7 @@ impl Entry {
         }
         let mut lease = None;
         if let Some(limit) = request.concurrency {
-            if allowed {
+            if record {
                 let expires = now
                     .saturating_add(delay)
                     .saturating_add(millis(limit.lease()));

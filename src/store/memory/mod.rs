@@ -164,7 +164,7 @@ impl MemoryStore {
         // free one (cost 0, no duplicate guard, which counts requests): an operator's inspection.
         let recorded =
             request.cost > 0 || request.rules.iter().any(|rule| rule.is_duplicate_guard());
-        if (decision.allowed && (recorded || decision.lease.is_some()))
+        if !request.peek && (decision.allowed && (recorded || decision.lease.is_some()))
             || entry.blocked_until_ms > now
         {
             shard.insert(entry, now, shared);
@@ -191,6 +191,10 @@ impl fmt::Debug for MemoryStore {
 impl Store for MemoryStore {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         CheckFuture::ready(Ok(self.check_now(request)))
+    }
+
+    fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        CheckFuture::ready(Ok(self.check_now(&request.peeking())))
     }
 
     fn name(&self) -> &'static str {

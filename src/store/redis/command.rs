@@ -152,6 +152,7 @@ impl PackedCheck {
             || block_ms > 0
             || quota.is_some()
             || concurrency.is_some()
+            || request.peek
         {
             let mut options = vec![
                 u64::try_from(max_delay).unwrap_or(u64::MAX),
@@ -164,6 +165,7 @@ impl PackedCheck {
                 concurrency.map_or(0, |limit| {
                     u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
                 }),
+                u64::from(request.peek),
             ];
             for threshold in thresholds {
                 options.extend([threshold.percent.into(), threshold.used]);
@@ -448,7 +450,7 @@ mod tests {
                 "rl:{rl:otp:user:bob}:block",
                 "",
                 "1",
-                "tb|3|1|2000,5000,900000,0,0,0,0,0|3|60000|5",
+                "tb|3|1|2000,5000,900000,0,0,0,0,0,0|3|60000|5",
                 "1"
             ]
         );
@@ -491,7 +493,7 @@ mod tests {
                 "rl:{user:ann}:daily:qa:100",
                 "",
                 "1",
-                "sl|4|1|0,0,0,100,86400000,61200000,0,0,80,80,100,100|20|60000",
+                "sl|4|1|0,0,0,100,86400000,61200000,0,0,0,80,80,100,100|20|60000",
                 "1"
             ]
         );

@@ -526,6 +526,10 @@ impl fmt::Debug for RedisStore {
 }
 
 impl Store for RedisStore {
+    fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.check(&request.peeking())
+    }
+
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         if self.shared.connector.is_cluster()
             && let Some(quota) = request.quota

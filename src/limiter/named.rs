@@ -1,0 +1,102 @@
+//! What a [`RateLimiter`](crate::RateLimiter) asks of the limiter: checks, peeks and refunds for
+//! an identity the app names rather than one found in a request.
+
+use http::StatusCode;
+
+use super::{Answer, Limiter, Overridden, Prepared, Refusal};
+use crate::decision::Decision;
+use crate::policy::Applied;
+use crate::response::Protocol;
+use crate::store::{CheckRequest, QuotaRequest, StoreError};
+use crate::telemetry::Outcome;
+
+impl Limiter {
+    /// [`Limiter::prepare`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
+    /// check): its key is the identity under the policy's prefix and name, whatever the policy's
+    /// `Key` and scope; an override applies by that identity, a quota by it too, in its default
+    /// tier.
+    pub(crate) fn prepare_identity(&self, identity: &str, cost: u64) -> Prepared {
+        let policy = &self.policy;
+        let protocol = Protocol::Http;
+        if identity.is_empty() {
+            self.metrics().request(Outcome::NoKey);
+            let refusal = Refusal::NoKey(StatusCode::BAD_REQUEST);
+            return Prepared::Respond(Answer::new(refusal, &protocol));
+        }
+        if cost == 0 {
+            tracing::error!(
+                policy = policy.name(),
+                "a rate-limit check of cost 0 counts nothing: ask for a cost of at least 1"
+            );
+            return Prepared::Respond(Answer::new(Refusal::ZeroCost, &protocol));
+        }
+        let key = policy.named_key(identity);
+        let overrides = policy.overrides();
+        if !overrides.is_empty()
+            && let Some(found) = overrides.find_identity(key.identity())
+        {
+            match self.overridden(found, &key) {
+                Overridden::Unlimited => return Prepared::Unlimited,
+                Overridden::Denied => {
+                    return Prepared::Respond(Answer::new(Refusal::Denied, &protocol));
+                }
+                Overridden::By(own) => {
+                    return match own.prepare_identity(identity, cost) {
+                        Prepared::Check(checked) => Prepared::CheckBy(own, checked),
+                        Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
+                        other => other,
+                    };
+                }
+                Overridden::No => {}
+            }
+        }
+        let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
+        self.prepare_found(key, cost, quota, protocol)
+    }
+
+    /// The limiter that counts `identity`: a `rules` override's, or this one.
+    fn counting(self: &std::sync::Arc<Self>, identity: &str) -> std::sync::Arc<Limiter> {
+        let overrides = self.policy.overrides();
+        if !overrides.is_empty()
+            && let Some((index, Applied::Rules(_))) =
+                overrides.find_identity(self.policy.named_key(identity).identity())
+            && let Some(own) = self.overriding(index)
+        {
+            return own;
+        }
+        self.clone()
+    }
+
+    /// What a check of cost 1 for `identity` would find now, recording nothing (see
+    /// [`Store::peek`](crate::Store::peek)), under the rules that count it.
+    pub(crate) async fn peek_named(
+        self: &std::sync::Arc<Self>,
+        identity: &str,
+    ) -> Result<Decision, StoreError> {
+        if identity.is_empty() {
+            return Err(StoreError::Config(
+                "an empty identity names no rate-limit key".into(),
+            ));
+        }
+        let limiter = self.counting(identity);
+        let policy = &limiter.policy;
+        let key = policy.named_key(identity);
+        let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
+        let quota_request = policy.quota().zip(quota.as_ref()).map(|(quota, lookup)| {
+            QuotaRequest::new(
+                lookup.key.as_str(),
+                lookup.limit,
+                quota.day_ms(),
+                quota.day_start_offset_ms(),
+                quota.thresholds(lookup.tier),
+            )
+            .identity(lookup.key.identity())
+        });
+        let request = CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
+            .identity(key.identity())
+            .block_for(policy.block_for())
+            .quota(quota_request)
+            .concurrency(policy.concurrency());
+        limiter.store().peek(&request).await
+    }
+}
