@@ -40,6 +40,15 @@ end
 local function commit()
 end
 
+local function give_back(i, _, period)
+  local key = KEYS[i]
+  local start = text_of(now - now % period)
+  local count = tonumber(call('HGET', key, start)) or 0
+  if count > 0 then
+    call('HINCRBY', key, start, text_of(0 - math.min(cost, count)))
+  end
+end
+
 local function undo(state)
   if not peek then
     -- (0 - cost, not -cost: a cost of 0 would be sent as "-0", which HINCRBY refuses.)

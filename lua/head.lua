@@ -18,8 +18,9 @@
 --                max delay (ms; 0: refuse what doesn't fit now), duplicate guard window (ms; 0:
 --                none), penalty block (ms; 0: none), quota limit (0: no quota), quota day length
 --                (ms), where quota days start after epoch-aligned ones (ms), most requests in
---                flight at once (0: no concurrency limit), a lease's length (ms), whether this is
---                a peek (1) or a check (0), then per alert threshold: percent, count that reaches it
+--                flight at once (0: no concurrency limit), a lease's length (ms), what this is (0: a
+--                check, 1: a peek, 2: a refund), then per alert threshold: percent, count that
+--                reaches it
 -- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
 -- Returns {allowed (1|0), delay (ms to wait before going on), then per rule (the counted rules,
@@ -46,8 +47,10 @@ local quota_offset = options[6] or 0
 local max_in_flight = options[7] or 0
 local lease = options[8] or 0
 -- A peek (RateLimiter::peek) finds what a check would and writes nothing: no charge, no key, no
--- expiry moved, no block, nothing removed.
-local peek = options[9] == 1
+-- expiry moved, no block, nothing removed. A refund (RateLimiter::refund) gives back `cost`
+-- units (lua/tail.lua), then answers as a peek of one unit.
+local refunding = options[9] == 2
+local peek = options[9] == 1 or refunding
 local thresholds = math.max(floor((#options - 9) / 2), 0)
 -- Arguments per counted rule: limit and period; the token bucket's part sets 3 (and a burst).
 local rule_arity = 2
@@ -119,6 +122,8 @@ if guard_window > 0 then
 end
 
 -- The algorithm's part defines, for one counted rule:
+--   give_back(i, limit, period, burst)          a refund: give back `cost` units of the current
+--                                               window, never below zero
 --   inspect(i, limit, period, burst) -> state   read the counter (it may charge it speculatively);
 --                                               state.fits: whether the rule admits the request now
 --   wait(state) -> ms | nil                     when it would (nil: never, it costs too much)

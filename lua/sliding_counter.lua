@@ -103,6 +103,15 @@ local function commit(state)
   call('PEXPIREAT', state.key, state.start + 2 * state.period)
 end
 
+local function give_back(i, _, period)
+  local key = KEYS[i]
+  local stored = call('HMGET', key, 's', 'c')
+  local current = tonumber(stored[2]) or 0
+  if tonumber(stored[1]) == now - now % period and current > 0 then
+    call('HSET', key, 'c', math.max(current - cost, 0))
+  end
+end
+
 local function undo()
 end
 

@@ -30,6 +30,29 @@ local function commit(state, at)
   log_admit(state.key, at, state.log, cost, state.period)
 end
 
+local function give_back(i, _, period)
+  local key = KEYS[i]
+  call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
+  local left = cost
+  while left > 0 do
+    local found = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if found[1] == nil then
+      break
+    end
+    local first, units = string.match(found[1], '^%a(%d+):(%d+)$')
+    first, units = tonumber(first), tonumber(units)
+    if units > left then
+      -- Smaller, under a name of its own; added before the old one goes, so the key (and its
+      -- expiry) never lapses.
+      call('ZADD', key, found[2], log_name(first, units - left))
+      left = 0
+    else
+      left = left - units
+    end
+    call('ZREM', key, found[1])
+  end
+end
+
 local function undo()
 end
 

@@ -1,4 +1,20 @@
 -- The end of every rate-limit script (see lua/head.lua): check every rule, then record in all or none.
+
+-- A refund gives back its units in every counted rule and the day's quota, then answers as a peek
+-- of one unit.
+if refunding then
+  for i = 1, rules do
+    give_back(i, rule_args(i))
+  end
+  if quota_key then
+    local start = quota_day_start()
+    local count = tonumber(call('HGET', quota_key, start)) or 0
+    if count > 0 then
+      call('HINCRBY', quota_key, start, text_of(0 - math.min(cost, count)))
+    end
+  end
+  cost = 1
+end
 local states = {}
 local allowed = 1
 if guard_stamp then

@@ -42,6 +42,22 @@ local function commit(state, _, at_us)
   call('SET', state.key, string.format('%d', state.tat), 'PXAT', ceil_ms(state.tat))
 end
 
+local function give_back(i, limit, period)
+  local key = KEYS[i]
+  local tat = tonumber(call('GET', key))
+  if tat and tat > now_us then
+    local interval = div(period * 1000 + limit - 1, limit)
+    -- (At most the debt's units, so the product stays below 2^53.)
+    local units = math.min(cost, div(tat - now_us + interval - 1, interval))
+    local back = math.max(tat - units * interval, now_us)
+    if back > now_us then
+      call('SET', key, string.format('%d', back), 'PXAT', ceil_ms(back))
+    else
+      call('DEL', key)
+    end
+  end
+end
+
 local function undo()
 end
 

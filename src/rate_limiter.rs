@@ -146,6 +146,23 @@ impl RateLimiter {
         self.limiter.peek_named(identity).await
     }
 
+    /// Gives back `cost` units charged to `identity` in the current windows of every rule and in
+    /// the day's quota (not the duplicate guard, a block or a concurrency slot): a fixed
+    /// window's or sliding counter's count goes down, a token bucket refills, a sliding log drops
+    /// its newest units. Never below zero; a refund after a window rolled gives nothing back in
+    /// it. Answers what [`RateLimiter::peek`] then finds. Another instance may answer a refusal
+    /// it cached for the identity for up to a second more.
+    ///
+    /// For the OTP whose second rule refused: give back what the first one charged. A refund
+    /// undoes any charge, so give back only what was charged.
+    ///
+    /// # Errors
+    ///
+    /// The store's error ([`StoreError::Config`] for an empty identity).
+    pub async fn refund(&self, identity: &str, cost: u64) -> Result<Decision, StoreError> {
+        self.limiter.refund_named(identity, cost).await
+    }
+
     /// Forgets `identity`'s counts and lifts its penalty block, on every instance sharing the
     /// store (a refusal another instance cached stands at most a second more).
     ///

@@ -338,9 +338,14 @@ async fn a_peek_writes_nothing_and_finds_what_a_check_would() {
                 assert_eq!(peeked.allowed, checked.is_ok(), "{case}: {peeked:?}");
                 if !peeked.allowed {
                     let refused = checked.unwrap_err();
-                    let (peek_wait, check_wait) =
-                        (peeked.retry_after().unwrap(), refused.retry_after().unwrap());
-                    assert!(peek_wait.abs_diff(check_wait) < Duration::from_secs(1), "{case}");
+                    let (peek_wait, check_wait) = (
+                        peeked.retry_after().unwrap(),
+                        refused.retry_after().unwrap(),
+                    );
+                    assert!(
+                        peek_wait.abs_diff(check_wait) < Duration::from_secs(1),
+                        "{case}"
+                    );
                 }
                 // (An admission of case 3 holds its slot while it lives: this one is dropped at
                 // once, so the rules decide.)
@@ -355,4 +360,131 @@ async fn a_peek_writes_nothing_and_finds_what_a_check_would() {
             assert_eq!(admitted, expected, "{case}");
         }
     }
+}
+
+/// Refunds on both stores, every algorithm, at fixed times: units given back within a window
+/// admit again; after the window rolls, only what the new window charged comes back (never more
+/// than the limit).
+async fn refunds_give_back_the_current_window_only(store: impl Store, set_time: impl Fn(u64)) {
+    use tower_redis_ratelimit::Algorithm;
+    use tower_redis_ratelimit::store::CheckRequest;
+    // On a minute boundary, an hour ahead of Redis's own clock (no key expires meanwhile).
+    let start = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 3_600_000)
+        / 60_000
+        * 60_000;
+    for algorithm in [
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ] {
+        let key = format!("{}:refund:{algorithm}", unique_prefix("refund"));
+        let rules = [Rule::per_minute(3)];
+        let request = |cost| CheckRequest::new(&key, &rules, algorithm).cost(cost);
+        set_time(start);
+        for _ in 0..3 {
+            assert!(
+                store.check(&request(1)).await.unwrap().allowed,
+                "{algorithm}"
+            );
+        }
+        assert!(
+            !store.check(&request(1)).await.unwrap().allowed,
+            "{algorithm}"
+        );
+        // Two back: two admitted, then refused again.
+        let after = store.refund(&request(2)).await.unwrap();
+        assert_eq!(after.rules[0].remaining, 2, "{algorithm}");
+        assert!(after.allowed, "{algorithm}: a check would be admitted");
+        assert!(
+            store.check(&request(1)).await.unwrap().allowed,
+            "{algorithm}"
+        );
+        assert!(
+            store.check(&request(1)).await.unwrap().allowed,
+            "{algorithm}"
+        );
+        assert!(
+            !store.check(&request(1)).await.unwrap().allowed,
+            "{algorithm}"
+        );
+        // Never below zero: a refund of more than was charged gives back what was.
+        let emptied = store.refund(&request(10)).await.unwrap();
+        assert_eq!(emptied.rules[0].remaining, 3, "{algorithm}");
+        // A minute and more later, the old charges are gone from every window: one check, then
+        // a refund of three gives back the one.
+        for _ in 0..3 {
+            store.check(&request(1)).await.unwrap();
+        }
+        set_time(start + 120_000);
+        assert!(
+            store.check(&request(1)).await.unwrap().allowed,
+            "{algorithm}"
+        );
+        let rolled = store.refund(&request(3)).await.unwrap();
+        assert_eq!(
+            rolled.rules[0].remaining, 3,
+            "{algorithm}: nothing past the limit"
+        );
+        for _ in 0..3 {
+            assert!(
+                store.check(&request(1)).await.unwrap().allowed,
+                "{algorithm}"
+            );
+        }
+        assert!(
+            !store.check(&request(1)).await.unwrap().allowed,
+            "{algorithm}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn refunds_give_back_the_current_window_only_in_memory() {
+    let clock = ManualClock::new(0);
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    refunds_give_back_the_current_window_only(store, |ms| clock.set(ms)).await;
+}
+
+#[tokio::test]
+async fn refunds_give_back_the_current_window_only_on_redis() {
+    let redis = TestRedis::shared();
+    let store = redis_store(&redis);
+    let fixed = store.clone();
+    refunds_give_back_the_current_window_only(store, move |ms| {
+        fixed.fix_time_for_tests(Some(ms * 1_000));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_otp_refused_by_its_prefix_gives_the_numbers_charge_back() {
+    let store = MemoryStore::new();
+    let number = RateLimiter::new(otp("rl"), store.clone());
+    let prefix = RateLimiter::new(
+        Policy::builder("otp-prefix")
+            .rule(Rule::per_hour(2))
+            .build()
+            .unwrap(),
+        store,
+    );
+    for phone in ["+1555010001", "+1555010002", "+1555010003"] {
+        number.check(phone).await.unwrap();
+        if prefix.check(&phone[..8]).await.is_err() {
+            let after = number.refund(phone, 1).await.unwrap();
+            assert_eq!(after.rules[0].remaining, 5, "{phone}");
+        }
+    }
+    assert_eq!(
+        number.peek("+1555010003").await.unwrap().rules[0].remaining,
+        5
+    );
+    assert_eq!(
+        number.peek("+1555010002").await.unwrap().rules[0].remaining,
+        4
+    );
 }

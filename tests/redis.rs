@@ -942,7 +942,7 @@ type Case = (
     (Algorithm, Vec<(u64, u64, u64)>, bool, bool),
     Option<(u64, u64)>,
     Option<u64>,
-    Vec<(usize, u64)>,
+    Vec<(usize, u64, bool)>,
     u64,
 );
 
@@ -968,7 +968,8 @@ fn sequences() -> impl Strategy<Value = Case> {
         seen.dedup();
         seen.len() == rules.len()
     });
-    let requests = prop::collection::vec((0usize..3, 0u64..4), 1..25);
+    // Which identity, the cost, and whether it is a refund of that cost rather than a check.
+    let requests = prop::collection::vec((0usize..3, 0u64..4, prop::bool::weighted(0.2)), 1..25);
     // A daily limit and where its days start (the UTC offset's midnight, as ms after UTC's).
     let quota = prop::option::of((1u64..8, 0u64..86_400_000));
     // Waits within the cases' periods (an hour or more), so reservations are made.
@@ -987,8 +988,8 @@ fn sequences() -> impl Strategy<Value = Case> {
 /// The same requests through the in-memory store and the Redis store get the same answers, for
 /// every algorithm, with and without a duplicate guard, a penalty block, a daily quota (shared
 /// by the three identities' two keys each, with alerts at 50 % and 100 %) and delay mode (for
-/// the algorithms that reserve), with costs of a few units or of billions, and a peek before each
-/// check finds the same in both. One Redis for all cases.
+/// the algorithms that reserve), with costs of a few units or of billions, refunds among the
+/// checks, and a peek before each finds the same in both. One Redis for all cases.
 #[test]
 fn memory_and_redis_agree() {
     let redis = TestRedis::shared();
@@ -1037,7 +1038,7 @@ fn memory_and_redis_agree() {
                 .clock(ManualClock::new(now_ms))
                 .build();
             runtime.block_on(async {
-                for (who, cost) in requests {
+                for (who, cost, refund) in requests {
                     let key = format!("{prefix}:p{}:user:{who}", cost % 2);
                     let quota_key = format!("{prefix}:daily:user:{who}");
                     let thresholds = quota.map(|(limit, _)| {
@@ -1061,6 +1062,12 @@ fn memory_and_redis_agree() {
                     let peek_memory = memory_store.peek(&request).await.unwrap();
                     let peek_redis = redis_store.peek(&request).await.unwrap();
                     prop_assert_eq!(&peek_memory, &peek_redis);
+                    if refund {
+                        let in_memory = memory_store.refund(&request).await.unwrap();
+                        let in_redis = redis_store.refund(&request).await.unwrap();
+                        prop_assert_eq!(&in_memory, &in_redis);
+                        continue;
+                    }
                     let in_memory = memory_store.check(&request).await.unwrap();
                     let in_redis = redis_store.check(&request).await.unwrap();
                     prop_assert_eq!(in_memory.allowed, in_redis.allowed);

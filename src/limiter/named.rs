@@ -1,11 +1,14 @@
 //! What a [`RateLimiter`](crate::RateLimiter) asks of the limiter: checks, peeks and refunds for
 //! an identity the app names rather than one found in a request.
 
+use std::sync::Arc;
+
 use http::StatusCode;
 
 use super::{Answer, Limiter, Overridden, Prepared, Refusal};
 use crate::decision::Decision;
-use crate::policy::Applied;
+use crate::policy::{Applied, StorageKey};
+use crate::quota::QuotaLookup;
 use crate::response::Protocol;
 use crate::store::{CheckRequest, QuotaRequest, StoreError};
 use crate::telemetry::Outcome;
@@ -55,7 +58,7 @@ impl Limiter {
     }
 
     /// The limiter that counts `identity`: a `rules` override's, or this one.
-    fn counting(self: &std::sync::Arc<Self>, identity: &str) -> std::sync::Arc<Limiter> {
+    fn counting(self: &Arc<Self>, identity: &str) -> Arc<Limiter> {
         let overrides = self.policy.overrides();
         if !overrides.is_empty()
             && let Some((index, Applied::Rules(_))) =
@@ -70,9 +73,33 @@ impl Limiter {
     /// What a check of cost 1 for `identity` would find now, recording nothing (see
     /// [`Store::peek`](crate::Store::peek)), under the rules that count it.
     pub(crate) async fn peek_named(
-        self: &std::sync::Arc<Self>,
+        self: &Arc<Self>,
         identity: &str,
     ) -> Result<Decision, StoreError> {
+        let (limiter, key, quota) = self.named(identity)?;
+        let request = limiter.named_request(&key, quota.as_ref());
+        limiter.store().peek(&request).await
+    }
+
+    /// Gives back `cost` units charged to `identity` (see [`Store::refund`](crate::Store::refund)),
+    /// and forgets the refusal this instance cached for it: the units may admit it now.
+    pub(crate) async fn refund_named(
+        self: &Arc<Self>,
+        identity: &str,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let (limiter, key, quota) = self.named(identity)?;
+        let request = limiter.named_request(&key, quota.as_ref()).cost(cost);
+        let decision = limiter.store().refund(&request).await?;
+        limiter.refusals.forget_key(key.as_str());
+        Ok(decision)
+    }
+
+    /// The limiter that counts `identity`, its key and its quota.
+    fn named(
+        self: &Arc<Self>,
+        identity: &str,
+    ) -> Result<(Arc<Limiter>, StorageKey, Option<QuotaLookup>), StoreError> {
         if identity.is_empty() {
             return Err(StoreError::Config(
                 "an empty identity names no rate-limit key".into(),
@@ -82,7 +109,18 @@ impl Limiter {
         let policy = &limiter.policy;
         let key = policy.named_key(identity);
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
-        let quota_request = policy.quota().zip(quota.as_ref()).map(|(quota, lookup)| {
+        Ok((limiter, key, quota))
+    }
+
+    /// A request of cost 1 for `key` under this limiter's policy, everything but its mode and
+    /// delay included.
+    fn named_request<'a>(
+        &'a self,
+        key: &'a StorageKey,
+        quota: Option<&'a QuotaLookup>,
+    ) -> CheckRequest<'a> {
+        let policy = &self.policy;
+        let quota_request = policy.quota().zip(quota).map(|(quota, lookup)| {
             QuotaRequest::new(
                 lookup.key.as_str(),
                 lookup.limit,
@@ -92,11 +130,10 @@ impl Limiter {
             )
             .identity(lookup.key.identity())
         });
-        let request = CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
+        CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
             .identity(key.identity())
             .block_for(policy.block_for())
             .quota(quota_request)
-            .concurrency(policy.concurrency());
-        limiter.store().peek(&request).await
+            .concurrency(policy.concurrency())
     }
 }

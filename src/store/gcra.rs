@@ -57,6 +57,13 @@ impl Bucket {
     }
 
     /// Whole units in the bucket at `now`.
+    /// `tat` after `cost` units charged earlier are given back at `now`: moved back by their
+    /// charge, but never before `now` (a full bucket holds no more).
+    pub(crate) fn refund(self, tat: u64, now: u64, cost: u64) -> u64 {
+        tat.saturating_sub(cost.saturating_mul(self.interval))
+            .max(now)
+    }
+
     pub(crate) fn remaining(self, tat: u64, now: u64) -> u64 {
         let debt = tat.saturating_sub(now);
         self.tolerance.saturating_sub(debt) / self.interval

@@ -80,6 +80,8 @@ pub struct CheckRequest<'a> {
     pub concurrency: Option<ConcurrencyLimit>,
     /// A peek ([`Store::peek`]): decide as a check would, record nothing.
     pub(crate) peek: bool,
+    /// A refund ([`Store::refund`]): give back `cost` units, then answer as a peek of cost 1.
+    pub(crate) refund: bool,
 }
 
 /// The daily quota of one request: a window of `day_ms` starting `day_start_offset_ms` after each
@@ -151,12 +153,20 @@ impl<'a> CheckRequest<'a> {
             quota: None,
             concurrency: None,
             peek: false,
+            refund: false,
         }
     }
 
     /// This request as a peek: decided as a check, recorded nowhere.
     pub(crate) fn peeking(mut self) -> Self {
         self.peek = true;
+        self
+    }
+
+    /// This request as a refund of its cost.
+    pub(crate) fn refunding(mut self) -> Self {
+        self.peek = true;
+        self.refund = true;
         self
     }
 
@@ -218,6 +228,20 @@ pub trait Store: Send + Sync + 'static {
         let _ = request;
         CheckFuture::ready(Err(StoreError::Config(format!(
             "the {} store can't peek at a key",
+            self.name()
+        ))))
+    }
+
+    /// Gives back `request.cost` units charged earlier in the current windows of every counted
+    /// rule and the day's quota (not the duplicate guard, a block or a slot): a fixed window's or
+    /// sliding counter's current count goes down, a token bucket's debt, a sliding log drops its
+    /// newest units. Never below zero; units of a window that has rolled are not given back.
+    /// Answers what a [`Store::peek`] would then find. The stores of this crate can; another
+    /// store answers [`StoreError::Config`] unless it says how.
+    fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        let _ = request;
+        CheckFuture::ready(Err(StoreError::Config(format!(
+            "the {} store can't refund",
             self.name()
         ))))
     }
@@ -331,6 +355,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
         (**self).peek(request)
+    }
+
+    fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        (**self).refund(request)
     }
 
     fn keys_share_one_slot(&self) -> bool {

@@ -110,6 +110,16 @@ impl Counter {
         }
     }
 
+    /// Gives back up to `cost` units charged in the current window (after `forget_before(now)`).
+    pub(super) fn refund(&mut self, now: u64, cost: u64) {
+        match self {
+            Counter::Window(window) => window.refund(cost),
+            Counter::Weighted(weighted) => weighted.refund(cost),
+            Counter::Log(log) => log.refund(cost),
+            Counter::Bucket(bucket) => bucket.refund(now, cost),
+        }
+    }
+
     /// Milliseconds until a request of `cost` fits (it doesn't fit now), assuming nothing else is
     /// admitted meanwhile; `None` when it never fits.
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {

@@ -245,6 +245,25 @@ impl Entry {
         }
     }
 
+    /// Gives back `request.cost` units in every counted rule (not the duplicate guard) and the
+    /// day's quota.
+    pub(super) fn refund(
+        &mut self,
+        request: &CheckRequest<'_>,
+        now: u64,
+        quota: Option<&mut (&mut QuotaCounter, QuotaRequest<'_>)>,
+    ) {
+        for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
+            if !rule.is_duplicate_guard() {
+                counter.forget_before(now);
+                counter.refund(now, request.cost);
+            }
+        }
+        if let Some((counter, _)) = quota {
+            counter.refund(request.cost);
+        }
+    }
+
     /// The answer during a penalty block: nothing is admitted or counted. Every item is refused
     /// until the later of the block's end and the time it would admit the request itself, so a
     /// client that waits as long as `Retry-After` says finds no rule still full (which would

@@ -56,6 +56,11 @@ impl FixedWindow {
         self.count += cost;
     }
 
+    /// Gives back up to `cost` units of the current window (after `forget_before(now)`).
+    pub(super) fn refund(&mut self, cost: u64) {
+        self.count -= cost.min(self.count);
+    }
+
     /// The end of the window, unless the request costs more than the limit.
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
         (cost <= self.limit).then(|| {

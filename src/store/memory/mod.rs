@@ -156,7 +156,19 @@ impl MemoryStore {
             .find_mut(hash, |entry| *entry.key == *request.key)
         {
             entry.arrange(request);
+            if request.refund {
+                entry.refund(request, now, quota.as_mut());
+                return entry.check(&request.cost(1), now, quota.as_mut(), lease_id);
+            }
             return entry.check(request, now, quota.as_mut(), lease_id);
+        }
+        if request.refund {
+            // Nothing of the rules to give back; the day's quota may have something.
+            if let Some((counter, _)) = quota.as_mut() {
+                counter.refund(request.cost);
+            }
+            let request = request.cost(1);
+            return Entry::new(&request, hash).check(&request, now, quota.as_mut(), lease_id);
         }
         let mut entry = Entry::new(request, hash);
         let decision = entry.check(request, now, quota.as_mut(), lease_id);
@@ -195,6 +207,10 @@ impl Store for MemoryStore {
 
     fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
         CheckFuture::ready(Ok(self.check_now(&request.peeking())))
+    }
+
+    fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        CheckFuture::ready(Ok(self.check_now(&request.refunding())))
     }
 
     fn name(&self) -> &'static str {

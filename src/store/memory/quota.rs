@@ -79,6 +79,11 @@ impl QuotaCounter {
         self.count.saturating_add(cost) <= limit
     }
 
+    /// Gives back up to `cost` units of the day (the counter is rolled over to the day of now).
+    pub(super) fn refund(&mut self, cost: u64) {
+        self.count -= cost.min(self.count);
+    }
+
     /// Milliseconds until a request of `cost` fits: the next day, or one day when it never fits.
     pub(super) fn admits_after(&self, cost: u64, quota: &QuotaRequest<'_>, now: u64) -> u64 {
         let to_next_day = (self.start_ms + quota.day_ms).saturating_sub(now);

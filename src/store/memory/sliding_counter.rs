@@ -62,6 +62,12 @@ impl SlidingCounter {
         self.limit.saturating_sub(self.used(now))
     }
 
+    /// Gives back up to `cost` units of the current window (after `forget_before(now)`): the
+    /// previous window's count is history.
+    pub(super) fn refund(&mut self, cost: u64) {
+        self.current -= cost.min(self.current);
+    }
+
     pub(super) fn record(&mut self, cost: u64) {
         self.current += cost;
     }

@@ -91,6 +91,28 @@ impl SlidingLog {
         self.next = self.next.wrapping_add(cost);
     }
 
+    /// Gives back up to `cost` of the newest units still in the log (after `forget_before(now)`):
+    /// the newest admissions shrink or go.
+    pub(super) fn refund(&mut self, cost: u64) {
+        let mut left = cost;
+        while left > 0
+            && let Some(newest) = self.admissions.back()
+        {
+            let units = self.next.wrapping_sub(newest.first);
+            if units <= left {
+                left -= units;
+                self.next = newest.first;
+                self.admissions.pop_back();
+            } else {
+                self.next = self.next.wrapping_sub(left);
+                left = 0;
+            }
+        }
+        if self.admissions.is_empty() {
+            self.next = 0;
+        }
+    }
+
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
         if cost > self.limit {
             return None;

@@ -52,6 +52,13 @@ impl TokenBucket {
         }
     }
 
+    /// Gives back `cost` units charged earlier, as far as they haven't dripped back already.
+    pub(super) fn refund(&mut self, now: u64, cost: u64) {
+        if self.tat_us > micros(now) {
+            self.tat_us = self.bucket.refund(self.tat_us, micros(now), cost);
+        }
+    }
+
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
         let at = self.bucket.conforms_at(self.tat_us, micros(now), cost)?;
         Some(gcra::ceil_ms(at.saturating_sub(micros(now))))

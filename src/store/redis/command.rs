@@ -165,7 +165,12 @@ impl PackedCheck {
                 concurrency.map_or(0, |limit| {
                     u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
                 }),
-                u64::from(request.peek),
+                // 0: a check, 1: a peek, 2: a refund (lua/head.lua).
+                if request.refund {
+                    2
+                } else {
+                    u64::from(request.peek)
+                },
             ];
             for threshold in thresholds {
                 options.extend([threshold.percent.into(), threshold.used]);

@@ -530,6 +530,10 @@ impl Store for RedisStore {
         self.check(&request.peeking())
     }
 
+    fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.check(&request.refunding())
+    }
+
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         if self.shared.connector.is_cluster()
             && let Some(quota) = request.quota
