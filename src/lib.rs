@@ -128,7 +128,7 @@ pub use policy::{
     PolicyBuilder, PolicyError, Rule, Scope,
 };
 pub use quota::{Quota, QuotaBuilder, QuotaError, Tier};
-pub use rate_limiter::{Admitted, RateLimiter, Refused};
+pub use rate_limiter::{Admitted, Permit, RateLimiter, Refused};
 pub use response::Rejected;
 pub use service::RateLimit;
 pub use store::{MemoryStore, RedisStore, Store, StoreError};

@@ -134,6 +134,25 @@ impl RateLimiter {
         }
     }
 
+    /// Takes one of the policy's concurrency slots for `identity` ([`PolicyBuilder::max_in_flight`]),
+    /// with a check of cost 1 against its rules: a job or a worker that must not run twice at
+    /// once for one user, across every instance sharing the store. The slot is held until the
+    /// [`Permit`] is dropped (released in the background, as the layer releases a request's), or
+    /// [`Permit::release`]d, or its lease ends (the holder crashed). In delay mode it waits for a
+    /// slot up to `max_delay`. Under a policy without `max_in_flight` it is a check whose permit
+    /// holds no slot.
+    ///
+    /// [`PolicyBuilder::max_in_flight`]: crate::PolicyBuilder::max_in_flight
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::check`]: a 429 when every slot is held (or a rule refuses), with the
+    /// time until the earliest lease ends.
+    pub async fn acquire(&self, identity: &str) -> Result<Permit, Refused> {
+        let admitted = self.check(identity).await?;
+        Ok(Permit { admitted })
+    }
+
     /// What a check of cost 1 for `identity` would find now, charging nothing and writing
     /// nothing (no key created, no expiry moved): each rule's `remaining` now, and whether the
     /// check would be admitted (`allowed`, and each refusing rule's `retry_after`). For a
@@ -229,6 +248,48 @@ impl IntoResponseParts for Admitted {
             headers.apply(parts.headers_mut());
         }
         Ok(parts)
+    }
+}
+
+/// A concurrency slot held for an identity ([`RateLimiter::acquire`]): released when dropped,
+/// by [`Permit::release`], or when its lease ends.
+pub struct Permit {
+    admitted: Admitted,
+}
+
+impl Permit {
+    /// The store's decision when the slot was taken (`None` when the store failed and the policy
+    /// let the work through without a slot).
+    pub fn decision(&self) -> Option<&Decision> {
+        self.admitted.decision()
+    }
+
+    /// Whether it holds a slot: not when the policy has no concurrency limit, nor when the store
+    /// failed and the policy let the work through.
+    pub fn holds_slot(&self) -> bool {
+        self.admitted.lease.is_some()
+    }
+
+    /// Releases the slot now and waits until the store has freed it, so that the next
+    /// [`RateLimiter::acquire`] anywhere finds it free. (Dropping the permit releases it too,
+    /// without waiting.)
+    ///
+    /// # Errors
+    ///
+    /// The store's error; the slot then frees when its lease ends.
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        match self.admitted.lease.take() {
+            Some(lease) => lease.release().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("holds_slot", &self.holds_slot())
+            .finish()
     }
 }
 

@@ -488,3 +488,64 @@ async fn an_otp_refused_by_its_prefix_gives_the_numbers_charge_back() {
         4
     );
 }
+
+fn one_worker_per_user(prefix: &str, lease: Duration) -> Policy {
+    Policy::builder("workers")
+        .prefix(prefix)
+        .max_in_flight(1)
+        .lease(lease)
+        .build()
+        .unwrap()
+}
+
+/// A permit holds its slot until it is released, dropped, or (its holder gone without a word)
+/// its lease ends; two handles stand for two processes.
+async fn permits_are_freed_by_release_drop_and_lease(first: RateLimiter, second: RateLimiter) {
+    let permit = first.acquire("user-1").await.unwrap();
+    assert!(permit.holds_slot());
+    let busy = second.acquire("user-1").await.unwrap_err();
+    assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(second.acquire("user-2").await.is_ok(), "another user's slot");
+    // Released and waited for: free at once, everywhere.
+    permit.release().await.unwrap();
+    let permit = second.acquire("user-1").await.unwrap();
+    // Dropped: freed in the background.
+    drop(permit);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let permit = loop {
+        match first.acquire("user-1").await {
+            Ok(permit) => break permit,
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(refused) => panic!("a dropped permit's slot stayed held: {refused}"),
+        }
+    };
+    // A holder that crashes never releases: its lease ends.
+    std::mem::forget(permit);
+    assert!(second.acquire("user-1").await.is_err(), "held until the lease ends");
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    assert!(second.acquire("user-1").await.is_ok(), "the lease ended");
+}
+
+#[tokio::test]
+async fn permits_are_freed_by_release_drop_and_lease_in_memory() {
+    let store = MemoryStore::new();
+    let policy = one_worker_per_user("rl", Duration::from_millis(400));
+    permits_are_freed_by_release_drop_and_lease(
+        RateLimiter::new(policy.clone(), store.clone()),
+        RateLimiter::new(policy, store),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn permits_are_freed_by_release_drop_and_lease_on_redis() {
+    let redis = TestRedis::shared();
+    let policy = one_worker_per_user(&unique_prefix("workers"), Duration::from_millis(400));
+    permits_are_freed_by_release_drop_and_lease(
+        RateLimiter::new(policy.clone(), redis_store(&redis)),
+        RateLimiter::new(policy, redis_store(&redis)),
+    )
+    .await;
+}

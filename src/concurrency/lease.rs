@@ -24,6 +24,8 @@ pub(crate) struct Lease {
     waiting: Option<Arc<SlotQueues>>,
     /// The policy's store-failure log: a release fails for every request while the store does.
     errors: Arc<StoreErrorLog>,
+    /// Released already ([`Lease::release`]): nothing to do when dropped.
+    released: bool,
 }
 
 impl Lease {
@@ -42,17 +44,40 @@ impl Lease {
             id,
             waiting,
             errors,
+            released: false,
         }
+    }
+
+    /// A request naming the lease's key and concurrency limit, for the store.
+    fn request(&self) -> CheckRequest<'_> {
+        let policy = &self.policy;
+        CheckRequest::new(self.key.as_str(), policy.rules(), policy.algorithm())
+            .identity(self.key.identity())
+            .concurrency(policy.concurrency())
+    }
+
+    /// Releases the slot now and waits until the store has freed it.
+    pub(crate) async fn release(mut self) -> Result<(), crate::StoreError> {
+        self.released = true;
+        let result = self.store.release(&self.request(), self.id).await;
+        released(
+            &result,
+            &self.policy,
+            &self.key,
+            self.waiting.as_deref(),
+            &self.errors,
+        );
+        result
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         let policy = &self.policy;
-        let request = CheckRequest::new(self.key.as_str(), policy.rules(), policy.algorithm())
-            .identity(self.key.identity())
-            .concurrency(policy.concurrency());
-        let mut release = self.store.release(&request, self.id);
+        let mut release = self.store.release(&self.request(), self.id);
         // An in-process store is done at once; a networked one finishes in a task of its own.
         // Without a runtime (a test's teardown) the lease just expires.
         match release
@@ -60,7 +85,7 @@ impl Drop for Lease {
             .poll(&mut Context::from_waker(Waker::noop()))
         {
             Poll::Ready(result) => released(
-                result,
+                &result,
                 policy,
                 &self.key,
                 self.waiting.as_deref(),
@@ -73,7 +98,7 @@ impl Drop for Lease {
                     let waiting = self.waiting.take();
                     let errors = self.errors.clone();
                     runtime.spawn(async move {
-                        released(release.await, &policy, &key, waiting.as_deref(), &errors);
+                        released(&release.await, &policy, &key, waiting.as_deref(), &errors);
                     });
                 }
             }
@@ -83,7 +108,7 @@ impl Drop for Lease {
 
 /// Wakes the key's next waiter once the store has freed the slot, or logs why it hasn't.
 fn released(
-    result: Result<(), crate::StoreError>,
+    result: &Result<(), crate::StoreError>,
     policy: &Policy,
     key: &StorageKey,
     waiting: Option<&SlotQueues>,
@@ -97,7 +122,7 @@ fn released(
         }
         Err(error) => errors.log(
             policy.name(),
-            &error,
+            error,
             "could not release a concurrency slot; it frees when its lease expires",
         ),
     }
