@@ -230,10 +230,11 @@ where
             Prepared::RespondBy(own, answer) => return Err(own.respond(&answer)),
         };
         match limiter.clone().decide(checked).await {
-            Verdict::Admit(headers, lease, _) => Ok(Limited::with(headers, lease)),
-            Verdict::Delay(delay, headers, lease, _) => {
+            // (The extractor can't see the response: a count_only charge stays.)
+            Verdict::Admit(admission) => Ok(Limited::with(admission.headers, admission.lease)),
+            Verdict::Delay(delay, admission) => {
                 tokio::time::sleep(delay).await;
-                Ok(Limited::with(Some(headers), lease))
+                Ok(Limited::with(admission.headers, admission.lease))
             }
             Verdict::Respond(answer) => Err(limiter.respond(&answer)),
             Verdict::AwaitSlot => unreachable!("Limiter::decide waits for the slot"),

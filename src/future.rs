@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
 use crate::concurrency::{Lease, LeasedBody};
-use crate::limiter::{Checked, Limiter, Verdict};
+use crate::limiter::{Admission, Charge, Checked, Limiter, Verdict};
 use crate::response::LimitHeaders;
 use crate::store::CheckFuture;
 
@@ -52,12 +52,14 @@ pin_project! {
             waiting: Option<Delayed<S, ReqBody>>,
         },
         // Admitted: the inner service runs; its response gets these headers, and its body the
-        // concurrency slot's lease (released when the body is done).
+        // concurrency slot's lease (released when the body is done); under count_only its status
+        // settles the charge.
         Inner {
             #[pin]
             future: S::Future,
             headers: Option<LimitHeaders>,
             lease: Option<Lease>,
+            charge: Option<Box<Charge>>,
         },
         // Answered without the inner service (429, 503, missing key).
         Done {
@@ -81,25 +83,16 @@ struct Waiting<S, ReqBody> {
 struct Delayed<S, ReqBody> {
     service: S,
     request: Request<ReqBody>,
-    headers: LimitHeaders,
-    lease: Option<Lease>,
+    admission: Admission,
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn inner(
-        future: S::Future,
-        headers: Option<LimitHeaders>,
-        lease: Option<Lease>,
-    ) -> Self {
+    pub(crate) fn inner(future: S::Future, admission: Admission) -> Self {
         ResponseFuture {
-            state: State::Inner {
-                future,
-                headers,
-                lease,
-            },
+            state: State::inner(future, admission),
         }
     }
 
@@ -115,8 +108,7 @@ where
         delay: Duration,
         service: S,
         request: Request<ReqBody>,
-        headers: LimitHeaders,
-        lease: Option<Lease>,
+        admission: Admission,
     ) -> Self {
         ResponseFuture {
             state: State::Delaying {
@@ -124,8 +116,7 @@ where
                 waiting: Some(Delayed {
                     service,
                     request,
-                    headers,
-                    lease,
+                    admission,
                 }),
             },
         }
@@ -170,6 +161,16 @@ impl<S, ReqBody> State<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
+    /// The inner service running for an admitted request.
+    fn inner(future: S::Future, admission: Admission) -> Self {
+        State::Inner {
+            future,
+            headers: admission.headers,
+            lease: admission.lease,
+            charge: admission.charge,
+        }
+    }
+
     /// The state after a final verdict: the inner service, a delay, or the answer.
     fn settled(
         verdict: Verdict,
@@ -178,18 +179,13 @@ where
         request: Request<ReqBody>,
     ) -> Self {
         match verdict {
-            Verdict::Admit(headers, lease, _) => State::Inner {
-                future: service.call(request),
-                headers,
-                lease,
-            },
-            Verdict::Delay(delay, headers, lease, _) => State::Delaying {
+            Verdict::Admit(admission) => State::inner(service.call(request), admission),
+            Verdict::Delay(delay, admission) => State::Delaying {
                 sleep: Box::pin(tokio::time::sleep(delay)),
                 waiting: Some(Delayed {
                     service,
                     request,
-                    headers,
-                    lease,
+                    admission,
                 }),
             },
             Verdict::Respond(answer) => State::Done {
@@ -243,23 +239,22 @@ where
                     let Delayed {
                         mut service,
                         request,
-                        headers,
-                        lease,
+                        admission,
                     } = waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
-                    state.set(State::Inner {
-                        future: service.call(request),
-                        headers: Some(headers),
-                        lease,
-                    });
+                    state.set(State::inner(service.call(request), admission));
                 }
                 StateProj::Inner {
                     future,
                     headers,
                     lease,
+                    charge,
                 } => {
                     let response = ready!(future.poll(cx))?;
+                    if let Some(charge) = charge.take() {
+                        charge.settle(response.status());
+                    }
                     let mut response = match lease.take() {
                         Some(lease) => response.map(|body| Body::new(LeasedBody::new(body, lease))),
                         None => response.map(Body::new),

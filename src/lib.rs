@@ -145,5 +145,5 @@ pub struct ReadmeDoctests;
 /// What `#[derive(LimitPolicy)]` expands to refers to; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use http::HeaderName;
+    pub use http::{HeaderName, StatusCode};
 }

@@ -39,7 +39,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::concurrency::Lease;
 use crate::decision::{Decision, ceil_secs};
-use crate::limiter::{Limiter, Prepared, Refusal, Verdict};
+use crate::limiter::{Admission, Limiter, Prepared, Refusal, Verdict};
 use crate::operate::OperatorError;
 use crate::policy::{Policy, PolicyError};
 use crate::response::{LimitHeaders, Protocol};
@@ -115,19 +115,12 @@ impl RateLimiter {
             Prepared::Respond(answer) => return Err(Refused::new(limiter.clone(), answer.refusal)),
             Prepared::RespondBy(own, answer) => return Err(Refused::new(own, answer.refusal)),
         };
+        // (A handle can't see the response: its caller refunds what doesn't count.)
         match limiter.clone().decide(checked).await {
-            Verdict::Admit(headers, lease, decision) => Ok(Admitted {
-                headers,
-                lease,
-                decision,
-            }),
-            Verdict::Delay(delay, headers, lease, decision) => {
+            Verdict::Admit(admission) => Ok(Admitted::from(admission)),
+            Verdict::Delay(delay, admission) => {
                 tokio::time::sleep(delay).await;
-                Ok(Admitted {
-                    headers: Some(headers),
-                    lease,
-                    decision: Some(decision),
-                })
+                Ok(Admitted::from(admission))
             }
             Verdict::Respond(answer) => Err(Refused::new(limiter, answer.refusal)),
             Verdict::AwaitSlot => unreachable!("Limiter::decide waits for the slot"),
@@ -217,10 +210,14 @@ pub struct Admitted {
 
 impl Admitted {
     fn unlimited() -> Self {
+        Admitted::from(Admission::unchecked())
+    }
+
+    fn from(admission: Admission) -> Self {
         Admitted {
-            headers: None,
-            lease: None,
-            decision: None,
+            headers: admission.headers,
+            lease: admission.lease,
+            decision: admission.decision,
         }
     }
 

@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower::{BoxError, Service};
 
 use crate::future::ResponseFuture;
-use crate::limiter::{Limiter, Prepared, Verdict};
+use crate::limiter::{Admission, Limiter, Prepared, Verdict};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -102,7 +102,9 @@ where
             overriding = own;
             (&overriding, checked)
         }
-        Prepared::Unlimited => return ResponseFuture::inner(inner.call(request), None, None),
+        Prepared::Unlimited => {
+            return ResponseFuture::inner(inner.call(request), Admission::unchecked());
+        }
         Prepared::Respond(answer) => return ResponseFuture::respond(limiter.respond(&answer)),
         Prepared::RespondBy(own, answer) => return ResponseFuture::respond(own.respond(&answer)),
     };
@@ -115,11 +117,9 @@ where
     match check.take_ready() {
         // In-process stores answer at once: no clone of the inner service, no extra state.
         Some(result) => match limiter.settle(result, &checked) {
-            Verdict::Admit(headers, lease, _) => {
-                ResponseFuture::inner(inner.call(request), headers, lease)
-            }
-            Verdict::Delay(delay, headers, lease, _) => {
-                ResponseFuture::delaying(delay, take_ready_service(inner), request, headers, lease)
+            Verdict::Admit(admission) => ResponseFuture::inner(inner.call(request), admission),
+            Verdict::Delay(delay, admission) => {
+                ResponseFuture::delaying(delay, take_ready_service(inner), request, admission)
             }
             Verdict::Respond(answer) => ResponseFuture::respond(limiter.respond(&answer)),
             Verdict::AwaitSlot => ResponseFuture::waiting_for_slot(

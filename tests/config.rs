@@ -101,7 +101,7 @@ fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
             "algoritm = \"fixed_window\"",
             "routes[0].algoritm: unknown field `algoritm`, expected one of `path`, `paths`, `name`, `key`, \
              `algorithm`, `rules`, `prevent_duplicate`, `block_for`, `mode`, `max_delay`, \
-             `cost_header`, `max_in_flight`, `lease`, `overrides` (line 6, column 1)",
+             `cost_header`, `count_only`, `max_in_flight`, `lease`, `overrides` (line 6, column 1)",
         ),
         (
             "algorithm = \"token\"",
@@ -146,6 +146,26 @@ fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
         (
             "cost_header = \"x cost\"",
             "routes[0].cost_header: \"x cost\" is not a header name (line 6, column 15)",
+        ),
+        (
+            "count_only = [401, 700]",
+            "routes[0].count_only[1]: 700 is not an HTTP status: write a code from 100 to 599 \
+             (401) or a class (\"1xx\" to \"5xx\") (line 6, column 20)",
+        ),
+        (
+            "count_only = [\"6xx\"]",
+            "routes[0].count_only[0]: \"6xx\" is not an HTTP status: write a code from 100 to \
+             599 (401) or a class (\"1xx\" to \"5xx\") (line 6, column 15)",
+        ),
+        (
+            "count_only = []",
+            "routes[0].count_only: lists no status: name the ones that count, such as [401, 403] \
+             or [\"5xx\"] (line 6, column 14)",
+        ),
+        (
+            "count_only = [true]",
+            "routes[0].count_only[0]: invalid type: boolean `true`, expected a status code (401) \
+             or a class (\"4xx\") (line 6, column 15)",
         ),
         (
             "name = \"a b\"",

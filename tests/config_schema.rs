@@ -86,6 +86,7 @@ const CLOSED_TABLES: &[(&str, &[&str])] = &[
             "mode",
             "max_delay",
             "cost_header",
+            "count_only",
             "max_in_flight",
             "lease",
             "overrides",

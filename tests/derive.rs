@@ -238,3 +238,30 @@ async fn a_limited_route_with_a_derived_policy_refuses_the_third_request() {
         "\"2-per-60s\";q=2;w=60"
     );
 }
+
+#[derive(LimitPolicy)]
+#[rate_limit(
+    name = "failures",
+    key = "global",
+    rule(limit = 5, period = "15m"),
+    count_only = [401, 403, "5xx"]
+)]
+struct LoginFailures;
+
+#[test]
+fn count_only_counts_the_codes_and_classes_written() {
+    let policy = LoginFailures::policy().unwrap();
+    for (status, counts) in [
+        (401, true),
+        (403, true),
+        (500, true),
+        (599, true),
+        (200, false),
+        (404, false),
+        (499, false),
+    ] {
+        let status = http::StatusCode::from_u16(status).unwrap();
+        assert_eq!(policy.counts(status), counts, "{status}");
+    }
+    assert!(policy.counts_only_some());
+}

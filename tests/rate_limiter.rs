@@ -505,7 +505,10 @@ async fn permits_are_freed_by_release_drop_and_lease(first: RateLimiter, second:
     assert!(permit.holds_slot());
     let busy = second.acquire("user-1").await.unwrap_err();
     assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert!(second.acquire("user-2").await.is_ok(), "another user's slot");
+    assert!(
+        second.acquire("user-2").await.is_ok(),
+        "another user's slot"
+    );
     // Released and waited for: free at once, everywhere.
     permit.release().await.unwrap();
     let permit = second.acquire("user-1").await.unwrap();
@@ -523,7 +526,10 @@ async fn permits_are_freed_by_release_drop_and_lease(first: RateLimiter, second:
     };
     // A holder that crashes never releases: its lease ends.
     std::mem::forget(permit);
-    assert!(second.acquire("user-1").await.is_err(), "held until the lease ends");
+    assert!(
+        second.acquire("user-1").await.is_err(),
+        "held until the lease ends"
+    );
     tokio::time::sleep(Duration::from_millis(450)).await;
     assert!(second.acquire("user-1").await.is_ok(), "the lease ended");
 }

@@ -8,7 +8,7 @@ use syn::meta::ParseNestedMeta;
 use syn::spanned::Spanned as _;
 use syn::{Attribute, LitInt, LitStr};
 use tower_redis_ratelimit_spec::{
-    Algorithm, KeySpec, OnStoreError, Scope, parse_any_duration, parse_header_name,
+    Algorithm, KeySpec, OnStoreError, Scope, StatusSet, parse_any_duration, parse_header_name,
 };
 
 /// A value and the span of the argument that wrote it.
@@ -46,11 +46,23 @@ pub(crate) struct RateLimitArgs {
     pub(crate) lease: Option<Spanned<Duration>>,
     pub(crate) scope: Option<Spanned<Scope>>,
     pub(crate) on_store_error: Option<Spanned<OnStoreError>>,
+    /// `count_only = [401, "5xx"]`: the statuses, checked, as written.
+    pub(crate) count_only: Option<Spanned<Vec<CountedStatus>>>,
+}
+
+/// One status of `count_only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CountedStatus {
+    /// A code (`401`).
+    Code(u16),
+    /// A class (`"5xx"`): its first digit.
+    Class(u16),
 }
 
 /// The options the attribute takes, as an error lists them.
 const OPTIONS: &str = "name, key, algorithm, message, rule(...), prevent_duplicate, block_for, \
-                       mode, max_delay, cost_header, max_in_flight, lease, scope, on_store_error";
+                       mode, max_delay, cost_header, count_only, max_in_flight, lease, scope, \
+                       on_store_error";
 
 impl RateLimitArgs {
     /// Reads every `#[rate_limit(...)]` of the type (options may be split over several), and
@@ -126,6 +138,7 @@ impl RateLimitArgs {
                 })?;
                 set_spanned(&mut self.cost_header, span, header)?;
             }
+            "count_only" => set_spanned(&mut self.count_only, span, statuses(meta)?)?,
             "max_in_flight" => set_spanned(&mut self.max_in_flight, span, integer(meta)?)?,
             "lease" => set_spanned(&mut self.lease, span, duration(meta)?)?,
             "scope" => set_spanned(&mut self.scope, span, parsed(meta, str::parse)?)?,
@@ -210,6 +223,55 @@ fn parsed<T, E: std::fmt::Display>(
 
 fn string(meta: &ParseNestedMeta<'_>) -> syn::Result<LitStr> {
     meta.value()?.parse()
+}
+
+/// `[401, 403, "5xx"]`: codes and classes, each checked as a config file's `count_only` is.
+fn statuses(meta: &ParseNestedMeta<'_>) -> syn::Result<Spanned<Vec<CountedStatus>>> {
+    let array: syn::ExprArray = meta.value()?.parse()?;
+    let mut written = Vec::new();
+    for element in &array.elems {
+        let mut set = StatusSet::default();
+        let status = match element {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Int(code),
+                ..
+            }) if code.suffix().is_empty() => {
+                let code: i64 = code.base10_parse()?;
+                set.insert_code(code)
+                    .map(|()| CountedStatus::Code(code as u16))
+                    .map_err(|invalid| syn::Error::new(element.span(), invalid.to_string()))?
+            }
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(text),
+                ..
+            }) => {
+                let value = text.value();
+                set.insert_written(&value)
+                    .map_err(|invalid| error(text, invalid))?;
+                match value.parse::<u16>() {
+                    Ok(code) => CountedStatus::Code(code),
+                    Err(_) => CountedStatus::Class(u16::from(value.as_bytes()[0] - b'0')),
+                }
+            }
+            _ => {
+                return Err(syn::Error::new(
+                    element.span(),
+                    "expected a status code (401) or a class (\"5xx\")",
+                ));
+            }
+        };
+        written.push(status);
+    }
+    if written.is_empty() {
+        return Err(syn::Error::new(
+            array.span(),
+            "count_only lists no status: name the ones that count, such as [401, 403] or [\"5xx\"]",
+        ));
+    }
+    Ok(Spanned {
+        value: written,
+        span: array.span(),
+    })
 }
 
 /// A whole number, written plainly (`10`, `1_000`): no sign, no type suffix.

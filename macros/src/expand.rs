@@ -12,7 +12,7 @@ use tower_redis_ratelimit_spec::{
     Algorithm, ErrorSite, KeySpec, Mode, OnStoreError, PolicyParts, Rule, RulePart, Scope,
 };
 
-use crate::attribute::{RateLimitArgs, RuleArg};
+use crate::attribute::{CountedStatus, RateLimitArgs, RuleArg};
 
 /// The key prefix of a derived policy: the builder's default (the attribute doesn't take one).
 const PREFIX: &str = "rl";
@@ -55,6 +55,7 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         duplicate_window: args.prevent_duplicate.as_ref().map(|window| window.value),
         max_in_flight: args.max_in_flight.as_ref().map(|n| n.value),
         lease: args.lease.as_ref().map(|lease| lease.value),
+        count_only: args.count_only.is_some(),
         ..PolicyParts::new(
             &name,
             PREFIX,
@@ -112,6 +113,7 @@ fn span_of(site: &ErrorSite, args: &RateLimitArgs, ident: &syn::Ident) -> Option
                 .map(|arg| arg.span)
                 .or(args.max_in_flight.as_ref().map(|arg| arg.span)),
             "mode" => args.mode.as_ref().map(|arg| arg.span),
+            "count_only" => args.count_only.as_ref().map(|arg| arg.span),
             _ => None,
         },
     }
@@ -179,6 +181,19 @@ fn implementation(
         calls.push(quote!(.cost_from_header(
             #krate::__private::HeaderName::from_static(#header)
         )));
+    }
+    if let Some(statuses) = &args.count_only {
+        // A match over the codes and ranges written, checked when the app compiled.
+        let patterns = statuses.value.iter().map(|status| match *status {
+            CountedStatus::Code(code) => quote!(#code),
+            CountedStatus::Class(class) => {
+                let (first, last) = (class * 100, class * 100 + 99);
+                quote!(#first..=#last)
+            }
+        });
+        calls.push(quote!(.count_only(|status: #krate::__private::StatusCode| {
+            ::core::matches!(status.as_u16(), #(#patterns)|*)
+        })));
     }
     if let (Some(n), Some(lease)) = (&args.max_in_flight, &args.lease) {
         let n = n.value;

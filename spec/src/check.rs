@@ -31,6 +31,9 @@ pub struct PolicyParts<'a> {
     pub lease: Option<Duration>,
     /// The name of the daily quota, if the policy has one: no rule may have it.
     pub quota_name: Option<&'a str>,
+    /// Whether only some responses count (`count_only`): admitted requests are charged, and
+    /// refunded when their response's status doesn't count.
+    pub count_only: bool,
 }
 
 /// A policy's parts that passed: its rules with the duplicate guard last, their names, and the
@@ -62,6 +65,7 @@ impl<'a> PolicyParts<'a> {
             max_in_flight: None,
             lease: None,
             quota_name: None,
+            count_only: false,
         }
     }
 
@@ -147,6 +151,13 @@ impl<'a> PolicyParts<'a> {
                 "mode",
                 "delay mode needs the sliding_log or token_bucket algorithm, which can reserve a \
                  request's place in the future",
+            ));
+        }
+        if self.count_only && self.rules.is_empty() {
+            return Err(option(
+                "count_only",
+                "needs a rule to count in: a concurrency limit alone counts requests in progress, \
+                 whatever their responses",
             ));
         }
         let mut rules = self.rules;

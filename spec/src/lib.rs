@@ -16,6 +16,7 @@ mod check;
 mod error;
 mod options;
 mod rule;
+mod status_set;
 mod written;
 
 pub use algorithm::{Algorithm, UnknownAlgorithm};
@@ -25,6 +26,7 @@ pub use options::{
     DEFAULT_DUPLICATE_WINDOW, Mode, ModeError, ModeName, OnStoreError, Scope, UnknownName,
 };
 pub use rule::{InvalidRuleName, MAX_LIMIT, MAX_PERIOD, Rule, check_rule_name};
+pub use status_set::{InvalidStatus, StatusSet};
 pub use written::{
     KeySpec, MAX_VERBATIM_LEN, is_valid_name, parse_any_duration, parse_duration, parse_header_name,
 };

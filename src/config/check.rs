@@ -7,7 +7,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::file::{
-    ConfigFile, DuplicateConfig, OverrideConfig, QuotaConfig, RouteConfig, RuleConfig,
+    ConfigFile, DuplicateConfig, OverrideConfig, QuotaConfig, RouteConfig, RuleConfig, StatusItem,
 };
 use super::store::{RedisSettings, StoreSpec, check_store, check_tls};
 use super::{
@@ -21,7 +21,7 @@ use crate::policy::{
 };
 use crate::quota::Quota;
 use tower_redis_ratelimit_spec::{
-    ErrorSite, KeySpec, PolicyParts, RulePart, parse_duration, parse_header_name,
+    ErrorSite, KeySpec, PolicyParts, RulePart, StatusSet, parse_duration, parse_header_name,
 };
 
 /// The tier header when none is configured.
@@ -273,6 +273,25 @@ impl RouteCheck<'_> {
             let header =
                 parse_header_name(name).map_err(|message| self.error("cost_header", message))?;
             builder = builder.cost_from_header(header);
+        }
+        if let Some(items) = &raw.count_only {
+            let mut statuses = StatusSet::default();
+            for (index, item) in items.iter().enumerate() {
+                let added = match item {
+                    StatusItem::Code(code) => statuses.insert_code(*code),
+                    StatusItem::Written(text) => statuses.insert_written(text),
+                };
+                added.map_err(|error| {
+                    self.error(&format!("count_only[{index}]"), error.to_string())
+                })?;
+            }
+            if statuses.is_empty() {
+                return Err(self.error(
+                    "count_only",
+                    "lists no status: name the ones that count, such as [401, 403] or [\"5xx\"]",
+                ));
+            }
+            builder = builder.count_only_statuses(statuses);
         }
         if let Some(n) = raw.max_in_flight {
             builder = builder.max_in_flight(n);

@@ -143,6 +143,11 @@ pub struct RouteConfig {
     /// A header whose whole number is the request's cost (default: every request costs 1).
     #[serde(default)]
     pub cost_header: Option<String>,
+    /// Only responses of these statuses count: codes (`401`) and classes (`"5xx"`), such as
+    /// `[401, 403]` for failed logins (default: every admitted request counts).
+    #[serde(default)]
+    #[schemars(length(min = 1), extend("examples" = [[401, 403], ["5xx"]]))]
+    pub count_only: Option<Vec<StatusItem>>,
     /// At most this many requests of one key in progress at once (requires `lease`; default
     /// off).
     #[serde(default)]
@@ -179,6 +184,46 @@ pub struct OverrideConfig {
     /// `true`: refused with 403, counted nowhere.
     #[serde(default)]
     pub deny: Option<bool>,
+}
+
+/// A status in `count_only`: a code (`401`) or a class (`"4xx"`).
+#[derive(Debug, Clone, PartialEq, JsonSchema)]
+#[schemars(untagged)]
+pub enum StatusItem {
+    /// A status code, 100 to 599.
+    Code(#[schemars(range(min = 100, max = 599))] i64),
+    /// A class, `"1xx"` to `"5xx"` (or a code as a string).
+    Written(#[schemars(regex(pattern = "^([1-5][xX][xX]|[1-5][0-9][0-9])$"))] String),
+}
+
+impl<'de> Deserialize<'de> for StatusItem {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Item;
+
+        impl serde::de::Visitor<'_> for Item {
+            type Value = StatusItem;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a status code (401) or a class (\"4xx\")")
+            }
+
+            fn visit_i64<E>(self, code: i64) -> Result<StatusItem, E> {
+                Ok(StatusItem::Code(code))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, code: u64) -> Result<StatusItem, E> {
+                i64::try_from(code)
+                    .map(StatusItem::Code)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(code), &self))
+            }
+
+            fn visit_str<E>(self, text: &str) -> Result<StatusItem, E> {
+                Ok(StatusItem::Written(text.to_owned()))
+            }
+        }
+
+        deserializer.deserialize_any(Item)
+    }
 }
 
 /// One rule: at most `limit` per `period`.

@@ -20,7 +20,7 @@ use super::store::RedisSettings;
 use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteSource, StoreSpec};
 use crate::RateLimitLayer;
 use crate::future::ResponseFuture;
-use crate::limiter::Limiter;
+use crate::limiter::{Admission, Limiter};
 use crate::service::limit_call;
 use crate::store::Store;
 use crate::telemetry;
@@ -333,7 +333,7 @@ where
             });
         match route {
             Some(route) => limit_call(&route.limiter, &mut self.inner, request),
-            None => ResponseFuture::inner(self.inner.call(request), None, None),
+            None => ResponseFuture::inner(self.inner.call(request), Admission::unchecked()),
         }
     }
 }

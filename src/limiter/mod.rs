@@ -3,9 +3,11 @@
 //! answer, and what to do with it; `answer.rs`: what it answers itself.
 
 mod answer;
+mod charge;
 mod named;
 
 pub(crate) use answer::{Answer, Refusal};
+pub(crate) use charge::Charge;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,6 +105,31 @@ pub(crate) enum Prepared {
     RespondBy(Arc<Limiter>, Answer),
 }
 
+/// An admitted request: what its response gets, and what it holds until then.
+pub(crate) struct Admission {
+    /// The rate-limit headers (none when nothing was checked, or the store failed open).
+    pub(crate) headers: Option<LimitHeaders>,
+    /// The concurrency slot, held until the response body is done.
+    pub(crate) lease: Option<Lease>,
+    /// The store's decision, for a handle's caller.
+    pub(crate) decision: Option<Decision>,
+    /// Under a `count_only` policy, the charge to give back if the response doesn't count
+    /// (boxed: only such policies pay for its size in the response future).
+    pub(crate) charge: Option<Box<Charge>>,
+}
+
+impl Admission {
+    /// An admission without a check: nothing to send, hold or give back.
+    pub(crate) fn unchecked() -> Self {
+        Admission {
+            headers: None,
+            lease: None,
+            decision: None,
+            charge: None,
+        }
+    }
+}
+
 /// What an override does to a request.
 pub(super) enum Overridden {
     /// Lets it through unlimited.
@@ -117,12 +144,10 @@ pub(super) enum Overridden {
 
 /// What to do with a request once its check is known.
 pub(crate) enum Verdict {
-    /// Call the inner service, then add these headers (none when the store failed open); the
-    /// lease of a concurrency slot is held until the response body is done. The store's decision
-    /// comes along for a handle's caller.
-    Admit(Option<LimitHeaders>, Option<Lease>, Option<Decision>),
+    /// Call the inner service, with what the admission holds.
+    Admit(Admission),
     /// Wait this long (a reserved admission), then as `Admit`.
-    Delay(Duration, LimitHeaders, Option<Lease>, Decision),
+    Delay(Duration, Admission),
     /// Wait for a concurrency slot ([`Limiter::wait_for_slot`]): only the slot was missing, and the
     /// policy's mode lets the request wait.
     AwaitSlot,
@@ -409,34 +434,41 @@ impl Limiter {
 
     /// [`Limiter::check`], reserving at most `max_delay` ahead.
     fn check_within(&self, checked: &Checked, max_delay: Duration) -> crate::store::CheckFuture {
+        let request = self
+            .store_request(&checked.key, checked.quota.as_ref())
+            .cost(checked.cost)
+            .max_delay(max_delay);
+        self.store.check(&request)
+    }
+
+    /// The store's request of cost 1 for `key` (and the day's quota, `quota`) under this policy:
+    /// its rules, algorithm, block and concurrency limit; refused when it doesn't fit now.
+    pub(crate) fn store_request<'a>(
+        &'a self,
+        key: &'a StorageKey,
+        quota: Option<&'a QuotaLookup>,
+    ) -> CheckRequest<'a> {
         let policy = &self.policy;
-        let quota = policy
-            .quota()
-            .zip(checked.quota.as_ref())
-            .map(|(quota, lookup)| {
-                QuotaRequest::new(
-                    lookup.key.as_str(),
-                    lookup.limit,
-                    quota.day_ms(),
-                    quota.day_start_offset_ms(),
-                    quota.thresholds(lookup.tier),
-                )
-                .identity(lookup.key.identity())
-            });
-        self.store.check(
-            &CheckRequest::new(checked.key.as_str(), policy.rules(), policy.algorithm())
-                .identity(checked.key.identity())
-                .cost(checked.cost)
-                .max_delay(max_delay)
-                .block_for(policy.block_for())
-                .quota(quota)
-                .concurrency(policy.concurrency()),
-        )
+        let quota = policy.quota().zip(quota).map(|(quota, lookup)| {
+            QuotaRequest::new(
+                lookup.key.as_str(),
+                lookup.limit,
+                quota.day_ms(),
+                quota.day_start_offset_ms(),
+                quota.thresholds(lookup.tier),
+            )
+            .identity(lookup.key.identity())
+        });
+        CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
+            .identity(key.identity())
+            .block_for(policy.block_for())
+            .quota(quota)
+            .concurrency(policy.concurrency())
     }
 
     /// What to do with a request, given the store's answer.
     pub(crate) fn settle(
-        &self,
+        self: &Arc<Self>,
         result: Result<Decision, StoreError>,
         checked: &Checked,
     ) -> Verdict {
@@ -450,7 +482,7 @@ impl Limiter {
 
     /// [`Limiter::settle`] for a request that has `waited` for a slot and may wait `budget` more.
     fn settle_after(
-        &self,
+        self: &Arc<Self>,
         result: Result<Decision, StoreError>,
         checked: &Checked,
         budget: Duration,
@@ -524,10 +556,32 @@ impl Limiter {
                     } else {
                         metrics.request(outcome(Outcome::Allowed));
                     }
+                    // Under count_only, the charge goes back if the response doesn't count (a
+                    // shadow pass or a store failure charged nothing).
+                    let charge = self.policy.counts_only_some().then(|| {
+                        let (key, quota) = (key.clone(), checked.quota.clone());
+                        Box::new(Charge::new(self.clone(), key, checked.cost, quota))
+                    });
+                    let admission = Admission {
+                        headers: Some(headers),
+                        lease,
+                        decision: None,
+                        charge,
+                    };
                     if !decision.delay.is_zero() {
-                        return Verdict::Delay(decision.delay, headers, lease, decision);
+                        let delay = decision.delay;
+                        return Verdict::Delay(
+                            delay,
+                            Admission {
+                                decision: Some(decision),
+                                ..admission
+                            },
+                        );
                     }
-                    return Verdict::Admit(Some(headers), lease, Some(decision));
+                    return Verdict::Admit(Admission {
+                        decision: Some(decision),
+                        ..admission
+                    });
                 }
                 if !budget.is_zero() && self.only_slot_missing(&decision, budget) {
                     return Verdict::AwaitSlot;
@@ -548,7 +602,11 @@ impl Limiter {
                         key,
                         "request would be rate limited (shadow mode)",
                     );
-                    return Verdict::Admit(Some(headers), None, Some(decision));
+                    return Verdict::Admit(Admission {
+                        headers: Some(headers),
+                        decision: Some(decision),
+                        ..Admission::unchecked()
+                    });
                 }
                 // A penalty block's refusals are not cached: the property test shows the store's
                 // later answers under a block may wait longer than a cached one would say. Nor
@@ -577,7 +635,7 @@ impl Limiter {
                         &error,
                         "letting the request through",
                     );
-                    Verdict::Admit(None, None, None)
+                    Verdict::Admit(Admission::unchecked())
                 }
                 OnStoreError::Deny => {
                     metrics.request(outcome(Outcome::StoreErrorDenied));

@@ -10,7 +10,7 @@ use crate::decision::Decision;
 use crate::policy::{Applied, StorageKey};
 use crate::quota::QuotaLookup;
 use crate::response::Protocol;
-use crate::store::{CheckRequest, QuotaRequest, StoreError};
+use crate::store::StoreError;
 use crate::telemetry::Outcome;
 
 impl Limiter {
@@ -77,7 +77,7 @@ impl Limiter {
         identity: &str,
     ) -> Result<Decision, StoreError> {
         let (limiter, key, quota) = self.named(identity)?;
-        let request = limiter.named_request(&key, quota.as_ref());
+        let request = limiter.store_request(&key, quota.as_ref());
         limiter.store().peek(&request).await
     }
 
@@ -89,7 +89,7 @@ impl Limiter {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let (limiter, key, quota) = self.named(identity)?;
-        let request = limiter.named_request(&key, quota.as_ref()).cost(cost);
+        let request = limiter.store_request(&key, quota.as_ref()).cost(cost);
         let decision = limiter.store().refund(&request).await?;
         limiter.refusals.forget_key(key.as_str());
         Ok(decision)
@@ -110,30 +110,5 @@ impl Limiter {
         let key = policy.named_key(identity);
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
         Ok((limiter, key, quota))
-    }
-
-    /// A request of cost 1 for `key` under this limiter's policy, everything but its mode and
-    /// delay included.
-    fn named_request<'a>(
-        &'a self,
-        key: &'a StorageKey,
-        quota: Option<&'a QuotaLookup>,
-    ) -> CheckRequest<'a> {
-        let policy = &self.policy;
-        let quota_request = policy.quota().zip(quota).map(|(quota, lookup)| {
-            QuotaRequest::new(
-                lookup.key.as_str(),
-                lookup.limit,
-                quota.day_ms(),
-                quota.day_start_offset_ms(),
-                quota.thresholds(lookup.tier),
-            )
-            .identity(lookup.key.identity())
-        });
-        CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
-            .identity(key.identity())
-            .block_for(policy.block_for())
-            .quota(quota_request)
-            .concurrency(policy.concurrency())
     }
 }

@@ -10,12 +10,12 @@ use http::request::Parts;
 use crate::client_ip::ClientIp;
 use crate::key::Key;
 
-use tower_redis_ratelimit_spec::{CheckedParts, PolicyParts};
+use tower_redis_ratelimit_spec::{CheckedParts, PolicyParts, StatusSet};
 
 use super::overrides::{Override, Overrides};
 use super::quota::Quota;
 use super::{
-    Algorithm, ConcurrencyLimit, CostFn, Inner, MissingKey, Mode, OnStoreError, Policy,
+    Algorithm, ConcurrencyLimit, CostFn, CountsFn, Inner, MissingKey, Mode, OnStoreError, Policy,
     PolicyError, Rule, Scope,
 };
 
@@ -37,6 +37,7 @@ pub struct PolicyBuilder {
     block_for: Option<Duration>,
     duplicate_window: Option<Duration>,
     cost_fn: Option<CostFn>,
+    counts: Option<CountsFn>,
     quota: Option<Quota>,
     max_in_flight: Option<u64>,
     lease: Option<Duration>,
@@ -72,6 +73,7 @@ impl PolicyBuilder {
             block_for: None,
             duplicate_window: None,
             cost_fn: None,
+            counts: None,
             quota: None,
             max_in_flight: None,
             lease: None,
@@ -199,6 +201,48 @@ impl PolicyBuilder {
         self.cost_from_fn(move |parts| header_cost(parts, &header))
     }
 
+    /// Counts only the requests whose response's status `counts` accepts: login failures
+    /// (`|status| status == StatusCode::UNAUTHORIZED`), or errors. A request is charged when it is
+    /// admitted, as any other, so concurrent requests can never pass the limit; when its response
+    /// turns out not to count, the layer gives the charge back ([`Store::refund`]) in the
+    /// background. So while counted requests are in flight, others may be refused that would be
+    /// admitted once their responses are known; and a refusal another instance cached may stand
+    /// up to a second after a refund frees room.
+    ///
+    /// The layer applies it; the [`Limited`](crate::Limited) extractor and a
+    /// [`RateLimiter`](crate::RateLimiter) can't see the response, so their code calls
+    /// [`RateLimiter::refund`](crate::RateLimiter::refund) itself. The duplicate guard, a block
+    /// and a concurrency slot are never refunded. A policy without rules can't count only some
+    /// responses: building it fails.
+    ///
+    /// [`Store::refund`]: crate::Store::refund
+    ///
+    /// ```
+    /// use http::StatusCode;
+    /// use tower_redis_ratelimit::{Policy, Rule};
+    ///
+    /// // Five failed logins per 15 minutes; successes don't use the limit up.
+    /// let failures = Policy::builder("login-failures")
+    ///     .rule(Rule::new(5, std::time::Duration::from_secs(15 * 60)))
+    ///     .count_only(|status| status == StatusCode::UNAUTHORIZED)
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(failures.counts(StatusCode::UNAUTHORIZED) && !failures.counts(StatusCode::OK));
+    /// ```
+    pub fn count_only<F>(mut self, counts: F) -> Self
+    where
+        F: Fn(http::StatusCode) -> bool + Send + Sync + 'static,
+    {
+        self.counts = Some(Arc::new(counts));
+        self
+    }
+
+    /// [`PolicyBuilder::count_only`] the statuses of `set`, as config files' `count_only` and
+    /// the derive write them (`[401, 403]`, `["5xx"]`).
+    pub fn count_only_statuses(self, set: StatusSet) -> Self {
+        self.count_only(move |status| set.contains(status.as_u16()))
+    }
+
     /// A daily quota by tier, checked and recorded with the policy's rules in the same atomic step
     /// (one call on Redis). It is keyed by its own key, so one quota given to several policies (routes)
     /// caps their sum. On Redis Cluster every key of a check must hash to one slot: there, key the
@@ -289,6 +333,7 @@ impl PolicyBuilder {
             max_in_flight: self.max_in_flight,
             lease: self.lease,
             quota_name: self.quota.as_ref().map(Quota::name),
+            count_only: self.counts.is_some(),
         }
         .check()?;
         self.rules = rules;
@@ -332,6 +377,7 @@ impl PolicyBuilder {
             mode: self.mode,
             block_for: self.block_for,
             cost_fn: self.cost_fn,
+            counts: self.counts,
             quota: self.quota,
             concurrency,
             max_cost,

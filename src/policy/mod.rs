@@ -24,17 +24,17 @@ mod tests;
 
 pub use builder::PolicyBuilder;
 pub use concurrency_limit::ConcurrencyLimit;
-pub use options::{Cost, CostFn, MissingKey};
+pub use options::{Cost, CostFn, CountsFn, MissingKey};
 pub(crate) use overrides::{Applied, Overrides};
 pub use overrides::{Override, OverrideTarget};
 // The plain parts and the checks, shared with the derive macro.
 use storage_key::push_route;
 pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
 pub use tower_redis_ratelimit_spec::{
-    Algorithm, DEFAULT_DUPLICATE_WINDOW, ErrorSite, InvalidRuleName, KeySpec, MAX_LIMIT,
-    MAX_PERIOD, Mode, ModeError, ModeName, OnStoreError, PolicyError, Rule, RulePart, Scope,
-    UnknownAlgorithm, UnknownName, check_rule_name, is_valid_name, parse_duration,
-    parse_header_name,
+    Algorithm, DEFAULT_DUPLICATE_WINDOW, ErrorSite, InvalidRuleName, InvalidStatus, KeySpec,
+    MAX_LIMIT, MAX_PERIOD, Mode, ModeError, ModeName, OnStoreError, PolicyError, Rule, RulePart,
+    Scope, StatusSet, UnknownAlgorithm, UnknownName, check_rule_name, is_valid_name,
+    parse_duration, parse_header_name,
 };
 
 use std::fmt;
@@ -84,6 +84,8 @@ pub(super) struct Inner {
     pub(super) mode: Mode,
     pub(super) block_for: Option<Duration>,
     pub(super) cost_fn: Option<CostFn>,
+    /// Which responses count (`count_only`); every one when `None`.
+    pub(super) counts: Option<CountsFn>,
     pub(super) quota: Option<Quota>,
     /// The concurrency limit and its name.
     pub(super) concurrency: Option<(ConcurrencyLimit, Box<str>)>,
@@ -201,6 +203,17 @@ impl Policy {
     /// The daily quota the policy checks with its rules, if any.
     pub fn quota(&self) -> Option<&Quota> {
         self.0.quota.as_ref()
+    }
+
+    /// Whether a response of `status` counts ([`PolicyBuilder::count_only`]): always, unless the
+    /// policy counts only some.
+    pub fn counts(&self, status: http::StatusCode) -> bool {
+        self.0.counts.as_ref().is_none_or(|counts| counts(status))
+    }
+
+    /// Whether only some responses count ([`PolicyBuilder::count_only`]).
+    pub fn counts_only_some(&self) -> bool {
+        self.0.counts.is_some()
     }
 
     /// The cost of a request: its [`Cost`] extension, else the policy's cost function, else 1.

@@ -41,3 +41,6 @@ pub struct Cost(pub u64);
 
 /// The cost of a request as a policy computes it.
 pub type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+
+/// Which responses count under [`PolicyBuilder::count_only`](crate::PolicyBuilder::count_only).
+pub type CountsFn = Arc<dyn Fn(http::StatusCode) -> bool + Send + Sync>;
