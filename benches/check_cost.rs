@@ -10,7 +10,10 @@
 //!
 //! - `bare`: the router alone, the baseline;
 //! - `memory`: [`RateLimitLayer`] on a [`MemoryStore`];
-//! - `redis`: [`RateLimitLayer`] on a [`RedisStore`], whose checks group-commit into script calls.
+//! - `redis`: [`RateLimitLayer`] on a [`RedisStore`], whose checks group-commit into script calls;
+//! - `handle-memory`, `handle-redis`: the same policy and stores through a [`RateLimiter`] the
+//!   handler calls (`check` for the client's address, its headers on the response), not a layer:
+//!   the handle's cost beside the layer's.
 //!
 //! `redis` minus `memory` is what a Redis check costs the app beyond a memory check: packing the
 //! check, queueing it, the connection's work shared by a batch, reading the decision, the wake-ups.
@@ -29,9 +32,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::extract::State;
 use axum::http::StatusCode;
+use axum::routing::get;
 use tower::ServiceExt;
-use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, RateLimitLayer, RedisStore, Rule};
+use tower_redis_ratelimit::{
+    Admitted, Algorithm, MemoryStore, Policy, RateLimitLayer, RateLimiter, RedisStore, Refused,
+    Rule,
+};
 
 #[path = "support/app.rs"]
 mod app;
@@ -45,7 +53,17 @@ use redis_server::Server;
 const HUGE: u64 = 1_000_000_000;
 
 /// The setups, in the order of the first round.
-const SETUPS: [&str; 3] = ["bare", "memory", "redis"];
+const SETUPS: [&str; 5] = ["bare", "memory", "handle-memory", "redis", "handle-redis"];
+
+/// The router of the handle setups: the handler checks the client itself.
+fn handled(limiter: RateLimiter) -> Router {
+    async fn hello(
+        State(limiter): State<RateLimiter>,
+    ) -> Result<(Admitted, &'static str), Refused> {
+        Ok((limiter.check("203.0.113.7").await?, "hello"))
+    }
+    Router::new().route("/", get(hello)).with_state(limiter)
+}
 
 /// The router of `setup`, and its Redis store if it has one.
 fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore>) {
@@ -63,10 +81,21 @@ fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore
             router().layer(RateLimitLayer::new(policy(), MemoryStore::new())),
             None,
         ),
+        "handle-memory" => (
+            handled(RateLimiter::new(policy(), MemoryStore::new())),
+            None,
+        ),
         "redis" => {
             let store = RedisStore::from_url(redis_url).expect("a Redis URL");
             let app = router().layer(RateLimitLayer::new(policy(), store.clone()));
             (app, Some(store))
+        }
+        "handle-redis" => {
+            let store = RedisStore::from_url(redis_url).expect("a Redis URL");
+            (
+                handled(RateLimiter::new(policy(), store.clone())),
+                Some(store),
+            )
         }
         other => unreachable!("no setup {other}"),
     }
@@ -226,7 +255,7 @@ fn main() {
                 &app,
                 concurrency,
                 seconds,
-                redis_pid.filter(|_| setup == "redis"),
+                redis_pid.filter(|_| setup.contains("redis")),
             );
             let redis = measured
                 .redis_us
