@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use proc_macro2::Span;
 use syn::meta::ParseNestedMeta;
+use syn::parse::Parse as _;
 use syn::spanned::Spanned as _;
 use syn::{Attribute, LitInt, LitStr};
 use tower_redis_ratelimit_spec::{
@@ -227,24 +228,21 @@ fn string(meta: &ParseNestedMeta<'_>) -> syn::Result<LitStr> {
 
 /// `[401, 403, "5xx"]`: codes and classes, each checked as a config file's `count_only` is.
 fn statuses(meta: &ParseNestedMeta<'_>) -> syn::Result<Spanned<Vec<CountedStatus>>> {
-    let array: syn::ExprArray = meta.value()?.parse()?;
+    let input = meta.value()?;
+    let content;
+    let brackets = syn::bracketed!(content in input);
+    let elements = content.parse_terminated(syn::Lit::parse, syn::Token![,])?;
     let mut written = Vec::new();
-    for element in &array.elems {
+    for element in &elements {
         let mut set = StatusSet::default();
         let status = match element {
-            syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Int(code),
-                ..
-            }) if code.suffix().is_empty() => {
+            syn::Lit::Int(code) if code.suffix().is_empty() => {
                 let code: i64 = code.base10_parse()?;
                 set.insert_code(code)
-                    .map(|()| CountedStatus::Code(code as u16))
-                    .map_err(|invalid| syn::Error::new(element.span(), invalid.to_string()))?
+                    .map_err(|invalid| syn::Error::new(element.span(), invalid.to_string()))?;
+                CountedStatus::Code(code as u16)
             }
-            syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Str(text),
-                ..
-            }) => {
+            syn::Lit::Str(text) => {
                 let value = text.value();
                 set.insert_written(&value)
                     .map_err(|invalid| error(text, invalid))?;
@@ -262,15 +260,16 @@ fn statuses(meta: &ParseNestedMeta<'_>) -> syn::Result<Spanned<Vec<CountedStatus
         };
         written.push(status);
     }
+    let span = brackets.span.join();
     if written.is_empty() {
         return Err(syn::Error::new(
-            array.span(),
+            span,
             "count_only lists no status: name the ones that count, such as [401, 403] or [\"5xx\"]",
         ));
     }
     Ok(Spanned {
         value: written,
-        span: array.span(),
+        span,
     })
 }
 
