@@ -226,6 +226,9 @@ where
             Prepared::Check(checked) => (limiter, checked),
             Prepared::CheckBy(own, checked) => (own, checked),
             Prepared::Unlimited => return Ok(Limited::with(None, None)),
+            Prepared::Admit(admission) => {
+                return Ok(Limited::with(admission.headers, admission.lease));
+            }
             Prepared::Respond(answer) => return Err(limiter.respond(&answer)),
             Prepared::RespondBy(own, answer) => return Err(own.respond(&answer)),
         };
@@ -237,7 +240,9 @@ where
                 Ok(Limited::with(admission.headers, admission.lease))
             }
             Verdict::Respond(answer) => Err(limiter.respond(&answer)),
-            Verdict::AwaitSlot => unreachable!("Limiter::decide waits for the slot"),
+            Verdict::AwaitSlot | Verdict::Retake => {
+                unreachable!("Limiter::decide waits for the slot and asks again")
+            }
         }
     }
 }

@@ -191,7 +191,11 @@ where
             Verdict::Respond(answer) => State::Done {
                 response: Some(limiter.respond(&answer)),
             },
-            Verdict::AwaitSlot => unreachable!("a slot is waited for before the verdict is final"),
+            Verdict::AwaitSlot | Verdict::Retake => {
+                unreachable!(
+                    "a slot is waited for, and a refused take asked again, before the verdict is final"
+                )
+            }
         }
     }
 }
@@ -214,11 +218,23 @@ where
                         service,
                         request,
                         limiter,
-                        checked,
+                        mut checked,
                     } = waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
                     let next = match limiter.settle(result, &checked) {
+                        Verdict::Retake => {
+                            checked.exact();
+                            State::Checking {
+                                check: limiter.check(&checked),
+                                waiting: Some(Waiting {
+                                    service,
+                                    request,
+                                    limiter,
+                                    checked,
+                                }),
+                            }
+                        }
                         Verdict::AwaitSlot => State::WaitingForSlot {
                             wait: Box::pin(limiter.clone().wait_for_slot(checked, true)),
                             waiting: Some((service, request, limiter)),

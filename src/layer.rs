@@ -193,6 +193,16 @@ impl RateLimitLayer {
         self.limiter.inspect(identity).await
     }
 
+    /// Gives back the units this layer took ahead ([`PolicyBuilder::prefetch`]) and didn't
+    /// spend, and waits for the store: call it when the instance shuts down (after the server
+    /// stops taking requests), so that other instances can use them. A fixed window's or sliding
+    /// counter's units come back only while their window lasts.
+    ///
+    /// [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
+    pub async fn give_back_prefetched(&self) {
+        self.limiter.give_back_prefetched().await;
+    }
+
     /// How many requests this layer let through that its policy refused, in
     /// [`Mode::Shadow`](crate::Mode::Shadow) (zero in other modes). Clones of the layer share the
     /// count.

@@ -112,6 +112,7 @@ impl RateLimiter {
             Prepared::Check(checked) => (limiter.clone(), checked),
             Prepared::CheckBy(own, checked) => (own, checked),
             Prepared::Unlimited => return Ok(Admitted::unlimited()),
+            Prepared::Admit(admission) => return Ok(Admitted::from(admission)),
             Prepared::Respond(answer) => return Err(Refused::new(limiter.clone(), answer.refusal)),
             Prepared::RespondBy(own, answer) => return Err(Refused::new(own, answer.refusal)),
         };
@@ -123,7 +124,9 @@ impl RateLimiter {
                 Ok(Admitted::from(admission))
             }
             Verdict::Respond(answer) => Err(Refused::new(limiter, answer.refusal)),
-            Verdict::AwaitSlot => unreachable!("Limiter::decide waits for the slot"),
+            Verdict::AwaitSlot | Verdict::Retake => {
+                unreachable!("Limiter::decide waits for the slot and asks again")
+            }
         }
     }
 
@@ -173,6 +176,16 @@ impl RateLimiter {
     /// The store's error ([`StoreError::Config`] for an empty identity).
     pub async fn refund(&self, identity: &str, cost: u64) -> Result<Decision, StoreError> {
         self.limiter.refund_named(identity, cost).await
+    }
+
+    /// Gives back the units this handle took ahead ([`PolicyBuilder::prefetch`]) and didn't
+    /// spend, and waits for the store: call it when the instance shuts down, so that others
+    /// can use them. A fixed window's or sliding counter's units come back only while their
+    /// window lasts.
+    ///
+    /// [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
+    pub async fn give_back_prefetched(&self) {
+        self.limiter.give_back_prefetched().await;
     }
 
     /// Forgets `identity`'s counts and lifts its penalty block, on every instance sharing the

@@ -96,7 +96,7 @@ where
     let prepared = limiter.prepare(&parts);
     let request = Request::from_parts(parts, body);
     let overriding;
-    let (limiter, checked) = match prepared {
+    let (limiter, mut checked) = match prepared {
         Prepared::Check(checked) => (limiter, checked),
         Prepared::CheckBy(own, checked) => {
             overriding = own;
@@ -105,6 +105,7 @@ where
         Prepared::Unlimited => {
             return ResponseFuture::inner(inner.call(request), Admission::unchecked());
         }
+        Prepared::Admit(admission) => return ResponseFuture::inner(inner.call(request), admission),
         Prepared::Respond(answer) => return ResponseFuture::respond(limiter.respond(&answer)),
         Prepared::RespondBy(own, answer) => return ResponseFuture::respond(own.respond(&answer)),
     };
@@ -113,10 +114,14 @@ where
         let service = take_ready_service(inner);
         return ResponseFuture::waiting_for_slot(wait, service, request, limiter.clone());
     }
-    let mut check = limiter.check(&checked);
-    match check.take_ready() {
+    loop {
+        let mut check = limiter.check(&checked);
         // In-process stores answer at once: no clone of the inner service, no extra state.
-        Some(result) => match limiter.settle(result, &checked) {
+        let Some(result) = check.take_ready() else {
+            let service = take_ready_service(inner);
+            return ResponseFuture::checking(check, service, request, limiter.clone(), checked);
+        };
+        return match limiter.settle(result, &checked) {
             Verdict::Admit(admission) => ResponseFuture::inner(inner.call(request), admission),
             Verdict::Delay(delay, admission) => {
                 ResponseFuture::delaying(delay, take_ready_service(inner), request, admission)
@@ -128,13 +133,11 @@ where
                 request,
                 limiter.clone(),
             ),
-        },
-        None => ResponseFuture::checking(
-            check,
-            take_ready_service(inner),
-            request,
-            limiter.clone(),
-            checked,
-        ),
+            // A take of units ahead was refused: ask for the cost alone.
+            Verdict::Retake => {
+                checked.exact();
+                continue;
+            }
+        };
     }
 }

@@ -98,6 +98,10 @@ pub(crate) fn near_limit(remaining: u64, limit: u64) -> bool {
     u128::from(remaining) * 100 < u128::from(limit) * u128::from(NEAR_LIMIT_PERCENT)
 }
 
+/// What becomes of units taken ahead (`ratelimit_prefetch_units_total`'s `event`).
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+const PREFETCH_EVENTS: [&str; 3] = ["taken", "spent", "expired"];
+
 #[cfg(feature = "metrics")]
 mod handles {
     use metrics::{Counter, Histogram, counter, histogram};
@@ -114,6 +118,9 @@ mod handles {
         delay: Histogram,
         store_durations: [Histogram; 3],
         store: &'static str,
+        /// Under a policy that prefetches: units taken ahead, spent from hand, and dropped
+        /// unused.
+        prefetch_units: Option<[Counter; 3]>,
     }
 
     impl PolicyMetrics {
@@ -143,6 +150,21 @@ mod handles {
                     histogram!("ratelimit_store_duration_seconds", "store" => store, "outcome" => outcome)
                 }),
                 store,
+                prefetch_units: policy.prefetch().map(|_| {
+                    PREFETCH_EVENTS.map(|event| {
+                        counter!("ratelimit_prefetch_units_total", "policy" => name.clone(), "event" => event)
+                    })
+                }),
+            }
+        }
+
+        /// Counts `units` taken ahead (`taken`), spent from hand (`spent`) or dropped unused
+        /// (`expired`).
+        pub(crate) fn prefetch(&self, event: &'static str, units: u64) {
+            if let Some(counters) = &self.prefetch_units
+                && let Some(index) = PREFETCH_EVENTS.iter().position(|known| *known == event)
+            {
+                counters[index].increment(units);
             }
         }
 
@@ -219,6 +241,7 @@ mod handles {
         pub(crate) fn admitted(&self, _decision: &Decision) {}
         pub(crate) fn delay(&self, _delay: Duration) {}
         pub(crate) fn store_call(&self, _took: Duration, _result: Result<(), &StoreError>) {}
+        pub(crate) fn prefetch(&self, _event: &'static str, _units: u64) {}
     }
 
     pub(crate) fn quota_alert(_quota: &str, _percent: u8, _outcome: &'static str) {}

@@ -101,7 +101,8 @@ fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
             "algoritm = \"fixed_window\"",
             "routes[0].algoritm: unknown field `algoritm`, expected one of `path`, `paths`, `name`, `key`, \
              `algorithm`, `rules`, `prevent_duplicate`, `block_for`, `mode`, `max_delay`, \
-             `cost_header`, `count_only`, `max_in_flight`, `lease`, `overrides` (line 6, column 1)",
+             `cost_header`, `count_only`, `prefetch`, `max_in_flight`, `lease`, `overrides` (line \
+             6, column 1)",
         ),
         (
             "algorithm = \"token\"",

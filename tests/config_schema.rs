@@ -87,6 +87,7 @@ const CLOSED_TABLES: &[(&str, &[&str])] = &[
             "max_delay",
             "cost_header",
             "count_only",
+            "prefetch",
             "max_in_flight",
             "lease",
             "overrides",

@@ -365,3 +365,30 @@ async fn config_reloads_are_counted_by_outcome() {
     assert_eq!(reloads("applied") - applied, 1.0);
     assert_eq!(reloads("refused") - refused, 1.0);
 }
+
+#[tokio::test]
+async fn units_taken_ahead_are_counted_as_taken_and_spent() {
+    prometheus();
+    let policy = builder("m_prefetch")
+        .algorithm(tower_redis_ratelimit::Algorithm::FixedWindow)
+        .rule(Rule::per_hour(1_000))
+        .prefetch(8)
+        .build()
+        .unwrap();
+    let (app, _) = app(policy, MemoryStore::new());
+    assert_eq!(statuses(&app, 40, || from_user("erin")).await, [200; 40]);
+    let units = |event| {
+        value(
+            "ratelimit_prefetch_units_total",
+            &[("policy", "m_prefetch"), ("event", event)],
+        )
+    };
+    // Back to back the takes grow to 8 units; every unit spent from hand was taken first.
+    let (taken, spent) = (units("taken"), units("spent"));
+    assert!(spent > 20.0, "{spent}");
+    assert!(
+        taken >= spent && taken <= spent + 8.0,
+        "{taken} taken, {spent} spent"
+    );
+    assert_eq!(requests("m_prefetch", "allowed"), 40.0);
+}

@@ -47,6 +47,7 @@ pub(crate) struct RateLimitArgs {
     pub(crate) lease: Option<Spanned<Duration>>,
     pub(crate) scope: Option<Spanned<Scope>>,
     pub(crate) on_store_error: Option<Spanned<OnStoreError>>,
+    pub(crate) prefetch: Option<Spanned<u64>>,
     /// `count_only = [401, "5xx"]`: the statuses, checked, as written.
     pub(crate) count_only: Option<Spanned<Vec<CountedStatus>>>,
 }
@@ -62,7 +63,7 @@ pub(crate) enum CountedStatus {
 
 /// The options the attribute takes, as an error lists them.
 const OPTIONS: &str = "name, key, algorithm, message, rule(...), prevent_duplicate, block_for, \
-                       mode, max_delay, cost_header, count_only, max_in_flight, lease, scope, \
+                       mode, max_delay, cost_header, count_only, prefetch, max_in_flight, lease, scope, \
                        on_store_error";
 
 impl RateLimitArgs {
@@ -140,6 +141,7 @@ impl RateLimitArgs {
                 set_spanned(&mut self.cost_header, span, header)?;
             }
             "count_only" => set_spanned(&mut self.count_only, span, statuses(meta)?)?,
+            "prefetch" => set_spanned(&mut self.prefetch, span, integer(meta)?)?,
             "max_in_flight" => set_spanned(&mut self.max_in_flight, span, integer(meta)?)?,
             "lease" => set_spanned(&mut self.lease, span, duration(meta)?)?,
             "scope" => set_spanned(&mut self.scope, span, parsed(meta, str::parse)?)?,

@@ -56,6 +56,7 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         max_in_flight: args.max_in_flight.as_ref().map(|n| n.value),
         lease: args.lease.as_ref().map(|lease| lease.value),
         count_only: args.count_only.is_some(),
+        prefetch: args.prefetch.as_ref().map(|units| units.value),
         ..PolicyParts::new(
             &name,
             PREFIX,
@@ -114,6 +115,7 @@ fn span_of(site: &ErrorSite, args: &RateLimitArgs, ident: &syn::Ident) -> Option
                 .or(args.max_in_flight.as_ref().map(|arg| arg.span)),
             "mode" => args.mode.as_ref().map(|arg| arg.span),
             "count_only" => args.count_only.as_ref().map(|arg| arg.span),
+            "prefetch" => args.prefetch.as_ref().map(|arg| arg.span),
             _ => None,
         },
     }
@@ -194,6 +196,10 @@ fn implementation(
         calls.push(quote!(.count_only(|status: #krate::__private::StatusCode| {
             ::core::matches!(status.as_u16(), #(#patterns)|*)
         })));
+    }
+    if let Some(units) = &args.prefetch {
+        let units = units.value;
+        calls.push(quote!(.prefetch(#units)));
     }
     if let (Some(n), Some(lease)) = (&args.max_in_flight, &args.lease) {
         let n = n.value;

@@ -26,6 +26,7 @@ use proc_macro::TokenStream;
 /// | `block_for` | a penalty block after a refusal, such as `"15m"` |
 /// | `mode` | `"enforce"` (default), `"shadow"`, or `"delay"` with `max_delay = "2s"` |
 /// | `cost_header` | the header whose number is the request's cost |
+/// | `prefetch` | units an instance takes ahead per identity, such as `100` |
 /// | `count_only` | the statuses that count, codes and classes: `[401, 403]`, `["5xx"]` |
 /// | `max_in_flight` | a concurrency limit, with `lease = "30s"` |
 /// | `scope` | `"policy"` (default) or `"route"` |

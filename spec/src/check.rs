@@ -34,6 +34,8 @@ pub struct PolicyParts<'a> {
     /// Whether only some responses count (`count_only`): admitted requests are charged, and
     /// refunded when their response's status doesn't count.
     pub count_only: bool,
+    /// The most units an instance takes ahead for one identity (`prefetch`).
+    pub prefetch: Option<u64>,
 }
 
 /// A policy's parts that passed: its rules with the duplicate guard last, their names, and the
@@ -66,6 +68,7 @@ impl<'a> PolicyParts<'a> {
             lease: None,
             quota_name: None,
             count_only: false,
+            prefetch: None,
         }
     }
 
@@ -159,6 +162,9 @@ impl<'a> PolicyParts<'a> {
                 "needs a rule to count in: a concurrency limit alone counts requests in progress, \
                  whatever their responses",
             ));
+        }
+        if let Some(units) = self.prefetch {
+            check_prefetch(&self, units).map_err(|reason| option("prefetch", reason))?;
         }
         let mut rules = self.rules;
         let counted_rules = rules.len();
@@ -272,6 +278,43 @@ fn check_duration(duration: Duration) -> Result<(), &'static str> {
     } else {
         Ok(())
     }
+}
+
+/// Whether units can be taken ahead (`prefetch = units`) under `parts`: only where units an
+/// instance holds can never let more than a limit through.
+fn check_prefetch(parts: &PolicyParts<'_>, units: u64) -> Result<(), &'static str> {
+    if units == 0 {
+        return Err("must be at least 1 (1 takes no unit ahead)");
+    }
+    if units > MAX_LIMIT {
+        return Err("is larger than any rule may be");
+    }
+    if parts.algorithm == Algorithm::SlidingLog {
+        return Err(
+            "can't take units of a sliding log ahead: the log records each request at its own \
+             time, and units taken earlier would leave the window early, letting more than the \
+             limit through later; use fixed_window, sliding_counter or token_bucket",
+        );
+    }
+    if matches!(parts.mode, Mode::Delay { .. }) {
+        return Err("can't go with delay mode, which reserves each request's own time");
+    }
+    if parts.duplicate_window.is_some() {
+        return Err("can't go with prevent_duplicate: the duplicate guard must see every request");
+    }
+    if parts.block_for.is_some() {
+        return Err(
+            "can't go with block_for: a block refuses every request of an identity, and an \
+             instance spending units it took can't see a block another instance started",
+        );
+    }
+    if parts.max_in_flight.is_some() {
+        return Err(
+            "can't go with max_in_flight: a concurrency slot is a request in progress, never \
+             taken ahead",
+        );
+    }
+    Ok(())
 }
 
 /// Whether a rule's burst can work under `algorithm`.

@@ -293,6 +293,9 @@ impl RouteCheck<'_> {
             }
             builder = builder.count_only_statuses(statuses);
         }
+        if let Some(units) = raw.prefetch {
+            builder = builder.prefetch(units);
+        }
         if let Some(n) = raw.max_in_flight {
             builder = builder.max_in_flight(n);
         }

@@ -148,6 +148,11 @@ pub struct RouteConfig {
     #[serde(default)]
     #[schemars(length(min = 1), extend("examples" = [[401, 403], ["5xx"]]))]
     pub count_only: Option<Vec<StatusItem>>,
+    /// Up to this many units of an identity taken ahead per instance, spent without asking the
+    /// store (default off): `fixed_window`, `sliding_counter` or `token_bucket` only.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    pub prefetch: Option<u64>,
     /// At most this many requests of one key in progress at once (requires `lease`; default
     /// off).
     #[serde(default)]

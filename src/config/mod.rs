@@ -25,6 +25,7 @@
 //! | `routes[].algorithm` | `"sliding_log"`; or `"fixed_window"`, `"sliding_counter"`, `"token_bucket"` |
 //! | `routes[].mode` | `"enforce"`; or `"shadow"`, `"delay"` (with `max_delay`) |
 //! | `routes[].prevent_duplicate`, `block_for`, `cost_header`, `max_in_flight` + `lease` | off |
+//! | `routes[].prefetch` | off; units an instance takes ahead per identity ([`PolicyBuilder::prefetch`](crate::PolicyBuilder::prefetch)) |
 //! | `routes[].count_only` | every admitted request counts; or the statuses that do: `[401, 403]`, `["5xx"]` ([`PolicyBuilder::count_only`](crate::PolicyBuilder::count_only)) |
 //! | `routes[].overrides` | none; entries `{ identity = "..." }` or `{ cidr = "..." }` with one of `rules = [...]`, `unlimited = true`, `deny = true` ([`Override`](crate::Override)) |
 //! | `[quota]` | none; `key` `"user"`, `tier_header` `"x-tier"`, `alert_at` `[80, 100]`, `utc_offset` `"+00:00"` |

@@ -5,6 +5,7 @@
 mod answer;
 mod charge;
 mod named;
+mod prefetch;
 
 pub(crate) use answer::{Answer, Refusal};
 pub(crate) use charge::Charge;
@@ -64,6 +65,8 @@ pub(crate) struct Limiter {
     /// request from this limiter's settings; a change of settings forgets them
     /// ([`Limiter::settings_changed`]), so a layer's setters reach them.
     overriding: OnceLock<Box<[Option<Arc<Limiter>>]>>,
+    /// Units taken ahead for hot identities, under a policy that prefetches.
+    prefetched: Option<Arc<prefetch::Prefetched>>,
 }
 
 /// A request ready for the store: its key, cost and daily quota.
@@ -78,9 +81,17 @@ pub(crate) struct Checked {
     span: tracing::Span,
     /// When the store was asked.
     started: Instant,
+    /// Units asked for ahead, beyond the cost (a prefetching policy's hot identity).
+    extra: u64,
 }
 
 impl Checked {
+    /// This request asking for its cost alone, after a take of units ahead was refused.
+    pub(crate) fn exact(&mut self) {
+        self.extra = 0;
+        self.started = Instant::now();
+    }
+
     /// The request as the refusal cache knows it.
     fn asking(&self) -> Asking<'_> {
         Asking {
@@ -99,6 +110,8 @@ pub(crate) enum Prepared {
     CheckBy(Arc<Limiter>, Checked),
     /// Let it through unlimited (no key, and the policy allows that).
     Unlimited,
+    /// Admitted at once, from units taken ahead.
+    Admit(Admission),
     /// Answer at once (no key and the policy refuses, no client IP, a cost no rule admits).
     Respond(Answer),
     /// Answer at once, as this limiter (a `rules` override's) answers.
@@ -153,6 +166,8 @@ pub(crate) enum Verdict {
     AwaitSlot,
     /// Answer at once.
     Respond(Answer),
+    /// A take of units ahead was refused: ask again for the request's cost alone.
+    Retake,
 }
 
 impl Limiter {
@@ -179,6 +194,7 @@ impl Limiter {
         } else {
             0
         };
+        let prefetched = prefetch::Prefetched::of(&policy);
         Limiter {
             answers: AnswerPlan::new(&policy),
             policy,
@@ -195,6 +211,7 @@ impl Limiter {
             metrics: Arc::default(),
             slot_queues: Arc::default(),
             overriding: OnceLock::new(),
+            prefetched,
         }
     }
 
@@ -202,6 +219,7 @@ impl Limiter {
     /// top refused and slot queues, with metric handles and a refusal cache of its own (its rules
     /// differ, and a request of the same key may fall outside a network override).
     fn with_policy(&self, policy: Policy) -> Limiter {
+        let prefetched = prefetch::Prefetched::of(&policy);
         Limiter {
             answers: AnswerPlan::new(&policy),
             policy,
@@ -215,6 +233,7 @@ impl Limiter {
             metrics: Arc::default(),
             slot_queues: self.slot_queues.clone(),
             overriding: OnceLock::new(),
+            prefetched,
         }
     }
 
@@ -264,7 +283,7 @@ impl Limiter {
     }
 
     /// Finds a request's key and cost, or what to do without a store check.
-    pub(crate) fn prepare(&self, parts: &http::request::Parts) -> Prepared {
+    pub(crate) fn prepare(self: &Arc<Self>, parts: &http::request::Parts) -> Prepared {
         let policy = &self.policy;
         let protocol = Protocol::of(&parts.headers);
         let key = match policy.storage_key(parts) {
@@ -358,7 +377,7 @@ impl Limiter {
     /// The rest of [`Limiter::prepare`] once the key is known: a cost no rule admits, a cached
     /// refusal, or a check to make.
     pub(super) fn prepare_found(
-        &self,
+        self: &Arc<Self>,
         key: StorageKey,
         cost: u64,
         quota: Option<QuotaLookup>,
@@ -408,6 +427,10 @@ impl Limiter {
             outcome = tracing::field::Empty,
             store_latency_us = tracing::field::Empty,
         );
+        let extra = match self.spend_prefetched(&key, cost, quota.as_ref()) {
+            Ok(admission) => return Prepared::Admit(admission),
+            Err(extra) => extra,
+        };
         let checked = Checked {
             key,
             cost,
@@ -415,6 +438,7 @@ impl Limiter {
             protocol,
             span,
             started: Instant::now(),
+            extra,
         };
         // Shadow mode asks the store every time: it counts what it lets through.
         if policy.mode() != Mode::Shadow
@@ -436,7 +460,7 @@ impl Limiter {
     fn check_within(&self, checked: &Checked, max_delay: Duration) -> crate::store::CheckFuture {
         let request = self
             .store_request(&checked.key, checked.quota.as_ref())
-            .cost(checked.cost)
+            .cost(checked.cost + checked.extra)
             .max_delay(max_delay);
         self.store.check(&request)
     }
@@ -512,6 +536,11 @@ impl Limiter {
         checked
             .span
             .record("store_latency_us", took.as_micros() as u64);
+        // A take of units ahead: in hand if admitted; if not, ask for the cost alone.
+        let result = match self.settle_take(result, checked) {
+            Some(result) => result,
+            None => return Verdict::Retake,
+        };
         let outcome = |outcome: Outcome| {
             checked.span.record("outcome", outcome.label());
             outcome
@@ -679,14 +708,17 @@ impl Limiter {
 
     /// Decides about a request: [`Limiter::check`] and [`Limiter::settle`], and
     /// [`Limiter::wait_for_slot`] when it should wait for a slot.
-    pub(crate) async fn decide(self: Arc<Self>, checked: Checked) -> Verdict {
+    pub(crate) async fn decide(self: Arc<Self>, mut checked: Checked) -> Verdict {
         if self.queues_first(&checked) {
             return self.wait_for_slot(checked, false).await;
         }
-        let result = self.check(&checked).await;
-        match self.settle(result, &checked) {
-            Verdict::AwaitSlot => self.wait_for_slot(checked, true).await,
-            verdict => verdict,
+        loop {
+            let result = self.check(&checked).await;
+            match self.settle(result, &checked) {
+                Verdict::AwaitSlot => return self.wait_for_slot(checked, true).await,
+                Verdict::Retake => checked.exact(),
+                verdict => return verdict,
+            }
         }
     }
 

@@ -18,7 +18,7 @@ impl Limiter {
     /// check): its key is the identity under the policy's prefix and name, whatever the policy's
     /// `Key` and scope; an override applies by that identity, a quota by it too, in its default
     /// tier.
-    pub(crate) fn prepare_identity(&self, identity: &str, cost: u64) -> Prepared {
+    pub(crate) fn prepare_identity(self: &Arc<Self>, identity: &str, cost: u64) -> Prepared {
         let policy = &self.policy;
         let protocol = Protocol::Http;
         if identity.is_empty() {

@@ -86,6 +86,8 @@ pub(super) struct Inner {
     pub(super) cost_fn: Option<CostFn>,
     /// Which responses count (`count_only`); every one when `None`.
     pub(super) counts: Option<CountsFn>,
+    /// The most units an instance takes ahead per identity (`prefetch`, above 1).
+    pub(super) prefetch: Option<u64>,
     pub(super) quota: Option<Quota>,
     /// The concurrency limit and its name.
     pub(super) concurrency: Option<(ConcurrencyLimit, Box<str>)>,
@@ -209,6 +211,12 @@ impl Policy {
     /// policy counts only some.
     pub fn counts(&self, status: http::StatusCode) -> bool {
         self.0.counts.as_ref().is_none_or(|counts| counts(status))
+    }
+
+    /// The most units an instance takes ahead per identity ([`PolicyBuilder::prefetch`]); `None`
+    /// when it takes none (`prefetch(1)` included).
+    pub fn prefetch(&self) -> Option<u64> {
+        self.0.prefetch
     }
 
     /// Whether only some responses count ([`PolicyBuilder::count_only`]).

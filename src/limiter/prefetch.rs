@@ -1,0 +1,496 @@
+//! [`Prefetched`]: the units an instance took ahead for hot identities ([`PolicyBuilder::prefetch`]),
+//! spent without asking the store.
+//!
+//! A request that finds enough units here is admitted at once. Otherwise it asks the store for
+//! its cost plus some units ahead; what it takes is charged in the shared counters, all or
+//! nothing, as a check of that cost would be, so the shared limit is never passed. How many
+//! units ahead grows with the identity's pace: doubling while this instance asks the store for
+//! it again within [`HOT`], back to none once it asks less often. Units held for an identity
+//! (in hand and asked for) never exceed the policy's `prefetch`. They are valid until the
+//! earliest window of the policy that charged them ends (spent later, they would count in a
+//! window that didn't charge them): the caller says when.
+//!
+//! [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+// Tokio's clock, which tests can pause and move with the stores' clocks.
+use tokio::time::Instant;
+
+use super::{Admission, Charge, Checked, Limiter};
+use crate::decision::Decision;
+use crate::policy::{Algorithm, Policy, StorageKey};
+use crate::quota::QuotaLookup;
+use crate::response::LimitHeaders;
+use crate::store::StoreError;
+use crate::telemetry::Outcome;
+
+/// Asking the store again for an identity within this long makes it hot: the next ask takes
+/// twice as many units ahead.
+pub(crate) const HOT: Duration = Duration::from_millis(10);
+
+/// Shards of the table, so that instances' threads rarely wait on one lock.
+const SHARDS: usize = 16;
+
+/// Identities a shard remembers at most; past it, those holding nothing are forgotten first.
+const MAX_PER_SHARD: usize = 4_096;
+
+/// The units taken ahead by one limiter, per identity.
+pub(crate) struct Prefetched {
+    /// The most units held per identity.
+    max: u64,
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard>]>,
+}
+
+/// One shard of the table: what this instance holds, by store key.
+type Shard = HashMap<Box<str>, Allowance>;
+
+/// What this instance holds for one identity.
+struct Allowance {
+    /// Units in hand.
+    units: u64,
+    /// Units asked for by takes not answered yet.
+    pending: u64,
+    /// Until when the units in hand may be spent.
+    valid_until: Instant,
+    /// When the last take was answered, and its decision (the state after it).
+    taken_at: Instant,
+    decision: Option<Decision>,
+    /// The units of the last take, the request's own included: the next hot take doubles it.
+    last_take: u64,
+    /// The key and quota the units in hand were charged to, for giving them back.
+    charged: Option<(StorageKey, Option<QuotaLookup>)>,
+    /// When a request last had to ask the store.
+    last_ask: Instant,
+}
+
+/// What a request of an identity does.
+#[derive(Debug)]
+pub(crate) enum Spend {
+    /// Admitted from units in hand: the decision its headers tell.
+    Local(Decision),
+    /// Ask the store for its cost and `extra` units ahead. `expired`: units in hand that had
+    /// to be dropped (their window ended, or they sat unused), for the caller to count or give
+    /// back.
+    Ask { extra: u64, expired: u64 },
+}
+
+impl Prefetched {
+    /// Units of at most `max` per identity.
+    pub(crate) fn new(max: u64) -> Self {
+        Prefetched {
+            max,
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
+        let index = (self.hasher.hash_one(key) % SHARDS as u64) as usize;
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Spends `cost` units of `key` from those in hand, or says how many to take ahead.
+    pub(crate) fn spend(&self, key: &str, cost: u64, now: Instant) -> Spend {
+        let mut shard = self.shard(key);
+        let Some(allowance) = shard.get_mut(key) else {
+            // Never seen: the exact path. Remembered, so that a second ask soon after is hot.
+            if shard.len() >= MAX_PER_SHARD {
+                shard.retain(|_, allowance| allowance.units > 0 || allowance.pending > 0);
+                if shard.len() >= MAX_PER_SHARD {
+                    shard.clear();
+                }
+            }
+            shard.insert(key.into(), Allowance::new(cost, now));
+            return Spend::Ask {
+                extra: 0,
+                expired: 0,
+            };
+        };
+        let mut expired = 0;
+        if allowance.units > 0 && now >= allowance.valid_until {
+            expired = std::mem::take(&mut allowance.units);
+        }
+        if allowance.units >= cost
+            && let Some(decision) = &allowance.decision
+        {
+            allowance.units -= cost;
+            return Spend::Local(as_held(decision, allowance.units, now - allowance.taken_at));
+        }
+        let hot = now.saturating_duration_since(allowance.last_ask) < HOT;
+        allowance.last_ask = now;
+        let target = if hot {
+            allowance
+                .last_take
+                .saturating_mul(2)
+                .clamp(cost, self.max.max(cost))
+        } else {
+            // Cooled down: start over from the exact path.
+            allowance.last_take = cost;
+            cost
+        };
+        let room = self
+            .max
+            .saturating_sub(allowance.units + allowance.pending + cost);
+        let extra = target.saturating_sub(cost).min(room);
+        allowance.pending += extra;
+        Spend::Ask { extra, expired }
+    }
+
+    /// A take of `cost + extra` units was admitted, answered with `decision`: the extra units
+    /// are in hand until `valid_until`. Returns the decision as the requester tells it (the
+    /// units in hand counted in what is left).
+    pub(crate) fn took(
+        &self,
+        (key, quota): (&StorageKey, Option<&QuotaLookup>),
+        cost: u64,
+        extra: u64,
+        decision: &Decision,
+        valid_until: Instant,
+        now: Instant,
+    ) -> Decision {
+        let mut shard = self.shard(key.as_str());
+        let allowance = shard
+            .entry(key.as_str().into())
+            .or_insert_with(|| Allowance::new(cost, now));
+        if allowance.charged.is_none() {
+            allowance.charged = Some((key.clone(), quota.cloned()));
+        }
+        allowance.pending = allowance.pending.saturating_sub(extra);
+        // Units of an earlier take still in hand keep their own end: all end at the earlier.
+        if allowance.units > 0 && allowance.valid_until > now {
+            allowance.valid_until = allowance.valid_until.min(valid_until);
+        } else {
+            allowance.units = 0;
+            allowance.valid_until = valid_until;
+        }
+        allowance.units += extra;
+        allowance.taken_at = now;
+        allowance.decision = Some(decision.clone());
+        allowance.last_take = cost + extra;
+        as_held(decision, allowance.units, Duration::ZERO)
+    }
+
+    /// A take of `cost + extra` units was refused or failed: nothing is in hand from it, and the
+    /// next take starts over from the cost alone (near the limit, an instance takes fewer).
+    pub(crate) fn untook(&self, key: &str, cost: u64, extra: u64) {
+        if let Some(allowance) = self.shard(key).get_mut(key) {
+            allowance.pending = allowance.pending.saturating_sub(extra);
+            allowance.last_take = cost;
+        }
+    }
+
+    /// Takes every unit in hand out of the table, for giving back (an instance shutting down):
+    /// what each was charged to, and how many.
+    fn drain(&self) -> Vec<(StorageKey, Option<QuotaLookup>, u64)> {
+        let mut held = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for allowance in shard.values_mut() {
+                let units = std::mem::take(&mut allowance.units);
+                if units > 0
+                    && let Some((key, quota)) = &allowance.charged
+                {
+                    held.push((key.clone(), quota.clone(), units));
+                }
+            }
+        }
+        held
+    }
+}
+
+impl Allowance {
+    fn new(cost: u64, now: Instant) -> Self {
+        Allowance {
+            units: 0,
+            pending: 0,
+            valid_until: now,
+            taken_at: now,
+            decision: None,
+            last_take: cost,
+            charged: None,
+            // The first ask: a second one within HOT makes the identity hot.
+            last_ask: now,
+        }
+    }
+}
+
+/// `decision` (a take's) as a request tells it `elapsed` after the take, with `units` still in
+/// hand: admitted, each state's remaining the shared remaining plus the units in hand (never
+/// more than its limit: what this instance could still admit), its times counted down.
+fn as_held(decision: &Decision, units: u64, elapsed: Duration) -> Decision {
+    let mut held = decision.clone();
+    held.allowed = true;
+    held.delay = Duration::ZERO;
+    held.quota_alerts.clear();
+    held.lease = None;
+    held.now_unix_ms = held
+        .now_unix_ms
+        .saturating_add(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+    for state in &mut held.rules {
+        state.remaining = state.remaining.saturating_add(units).min(state.limit);
+        state.reset = state.reset.saturating_sub(elapsed);
+        state.retry_after = None;
+    }
+    held
+}
+
+impl Prefetched {
+    /// The table of a policy that prefetches.
+    pub(crate) fn of(policy: &Policy) -> Option<Arc<Prefetched>> {
+        policy.prefetch().map(|max| Arc::new(Prefetched::new(max)))
+    }
+}
+
+impl Limiter {
+    /// Admits a request of `cost` for `key` from units in hand, or says how many units to ask
+    /// for ahead (0 under a policy that doesn't prefetch).
+    pub(super) fn spend_prefetched(
+        self: &Arc<Self>,
+        key: &StorageKey,
+        cost: u64,
+        quota: Option<&QuotaLookup>,
+    ) -> Result<Admission, u64> {
+        let Some(prefetched) = &self.prefetched else {
+            return Err(0);
+        };
+        match prefetched.spend(key.as_str(), cost, Instant::now()) {
+            Spend::Local(decision) => {
+                let metrics = self.metrics();
+                metrics.request(Outcome::Allowed);
+                metrics.prefetch("spent", cost);
+                metrics.admitted(&decision);
+                let headers =
+                    LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+                let charge = self.policy.counts_only_some().then(|| {
+                    Box::new(Charge::new(self.clone(), key.clone(), cost, quota.cloned()))
+                });
+                Ok(Admission {
+                    headers: Some(headers),
+                    lease: None,
+                    decision: Some(decision),
+                    charge,
+                })
+            }
+            Spend::Ask { extra, expired } => {
+                if expired > 0 {
+                    self.expired(key, expired, quota);
+                }
+                Err(extra)
+            }
+        }
+    }
+
+    /// Units that sat in hand past their end: counted; a token bucket's are given back (its
+    /// window never ends, so they would be lost for every instance), the others' window ended
+    /// and took them along.
+    fn expired(self: &Arc<Self>, key: &StorageKey, units: u64, quota: Option<&QuotaLookup>) {
+        self.metrics().prefetch("expired", units);
+        if self.policy.algorithm() == Algorithm::TokenBucket {
+            self.give_back(key, units, quota);
+        }
+    }
+
+    /// Gives `units` of `key` back to the store, in the background.
+    fn give_back(self: &Arc<Self>, key: &StorageKey, units: u64, quota: Option<&QuotaLookup>) {
+        let request = self.store_request(key, quota).cost(units);
+        let mut refund = self.store().refund(&request);
+        if refund.take_ready().is_none()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                // A failure leaves the units counted: on the safe side.
+                let _ = refund.await;
+            });
+        }
+    }
+
+    /// Settles a check's answer for units taken ahead: `None` when a take was refused (the
+    /// request then asks for its cost alone), else the answer the request goes on with, the
+    /// units in hand counted in what it tells.
+    pub(super) fn settle_take(
+        &self,
+        result: Result<Decision, StoreError>,
+        checked: &Checked,
+    ) -> Option<Result<Decision, StoreError>> {
+        let Some(prefetched) = self.prefetched.as_ref().filter(|_| checked.extra > 0) else {
+            return Some(result);
+        };
+        let (key, cost, extra) = (checked.key.as_str(), checked.cost, checked.extra);
+        match result {
+            Ok(decision) if decision.allowed => {
+                let now = Instant::now();
+                let asked = now.checked_sub(checked.started.elapsed()).unwrap_or(now);
+                let until = asked + self.units_last(&decision, checked);
+                self.metrics().prefetch("taken", extra);
+                let charged = (&checked.key, checked.quota.as_ref());
+                Some(Ok(
+                    prefetched.took(charged, cost, extra, &decision, until, now)
+                ))
+            }
+            Ok(_) => {
+                prefetched.untook(key, cost, extra);
+                None
+            }
+            Err(error) => {
+                prefetched.untook(key, cost, extra);
+                Some(Err(error))
+            }
+        }
+    }
+
+    /// How long units taken with `decision` may be spent, from when the request asked: until
+    /// the earliest window that charged them ends, in the store's time (counted from the
+    /// request's start, which is no later than the store's reading: never past the end). A
+    /// token bucket's units stay valid for [`IDLE`].
+    fn units_last(&self, decision: &Decision, checked: &Checked) -> Duration {
+        let now = decision.now_unix_ms;
+        let policy = &self.policy;
+        if policy.algorithm() == Algorithm::TokenBucket {
+            return IDLE;
+        }
+        let window_left = |period: u64| {
+            let period = period.max(1);
+            period - now % period
+        };
+        let rules = policy
+            .rules()
+            .iter()
+            .map(|rule| window_left(rule.period_ms()));
+        let day = policy
+            .quota()
+            .zip(checked.quota.as_ref())
+            .map(|(quota, _)| {
+                let day = quota.day_ms().max(1);
+                let start = now - (now + day - quota.day_start_offset_ms() % day) % day;
+                start + day - now
+            });
+        Duration::from_millis(rules.chain(day).min().unwrap_or(0))
+    }
+}
+
+impl Limiter {
+    /// Gives back every unit this limiter (and its overrides') took ahead and didn't spend, and
+    /// waits for the store: for an instance shutting down. A fixed window's or sliding counter's
+    /// units come back only while their window lasts; a failure leaves them counted.
+    pub(crate) async fn give_back_prefetched(&self) {
+        let overriding = self.overriding.get().into_iter().flatten().flatten();
+        let limiters = std::iter::once(self).chain(overriding.map(|own| &**own));
+        for limiter in limiters {
+            let Some(prefetched) = &limiter.prefetched else {
+                continue;
+            };
+            for (key, quota, units) in prefetched.drain() {
+                let request = limiter.store_request(&key, quota.as_ref()).cost(units);
+                let _ = limiter.store().refund(&request).await;
+            }
+        }
+    }
+}
+
+/// How long a token bucket's units taken ahead may sit unused before they are given back.
+const IDLE: Duration = Duration::from_secs(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::RuleState;
+
+    fn key(identity: &str) -> StorageKey {
+        crate::Policy::builder("p")
+            .rule(crate::Rule::per_minute(1))
+            .build()
+            .unwrap()
+            .named_key(identity)
+    }
+
+    fn decision(remaining: u64) -> Decision {
+        Decision {
+            allowed: true,
+            rules: vec![RuleState {
+                limit: 1_000,
+                remaining,
+                reset: Duration::from_secs(10),
+                retry_after: None,
+            }],
+            now_unix_ms: 0,
+            delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
+            lease: None,
+        }
+    }
+
+    #[test]
+    fn a_cold_key_takes_single_units_and_a_hot_one_doubles_up_to_the_max() {
+        let prefetched = Prefetched::new(16);
+        let start = Instant::now();
+        // Asks a second apart: never hot, never more than the cost.
+        for second in 0..3 {
+            let at = start + Duration::from_secs(second);
+            assert!(matches!(
+                prefetched.spend("cold", 1, at),
+                Spend::Ask { extra: 0, .. }
+            ));
+        }
+        // Asks a millisecond apart, each take answered at once: 2, 4, 8, 16 units, then 16.
+        let mut takes = Vec::new();
+        let mut at = start;
+        let hot = key("hot");
+        for _ in 0..40 {
+            at += Duration::from_micros(100);
+            match prefetched.spend(hot.as_str(), 1, at) {
+                Spend::Local(_) => {}
+                Spend::Ask { extra, .. } => {
+                    takes.push(1 + extra);
+                    prefetched.took(
+                        (&hot, None),
+                        1,
+                        extra,
+                        &decision(500),
+                        at + Duration::from_secs(1),
+                        at,
+                    );
+                }
+            }
+        }
+        assert_eq!(&takes[..6], [1, 2, 4, 8, 16, 16]);
+    }
+
+    #[test]
+    fn units_held_never_exceed_the_max_and_expire_with_their_window() {
+        let prefetched = Prefetched::new(10);
+        let start = Instant::now();
+        let k = key("k");
+        let ask = |at| match prefetched.spend(k.as_str(), 1, at) {
+            Spend::Ask { extra, .. } => extra,
+            Spend::Local(_) => panic!("nothing in hand"),
+        };
+        assert_eq!(ask(start), 0);
+        // Hot, and two asks in flight at once: together at most the max.
+        let first = ask(start + Duration::from_millis(1));
+        let second = ask(start + Duration::from_millis(2));
+        assert!(first + second + 2 <= 10, "{first} + {second}");
+        let until = start + Duration::from_millis(50);
+        let told = prefetched.took((&k, None), 1, first, &decision(100), until, start);
+        assert_eq!(told.rules[0].remaining, 100 + first);
+        for _ in 0..first {
+            assert!(matches!(
+                prefetched.spend(k.as_str(), 1, start + Duration::from_millis(3)),
+                Spend::Local(_)
+            ));
+        }
+        // In hand again, then the window ends: the units are dropped, not spent.
+        prefetched.untook(k.as_str(), 1, second);
+        prefetched.took((&k, None), 1, 3, &decision(100), until, start);
+        match prefetched.spend(k.as_str(), 1, until) {
+            Spend::Ask { expired, .. } => assert_eq!(expired, 3),
+            Spend::Local(_) => panic!("spent a unit past its window"),
+        }
+    }
+}

@@ -1,0 +1,369 @@
+//! `prefetch`: units of a shared limit taken ahead and spent locally, never over the limit.
+
+use std::time::Duration;
+
+use tower_redis_ratelimit::{Algorithm, Mode, Policy, Rule};
+
+/// Every combination where units taken ahead could let more than a limit through is refused
+/// when the policy is built, naming why.
+#[test]
+fn policies_that_cant_prefetch_are_refused_naming_why() {
+    let base = || {
+        Policy::builder("hot")
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::per_minute(1_000))
+            .prefetch(100)
+    };
+    assert_eq!(base().build().unwrap().prefetch(), Some(100));
+    for algorithm in [Algorithm::SlidingCounter, Algorithm::TokenBucket] {
+        assert!(base().algorithm(algorithm).build().is_ok(), "{algorithm}");
+    }
+    let cases = [
+        (base().algorithm(Algorithm::SlidingLog), "sliding log"),
+        (base().prefetch(0), "at least 1"),
+        (
+            base().algorithm(Algorithm::TokenBucket).mode(Mode::Delay {
+                max_delay: Duration::from_secs(1),
+            }),
+            "delay mode",
+        ),
+        (
+            base().prevent_duplicate(Duration::from_secs(5)),
+            "prevent_duplicate",
+        ),
+        (base().block_for(Duration::from_secs(60)), "block_for"),
+        (
+            base().max_in_flight(2).lease(Duration::from_secs(30)),
+            "max_in_flight",
+        ),
+    ];
+    for (builder, why) in cases {
+        let error = builder.build().unwrap_err().to_string();
+        assert!(error.contains("prefetch") && error.contains(why), "{error}");
+    }
+    // One unit at a time is the exact path: nothing taken ahead.
+    assert_eq!(base().prefetch(1).build().unwrap().prefetch(), None);
+}
+
+#[test]
+fn a_config_route_takes_prefetch_and_names_the_field_when_it_cant() {
+    use tower_redis_ratelimit::config::RateLimitConfig;
+    let route = |extra: &str| {
+        format!(
+            "[[routes]]\npath = \"/a\"\nrules = [{{ limit = 100, period = \"1m\" }}]\n{extra}\n"
+        )
+    };
+    let config =
+        RateLimitConfig::from_toml_str(&route("algorithm = \"fixed_window\"\nprefetch = 20"))
+            .unwrap();
+    assert_eq!(config.policy("/a").unwrap().prefetch(), Some(20));
+    let error = RateLimitConfig::from_toml_str(&route("prefetch = 20"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("routes[0].prefetch: can't take units of a sliding log ahead"),
+        "{error}"
+    );
+}
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::redis_server::{TestRedis, unique_prefix};
+use proptest::prelude::*;
+use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, Clock};
+use tower_redis_ratelimit::{Key, MemoryStore, RateLimiter, RedisStore, Store};
+
+/// Unix time that follows tokio's clock (paused in these tests), so the store's windows and the
+/// instances' units move together.
+#[derive(Clone)]
+struct TokioClock {
+    start_unix_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    fn new() -> Self {
+        TokioClock {
+            // On a 20 s boundary, so windows start where the test starts.
+            start_unix_ms: 1_700_000_000_000,
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now_unix_ms(&self) -> u64 {
+        self.start_unix_ms + self.start.elapsed().as_millis() as u64
+    }
+}
+
+/// A store that records the cost of every check it is asked.
+#[derive(Clone)]
+struct Recording<S> {
+    store: S,
+    costs: Arc<Mutex<Vec<u64>>>,
+}
+
+impl<S: Store> Store for Recording<S> {
+    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.costs.lock().unwrap().push(request.cost);
+        self.store.check(request)
+    }
+
+    fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.store.refund(request)
+    }
+
+    fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.store.peek(request)
+    }
+
+    fn is_remote(&self) -> bool {
+        self.store.is_remote()
+    }
+}
+
+fn hot(algorithm: Algorithm, limit: u64, period: Duration, prefetch: u64) -> Policy {
+    Policy::builder("hot")
+        .key(Key::global())
+        .algorithm(algorithm)
+        .rule(Rule::new(limit, period))
+        .prefetch(prefetch)
+        .build()
+        .unwrap()
+}
+
+fn recording(store: MemoryStore) -> (Recording<MemoryStore>, Arc<Mutex<Vec<u64>>>) {
+    let costs = Arc::new(Mutex::new(Vec::new()));
+    (
+        Recording {
+            store,
+            costs: costs.clone(),
+        },
+        costs,
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cold_key_takes_single_units_and_a_hot_one_takes_ahead() {
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let (store, costs) = recording(store);
+    let limiter = RateLimiter::new(
+        hot(Algorithm::FixedWindow, 10_000, Duration::from_secs(20), 64),
+        store,
+    );
+    // A request every 50 ms: cold, one unit per check, exactly as without prefetch.
+    for _ in 0..5 {
+        limiter.check("cold").await.unwrap();
+        tokio::time::advance(Duration::from_millis(50)).await;
+    }
+    assert_eq!(*costs.lock().unwrap(), [1; 5]);
+    costs.lock().unwrap().clear();
+    // 1 000 back to back: the takes grow to 64 units, so the store sees a few dozen checks.
+    for _ in 0..1_000 {
+        limiter.check("hot").await.unwrap();
+    }
+    let asked = costs.lock().unwrap().clone();
+    assert!(asked.len() < 30, "{} checks: {asked:?}", asked.len());
+    assert_eq!(asked.iter().max(), Some(&64));
+    assert!(asked.iter().sum::<u64>() >= 1_000);
+    // The store counts what was taken, spent or in hand.
+    let state = limiter.peek("hot").await.unwrap();
+    assert_eq!(state.rules[0].remaining, 10_000 - asked.iter().sum::<u64>());
+}
+
+#[tokio::test(start_paused = true)]
+async fn units_end_with_their_window_and_a_dead_instance_costs_only_its_units() {
+    let clock = TokioClock::new();
+    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let policy = hot(Algorithm::FixedWindow, 100, Duration::from_secs(20), 10);
+    let (recorded, costs) = recording(store.clone());
+    let first = RateLimiter::new(policy.clone(), recorded);
+    // Hot: units in hand (takes of 1, 2, 4, 8, 10 and 10 for 27 requests).
+    for _ in 0..27 {
+        first.check("k").await.unwrap();
+    }
+    let taken: u64 = costs.lock().unwrap().iter().sum();
+    let held = taken - 27;
+    assert!(held > 0 && held <= 10, "{held}");
+    // The window ends: the units in hand go with it; the next request asks the store.
+    tokio::time::advance(Duration::from_secs(20)).await;
+    costs.lock().unwrap().clear();
+    first.check("k").await.unwrap();
+    assert_eq!(
+        costs.lock().unwrap().first(),
+        Some(&1),
+        "asked the store, with no units ahead"
+    );
+    // Hot again, then the instance dies holding units: another instance gets what the store
+    // has left (the limit less what was spent and what the dead one held), and the whole limit
+    // next window.
+    for _ in 0..30 {
+        first.check("k").await.unwrap();
+    }
+    let taken: u64 = costs.lock().unwrap().iter().sum();
+    let held = taken - 31;
+    assert!(held > 0, "nothing in hand: {:?}", costs.lock().unwrap());
+    drop(first);
+    let second = RateLimiter::new(policy, store);
+    let mut admitted = 0;
+    while second.check("k").await.is_ok() {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 100 - 31 - held);
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let mut next_window = 0;
+    while second.check("k").await.is_ok() {
+        next_window += 1;
+    }
+    assert_eq!(next_window, 100);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Against a model of one shared counter: whatever the interleaving of instances taking,
+    /// spending, expiring and refunding, the requests admitted in a window, less those given
+    /// back, never exceed the limit.
+    #[test]
+    fn instances_never_pass_the_limit_together(
+        algorithm in prop::sample::select(vec![Algorithm::FixedWindow, Algorithm::SlidingCounter]),
+        instances in 2usize..4,
+        prefetch in 2u64..20,
+        // Per step: which instance, how long before it (ms), and whether it gives back the
+        // charge of a request it admitted rather than checks.
+        steps in prop::collection::vec(
+            (0usize..4, prop_oneof![4 => Just(0u64), 2 => 0u64..30, 1 => Just(400)], prop::bool::weighted(0.1)),
+            1..300,
+        ),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let clock = TokioClock::new();
+            let store = MemoryStore::builder().clock(clock.clone()).build();
+            let limit = 20;
+            let period = 1_000;
+            let policy = hot(algorithm, limit, Duration::from_millis(period), prefetch);
+            let limiters: Vec<RateLimiter> = (0..instances)
+                .map(|_| RateLimiter::new(policy.clone(), store.clone()))
+                .collect();
+            // Per window: admitted, given back; per instance, admitted in the current window.
+            let mut counted = std::collections::HashMap::<u64, (u64, u64)>::new();
+            let mut own = vec![(0u64, 0u64); instances];
+            for &(instance, wait, refund) in &steps {
+                tokio::time::advance(Duration::from_millis(wait)).await;
+                let instance = instance % instances;
+                let window = clock.now_unix_ms() / period;
+                let entry = counted.entry(window).or_default();
+                if refund {
+                    if own[instance] .0 == window && own[instance].1 > 0 {
+                        limiters[instance].refund("global", 1).await.unwrap();
+                        own[instance].1 -= 1;
+                        entry.1 += 1;
+                    }
+                    continue;
+                }
+                if limiters[instance].check("global").await.is_ok() {
+                    entry.0 += 1;
+                    if own[instance].0 != window {
+                        own[instance] = (window, 0);
+                    }
+                    own[instance].1 += 1;
+                }
+            }
+            for (window, (admitted, given_back)) in counted {
+                prop_assert!(
+                    admitted - given_back <= limit,
+                    "window {window}: {admitted} admitted, {given_back} given back"
+                );
+            }
+            Ok(())
+        })?;
+    }
+}
+
+/// Two instances on one Redis, racing for a global fixed window of 300 with `prefetch = 20`:
+/// never more than the limit in all, at least the limit less what two instances can hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_redis_never_pass_the_limit_and_lose_at_most_their_units() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("prefetch");
+    let policy = Policy::builder("hot")
+        .prefix(&prefix)
+        .key(Key::global())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(300, Duration::from_secs(20)))
+        .prefetch(20)
+        .build()
+        .unwrap();
+    // Both at one fixed time at a window's start, an hour ahead: the whole race is one window.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let start_us = ((now_ms + 3_600_000) / 20_000 * 20_000) * 1_000;
+    let instances: Vec<RateLimiter> = (0..2)
+        .map(|_| {
+            let store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
+            store.fix_time_for_tests(Some(start_us));
+            RateLimiter::new(policy.clone(), store)
+        })
+        .collect();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|task| {
+            let limiter = instances[task % 2].clone();
+            let admitted = admitted.clone();
+            tokio::spawn(async move {
+                // Until the store refuses: this instance then has nothing in hand.
+                while limiter.check("global").await.is_ok() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let admitted = admitted.load(Ordering::Relaxed);
+    assert!(admitted <= 300, "{admitted} admitted");
+    assert!(admitted >= 300 - 2 * 20, "{admitted} admitted");
+    let mut client = redis.client();
+    common::redis_server::assert_every_key_expires(&mut client, &prefix);
+}
+
+/// Through the layer: a hot identity's admissions from units in hand carry honest headers
+/// (`r` is what this instance can still admit: the store's remaining plus the units in hand,
+/// so after N requests exactly the limit less N), and the store sees few checks.
+#[tokio::test(start_paused = true)]
+async fn the_layer_spends_units_in_hand_with_honest_headers() {
+    use axum::Router;
+    use axum::routing::get;
+    use tower_redis_ratelimit::RateLimitLayer;
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let (store, costs) = recording(store);
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(
+            hot(Algorithm::FixedWindow, 500, Duration::from_secs(20), 32),
+            store,
+        ));
+    for n in 1..=500u64 {
+        let response = common::send(&app, common::request_from("203.0.113.5:1", "/")).await;
+        assert_eq!(response.status(), http::StatusCode::OK, "request {n}");
+        let limits = common::limits(&response);
+        let state = limits.status("500-per-20s").unwrap();
+        assert_eq!(state.remaining, 500 - n, "request {n}");
+    }
+    let refused = common::send(&app, common::request_from("203.0.113.5:1", "/")).await;
+    assert_eq!(refused.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    let asked = costs.lock().unwrap().len();
+    assert!(asked < 40, "{asked} store checks for 501 requests");
+}
