@@ -13,7 +13,9 @@
 //! - `redis`: [`RateLimitLayer`] on a [`RedisStore`], whose checks group-commit into script calls;
 //! - `handle-memory`, `handle-redis`: the same policy and stores through a [`RateLimiter`] the
 //!   handler calls (`check` for the client's address, its headers on the response), not a layer:
-//!   the handle's cost beside the layer's.
+//!   the handle's cost beside the layer's;
+//! - `redis-prefetch`: the layer on Redis with `prefetch(100)`: the hot key's units taken ahead
+//!   (it prints the store calls per request).
 //!
 //! `redis` minus `memory` is what a Redis check costs the app beyond a memory check: packing the
 //! check, queueing it, the connection's work shared by a batch, reading the decision, the wake-ups.
@@ -53,7 +55,14 @@ use redis_server::Server;
 const HUGE: u64 = 1_000_000_000;
 
 /// The setups, in the order of the first round.
-const SETUPS: [&str; 5] = ["bare", "memory", "handle-memory", "redis", "handle-redis"];
+const SETUPS: [&str; 6] = [
+    "bare",
+    "memory",
+    "handle-memory",
+    "redis",
+    "handle-redis",
+    "redis-prefetch",
+];
 
 /// The router of the handle setups: the handler checks the client itself.
 fn handled(limiter: RateLimiter) -> Router {
@@ -90,6 +99,18 @@ fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore
             let app = router().layer(RateLimitLayer::new(policy(), store.clone()));
             (app, Some(store))
         }
+        "redis-prefetch" => {
+            let store = RedisStore::from_url(redis_url).expect("a Redis URL");
+            let policy = Policy::builder("cost-prefetch")
+                .prefix(prefix)
+                .algorithm(Algorithm::FixedWindow)
+                .rule(Rule::new(HUGE, Duration::from_secs(1)))
+                .prefetch(100)
+                .build()
+                .expect("a valid policy");
+            let app = router().layer(RateLimitLayer::new(policy, store.clone()));
+            (app, Some(store))
+        }
         "handle-redis" => {
             let store = RedisStore::from_url(redis_url).expect("a Redis URL");
             (
@@ -119,6 +140,8 @@ fn cpu_time(pid: u32) -> Duration {
 
 /// One run's figures.
 struct Run {
+    /// Requests sent, the warm-up's included.
+    requests: f64,
     per_second: f64,
     app_us: f64,
     redis_us: Option<f64>,
@@ -186,6 +209,7 @@ fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>) -
     let per_request =
         |before: Duration, after: Duration| (after - before).as_secs_f64() * 1e6 / requests;
     Run {
+        requests: requests + 100.0,
         per_second: requests / elapsed.as_secs_f64(),
         app_us: per_request(app_before, app_after),
         redis_us: redis_before
@@ -271,8 +295,9 @@ fn main() {
             if let Some(store) = store {
                 let stats = store.batch_stats();
                 println!(
-                    "       ({:.1} checks per script call)",
-                    stats.checks as f64 / stats.script_calls.max(1) as f64
+                    "       ({:.1} checks per script call, {:.4} script calls per request)",
+                    stats.checks as f64 / stats.script_calls.max(1) as f64,
+                    stats.script_calls as f64 / measured.requests
                 );
             }
             results[at].push(measured);

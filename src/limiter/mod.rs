@@ -420,6 +420,11 @@ impl Limiter {
             };
             return Prepared::Respond(Answer::new(refusal, &protocol));
         }
+        // Units in hand admit at once: no store call, no span.
+        let extra = match self.spend_prefetched(&key, cost, quota.as_ref()) {
+            Ok(admission) => return Prepared::Admit(admission),
+            Err(extra) => extra,
+        };
         let span = tracing::debug_span!(
             "rate_limit",
             policy = policy.name(),
@@ -427,10 +432,6 @@ impl Limiter {
             outcome = tracing::field::Empty,
             store_latency_us = tracing::field::Empty,
         );
-        let extra = match self.spend_prefetched(&key, cost, quota.as_ref()) {
-            Ok(admission) => return Prepared::Admit(admission),
-            Err(extra) => extra,
-        };
         let checked = Checked {
             key,
             cost,
@@ -446,6 +447,7 @@ impl Limiter {
         {
             self.refusals.count_unlogged();
             self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
+            self.untake(&checked);
             return Prepared::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol));
         }
         Prepared::Check(checked)

@@ -123,7 +123,13 @@ impl Prefetched {
             allowance.units -= cost;
             return Spend::Local(as_held(decision, allowance.units, now - allowance.taken_at));
         }
-        let hot = now.saturating_duration_since(allowance.last_ask) < HOT;
+        let since_ask = now.saturating_duration_since(allowance.last_ask);
+        // A take unanswered for so long was dropped with its request (a client that left):
+        // its units never came.
+        if since_ask > IDLE {
+            allowance.pending = 0;
+        }
+        let hot = since_ask < HOT;
         allowance.last_ask = now;
         let target = if hot {
             allowance
@@ -284,6 +290,16 @@ impl Limiter {
                 }
                 Err(extra)
             }
+        }
+    }
+
+    /// Forgets the units `checked` would have asked for ahead: it won't ask (answered from the
+    /// refusal cache).
+    pub(super) fn untake(&self, checked: &Checked) {
+        if let Some(prefetched) = &self.prefetched
+            && checked.extra > 0
+        {
+            prefetched.untook(checked.key.as_str(), checked.cost, checked.extra);
         }
     }
 
