@@ -71,34 +71,11 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use common::TokioClock;
 use common::redis_server::{TestRedis, unique_prefix};
 use proptest::prelude::*;
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, Clock};
 use tower_redis_ratelimit::{Key, MemoryStore, RateLimiter, RedisStore, Store};
-
-/// Unix time that follows tokio's clock (paused in these tests), so the store's windows and the
-/// instances' units move together.
-#[derive(Clone)]
-struct TokioClock {
-    start_unix_ms: u64,
-    start: tokio::time::Instant,
-}
-
-impl TokioClock {
-    fn new() -> Self {
-        TokioClock {
-            // On a 20 s boundary, so windows start where the test starts.
-            start_unix_ms: 1_700_000_000_000,
-            start: tokio::time::Instant::now(),
-        }
-    }
-}
-
-impl Clock for TokioClock {
-    fn now_unix_ms(&self) -> u64 {
-        self.start_unix_ms + self.start.elapsed().as_millis() as u64
-    }
-}
 
 /// A store that records the cost of every check it is asked.
 #[derive(Clone)]

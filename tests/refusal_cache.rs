@@ -147,25 +147,9 @@ fn cases() -> impl Strategy<Value = Case> {
         })
 }
 
-/// Unix time that follows tokio's clock, paused in these tests: a request held in delay mode
-/// sleeps, and the stores see the time it slept.
-struct TokioClock {
-    start_unix_ms: u64,
-    start: tokio::time::Instant,
-}
-
-impl tower_redis_ratelimit::store::Clock for TokioClock {
-    fn now_unix_ms(&self) -> u64 {
-        self.start_unix_ms + self.start.elapsed().as_millis() as u64
-    }
-}
-
 fn tokio_clocked() -> MemoryStore {
     MemoryStore::builder()
-        .clock(TokioClock {
-            start_unix_ms: 1_700_000_000_000,
-            start: tokio::time::Instant::now(),
-        })
+        .clock(common::TokioClock::new())
         .build()
 }
 

@@ -503,3 +503,27 @@ pub fn example_configs() -> Vec<std::path::PathBuf> {
     assert!(!paths.is_empty(), "no example configs");
     paths
 }
+
+/// Unix time that follows tokio's clock (paused in the tests that use it), from
+/// 1 700 000 000 000 ms (on a 20 s boundary): a memory store on it and the limiter's own timers
+/// (a held request's sleep, units taken ahead) move together.
+#[derive(Clone)]
+pub struct TokioClock {
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    pub const START_UNIX_MS: u64 = 1_700_000_000_000;
+
+    pub fn new() -> Self {
+        TokioClock {
+            start: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl tower_redis_ratelimit::store::Clock for TokioClock {
+    fn now_unix_ms(&self) -> u64 {
+        Self::START_UNIX_MS + self.start.elapsed().as_millis() as u64
+    }
+}
