@@ -5,8 +5,9 @@
 # tower-rate-limit-redis, GCRA in one EVALSHA with TIME on a redis-rs MultiplexedConnection;
 # trl-fred: tower-rate-limit-fred, the same script through a Fred pool of 4; both keyed per
 # connection, as their u16 capacity would refuse one hot key), and this crate on its memory and
-# Redis stores. Each at 64 connections and at 1, and a rejection flood (every request after the
-# first refused; for the trl-* peers, after the first of each connection).
+# Redis stores (and on Redis with prefetch(100): the hot key's units taken ahead). Each at 64
+# connections and at 1, and a rejection flood (every request after the first refused; for the
+# trl-* peers, after the first of each connection).
 #
 #   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
 #
@@ -47,7 +48,7 @@ setup() {
   local pid=$!
   wait_for_http "http://127.0.0.1:$port/healthz"
   local redis_pids=()
-  [[ $mode == naive || $mode == trl-* || $mode == redis ]] && redis_pids=("$redis_pid")
+  [[ $mode == naive || $mode == trl-* || $mode == redis* ]] && redis_pids=("$redis_pid")
   if [[ $* == *--refuse* ]]; then export ALLOW_REFUSED=1; else unset ALLOW_REFUSED; fi
   measure "$label" "http://127.0.0.1:$port/api/ping" "$seconds" "$connections" "$pid" "${redis_pids[@]}"
   kill "$pid"; wait "$pid" 2>/dev/null || true
@@ -55,7 +56,7 @@ setup() {
 
 setups=()
 for connections in 64 1; do
-  for mode in bare governor memory naive trl-redis trl-fred redis; do
+  for mode in bare governor memory naive trl-redis trl-fred redis redis-prefetch; do
     setups+=("$mode-c$connections|$mode|$connections|")
   done
 done

@@ -10,13 +10,14 @@
 //! - `trl-fred`: `tower-rate-limit-fred` 2.1.1, the same script through a Fred 10 pool of 4
 //!   connections, with the 300 ms command timeout its example advises;
 //! - `memory`, `redis`: this crate's `RateLimitLayer` on its memory or Redis store, keyed by client
-//!   IP, fixed window, one rule.
+//!   IP, fixed window, one rule;
+//! - `redis-prefetch`: `redis` with `prefetch(100)`: the hot key's units taken ahead.
 //!
 //! ```text
-//! load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis> <listen address> [--redis URL] [--refuse]
+//! load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis|redis-prefetch> <listen address> [--redis URL] [--refuse]
 //! ```
 //!
-//! In `redis` mode, `GET /batch_stats` (unlimited) tells how many checks went out in how many
+//! In the `redis` modes, `GET /batch_stats` (unlimited) tells how many checks went out in how many
 //! script calls (the store's group commit).
 //!
 //! Limits are far above what a run reaches (every request admitted), or, with `--refuse`, one
@@ -172,14 +173,16 @@ async fn main() {
                 )
             }
         }
-        "memory" | "redis" => {
-            let policy = Policy::builder("ping")
+        "memory" | "redis" | "redis-prefetch" => {
+            let mut policy = Policy::builder("ping")
                 .prefix("load")
                 .algorithm(Algorithm::FixedWindow)
                 .rule(Rule::new(limit, period))
-                .on_store_error(OnStoreError::Deny)
-                .build()
-                .expect("a valid policy");
+                .on_store_error(OnStoreError::Deny);
+            if mode == "redis-prefetch" {
+                policy = policy.prefetch(100);
+            }
+            let policy = policy.build().expect("a valid policy");
             if mode == "memory" {
                 ping.layer(RateLimitLayer::new(policy, MemoryStore::new()))
             } else {
