@@ -369,19 +369,23 @@ async fn refunds_give_back_the_current_window_only(store: impl Store, set_time: 
     use tower_redis_ratelimit::Algorithm;
     use tower_redis_ratelimit::store::CheckRequest;
     // On a minute boundary, an hour ahead of Redis's own clock (no key expires meanwhile).
-    let start = (std::time::SystemTime::now()
+    let first_start = (std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
         + 3_600_000)
         / 60_000
         * 60_000;
-    for algorithm in [
+    let algorithms = [
         Algorithm::SlidingLog,
         Algorithm::FixedWindow,
         Algorithm::SlidingCounter,
         Algorithm::TokenBucket,
-    ] {
+    ];
+    for (index, algorithm) in algorithms.into_iter().enumerate() {
+        // Each algorithm later than the last one ended: the memory store's clock never goes
+        // back (a shard keeps the latest time it saw).
+        let start = first_start + index as u64 * 600_000;
         let key = format!("{}:refund:{algorithm}", unique_prefix("refund"));
         let rules = [Rule::per_minute(3)];
         let request = |cost| CheckRequest::new(&key, &rules, algorithm).cost(cost);
