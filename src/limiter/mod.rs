@@ -144,7 +144,7 @@ impl Admission {
 }
 
 /// What an override does to a request.
-pub(super) enum Overridden {
+enum Overridden {
     /// Lets it through unlimited.
     Unlimited,
     /// Refuses it (403).
@@ -311,19 +311,10 @@ impl Limiter {
         if !overrides.is_empty()
             && let Some(found) = overrides.find(key.identity(), parts, policy.client_ip())
         {
-            match self.overridden(found, &key) {
-                Overridden::Unlimited => return Prepared::Unlimited,
-                Overridden::Denied => {
-                    return Prepared::Respond(Answer::new(Refusal::Denied, &protocol));
-                }
-                Overridden::By(own) => {
-                    return match own.prepare(parts) {
-                        Prepared::Check(checked) => Prepared::CheckBy(own, checked),
-                        Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
-                        other => other,
-                    };
-                }
-                Overridden::No => {}
+            let by_override =
+                self.prepare_overridden(found, &key, &protocol, |own| own.prepare(parts));
+            if let Some(prepared) = by_override {
+                return prepared;
             }
         }
         let cost = policy.cost(parts);
@@ -333,13 +324,30 @@ impl Limiter {
         self.prepare_found(key, cost, quota, protocol)
     }
 
+    /// What an override found for `key` makes of the request, if anything: let through, denied,
+    /// or prepared by the limiter of its own rules (`prepare_by`), which then answers for it.
+    pub(super) fn prepare_overridden(
+        &self,
+        found: (usize, &Applied),
+        key: &StorageKey,
+        protocol: &Protocol,
+        prepare_by: impl FnOnce(&Arc<Limiter>) -> Prepared,
+    ) -> Option<Prepared> {
+        match self.overridden(found, key) {
+            Overridden::Unlimited => Some(Prepared::Unlimited),
+            Overridden::Denied => Some(Prepared::Respond(Answer::new(Refusal::Denied, protocol))),
+            Overridden::By(own) => Some(match prepare_by(&own) {
+                Prepared::Check(checked) => Prepared::CheckBy(own, checked),
+                Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
+                other => other,
+            }),
+            Overridden::No => None,
+        }
+    }
+
     /// What an override found for `key` does: decides the request (unlimited, denied), hands it
     /// to the limiter of its own rules, or nothing.
-    pub(super) fn overridden(
-        &self,
-        (index, applied): (usize, &Applied),
-        key: &StorageKey,
-    ) -> Overridden {
+    fn overridden(&self, (index, applied): (usize, &Applied), key: &StorageKey) -> Overridden {
         let policy = &self.policy;
         match applied {
             Applied::Unlimited => {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::{Answer, Limiter, Overridden, Prepared, Refusal};
+use super::{Answer, Limiter, Prepared, Refusal};
 use crate::decision::Decision;
 use crate::policy::{Applied, StorageKey};
 use crate::quota::QuotaLookup;
@@ -38,19 +38,11 @@ impl Limiter {
         if !overrides.is_empty()
             && let Some(found) = overrides.find_identity(key.identity())
         {
-            match self.overridden(found, &key) {
-                Overridden::Unlimited => return Prepared::Unlimited,
-                Overridden::Denied => {
-                    return Prepared::Respond(Answer::new(Refusal::Denied, &protocol));
-                }
-                Overridden::By(own) => {
-                    return match own.prepare_identity(identity, cost) {
-                        Prepared::Check(checked) => Prepared::CheckBy(own, checked),
-                        Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
-                        other => other,
-                    };
-                }
-                Overridden::No => {}
+            let by_override = self.prepare_overridden(found, &key, &protocol, |own| {
+                own.prepare_identity(identity, cost)
+            });
+            if let Some(prepared) = by_override {
+                return prepared;
             }
         }
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
