@@ -6,8 +6,10 @@
 # trl-fred: tower-rate-limit-fred, the same script through a Fred pool of 4; both keyed per
 # connection, as their u16 capacity would refuse one hot key), and this crate on its memory and
 # Redis stores (and on Redis with prefetch(100): the hot key's units taken ahead). Each at 64
-# connections and at 1, and a rejection flood (every request after the first refused; for the
-# trl-* peers, after the first of each connection).
+# connections and at 1, with one hot key (every request from 127.0.0.1); a rejection flood (every
+# request after the first refused; for the trl-* peers, after the first of each connection); and
+# many identities (-users: 10 000 at random in x-user-id, benches/many_users.lua, every server
+# keyed by it, at 64 connections).
 #
 #   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
 #
@@ -50,6 +52,7 @@ setup() {
   local redis_pids=()
   [[ $mode == naive || $mode == trl-* || $mode == redis* ]] && redis_pids=("$redis_pid")
   if [[ $* == *--refuse* ]]; then export ALLOW_REFUSED=1; else unset ALLOW_REFUSED; fi
+  if [[ $* == *--by-user* ]]; then export WRK_SCRIPT=benches/many_users.lua; else unset WRK_SCRIPT; fi
   measure "$label" "http://127.0.0.1:$port/api/ping" "$seconds" "$connections" "$pid" "${redis_pids[@]}"
   kill "$pid"; wait "$pid" 2>/dev/null || true
 }
@@ -62,6 +65,10 @@ for connections in 64 1; do
 done
 for mode in governor memory naive trl-redis trl-fred redis; do
   setups+=("$mode-flood|$mode|64|--refuse")
+done
+# Many identities: 10 000 at random in x-user-id, every server keyed by it, at 64 connections.
+for mode in bare governor memory naive trl-redis trl-fred redis redis-prefetch; do
+  setups+=("$mode-users|$mode|64|--by-user")
 done
 selected=()
 for entry in "${setups[@]}"; do

@@ -222,7 +222,7 @@ where
                 return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
             }
         };
-        let (limiter, checked) = match limiter.prepare(parts) {
+        let (limiter, checked) = match limiter.prepare(parts).after_units().await {
             Prepared::Check(checked) => (limiter, checked),
             Prepared::CheckBy(own, checked) => (own, checked),
             Prepared::Unlimited => return Ok(Limited::with(None, None)),
@@ -230,6 +230,7 @@ where
                 return Ok(Limited::with(admission.headers, admission.lease));
             }
             Prepared::Respond(answer) => return Err(limiter.respond(&answer)),
+            Prepared::AwaitUnits(_) => unreachable!("a request waits for units in flight once"),
             Prepared::RespondBy(own, answer) => return Err(own.respond(&answer)),
         };
         match limiter.clone().decide(checked).await {

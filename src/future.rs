@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
 use crate::concurrency::{Lease, LeasedBody};
-use crate::limiter::{Admission, Charge, Checked, Limiter, Verdict};
+use crate::limiter::{Admission, Charge, Checked, Limiter, Prepared, UnitsWait, Verdict};
 use crate::response::LimitHeaders;
 use crate::store::CheckFuture;
 
@@ -39,6 +39,11 @@ pin_project! {
         Checking {
             check: CheckFuture,
             waiting: Option<Waiting<S, ReqBody>>,
+        },
+        // Waiting for units a take in flight brings (a prefetching policy's hot identity).
+        AwaitingUnits {
+            wait: UnitsWait,
+            waiting: Option<(S, Request<ReqBody>, Arc<Limiter>)>,
         },
         // Waiting for a concurrency slot (delay mode); boxed, as only such requests pay for it.
         WaitingForSlot {
@@ -136,6 +141,20 @@ where
         }
     }
 
+    pub(crate) fn awaiting_units(
+        wait: UnitsWait,
+        service: S,
+        request: Request<ReqBody>,
+        limiter: Arc<Limiter>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::AwaitingUnits {
+                wait,
+                waiting: Some((service, request, limiter)),
+            },
+        }
+    }
+
     pub(crate) fn checking(
         check: CheckFuture,
         service: S,
@@ -168,6 +187,49 @@ where
             headers: admission.headers,
             lease: admission.lease,
             charge: admission.charge,
+        }
+    }
+
+    /// The state of a request prepared after waiting for units in flight: as `limit_call`
+    /// would go on with it (the store's answer is awaited in `Checking`, even if it is ready).
+    fn prepared(
+        prepared: Prepared,
+        limiter: Arc<Limiter>,
+        mut service: S,
+        request: Request<ReqBody>,
+    ) -> Self {
+        let (limiter, checked) = match prepared {
+            Prepared::Check(checked) => (limiter, checked),
+            Prepared::CheckBy(own, checked) => (own, checked),
+            Prepared::Unlimited => {
+                return State::inner(service.call(request), Admission::unchecked());
+            }
+            Prepared::Admit(admission) => return State::inner(service.call(request), admission),
+            Prepared::Respond(answer) => {
+                let response = Some(limiter.respond(&answer));
+                return State::Done { response };
+            }
+            Prepared::RespondBy(own, answer) => {
+                let response = Some(own.respond(&answer));
+                return State::Done { response };
+            }
+            Prepared::AwaitUnits(_) => unreachable!("a request waits for units in flight once"),
+        };
+        if limiter.queues_first(&checked) {
+            let wait = Box::pin(limiter.clone().wait_for_slot(checked, false));
+            return State::WaitingForSlot {
+                wait,
+                waiting: Some((service, request, limiter)),
+            };
+        }
+        State::Checking {
+            check: limiter.check(&checked),
+            waiting: Some(Waiting {
+                service,
+                request,
+                limiter,
+                checked,
+            }),
         }
     }
 
@@ -243,6 +305,13 @@ where
                     };
                     state.set(next);
                 }
+                StateProj::AwaitingUnits { wait, waiting } => {
+                    let prepared = ready!(wait.as_mut().poll(cx));
+                    let (service, request, limiter) = waiting
+                        .take()
+                        .expect("ResponseFuture polled after it completed");
+                    state.set(State::prepared(prepared, limiter, service, request));
+                }
                 StateProj::WaitingForSlot { wait, waiting } => {
                     let verdict = ready!(wait.as_mut().poll(cx));
                     let (service, request, limiter) = waiting
@@ -296,6 +365,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
+            State::AwaitingUnits { .. } => "AwaitingUnits",
             State::Checking { .. } => "Checking",
             State::WaitingForSlot { .. } => "WaitingForSlot",
             State::Delaying { .. } => "Delaying",

@@ -108,12 +108,14 @@ impl RateLimiter {
     /// or a cost of 0 (500: it counts nothing, which is the app's mistake).
     pub async fn check_n(&self, identity: &str, cost: u64) -> Result<Admitted, Refused> {
         let limiter = &self.limiter;
-        let (limiter, checked) = match limiter.prepare_identity(identity, cost) {
+        let (limiter, checked) = match limiter.prepare_identity(identity, cost).after_units().await
+        {
             Prepared::Check(checked) => (limiter.clone(), checked),
             Prepared::CheckBy(own, checked) => (own, checked),
             Prepared::Unlimited => return Ok(Admitted::unlimited()),
             Prepared::Admit(admission) => return Ok(Admitted::from(admission)),
             Prepared::Respond(answer) => return Err(Refused::new(limiter.clone(), answer.refusal)),
+            Prepared::AwaitUnits(_) => unreachable!("a request waits for units in flight once"),
             Prepared::RespondBy(own, answer) => return Err(Refused::new(own, answer.refusal)),
         };
         // (A handle can't see the response: its caller refunds what doesn't count.)

@@ -108,6 +108,10 @@ where
         Prepared::Admit(admission) => return ResponseFuture::inner(inner.call(request), admission),
         Prepared::Respond(answer) => return ResponseFuture::respond(limiter.respond(&answer)),
         Prepared::RespondBy(own, answer) => return ResponseFuture::respond(own.respond(&answer)),
+        Prepared::AwaitUnits(wait) => {
+            let service = take_ready_service(inner);
+            return ResponseFuture::awaiting_units(wait, service, request, limiter.clone());
+        }
     };
     if limiter.queues_first(&checked) {
         let wait = Box::pin(limiter.clone().wait_for_slot(checked, false));

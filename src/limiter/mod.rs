@@ -7,6 +7,8 @@ mod charge;
 mod named;
 mod prefetch;
 
+use prefetch::Spent;
+
 pub(crate) use answer::{Answer, Refusal};
 pub(crate) use charge::Charge;
 
@@ -116,6 +118,23 @@ pub(crate) enum Prepared {
     Respond(Answer),
     /// Answer at once, as this limiter (a `rules` override's) answers.
     RespondBy(Arc<Limiter>, Answer),
+    /// Wait for units a take in flight brings (a prefetching policy's hot identity), then do
+    /// what the future says: never this again.
+    AwaitUnits(UnitsWait),
+}
+
+/// A request's wait for a take in flight, then what to do with it ([`Prepared::AwaitUnits`]);
+/// boxed, as only such requests pay for it.
+pub(crate) type UnitsWait = std::pin::Pin<Box<dyn std::future::Future<Output = Prepared> + Send>>;
+
+impl Prepared {
+    /// What to do once any wait for units in flight is over.
+    pub(crate) async fn after_units(self) -> Prepared {
+        match self {
+            Prepared::AwaitUnits(wait) => wait.await,
+            prepared => prepared,
+        }
+    }
 }
 
 /// An admitted request: what its response gets, and what it holds until then.
@@ -429,10 +448,52 @@ impl Limiter {
             return Prepared::Respond(Answer::new(refusal, &protocol));
         }
         // Units in hand admit at once: no store call, no span.
-        let extra = match self.spend_prefetched(&key, cost, quota.as_ref()) {
-            Ok(admission) => return Prepared::Admit(admission),
-            Err(extra) => extra,
-        };
+        match self.spend_prefetched(&key, cost, quota.as_ref(), true) {
+            Spent::Admit(admission) => Prepared::Admit(admission),
+            Spent::Ask(extra) => self.prepare_ask(key, cost, quota, protocol, extra),
+            Spent::Wait(landed, certain) => {
+                let limiter = self.clone();
+                let deadline = tokio::time::Instant::now() + prefetch::WAIT_AT_MOST;
+                Prepared::AwaitUnits(Box::pin(async move {
+                    let (mut landed, mut certain) = (landed, certain);
+                    // Until units are in hand, or no take is in flight, or the wait is too long:
+                    // a take in flight may bring fewer units than those waiting want. (A take
+                    // in the background lands for certain: no timer.)
+                    let extra = loop {
+                        if certain {
+                            landed.await;
+                        } else {
+                            let _ = tokio::time::timeout_at(deadline, landed).await;
+                        }
+                        let may_wait = tokio::time::Instant::now() < deadline;
+                        match limiter.spend_prefetched(&key, cost, quota.as_ref(), may_wait) {
+                            Spent::Admit(admission) => return Prepared::Admit(admission),
+                            Spent::Wait(next, sure) => (landed, certain) = (next, sure),
+                            Spent::Ask(extra) => break extra,
+                        }
+                    };
+                    // Told as this limiter's, which may be an override's.
+                    match limiter.prepare_ask(key, cost, quota, protocol, extra) {
+                        Prepared::Check(checked) => Prepared::CheckBy(limiter, checked),
+                        Prepared::Respond(answer) => Prepared::RespondBy(limiter, answer),
+                        other => other,
+                    }
+                }))
+            }
+        }
+    }
+
+    /// A request about to ask the store for its cost and `extra` units ahead: answered from the
+    /// refusal cache, or a check to make.
+    fn prepare_ask(
+        self: &Arc<Self>,
+        key: StorageKey,
+        cost: u64,
+        quota: Option<QuotaLookup>,
+        protocol: Protocol,
+        extra: u64,
+    ) -> Prepared {
+        let policy = &self.policy;
         let span = tracing::debug_span!(
             "rate_limit",
             policy = policy.name(),

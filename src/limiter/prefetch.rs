@@ -5,7 +5,10 @@
 //! its cost plus some units ahead; what it takes is charged in the shared counters, all or
 //! nothing, as a check of that cost would be, so the shared limit is never passed. How many
 //! units ahead grows with the identity's pace: doubling while this instance asks the store for
-//! it again within [`HOT`], back to none once it asks less often. Units held for an identity
+//! it again within [`HOT`], back to none once it asks less often. Once a hot identity has spent
+//! three quarters of its last take, the request that finds it so takes the next one in the
+//! background (doubled if the last went within [`HOT`]), so that its next requests still find
+//! units in hand: only one take per identity is in flight that way. Units held for an identity
 //! (in hand and asked for) never exceed the policy's `prefetch`. They are valid until the
 //! earliest window of the policy that charged them ends (spent later, they would count in a
 //! window that didn't charge them): the caller says when.
@@ -17,6 +20,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+use tokio::sync::futures::OwnedNotified;
 // Tokio's clock, which tests can pause and move with the stores' clocks.
 use tokio::time::Instant;
 
@@ -55,29 +60,52 @@ struct Allowance {
     units: u64,
     /// Units asked for by takes not answered yet.
     pending: u64,
+    /// Whether a take in the background is among them: it is answered for certain (a request's
+    /// own take is not, if the request is dropped).
+    ahead_in_flight: bool,
     /// Until when the units in hand may be spent.
     valid_until: Instant,
     /// When the last take was answered, and its decision (the state after it).
     taken_at: Instant,
     decision: Option<Decision>,
-    /// The units of the last take, the request's own included: the next hot take doubles it.
+    /// How many units a take is sized for (the last one's, the request's own included, or what
+    /// a take in the background asked for): the next hot take doubles it.
     last_take: u64,
     /// The key and quota the units in hand were charged to, for giving them back.
     charged: Option<(StorageKey, Option<QuotaLookup>)>,
     /// When a request last had to ask the store.
     last_ask: Instant,
+    /// The units wanted by requests that waited for the take in flight: the next take is at
+    /// least as large.
+    wanted: u64,
+    /// Wakes the requests waiting for a take in flight, once it is answered (made for the first
+    /// such request: a cold identity never needs it).
+    landed: Option<Arc<Notify>>,
 }
 
 /// What a request of an identity does.
 #[derive(Debug)]
 pub(crate) enum Spend {
-    /// Admitted from units in hand: the decision its headers tell.
-    Local(Decision),
+    /// Admitted from units in hand: the decision its headers tell. `take_ahead`: units to take
+    /// now in the background (0: none), so that the next requests still find units in hand.
+    Local { decision: Decision, take_ahead: u64 },
     /// Ask the store for its cost and `extra` units ahead. `expired`: units in hand that had
     /// to be dropped (their window ended, or they sat unused), for the caller to count or give
     /// back.
     Ask { extra: u64, expired: u64 },
+    /// Too few units in hand, and a take is in flight: wait until it is answered, then spend
+    /// again. `certain`: a take in the background, which is answered for certain; else wait at
+    /// most [`WAIT_AT_MOST`]. `expired` as above.
+    Wait {
+        landed: OwnedNotified,
+        certain: bool,
+        expired: u64,
+    },
 }
+
+/// How long a request waits at most for a take in flight (one whose requester left never
+/// lands) before it asks the store itself.
+pub(crate) const WAIT_AT_MOST: Duration = Duration::from_millis(50);
 
 impl Prefetched {
     /// Units of at most `max` per identity.
@@ -96,8 +124,9 @@ impl Prefetched {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Spends `cost` units of `key` from those in hand, or says how many to take ahead.
-    pub(crate) fn spend(&self, key: &str, cost: u64, now: Instant) -> Spend {
+    /// Spends `cost` units of `key` from those in hand, or says to wait for a take in flight
+    /// (if `may_wait`), or how many to take ahead.
+    pub(crate) fn spend(&self, key: &str, cost: u64, now: Instant, may_wait: bool) -> Spend {
         let mut shard = self.shard(key);
         let Some(allowance) = shard.get_mut(key) else {
             // Never seen: the exact path. Remembered, so that a second ask soon after is hot.
@@ -121,13 +150,28 @@ impl Prefetched {
             && let Some(decision) = &allowance.decision
         {
             allowance.units -= cost;
-            return Spend::Local(as_held(decision, allowance.units, now - allowance.taken_at));
+            let decision = as_held(decision, allowance.units, now - allowance.taken_at);
+            let take_ahead = self.take_ahead(allowance, now);
+            return Spend::Local {
+                decision,
+                take_ahead,
+            };
         }
         let since_ask = now.saturating_duration_since(allowance.last_ask);
         // A take unanswered for so long was dropped with its request (a client that left):
         // its units never came.
         if since_ask > IDLE {
             allowance.pending = 0;
+        }
+        // A take in flight brings units soon: a round trip, without a check of its own.
+        if may_wait && allowance.pending > 0 {
+            allowance.wanted = allowance.wanted.saturating_add(cost);
+            let landed = allowance.landed.get_or_insert_with(Arc::default).clone();
+            return Spend::Wait {
+                landed: landed.notified_owned(),
+                certain: allowance.ahead_in_flight,
+                expired,
+            };
         }
         let hot = since_ask < HOT;
         allowance.last_ask = now;
@@ -147,6 +191,33 @@ impl Prefetched {
         let extra = target.saturating_sub(cost).min(room);
         allowance.pending += extra;
         Spend::Ask { extra, expired }
+    }
+
+    /// How many units `allowance`, just spent from, takes ahead in the background now: none
+    /// while a take is in flight or more than a quarter of the last take is in hand, nor once
+    /// the last take lasted longer than [`IDLE`] (it isn't hot); doubled if it went within
+    /// [`HOT`]; never more than the max held.
+    fn take_ahead(&self, allowance: &mut Allowance, now: Instant) -> u64 {
+        if allowance.pending > 0 || allowance.units.saturating_mul(4) > allowance.last_take {
+            return 0;
+        }
+        let lasted = now.saturating_duration_since(allowance.taken_at);
+        let size = if lasted < HOT {
+            allowance.last_take.saturating_mul(2)
+        } else if lasted < IDLE {
+            allowance.last_take
+        } else {
+            return 0;
+        };
+        let size = size.min(self.max);
+        let extra = size.saturating_sub(allowance.units);
+        if extra > 0 {
+            allowance.pending = extra;
+            allowance.ahead_in_flight = true;
+            allowance.last_take = size;
+            allowance.last_ask = now;
+        }
+        extra
     }
 
     /// A take of `cost + extra` units was admitted, answered with `decision`: the extra units
@@ -169,6 +240,9 @@ impl Prefetched {
             allowance.charged = Some((key.clone(), quota.cloned()));
         }
         allowance.pending = allowance.pending.saturating_sub(extra);
+        if cost == 0 {
+            allowance.ahead_in_flight = false;
+        }
         // Units of an earlier take still in hand keep their own end: all end at the earlier.
         if allowance.units > 0 && allowance.valid_until > now {
             allowance.valid_until = allowance.valid_until.min(valid_until);
@@ -179,7 +253,11 @@ impl Prefetched {
         allowance.units += extra;
         allowance.taken_at = now;
         allowance.decision = Some(decision.clone());
-        allowance.last_take = cost + extra;
+        let wanted = std::mem::take(&mut allowance.wanted);
+        allowance.last_take = allowance.last_take.max(cost + extra).max(wanted);
+        if let Some(landed) = &allowance.landed {
+            landed.notify_waiters();
+        }
         as_held(decision, allowance.units, Duration::ZERO)
     }
 
@@ -188,7 +266,15 @@ impl Prefetched {
     pub(crate) fn untook(&self, key: &str, cost: u64, extra: u64) {
         if let Some(allowance) = self.shard(key).get_mut(key) {
             allowance.pending = allowance.pending.saturating_sub(extra);
+            if cost == 0 {
+                allowance.ahead_in_flight = false;
+            }
             allowance.last_take = cost;
+            allowance.wanted = 0;
+            // Those waiting for it ask for themselves.
+            if let Some(landed) = &allowance.landed {
+                landed.notify_waiters();
+            }
         }
     }
 
@@ -216,6 +302,7 @@ impl Allowance {
         Allowance {
             units: 0,
             pending: 0,
+            ahead_in_flight: false,
             valid_until: now,
             taken_at: now,
             decision: None,
@@ -223,6 +310,8 @@ impl Allowance {
             charged: None,
             // The first ask: a second one within HOT makes the identity hot.
             last_ask: now,
+            wanted: 0,
+            landed: None,
         }
     }
 }
@@ -254,20 +343,43 @@ impl Prefetched {
     }
 }
 
+/// What a request of a prefetching policy does before asking the store.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned at once, never stored: boxing the admission would allocate per request"
+)]
+pub(crate) enum Spent {
+    /// Admitted from units in hand.
+    Admit(Admission),
+    /// Wait for a take in flight (for certain it lands, or at most [`WAIT_AT_MOST`]), then
+    /// spend again.
+    Wait(OwnedNotified, bool),
+    /// Ask the store for its cost and this many units ahead (0 under a policy that doesn't
+    /// prefetch).
+    Ask(u64),
+}
+
 impl Limiter {
-    /// Admits a request of `cost` for `key` from units in hand, or says how many units to ask
-    /// for ahead (0 under a policy that doesn't prefetch).
+    /// Admits a request of `cost` for `key` from units in hand, or says to wait for a take in
+    /// flight (if `may_wait`), or how many units to ask for ahead.
     pub(super) fn spend_prefetched(
         self: &Arc<Self>,
         key: &StorageKey,
         cost: u64,
         quota: Option<&QuotaLookup>,
-    ) -> Result<Admission, u64> {
+        may_wait: bool,
+    ) -> Spent {
         let Some(prefetched) = &self.prefetched else {
-            return Err(0);
+            return Spent::Ask(0);
         };
-        match prefetched.spend(key.as_str(), cost, Instant::now()) {
-            Spend::Local(decision) => {
+        match prefetched.spend(key.as_str(), cost, Instant::now(), may_wait) {
+            Spend::Local {
+                decision,
+                take_ahead,
+            } => {
+                if take_ahead > 0 {
+                    self.take_ahead(prefetched, key, quota, take_ahead);
+                }
                 let metrics = self.metrics();
                 metrics.request(Outcome::Allowed);
                 metrics.prefetch("spent", cost);
@@ -277,18 +389,28 @@ impl Limiter {
                 let charge = self.policy.counts_only_some().then(|| {
                     Box::new(Charge::new(self.clone(), key.clone(), cost, quota.cloned()))
                 });
-                Ok(Admission {
+                Spent::Admit(Admission {
                     headers: Some(headers),
                     lease: None,
                     decision: Some(decision),
                     charge,
                 })
             }
+            Spend::Wait {
+                landed,
+                certain,
+                expired,
+            } => {
+                if expired > 0 {
+                    self.expired(key, expired, quota);
+                }
+                Spent::Wait(landed, certain)
+            }
             Spend::Ask { extra, expired } => {
                 if expired > 0 {
                     self.expired(key, expired, quota);
                 }
-                Err(extra)
+                Spent::Ask(extra)
             }
         }
     }
@@ -327,6 +449,59 @@ impl Limiter {
         }
     }
 
+    /// Takes `units` of `key` ahead in the background: in hand once the store admits them, else
+    /// forgotten (near the limit, the next request asks for its cost alone).
+    fn take_ahead(
+        self: &Arc<Self>,
+        prefetched: &Arc<Prefetched>,
+        key: &StorageKey,
+        quota: Option<&QuotaLookup>,
+        units: u64,
+    ) {
+        let request = self.store_request(key, quota).cost(units);
+        let started = Instant::now();
+        let mut check = self.store().check(&request);
+        let (limiter, held) = (self.clone(), prefetched.clone());
+        let (charged_key, quota) = (key.clone(), quota.cloned());
+        let land = move |result: Result<Decision, StoreError>| {
+            limiter
+                .metrics()
+                .store_call(started.elapsed(), result.as_ref().map(|_| ()));
+            match result {
+                Ok(decision) if decision.allowed => {
+                    let charged = (&charged_key, quota.as_ref());
+                    limiter.landed(&held, charged, (0, units), &decision, started);
+                }
+                // Refused: nothing in hand; failed: the units may be charged, on the safe side.
+                _ => held.untook(charged_key.as_str(), 0, units),
+            }
+        };
+        if let Some(result) = check.take_ready() {
+            land(result);
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { land(check.await) });
+        } else {
+            prefetched.untook(key.as_str(), 0, units);
+        }
+    }
+
+    /// `extra` units (beyond a request's `cost`) taken with `decision`, asked for at `started`,
+    /// are in hand: until the earliest window that charged them ends. Returns the decision as
+    /// the requester tells it.
+    fn landed(
+        &self,
+        prefetched: &Prefetched,
+        charged: (&StorageKey, Option<&QuotaLookup>),
+        (cost, extra): (u64, u64),
+        decision: &Decision,
+        started: Instant,
+    ) -> Decision {
+        let now = Instant::now();
+        let until = started + self.units_last(decision, charged.1);
+        self.metrics().prefetch("taken", extra);
+        prefetched.took(charged, cost, extra, decision, until, now)
+    }
+
     /// Settles a check's answer for units taken ahead: `None` when a take was refused (the
     /// request then asks for its cost alone), else the answer the request goes on with, the
     /// units in hand counted in what it tells.
@@ -341,14 +516,15 @@ impl Limiter {
         let (key, cost, extra) = (checked.key.as_str(), checked.cost, checked.extra);
         match result {
             Ok(decision) if decision.allowed => {
-                let now = Instant::now();
-                let asked = now.checked_sub(checked.started.elapsed()).unwrap_or(now);
-                let until = asked + self.units_last(&decision, checked);
-                self.metrics().prefetch("taken", extra);
                 let charged = (&checked.key, checked.quota.as_ref());
-                Some(Ok(
-                    prefetched.took(charged, cost, extra, &decision, until, now)
-                ))
+                let started = tokio_instant(checked.started);
+                Some(Ok(self.landed(
+                    prefetched,
+                    charged,
+                    (cost, extra),
+                    &decision,
+                    started,
+                )))
             }
             Ok(_) => {
                 prefetched.untook(key, cost, extra);
@@ -361,11 +537,11 @@ impl Limiter {
         }
     }
 
-    /// How long units taken with `decision` may be spent, from when the request asked: until
-    /// the earliest window that charged them ends, in the store's time (counted from the
-    /// request's start, which is no later than the store's reading: never past the end). A
-    /// token bucket's units stay valid for [`IDLE`].
-    fn units_last(&self, decision: &Decision, checked: &Checked) -> Duration {
+    /// How long units taken with `decision` may be spent, from when they were asked for: until
+    /// the earliest window that charged them ends, in the store's time (counted from the ask,
+    /// which is no later than the store's reading: never past the end). A token bucket's units
+    /// stay valid for [`IDLE`].
+    fn units_last(&self, decision: &Decision, quota: Option<&QuotaLookup>) -> Duration {
         let now = decision.now_unix_ms;
         let policy = &self.policy;
         if policy.algorithm() == Algorithm::TokenBucket {
@@ -379,14 +555,11 @@ impl Limiter {
             .rules()
             .iter()
             .map(|rule| window_left(rule.period_ms()));
-        let day = policy
-            .quota()
-            .zip(checked.quota.as_ref())
-            .map(|(quota, _)| {
-                let day = quota.day_ms().max(1);
-                let start = now - (now + day - quota.day_start_offset_ms() % day) % day;
-                start + day - now
-            });
+        let day = policy.quota().zip(quota).map(|(quota, _)| {
+            let day = quota.day_ms().max(1);
+            let start = now - (now + day - quota.day_start_offset_ms() % day) % day;
+            start + day - now
+        });
         Duration::from_millis(rules.chain(day).min().unwrap_or(0))
     }
 }
@@ -410,11 +583,20 @@ impl Limiter {
     }
 }
 
+/// `started` (a wall-clock instant) on tokio's clock, which tests may pause.
+fn tokio_instant(started: std::time::Instant) -> Instant {
+    let now = Instant::now();
+    now.checked_sub(started.elapsed()).unwrap_or(now)
+}
+
 /// How long a token bucket's units taken ahead may sit unused before they are given back.
 const IDLE: Duration = Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
     use super::*;
     use crate::decision::RuleState;
 
@@ -450,32 +632,87 @@ mod tests {
         for second in 0..3 {
             let at = start + Duration::from_secs(second);
             assert!(matches!(
-                prefetched.spend("cold", 1, at),
+                prefetched.spend("cold", 1, at, false),
                 Spend::Ask { extra: 0, .. }
             ));
         }
-        // Asks a millisecond apart, each take answered at once: 2, 4, 8, 16 units, then 16.
+        // Requests 100 µs apart, each take answered at once: the second asks for 2 units; from
+        // then on each take goes in the background once three quarters of the last are spent,
+        // doubling (less what is still in hand) up to the max: no request asks again.
         let mut takes = Vec::new();
         let mut at = start;
         let hot = key("hot");
-        for _ in 0..40 {
+        for request in 0..60 {
             at += Duration::from_micros(100);
-            match prefetched.spend(hot.as_str(), 1, at) {
-                Spend::Local(_) => {}
+            let (cost, extra) = match prefetched.spend(hot.as_str(), 1, at, false) {
+                Spend::Local { take_ahead: 0, .. } => continue,
+                Spend::Local { take_ahead, .. } => (0, take_ahead),
                 Spend::Ask { extra, .. } => {
-                    takes.push(1 + extra);
-                    prefetched.took(
-                        (&hot, None),
-                        1,
-                        extra,
-                        &decision(500),
-                        at + Duration::from_secs(1),
-                        at,
-                    );
+                    assert!(request < 2, "request {request} asked the store");
+                    (1, extra)
                 }
-            }
+                Spend::Wait { .. } => unreachable!("asked not to wait"),
+            };
+            takes.push(cost + extra);
+            let until = at + Duration::from_secs(1);
+            prefetched.took((&hot, None), cost, extra, &decision(500), until, at);
         }
-        assert_eq!(&takes[..6], [1, 2, 4, 8, 16, 16]);
+        assert_eq!(&takes[..5], [1, 2, 4, 7, 14]);
+        assert!(takes[5..].iter().all(|&take| take == 12), "{takes:?}");
+    }
+
+    #[test]
+    fn one_take_ahead_at_a_time_and_none_for_a_key_spent_slowly() {
+        let prefetched = Prefetched::new(8);
+        let start = Instant::now();
+        let k = key("k");
+        let spend = |at| match prefetched.spend(k.as_str(), 1, at, false) {
+            Spend::Local { take_ahead, .. } => Some(take_ahead),
+            Spend::Ask { .. } => None,
+            Spend::Wait { .. } => unreachable!("asked not to wait"),
+        };
+        assert_eq!(spend(start), None);
+        let at = start + Duration::from_millis(1);
+        assert_eq!(spend(at), None);
+        prefetched.took(
+            (&k, None),
+            1,
+            7,
+            &decision(50),
+            at + Duration::from_secs(60),
+            at,
+        );
+        // 7 in hand of a take of 8: the 5th request leaves 2 (a quarter) and takes 6 ahead (the
+        // max less what is in hand); while that is in flight nobody takes more, and the units
+        // left are still spent.
+        let spent: Vec<_> = (0..7).map(|_| spend(at).unwrap()).collect();
+        assert_eq!(spent, [0, 0, 0, 0, 6, 0, 0]);
+        assert_eq!(
+            spend(at),
+            None,
+            "nothing in hand while the take is in flight"
+        );
+        // One that may wait for the take in flight is woken when it lands.
+        let Spend::Wait { landed, .. } = prefetched.spend(k.as_str(), 1, at, true) else {
+            panic!("a take is in flight: wait for it");
+        };
+        let mut landed = std::pin::pin!(landed);
+        let mut context = Context::from_waker(Waker::noop());
+        assert!(landed.as_mut().poll(&mut context).is_pending());
+        // The take lands; spending its units over 2 s is not hot: no take ahead.
+        prefetched.took(
+            (&k, None),
+            0,
+            6,
+            &decision(40),
+            at + Duration::from_secs(60),
+            at,
+        );
+        assert!(landed.as_mut().poll(&mut context).is_ready());
+        let slowly: Vec<_> = (1..=6)
+            .map(|second| spend(at + Duration::from_secs(second)).unwrap())
+            .collect();
+        assert_eq!(slowly, [0; 6]);
     }
 
     #[test]
@@ -483,9 +720,10 @@ mod tests {
         let prefetched = Prefetched::new(10);
         let start = Instant::now();
         let k = key("k");
-        let ask = |at| match prefetched.spend(k.as_str(), 1, at) {
+        let ask = |at| match prefetched.spend(k.as_str(), 1, at, false) {
             Spend::Ask { extra, .. } => extra,
-            Spend::Local(_) => panic!("nothing in hand"),
+            Spend::Local { .. } => panic!("nothing in hand"),
+            Spend::Wait { .. } => unreachable!("asked not to wait"),
         };
         assert_eq!(ask(start), 0);
         // Hot, and two asks in flight at once: together at most the max.
@@ -497,16 +735,17 @@ mod tests {
         assert_eq!(told.rules[0].remaining, 100 + first);
         for _ in 0..first {
             assert!(matches!(
-                prefetched.spend(k.as_str(), 1, start + Duration::from_millis(3)),
-                Spend::Local(_)
+                prefetched.spend(k.as_str(), 1, start + Duration::from_millis(3), false),
+                Spend::Local { .. }
             ));
         }
         // In hand again, then the window ends: the units are dropped, not spent.
         prefetched.untook(k.as_str(), 1, second);
         prefetched.took((&k, None), 1, 3, &decision(100), until, start);
-        match prefetched.spend(k.as_str(), 1, until) {
+        match prefetched.spend(k.as_str(), 1, until, false) {
             Spend::Ask { expired, .. } => assert_eq!(expired, 3),
-            Spend::Local(_) => panic!("spent a unit past its window"),
+            Spend::Local { .. } => panic!("spent a unit past its window"),
+            Spend::Wait { .. } => unreachable!("asked not to wait"),
         }
     }
 }

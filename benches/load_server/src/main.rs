@@ -14,11 +14,14 @@
 //! - `redis-prefetch`: `redis` with `prefetch(100)`: the hot key's units taken ahead.
 //!
 //! ```text
-//! load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis|redis-prefetch> <listen address> [--redis URL] [--refuse]
+//! load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis|redis-prefetch> <listen address> [--redis URL] [--refuse] [--by-user]
 //! ```
 //!
 //! In the `redis` modes, `GET /batch_stats` (unlimited) tells how many checks went out in how many
 //! script calls (the store's group commit).
+//!
+//! With `--by-user`, every setup keys by the `x-user-id` header instead (the many-identities
+//! scenario: `benches/many_users.lua` sends one of 10 000 at random).
 //!
 //! Limits are far above what a run reaches (every request admitted), or, with `--refuse`, one
 //! request per hour (a rejection flood: all but the first refused). Logs go to stderr at `info`,
@@ -40,6 +43,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderName;
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -49,7 +53,9 @@ use redis::aio::ConnectionManager;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_redis_ratelimit::store::RedisStore;
-use tower_redis_ratelimit::{Algorithm, MemoryStore, OnStoreError, Policy, RateLimitLayer, Rule};
+use tower_redis_ratelimit::{
+    Algorithm, Key, MemoryStore, OnStoreError, Policy, RateLimitLayer, Rule,
+};
 
 /// Admitted requests: a limit no run reaches.
 const HUGE: u64 = 1_000_000_000;
@@ -76,18 +82,20 @@ struct Naive {
     script: redis::Script,
     limit: u64,
     window_ms: u64,
+    by_user: bool,
 }
 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis> <listen> \
-                 [--redis URL] [--refuse]";
+    let usage = "usage: load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis|\
+                 redis-prefetch> <listen> [--redis URL] [--refuse] [--by-user]";
     let (Some(mode), Some(listen)) = (args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
     };
     let refuse = args.iter().any(|arg| arg == "--refuse");
+    let by_user = args.iter().any(|arg| arg == "--by-user");
     let redis_url = args
         .iter()
         .position(|arg| arg == "--redis")
@@ -109,12 +117,17 @@ async fn main() {
     let ping = match mode.as_str() {
         "bare" => ping,
         "governor" => {
-            let config = GovernorConfigBuilder::default()
+            let mut config = GovernorConfigBuilder::default();
+            config
                 .period(period / u32::try_from(limit.min(u64::from(u32::MAX))).unwrap())
-                .burst_size(u32::try_from(limit).unwrap_or(u32::MAX))
-                .finish()
-                .expect("a valid governor config");
-            ping.layer(GovernorLayer::new(config))
+                .burst_size(u32::try_from(limit).unwrap_or(u32::MAX));
+            if by_user {
+                let config = config.key_extractor(UserHeader).finish();
+                ping.layer(GovernorLayer::new(config.expect("a valid governor config")))
+            } else {
+                let config = config.finish().expect("a valid governor config");
+                ping.layer(GovernorLayer::new(config))
+            }
         }
         "naive" => {
             let client = redis::Client::open(redis_url).expect("a Redis URL");
@@ -126,6 +139,7 @@ async fn main() {
                 script: redis::Script::new(NAIVE_SCRIPT),
                 limit,
                 window_ms: u64::try_from(period.as_millis()).unwrap(),
+                by_user,
             };
             ping.layer(middleware::from_fn_with_state(naive, naive_limit))
         }
@@ -138,6 +152,7 @@ async fn main() {
             let keys = PerConnection {
                 requests: Arc::new(AtomicU64::new(0)),
                 rotate_every,
+                by_user,
             };
             if mode == "trl-redis" {
                 let connection = redis032::Client::open(redis_url)
@@ -174,8 +189,14 @@ async fn main() {
             }
         }
         "memory" | "redis" | "redis-prefetch" => {
+            let key = if by_user {
+                Key::header(HeaderName::from_static(USER_HEADER))
+            } else {
+                Key::ip()
+            };
             let mut policy = Policy::builder("ping")
                 .prefix("load")
+                .key(key)
                 .algorithm(Algorithm::FixedWindow)
                 .rule(Rule::new(limit, period))
                 .on_store_error(OnStoreError::Deny);
@@ -226,7 +247,10 @@ async fn naive_limit(
     request: Request,
     next: Next,
 ) -> Response {
-    let key = format!("naive:{}", peer.ip());
+    let key = match user(&request) {
+        Some(user) if naive.by_user => format!("naive:{user}"),
+        _ => format!("naive:{}", peer.ip()),
+    };
     let admitted: Result<i64, _> = naive
         .script
         .key(key)
@@ -247,11 +271,17 @@ async fn naive_limit(
 struct PerConnection {
     requests: Arc<AtomicU64>,
     rotate_every: u64,
+    /// Keyed by `x-user-id` instead of the connection (`--by-user`).
+    by_user: bool,
 }
 
 impl PerConnection {
     /// The key, or none if the server was not started with `ConnectInfo` (the peers answer 500).
     fn key<T>(&self, request: &Request<T>) -> Option<String> {
+        if self.by_user {
+            let run = self.requests.fetch_add(1, Ordering::Relaxed) / self.rotate_every;
+            return user(request).map(|user| format!("trl:{user}:{run}"));
+        }
         let ConnectInfo(peer) = request.extensions().get::<ConnectInfo<SocketAddr>>()?;
         let run = self.requests.fetch_add(1, Ordering::Relaxed) / self.rotate_every;
         Some(format!("trl:{peer}:{run}"))
@@ -280,4 +310,26 @@ impl tower_rate_limit_fred::KeyResolver for PerConnection {
 /// The answer of a `trl-*` peer to a request without a peer address.
 fn no_peer() -> Response {
     StatusCode::INTERNAL_SERVER_ERROR.into_response()
+}
+
+/// The header that carries the identity with `--by-user`.
+const USER_HEADER: &str = "x-user-id";
+
+/// The request's `x-user-id`, if it has one.
+fn user<T>(request: &Request<T>) -> Option<&str> {
+    request.headers().get(USER_HEADER)?.to_str().ok()
+}
+
+/// `tower_governor`'s key with `--by-user`: the `x-user-id` header.
+#[derive(Clone)]
+struct UserHeader;
+
+impl tower_governor::key_extractor::KeyExtractor for UserHeader {
+    type Key = String;
+
+    fn extract<T>(&self, request: &Request<T>) -> Result<String, tower_governor::GovernorError> {
+        user(request)
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
 }
