@@ -2,14 +2,17 @@
 # Loopback load run of the demo server on a Redis Cluster against the same store on one Redis
 # node, in the same run, interleaved: one identity (every request on one key, so on one primary)
 # and many identities (10 000 API keys, spread over every primary), and both again with
-# `wait_for_replicas = 1`. The script starts its own servers: one node with a replica, and a
-# cluster of 3 primaries with a replica each, so both setups replicate every write.
+# `wait_for_replicas = 1`; and the one identity on the cluster with `prefetch = 100` and `1000`
+# (units of the hot key taken ahead: the hot key's shard sees a take, not a check per request).
+# The script starts its own servers: one node with a replica, and a cluster of 3 primaries with a
+# replica each, so both setups replicate every write.
 #
 #   bash benches/load_cluster.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
 #
 # Prints req/s, p50/p99 and the CPU time per request of the demo and of its Redis servers (all of
 # them: primaries and replicas) for each run, then the medians over the rounds and the ratio of
-# each cluster setup to the single node's. Every request is admitted (the limits are far above
+# each cluster setup to the single node's, and the script calls (FCALL or EVALSHA) the primaries
+# served per request: for one identity, those of its key's shard. Every request is admitted (the limits are far above
 # what a run reaches): this measures the cost of the store's path, not of refusals. Needs wrk,
 # redis-server and redis-cli; only loopback is targeted.
 set -euo pipefail
@@ -83,7 +86,7 @@ request = function()
 end
 LUA
 
-config() { # STORE KEY WAIT_FOR_REPLICAS
+config() { # STORE KEY WAIT_FOR_REPLICAS PREFETCH
   cat <<TOML
 listen = "127.0.0.1:$demo_port"
 store = $1
@@ -99,6 +102,7 @@ path = "/api/ping"
 key = "$2"
 algorithm = "fixed_window"
 rules = [{ limit = 1000000000, period = "1s" }]
+$( (($4 > 0)) && echo "prefetch = $4")
 TOML
 }
 
@@ -112,43 +116,60 @@ stat_sum() {
   echo "$total"
 }
 
-# setup LABEL STORE KEY WAIT: one run of the demo on it; prints measure's line and the commands
+# script_calls PORT...: the script calls (FCALL, EVALSHA) these servers have served.
+script_calls() {
+  local total=0 port value
+  for port in "$@"; do
+    value=$(redis-cli -p "$port" info commandstats | tr -d '\r' \
+      | awk -F'[:=,]' '$1 == "cmdstat_fcall" || $1 == "cmdstat_evalsha" {n += $3} END {print n + 0}')
+    total=$((total + value))
+  done
+  echo "$total"
+}
+
+# setup LABEL STORE KEY WAIT PREFETCH: one run of the demo on it; prints measure's line and the commands
 # the primaries processed per read (how well their event loops batch).
 setup() {
-  local label=$1 store=$2 key=$3 wait=$4 pids=() args=() primaries=()
+  local label=$1 store=$2 key=$3 wait=$4 prefetch=$5 pids=() args=() primaries=()
   case $store in
     memory) store='"memory"'; args=(--no-limiter) ;;
     \"*) pids=("${node_pids[@]}"); primaries=("$node_port") ;;
     *) pids=("${cluster_pids[@]}"); primaries=("${cluster_primaries[@]}") ;;
   esac
-  config "$store" "$key" "$wait" >"$work/$label.toml"
+  config "$store" "$key" "$wait" "$prefetch" >"$work/$label.toml"
   [[ $key == ip ]] && unset WRK_SCRIPT || export WRK_SCRIPT="$work/many.lua"
   RUST_LOG=warn "$demo" --config "$work/$label.toml" "${args[@]}" >/dev/null 2>"$work/$label.log" &
   local demo_pid=$!
   wait_for_http "http://127.0.0.1:$demo_port/healthz"
-  local commands=0 reads=0 line
+  local commands=0 reads=0 calls=0 line
   if ((${#primaries[@]} > 0)); then
     commands=$(stat_sum total_commands_processed "${primaries[@]}")
     reads=$(stat_sum total_reads_processed "${primaries[@]}")
+    calls=$(script_calls "${primaries[@]}")
   fi
   line=$(measure "$label" "http://127.0.0.1:$demo_port/api/ping" "$seconds" "$connections" "$demo_pid" "${pids[@]}")
   if ((${#primaries[@]} > 0)); then
     commands=$(($(stat_sum total_commands_processed "${primaries[@]}") - commands))
     reads=$(($(stat_sum total_reads_processed "${primaries[@]}") - reads))
+    calls=$(($(script_calls "${primaries[@]}") - calls))
   fi
-  echo "$line $(awk -v c="$commands" -v r="$reads" 'BEGIN { printf "%.1f", r ? c / r : 0 }')"
+  # Requests: req/s (measure's second field) over the run's seconds.
+  echo "$line $(awk -v c="$commands" -v r="$reads" -v s="$calls" -v rps="${line#* }" -v t="$seconds" \
+    'BEGIN { split(rps, f, " "); printf "%.1f %.4f", r ? c / r : 0, s / (f[1] * t) }')"
   kill "$demo_pid"; wait "$demo_pid" 2>/dev/null || true
 }
 
 node_store="\"redis://127.0.0.1:$node_port/0\""
 setups=(
-  "no-limiter|memory|ip|0"
-  "node-one-id|$node_store|ip|0"
-  "cluster-one-id|$cluster_store|ip|0"
-  "node-many-ids|$node_store|header:x-api-key|0"
-  "cluster-many-ids|$cluster_store|header:x-api-key|0"
-  "node-many-ids-wait1|$node_store|header:x-api-key|1"
-  "cluster-many-ids-wait1|$cluster_store|header:x-api-key|1"
+  "no-limiter|memory|ip|0|0"
+  "node-one-id|$node_store|ip|0|0"
+  "cluster-one-id|$cluster_store|ip|0|0"
+  "cluster-one-id-prefetch100|$cluster_store|ip|0|100"
+  "cluster-one-id-prefetch1000|$cluster_store|ip|0|1000"
+  "node-many-ids|$node_store|header:x-api-key|0|0"
+  "cluster-many-ids|$cluster_store|header:x-api-key|0|0"
+  "node-many-ids-wait1|$node_store|header:x-api-key|1|0"
+  "cluster-many-ids-wait1|$cluster_store|header:x-api-key|1|0"
 )
 selected=()
 for entry in "${setups[@]}"; do
@@ -156,33 +177,37 @@ for entry in "${setups[@]}"; do
 done
 setups=("${selected[@]}")
 
-printf '%-6s %-24s %10s %9s %9s %12s %12s %10s\n' round setup "req/s" p50 p99 "demo µs/req" "redis µs/req" "cmds/read"
+printf '%-6s %-27s %10s %9s %9s %12s %12s %10s %10s\n' round setup "req/s" p50 p99 "demo µs/req" "redis µs/req" \
+  "cmds/read" "calls/req"
 for round in $(seq 1 "$rounds"); do
   # The order rotates each round, so no setup always runs first or last.
   for i in $(seq 0 $((${#setups[@]} - 1))); do
-    IFS='|' read -r label store key wait <<<"${setups[$(((i + round - 1) % ${#setups[@]}))]}"
-    read -r _ rps p50 p99 demo_us redis_us _wrk_us per_read < <(setup "$label" "$store" "$key" "$wait") || true
-    [[ -n ${per_read:-} ]] || { echo "the $label run failed (see above)" >&2; exit 1; }
-    printf '%-6s %-24s %10s %9s %9s %12s %12s %10s\n' "$round" "$label" "$rps" "$p50" "$p99" "$demo_us" "$redis_us" "$per_read"
-    echo "$label $rps $demo_us $redis_us $per_read" >>"$work/results"
+    IFS='|' read -r label store key wait prefetch <<<"${setups[$(((i + round - 1) % ${#setups[@]}))]}"
+    read -r _ rps p50 p99 demo_us redis_us _wrk_us per_read calls < <(setup "$label" "$store" "$key" "$wait" "$prefetch") || true
+    [[ -n ${calls:-} ]] || { echo "the $label run failed (see above)" >&2; exit 1; }
+    printf '%-6s %-27s %10s %9s %9s %12s %12s %10s %10s\n' "$round" "$label" "$rps" "$p50" "$p99" "$demo_us" "$redis_us" "$per_read" "$calls"
+    echo "$label $rps $demo_us $redis_us $per_read $calls" >>"$work/results"
   done
 done
 
 echo
 echo "medians over $rounds rounds; ratio = cluster / node of the same load (per-request CPU: demo + redis)"
-printf '%-24s %10s %12s %12s %12s %8s %10s\n' setup "req/s" "demo µs/req" "redis µs/req" "total µs/req" ratio "cmds/read"
+printf '%-27s %10s %12s %12s %12s %8s %10s %10s\n' setup "req/s" "demo µs/req" "redis µs/req" "total µs/req" ratio \
+  "cmds/read" "calls/req"
 for entry in "${setups[@]}"; do
   label=${entry%%|*}
   rps=$(awk -v l="$label" '$1 == l {print $2}' "$work/results" | median)
   demo_us=$(awk -v l="$label" '$1 == l {print $3}' "$work/results" | median)
   redis_us=$(awk -v l="$label" '$1 == l {print $4}' "$work/results" | median)
   per_read=$(awk -v l="$label" '$1 == l {print $5}' "$work/results" | median)
+  calls=$(awk -v l="$label" '$1 == l {print $6}' "$work/results" | median)
   total=$(awk -v a="$demo_us" -v b="$redis_us" 'BEGIN { printf "%.1f", a + b }')
   echo "$label $total" >>"$work/totals"
   ratio=""
   if [[ $label == cluster-* ]]; then
     node_total=$(awk -v l="node-${label#cluster-}" '$1 == l {print $2}' "$work/totals")
-    ratio=$(awk -v a="$total" -v b="$node_total" 'BEGIN { printf "%.2fx", a / b }')
+    [[ -n $node_total ]] && ratio=$(awk -v a="$total" -v b="$node_total" 'BEGIN { printf "%.2fx", a / b }')
   fi
-  printf '%-24s %10s %12s %12s %12s %8s %10s\n' "$label" "$rps" "$demo_us" "$redis_us" "$total" "$ratio" "$per_read"
+  printf '%-27s %10s %12s %12s %12s %8s %10s %10s\n' "$label" "$rps" "$demo_us" "$redis_us" "$total" "$ratio" \
+    "$per_read" "$calls"
 done

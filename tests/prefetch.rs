@@ -162,7 +162,7 @@ async fn units_end_with_their_window_and_a_dead_instance_costs_only_its_units() 
     let policy = hot(Algorithm::FixedWindow, 100, Duration::from_secs(20), 10);
     let (recorded, costs) = recording(store.clone());
     let first = RateLimiter::new(policy.clone(), recorded);
-    // Hot: units in hand (takes of 1, 2, 4, 8, 10 and 10 for 27 requests).
+    // Hot: units in hand (takes doubling, then taken ahead, never more than 10 held).
     for _ in 0..27 {
         first.check("k").await.unwrap();
     }
@@ -421,6 +421,140 @@ async fn a_blast_through_two_layers_on_redis_is_exact_within_their_units() {
     }
     let checks: u64 = by_cost.values().sum();
     assert!(checks < 200, "{checks} store checks ({by_cost:?} by cost)");
+    let mut client = redis.client();
+    common::redis_server::assert_every_key_expires(&mut client, &prefix);
+}
+
+/// A token bucket's units sit unused for a second: they go back to the bucket (its window never
+/// ends, so they would be lost for every instance), and the store's remaining is what it would
+/// be had they never been taken.
+#[tokio::test(start_paused = true)]
+async fn a_token_buckets_idle_units_go_back_to_the_bucket() {
+    let store = MemoryStore::builder().clock(TokioClock::new()).build();
+    let (recorded, costs) = recording(store);
+    // 10 tokens a second, 100 at most.
+    let limiter = RateLimiter::new(
+        hot(Algorithm::TokenBucket, 100, Duration::from_secs(10), 20),
+        recorded,
+    );
+    for _ in 0..30 {
+        limiter.check("k").await.unwrap();
+    }
+    let taken: u64 = costs.lock().unwrap().iter().sum();
+    let held = taken - 30;
+    assert!(held > 0, "nothing in hand: {:?}", costs.lock().unwrap());
+    assert_eq!(
+        limiter.peek("k").await.unwrap().rules[0].remaining,
+        100 - taken
+    );
+    // 1.5 s idle: 15 tokens come back by refill, and the units in hand by the next request.
+    tokio::time::advance(Duration::from_millis(1_500)).await;
+    limiter.check("k").await.unwrap();
+    let remaining = limiter.peek("k").await.unwrap().rules[0].remaining;
+    assert_eq!(
+        remaining,
+        100 - 30 + 15 - 1,
+        "{held} units in hand were not given back"
+    );
+}
+
+/// On Redis, in real time: units taken in one window are dropped when it ends, not spent in the
+/// next; the next request asks the store, and the new window counts only what it charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_window_roll_drops_the_units_in_hand() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("prefetch-roll");
+    let policy = Policy::builder("hot")
+        .prefix(&prefix)
+        .key(Key::global())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(1_000, Duration::from_secs(1)))
+        .prefetch(20)
+        .build()
+        .unwrap();
+    let store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
+    let costs = Arc::new(Mutex::new(Vec::new()));
+    let limiter = RateLimiter::new(
+        policy,
+        Recording {
+            store,
+            costs: costs.clone(),
+        },
+    );
+    let millis = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    // From 50 ms into a window (Redis runs on this machine's clock), hot: units in hand.
+    tokio::time::sleep(Duration::from_millis(1_050 - millis() % 1_000)).await;
+    let window = millis() / 1_000;
+    for _ in 0..30 {
+        limiter.check("k").await.unwrap();
+    }
+    assert_eq!(millis() / 1_000, window, "30 checks took most of a second");
+    let taken: u64 = costs.lock().unwrap().iter().sum();
+    assert!(taken > 30, "nothing in hand: {:?}", costs.lock().unwrap());
+    // 50 ms into the next window: the first request asks the store for itself alone.
+    tokio::time::sleep(Duration::from_millis(1_050 - millis() % 1_000)).await;
+    costs.lock().unwrap().clear();
+    limiter.check("k").await.unwrap();
+    assert_eq!(
+        *costs.lock().unwrap(),
+        [1],
+        "spent a unit of the last window"
+    );
+    let state = limiter.peek("k").await.unwrap();
+    assert_eq!(state.rules[0].remaining, 1_000 - 1);
+}
+
+/// On Redis: an instance that dies holding units costs the others at most those units, and
+/// only until their window ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_dead_instance_costs_only_its_units_for_one_window() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("prefetch-dead");
+    let policy = Policy::builder("hot")
+        .prefix(&prefix)
+        .key(Key::global())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(100, Duration::from_secs(20)))
+        .prefetch(10)
+        .build()
+        .unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let start_us = ((now_ms + 3_600_000) / 20_000 * 20_000) * 1_000;
+    let instance_at = |unix_us: u64, costs: &Arc<Mutex<Vec<u64>>>| {
+        let store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
+        store.fix_time_for_tests(Some(unix_us));
+        let costs = costs.clone();
+        RateLimiter::new(policy.clone(), Recording { store, costs })
+    };
+    let costs = Arc::new(Mutex::new(Vec::new()));
+    let dying = instance_at(start_us, &costs);
+    for _ in 0..30 {
+        dying.check("k").await.unwrap();
+    }
+    let held = costs.lock().unwrap().iter().sum::<u64>() - 30;
+    assert!(held > 0 && held <= 10, "{held} in hand");
+    drop(dying);
+    let survivor = instance_at(start_us, &Arc::default());
+    let mut admitted = 0;
+    while survivor.check("k").await.is_ok() {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 100 - 30 - held);
+    // The next window: the whole limit.
+    let next = instance_at(start_us + 20_000_000, &Arc::default());
+    let mut next_window = 0;
+    while next.check("k").await.is_ok() {
+        next_window += 1;
+    }
+    assert_eq!(next_window, 100);
     let mut client = redis.client();
     common::redis_server::assert_every_key_expires(&mut client, &prefix);
 }
