@@ -20,7 +20,7 @@ threads=2
 port_base=38080
 
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
-cargo build --release --example demo --features cluster,sentinel,tls,config -q
+cargo build --release --example demo --all-features -q
 demo=target/release/examples/demo
 
 work=$(mktemp -d)

@@ -27,7 +27,7 @@ demo_port=38180
 node_port=41000           # its replica: 41001
 cluster_ports=(41010 41011 41012 41013 41014 41015) # buses at +10000, below 65536
 
-cargo build --release --example demo --features cluster,sentinel,tls,config -q
+cargo build --release --example demo --all-features -q
 demo=target/release/examples/demo
 
 work=$(mktemp -d)

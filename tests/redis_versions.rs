@@ -112,3 +112,33 @@ async fn redis_6_0_is_refused_once_at_error_naming_both_versions() {
     // Within a second of a refusal the store doesn't ask again: 40 requests, very few INFOs.
     assert!(calls.get("info").copied().unwrap_or(0) <= 5, "{calls:?}");
 }
+
+/// A stray `dump.rdb` in the temp dir (a Valkey's, or an old Redis's, left by a server run by
+/// hand) reaches no server of the tests' own: each runs in a directory of its own, so it neither
+/// fails to start on a file it can't read nor loads someone else's keys.
+#[test]
+fn a_stray_dump_in_the_temp_dir_reaches_no_server_of_ours() {
+    /// The file planted, removed when the test ends, even by a panic.
+    struct Planted(Option<std::path::PathBuf>);
+    impl Drop for Planted {
+        fn drop(&mut self) {
+            if let Some(path) = &self.0 {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+    let stray = std::env::temp_dir().join("dump.rdb");
+    // Someone else's is left alone: it is the case under test already.
+    let planted = !stray.exists() && std::fs::write(&stray, b"REDIS0011 not ours").is_ok();
+    let _planted = Planted(planted.then_some(stray));
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let keys: u64 = redis::cmd("DBSIZE").query(&mut client).unwrap();
+    let dir: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("dir")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(keys, 0);
+    assert_ne!(std::path::Path::new(&dir[1]), std::env::temp_dir());
+}

@@ -18,6 +18,10 @@ pub struct TestRedis {
     binary: String,
     /// Whether our own server listens on `::1` too (and `url` names it there).
     ipv6: bool,
+    /// Our own server's working directory, its own (removed when dropped): a server loads the
+    /// `dump.rdb` it finds in its directory when it starts, so a shared one (the temp dir) would
+    /// let a stray file decide what a test sees, or keep the server from starting at all.
+    dir: Option<std::path::PathBuf>,
 }
 
 impl TestRedis {
@@ -30,6 +34,7 @@ impl TestRedis {
                 child: None,
                 binary: server_binary(),
                 ipv6: false,
+                dir: None,
             },
             _ => TestRedis::own(),
         }
@@ -62,6 +67,7 @@ impl TestRedis {
                 child: None,
                 binary: binary.to_owned(),
                 ipv6,
+                dir: Some(own_dir()),
             };
             if server.try_start() {
                 return server;
@@ -92,7 +98,11 @@ impl TestRedis {
             })
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(std::env::temp_dir())
+            .arg(
+                self.dir
+                    .as_ref()
+                    .expect("a server of our own has a directory"),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -189,7 +199,22 @@ impl Drop for TestRedis {
                 .status();
         }
         self.stop();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+}
+
+/// A new, empty directory for one server of our own.
+fn own_dir() -> std::path::PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "trl-redis-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory for a redis-server of our own");
+    dir
 }
 
 /// The `redis-server` the tests start: `REDIS_SERVER` when set (a path, to run the suite against
