@@ -13,7 +13,9 @@ use common::capture::Captured;
 use common::redis_server::{TestRedis, has_functions, server_binary_of, server_version};
 use common::{request_from, send};
 use http::StatusCode;
-use tower_redis_ratelimit::store::{RedisStore, ServerMode, StoreError};
+use tower_redis_ratelimit::store::{
+    RedisStore, RedisVersion, ServerMode, ServerSoftware, StoreError,
+};
 use tower_redis_ratelimit::{OnStoreError, Policy, RateLimitLayer, Rule};
 
 const PEER: &str = "203.0.113.10:4000";
@@ -44,10 +46,29 @@ async fn the_probe_names_the_version_the_mode_and_functions() {
     assert_eq!(server.functions, has_functions(&mut client));
     assert!(server.round_trip > Duration::ZERO);
     let shown = server.to_string();
-    assert!(
-        shown.starts_with(&format!("Redis {major}.{minor}.")),
-        "{shown}"
-    );
+    // Named as the server names itself: a Valkey by its own version (its redis_version is the
+    // Redis version it is compatible with).
+    let info: String = redis::cmd("INFO").arg("server").query(&mut client).unwrap();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let named = match field("server_name") {
+        Some("valkey") => {
+            let own = field("valkey_version").unwrap();
+            assert_eq!(
+                server.software,
+                ServerSoftware::Valkey(RedisVersion::parse(own).unwrap())
+            );
+            format!("Valkey {own} (as Redis {major}.{minor}.")
+        }
+        _ => {
+            assert_eq!(server.software, ServerSoftware::Redis);
+            format!("Redis {major}.{minor}.")
+        }
+    };
+    assert!(shown.starts_with(&named), "{shown}");
     assert!(shown.contains("standalone"), "{shown}");
     if server.functions {
         // The probe loaded the library: the first check finds it.

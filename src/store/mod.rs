@@ -28,6 +28,7 @@ pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, Syst
 pub use self::redis::TlsOptions;
 pub use self::redis::{
     BatchStats, DEFAULT_TIMEOUT, MINIMUM_VERSION, RedisStore, RedisVersion, ServerInfo, ServerMode,
+    ServerSoftware,
 };
 
 /// One request to check: the key, the rules (all must pass), the algorithm and the request's cost,

@@ -88,7 +88,7 @@ impl Drop for TlsRedis {
 
 /// `redis-server` with TLS on `tls_port` (certificates from `dir`) and plain text on `plain_port`.
 fn spawn(dir: &Path, tls_port: u16, plain_port: u16) -> Child {
-    Command::new(super::redis_server::server_binary())
+    Command::new(tls_server_binary())
         .args(["--port", &plain_port.to_string()])
         .args(["--tls-port", &tls_port.to_string()])
         .arg("--tls-cert-file")
@@ -153,4 +153,14 @@ fn listening(child: &mut Child, port: u16) -> bool {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The server the TLS tests start: `REDIS_TLS_SERVER` when set, else the suite's (`REDIS_SERVER`).
+/// `scripts/test` sets it in its Valkey pass to Debian's `redis-server`: the only Valkey this
+/// machine can get (PyPI's wheel) has no TLS.
+fn tls_server_binary() -> String {
+    std::env::var("REDIS_TLS_SERVER")
+        .ok()
+        .filter(|path| !path.is_empty())
+        .unwrap_or_else(super::redis_server::server_binary)
 }

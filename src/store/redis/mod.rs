@@ -41,7 +41,7 @@ mod server;
 mod tls;
 
 pub use self::batch::BatchStats;
-pub use self::server::{MINIMUM_VERSION, RedisVersion, ServerInfo, ServerMode};
+pub use self::server::{MINIMUM_VERSION, RedisVersion, ServerInfo, ServerMode, ServerSoftware};
 #[cfg(feature = "tls")]
 pub use self::tls::TlsOptions;
 
@@ -420,7 +420,7 @@ impl RedisStore {
         let timeout = self.timeout;
         let mut connection = shared.connection(timeout).await?;
         let started = Instant::now();
-        let (version, mode) = shared.server_info(&mut connection, timeout).await?;
+        let found = shared.server_info(&mut connection, timeout).await?;
         let round_trip = started.elapsed();
         if shared.functions.load(Ordering::Relaxed) {
             // Loading the library now spares the first request; a server without functions (or
@@ -436,8 +436,9 @@ impl RedisStore {
             }
         }
         Ok(ServerInfo {
-            version,
-            mode,
+            version: found.version,
+            software: found.software,
+            mode: found.mode,
             functions: shared.functions.load(Ordering::Relaxed),
             round_trip,
         })
@@ -960,7 +961,7 @@ impl Shared {
         }
         let mut connection = self.connector.connect().await?;
         let version = match self.server_info(&mut connection, timeout).await {
-            Ok((version, _)) => version,
+            Ok(found) => found.version,
             // Redis answered, but not with its version (an ACL without INFO, a renamed command):
             // the store goes on, and an old server's scripts would fail as faults.
             Err(InfoError::Refused(error)) => {
@@ -988,7 +989,7 @@ impl Shared {
         &self,
         connection: &mut Connection,
         timeout: Duration,
-    ) -> Result<(RedisVersion, ServerMode), InfoError> {
+    ) -> Result<server::Found, InfoError> {
         let reply = connection
             .query(&::redis::cmd("INFO").arg("server").clone(), timeout)
             .await
@@ -998,15 +999,11 @@ impl Shared {
                 }
                 _ => InfoError::Store(store_error(error, timeout)),
             })?;
-        let (version, mode) = server::parse_info_reply(reply).map_err(InfoError::Refused)?;
-        Ok((
-            version,
-            if self.connector.is_sentinel() {
-                ServerMode::SentinelManaged
-            } else {
-                mode
-            },
-        ))
+        let mut found = server::parse_info_reply(reply).map_err(InfoError::Refused)?;
+        if self.connector.is_sentinel() {
+            found.mode = ServerMode::SentinelManaged;
+        }
+        Ok(found)
     }
 
     fn lock_server(&self) -> std::sync::MutexGuard<'_, ServerCheck> {

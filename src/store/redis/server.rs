@@ -75,16 +75,41 @@ impl fmt::Display for ServerMode {
     }
 }
 
+/// Which server answered, as its `INFO server` names itself (`server_name`, and the version
+/// field of that name).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum ServerSoftware {
+    /// Redis: no `server_name`, or `server_name:redis`; its version is `redis_version`.
+    Redis,
+    /// Valkey (`server_name:valkey`), at its own version (`valkey_version`). Its `redis_version`
+    /// is the Redis version it is compatible with (7.2.4 for every Valkey so far).
+    Valkey(RedisVersion),
+    /// Another server speaking Redis's protocol, as its `server_name` calls itself, with the
+    /// version its `<name>_version` field gives, if any.
+    Other {
+        /// Its `server_name`.
+        name: String,
+        /// Its `<name>_version`, as written.
+        version: Option<String>,
+    },
+}
+
 /// What [`RedisStore::probe`](super::RedisStore::probe) found: print it at start.
 ///
 /// ```text
 /// Redis 7.0.15, standalone, functions, round trip 0.21 ms
+/// Valkey 9.1.2 (as Redis 7.2.4), standalone, functions, round trip 0.19 ms
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServerInfo {
-    /// The server's version (on a cluster, that of the node that answered).
+    /// The Redis version the server runs as (`redis_version`; on a cluster, that of the oldest
+    /// node): what decides which commands it has, and what the store checks against
+    /// [`MINIMUM_VERSION`] (a Valkey's is the Redis version it is compatible with).
     pub version: RedisVersion,
+    /// Which server it is, and its own version.
+    pub software: ServerSoftware,
     /// How it runs.
     pub mode: ServerMode,
     /// Whether the store calls its Lua as a function library (`FCALL`, Redis 7 on one node or a
@@ -96,10 +121,21 @@ pub struct ServerInfo {
 
 impl fmt::Display for ServerInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let version = self.version;
+        match &self.software {
+            ServerSoftware::Redis => write!(f, "Redis {version}")?,
+            ServerSoftware::Valkey(own) => write!(f, "Valkey {own} (as Redis {version})")?,
+            ServerSoftware::Other { name, version: own } => {
+                write!(
+                    f,
+                    "{name} {} (as Redis {version})",
+                    own.as_deref().unwrap_or("?")
+                )?;
+            }
+        }
         write!(
             f,
-            "Redis {}, {}, {}, round trip {:.2} ms",
-            self.version,
+            ", {}, {}, round trip {:.2} ms",
             self.mode,
             if self.functions {
                 "functions"
@@ -111,19 +147,31 @@ impl fmt::Display for ServerInfo {
     }
 }
 
-/// The version and mode an `INFO server` reply names: one node's text, or a map of them (redis-rs
-/// sends `INFO` to every primary of a cluster), of which the oldest version counts.
-pub(super) fn parse_info_reply(reply: Value) -> Result<(RedisVersion, ServerMode), StoreError> {
+/// What an `INFO server` text names: the Redis version the server runs as, its mode, and which
+/// server it is. Ordered by version first, so the oldest of a cluster's nodes is the least.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Found {
+    pub(super) version: RedisVersion,
+    pub(super) mode: ServerMode,
+    pub(super) software: ServerSoftware,
+}
+
+/// What an `INFO server` reply names: one node's text, or a map of them (redis-rs sends `INFO`
+/// to every primary of a cluster), of which the oldest version counts.
+pub(super) fn parse_info_reply(reply: Value) -> Result<Found, StoreError> {
     let text = |value: Value| -> Result<String, StoreError> {
         FromRedisValue::from_redis_value(value)
             .map_err(|error| StoreError::Protocol(format!("INFO server: {error}")))
     };
     match reply {
         Value::Map(nodes) => {
-            let mut oldest: Option<(RedisVersion, ServerMode)> = None;
+            let mut oldest: Option<Found> = None;
             for (_node, info) in nodes {
                 let found = parse_info(&text(info)?)?;
-                oldest = Some(oldest.map_or(found, |old| old.min(found)));
+                oldest = Some(match oldest {
+                    Some(old) => old.min(found),
+                    None => found,
+                });
             }
             oldest.ok_or_else(|| StoreError::Protocol("INFO server: no node answered".into()))
         }
@@ -131,8 +179,8 @@ pub(super) fn parse_info_reply(reply: Value) -> Result<(RedisVersion, ServerMode
     }
 }
 
-/// The version and mode an `INFO server` text names.
-fn parse_info(info: &str) -> Result<(RedisVersion, ServerMode), StoreError> {
+/// What an `INFO server` text names.
+fn parse_info(info: &str) -> Result<Found, StoreError> {
     let field = |name: &str| {
         info.lines()
             .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
@@ -143,11 +191,30 @@ fn parse_info(info: &str) -> Result<(RedisVersion, ServerMode), StoreError> {
         .ok_or_else(|| {
             StoreError::Protocol("INFO server names no redis_version the store can read".into())
         })?;
-    let mode = match field("redis_mode") {
+    // Valkey 8 on says `server_mode` where Redis says `redis_mode`.
+    let mode = match field("redis_mode").or_else(|| field("server_mode")) {
         Some("cluster") => ServerMode::Cluster,
         _ => ServerMode::Standalone,
     };
-    Ok((version, mode))
+    let software = match field("server_name") {
+        None | Some("") | Some("redis") => ServerSoftware::Redis,
+        Some("valkey") => match field("valkey_version").and_then(RedisVersion::parse) {
+            Some(own) => ServerSoftware::Valkey(own),
+            None => ServerSoftware::Other {
+                name: "valkey".into(),
+                version: field("valkey_version").map(str::to_owned),
+            },
+        },
+        Some(name) => ServerSoftware::Other {
+            name: name.to_owned(),
+            version: field(&format!("{name}_version")).map(str::to_owned),
+        },
+    };
+    Ok(Found {
+        version,
+        mode,
+        software,
+    })
 }
 
 /// `Ok` for a version the store runs on, else the error that says which it needs.
@@ -189,14 +256,64 @@ mod tests {
         let info = "# Server\r\nredis_version:6.2.14\r\nredis_git_sha1:0\r\nredis_mode:cluster\r\n";
         assert_eq!(
             parse_info(info).unwrap(),
-            (RedisVersion::parse("6.2.14").unwrap(), ServerMode::Cluster)
+            Found {
+                version: RedisVersion::parse("6.2.14").unwrap(),
+                mode: ServerMode::Cluster,
+                software: ServerSoftware::Redis,
+            }
         );
         let standalone = "redis_version:7.0.15\nredis_mode:standalone\n";
-        assert_eq!(parse_info(standalone).unwrap().1, ServerMode::Standalone);
+        assert_eq!(parse_info(standalone).unwrap().mode, ServerMode::Standalone);
         assert!(matches!(
             parse_info("redis_mode:standalone"),
             Err(StoreError::Protocol(_))
         ));
+    }
+
+    #[test]
+    fn valkey_and_other_servers_are_named_as_they_name_themselves() {
+        // Valkey 9.1.2's own words (a cluster node's), abridged.
+        let valkey = "# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\n\
+                      valkey_version:9.1.2\r\nvalkey_release_stage:ga\r\nserver_mode:cluster\r\n";
+        let found = parse_info(valkey).unwrap();
+        assert_eq!(
+            found.software,
+            ServerSoftware::Valkey(RedisVersion::parse("9.1.2").unwrap())
+        );
+        assert_eq!(found.version, RedisVersion::parse("7.2.4").unwrap());
+        assert_eq!(found.mode, ServerMode::Cluster);
+        let info = ServerInfo {
+            version: found.version,
+            software: found.software,
+            mode: ServerMode::Standalone,
+            functions: true,
+            round_trip: Duration::from_micros(190),
+        };
+        assert_eq!(
+            info.to_string(),
+            "Valkey 9.1.2 (as Redis 7.2.4), standalone, functions, round trip 0.19 ms"
+        );
+        // Another server: named as it says, checked by the Redis version it runs as.
+        let other = "redis_version:7.4.0\nserver_name:kvd\nkvd_version:2.0-beta\n";
+        let found = parse_info(other).unwrap();
+        assert_eq!(
+            found.software,
+            ServerSoftware::Other {
+                name: "kvd".into(),
+                version: Some("2.0-beta".into())
+            }
+        );
+        let info = ServerInfo {
+            software: found.software,
+            ..info
+        };
+        assert!(
+            info.to_string()
+                .starts_with("kvd 2.0-beta (as Redis 7.2.4), ")
+        );
+        // Redis names itself by its version alone.
+        let redis = parse_info("redis_version:7.0.15\nredis_mode:standalone\n").unwrap();
+        assert_eq!(redis.software, ServerSoftware::Redis);
     }
 
     #[test]
@@ -208,12 +325,11 @@ mod tests {
             (Value::SimpleString("127.0.0.1:7000".into()), node("7.0.15")),
             (Value::SimpleString("127.0.0.1:7001".into()), node("6.2.14")),
         ]);
+        let oldest = parse_info_reply(reply).unwrap();
+        assert_eq!(oldest.version, RedisVersion::parse("6.2.14").unwrap());
+        assert_eq!(oldest.mode, ServerMode::Cluster);
         assert_eq!(
-            parse_info_reply(reply).unwrap(),
-            (RedisVersion::parse("6.2.14").unwrap(), ServerMode::Cluster)
-        );
-        assert_eq!(
-            parse_info_reply(node("7.0.15")).unwrap().0,
+            parse_info_reply(node("7.0.15")).unwrap().version,
             RedisVersion::parse("7.0.15").unwrap()
         );
     }
