@@ -95,6 +95,9 @@ pub mod config;
 pub mod decision;
 pub mod extract;
 mod future;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod headers;
 mod key;

@@ -20,7 +20,7 @@ use crate::quota::QuotaThreshold;
 
 mod gcra;
 mod memory;
-mod redis;
+pub(crate) mod redis;
 mod weighted;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};

@@ -40,6 +40,12 @@ mod server;
 #[cfg(feature = "tls")]
 mod tls;
 
+/// The reader of batch replies, for `crate::fuzzing`: `true` if it read one entry per check.
+#[cfg(fuzzing)]
+pub(crate) fn read_batch_reply_for_fuzzing(packed: &[u8], short_lengths: &[usize]) -> bool {
+    reply::read_batch_reply(packed, short_lengths.iter().copied()).is_ok()
+}
+
 pub use self::batch::BatchStats;
 pub use self::server::{MINIMUM_VERSION, RedisVersion, ServerInfo, ServerMode, ServerSoftware};
 #[cfg(feature = "tls")]

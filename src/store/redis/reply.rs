@@ -87,7 +87,9 @@ pub(super) fn read_batch_reply(
         Item::Text(_) => return Err(malformed("no time")),
     };
     let checks = short_lengths.len();
-    let mut items = Vec::with_capacity(length);
+    // Each item takes a byte at least: a length beyond what is left is a broken reply, not an
+    // allocation to make (the fuzzer found one of 4 billion items aborting the process).
+    let mut items = Vec::with_capacity(length.min(rest.len()));
     let mut entries = Vec::with_capacity(checks);
     for short_length in short_lengths {
         let start = items.len();
@@ -511,6 +513,17 @@ mod tests {
             (decision.rules[1].limit, decision.rules[1].remaining),
             (5, 0)
         );
+    }
+
+    #[test]
+    fn a_length_beyond_the_reply_is_an_error_not_an_allocation() {
+        // Found by `fuzz/`'s store_reply target: an array of 4 294 967 295 items, then a time,
+        // asked the allocator for 32 GiB and aborted the process.
+        let huge = [0xdd, 0xff, 0xff, 0xff, 0xff, 0x00, 0x01, 0x02];
+        assert!(matches!(
+            read_batch_reply(&huge, [2].into_iter()),
+            Err(StoreError::Protocol(_))
+        ));
     }
 
     #[test]
