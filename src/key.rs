@@ -202,6 +202,8 @@ enum Source {
     Ip,
     Global,
     Header(HeaderName),
+    /// `Key::header` of a name no header can have: refused when the policy is built.
+    InvalidHeader(Arc<str>),
     Query(Arc<str>),
     UserExtension,
     UserFn(Arc<UserFn>),
@@ -234,9 +236,34 @@ impl Key {
     }
 
     /// The value of a request header, such as an API key. The value is hashed before it reaches a
-    /// store key or a log line; an absent or empty header is a missing key.
-    pub fn header(name: HeaderName) -> Self {
-        Key(Source::Header(name))
+    /// store key or a log line; an absent or empty header is a missing key. The name is a string
+    /// (any case) or a [`HeaderName`]; one no header can have is refused when the policy (or
+    /// quota) is built, naming it.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{ClientIp, Key, Policy, Rule};
+    ///
+    /// let key = Key::header("X-Api-Key");
+    /// let parts = http::Request::get("/").header("x-api-key", "k1").body(()).unwrap().into_parts().0;
+    /// assert!(key.extract(&parts, &ClientIp::default()).is_some());
+    ///
+    /// let bad = Policy::builder("api").key(Key::header("x api key")).rule(Rule::per_minute(5)).build();
+    /// assert!(bad.unwrap_err().to_string().contains("\"x api key\""));
+    /// ```
+    pub fn header(name: impl AsRef<[u8]>) -> Self {
+        let name = name.as_ref();
+        Key(match HeaderName::from_bytes(name) {
+            Ok(name) => Source::Header(name),
+            Err(_) => Source::InvalidHeader(String::from_utf8_lossy(name).into()),
+        })
+    }
+
+    /// The name `Key::header` was given, if no header can have it.
+    pub(crate) fn invalid_header(&self) -> Option<&str> {
+        match &self.0 {
+            Source::InvalidHeader(name) => Some(name),
+            _ => None,
+        }
     }
 
     /// The value of a query-string parameter, such as a one-time token (`?token=…`), decoded as
@@ -281,7 +308,7 @@ impl Key {
         match self.0 {
             Source::Ip => "ip",
             Source::Global => "global",
-            Source::Header(_) => "header",
+            Source::Header(_) | Source::InvalidHeader(_) => "header",
             Source::Query(_) => "query",
             Source::UserExtension | Source::UserFn(_) => "user",
             Source::Custom(_) => "custom",
@@ -333,6 +360,7 @@ impl Key {
                 Some(value) if !value.is_empty() => push_secret(out, "header", value.as_bytes()),
                 _ => return false,
             },
+            Source::InvalidHeader(_) => return false,
             Source::Query(name) => {
                 let value = parts.uri.query().and_then(|query| {
                     form_urlencoded::parse(query.as_bytes())
@@ -367,6 +395,7 @@ impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             Source::Header(name) => f.debug_tuple("Key::header").field(name).finish(),
+            Source::InvalidHeader(name) => f.debug_tuple("Key::header").field(name).finish(),
             Source::Query(name) => f.debug_tuple("Key::query").field(name).finish(),
             _ => write!(f, "Key::{}", self.kind()),
         }

@@ -3,8 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use axum::body::Body;
-use http::Response;
+use axum::response::IntoResponse;
 use tower::Layer;
 
 use crate::limiter::Limiter;
@@ -86,29 +85,31 @@ impl RateLimitLayer {
         self
     }
 
-    /// Replaces the default 429 body. The layer still adds `Retry-After` and the rate-limit headers
-    /// to the response you return. It answers HTTP requests: a refused gRPC call (its
-    /// `content-type` starts with `application/grpc`) always gets
+    /// Replaces the default 429 body with what `respond` answers: anything a handler may return
+    /// (`impl IntoResponse`). The layer still adds `Retry-After` and the rate-limit headers to
+    /// it. It answers HTTP requests: a refused gRPC call (its `content-type` starts with
+    /// `application/grpc`) always gets
     /// [`Rejected::grpc_response`](crate::response::Rejected::grpc_response).
     ///
     /// ```
-    /// use axum::body::Body;
-    /// use http::{Response, StatusCode};
+    /// use axum::Json;
+    /// use http::StatusCode;
     /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, Rule};
     ///
     /// let policy = Policy::builder("otp").rule(Rule::per_minute(3)).build().unwrap();
     /// let layer = RateLimitLayer::new(policy, MemoryStore::new()).on_rejected(|rejected| {
-    ///     let text = format!("slow down, retry in {}s", rejected.retry_after_secs());
-    ///     let mut response = Response::new(Body::from(text));
-    ///     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    ///     response
+    ///     let retry_in = rejected.retry_after_secs();
+    ///     let body = serde_json::json!({ "error": "slow down", "retry_in": retry_in });
+    ///     (StatusCode::TOO_MANY_REQUESTS, Json(body))
     /// });
     /// ```
-    pub fn on_rejected<F>(mut self, respond: F) -> Self
+    pub fn on_rejected<F, R>(mut self, respond: F) -> Self
     where
-        F: Fn(&Rejected) -> Response<Body> + Send + Sync + 'static,
+        F: Fn(&Rejected) -> R + Send + Sync + 'static,
+        R: IntoResponse,
     {
-        self.limiter_mut().on_rejected = Some(Arc::new(respond));
+        self.limiter_mut().on_rejected =
+            Some(Arc::new(move |rejected| respond(rejected).into_response()));
         self
     }
 

@@ -497,6 +497,36 @@ async fn the_429_can_be_replaced() {
     assert_eq!(text(refused).await, "no: 1-per-3600s");
 }
 
+/// What a handler would return serves as the 429: `(StatusCode, Json(..))`, with the layer's
+/// headers added to it.
+#[tokio::test]
+async fn the_429_can_be_anything_a_handler_returns() {
+    let app = Router::new().route("/", get(|| async { "hello" })).layer(
+        RateLimitLayer::new(
+            policy([Rule::per_hour(1)]).build().unwrap(),
+            MemoryStore::new(),
+        )
+        .on_rejected(|rejected| {
+            let body = serde_json::json!({ "error": "slow down", "retry_in": rejected.retry_after_secs() });
+            (StatusCode::TOO_MANY_REQUESTS, axum::Json(body))
+        }),
+    );
+    send(&app, request_from(PEER, "/")).await;
+    let refused = send(&app, request_from(PEER, "/")).await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/json",
+        "the handler's own headers stay"
+    );
+    let retry = retry_after_secs(&refused);
+    assert!(retry >= 1);
+    assert_eq!(limits(&refused).status("1-per-3600s").unwrap().remaining, 0);
+    let body: serde_json::Value = serde_json::from_str(&text(refused).await).unwrap();
+    assert_eq!(body["error"], "slow down");
+    assert_eq!(body["retry_in"], retry);
+}
+
 /// A store that fails every check.
 #[derive(Clone)]
 struct DownStore;

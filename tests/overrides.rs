@@ -149,7 +149,7 @@ async fn a_network_gets_its_own_rules_and_an_address_is_matched_exactly() {
 #[tokio::test]
 async fn a_header_key_matches_the_value_it_hashes() {
     let policy = Policy::builder("ovr-header")
-        .key(Key::header("x-api-key".parse().unwrap()))
+        .key(Key::header("x-api-key"))
         .rule(Rule::per_minute(1))
         .overrides([Override::identity("partner-key").unlimited()])
         .build()

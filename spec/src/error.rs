@@ -10,6 +10,14 @@ pub enum PolicyError {
         /// The policy's name.
         policy: String,
     },
+    /// The policy's key reads a header by a name no header can have (`Key::header`).
+    #[error("policy {policy:?}: the key's header name {name:?} is not a valid header name")]
+    InvalidKeyHeader {
+        /// The policy's name.
+        policy: String,
+        /// The name given.
+        name: String,
+    },
     /// A rule's limit is zero.
     #[error("policy {policy:?}, rules[{index}] ({rule}): the limit must be at least 1")]
     ZeroLimit {
@@ -180,7 +188,7 @@ pub enum ErrorSite {
         part: RulePart,
     },
     /// An option: `block_for`, `prevent_duplicate`, `max_delay`, `lease`, `max_in_flight`,
-    /// `mode`.
+    /// `mode`, `key`.
     Option(&'static str),
     /// An override.
     Override(usize),
@@ -231,6 +239,7 @@ impl PolicyError {
             PolicyError::InvalidName { .. } => ErrorSite::Name,
             PolicyError::InvalidOverride { index, .. } => ErrorSite::Override(*index),
             PolicyError::QuotaKeyedApart { .. } => ErrorSite::Policy,
+            PolicyError::InvalidKeyHeader { .. } => ErrorSite::Option("key"),
         }
     }
 
@@ -257,6 +266,9 @@ impl PolicyError {
             PolicyError::InvalidBurst { rule, reason, .. } => format!("{rule}: {reason}"),
             PolicyError::InvalidOption { reason, .. } => (*reason).to_owned(),
             PolicyError::InvalidOverride { reason, .. } => reason.clone(),
+            PolicyError::InvalidKeyHeader { name, .. } => {
+                format!("the header name {name:?} is not a valid header name")
+            }
             PolicyError::InvalidName { .. } | PolicyError::QuotaKeyedApart { .. } => {
                 self.to_string()
             }

@@ -351,6 +351,12 @@ impl PolicyBuilder {
     /// [`build`](Self::build) without the warning: an override's policy, whose rules are for the
     /// identities or networks the override names; the warning is about every identity's rules.
     fn build_quietly(mut self) -> Result<Policy, PolicyError> {
+        if let Some(name) = self.key.invalid_header() {
+            return Err(PolicyError::InvalidKeyHeader {
+                policy: self.name.clone(),
+                name: name.to_owned(),
+            });
+        }
         let overrides = std::mem::take(&mut self.overrides);
         // What a `rules` override's policy is built from: this one, but for its rules.
         let base = (!overrides.is_empty()).then(|| self.clone());

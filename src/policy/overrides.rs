@@ -265,12 +265,7 @@ mod tests {
         ];
         let user = Overrides::build(&overrides, &Key::user(), policy).unwrap();
         assert!(user.by_identity.contains_key("user:vip"));
-        let header = Overrides::build(
-            &overrides,
-            &Key::header("x-api-key".parse().unwrap()),
-            policy,
-        )
-        .unwrap();
+        let header = Overrides::build(&overrides, &Key::header("x-api-key"), policy).unwrap();
         let hashed = Identity::secret("header", b"vip");
         assert!(header.by_identity.contains_key(hashed.as_str()));
         let mapped = [Override::identity("::ffff:10.1.2.3").deny()];

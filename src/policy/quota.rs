@@ -105,6 +105,14 @@ pub enum QuotaError {
         /// The quota's name.
         quota: String,
     },
+    /// The quota's key reads a header by a name no header can have (`Key::header`).
+    #[error("quota {quota:?}: the key's header name {name:?} is not a valid header name")]
+    InvalidKeyHeader {
+        /// The quota's name.
+        quota: String,
+        /// The name given.
+        name: String,
+    },
     /// A tier's limit is zero or above [`MAX_LIMIT`].
     #[error("quota {quota:?}, tier {tier:?}: the limit must be 1 to 2^35 requests per day")]
     BadLimit {
@@ -441,6 +449,12 @@ impl QuotaBuilder {
         }
         if self.tiers.is_empty() {
             return Err(QuotaError::NoTiers { quota: quota() });
+        }
+        if let Some(name) = self.key.invalid_header() {
+            return Err(QuotaError::InvalidKeyHeader {
+                quota: quota(),
+                name: name.to_owned(),
+            });
         }
         for (index, (tier, limit)) in self.tiers.iter().enumerate() {
             if *limit == 0 || *limit > MAX_LIMIT {

@@ -456,3 +456,41 @@ fn only_large_sliding_logs_are_worth_a_warning() {
         assert_eq!(large_sliding_logs(&policy(algorithm, issue.clone())), None);
     }
 }
+
+#[test]
+fn a_key_header_is_named_by_a_string_or_a_header_name_and_checked_when_built() {
+    use crate::{ClientIp, Key};
+    let parts = |name: &str| {
+        http::Request::get("/")
+            .header(name, "k1")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    };
+    for key in [
+        Key::header("X-Api-Key"),
+        Key::header(String::from("x-api-key")),
+        Key::header(http::HeaderName::from_static("x-api-key")),
+    ] {
+        let identity = key.extract(&parts("x-api-key"), &ClientIp::default());
+        assert!(identity.is_some(), "{key:?}");
+        assert!(key.same_identity_as(&Key::header("x-api-key")), "{key:?}");
+    }
+    let error = Policy::builder("api")
+        .key(Key::header("x api key"))
+        .rule(Rule::per_minute(5))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "policy \"api\": the key's header name \"x api key\" is not a valid header name"
+    );
+    assert_eq!(error.site(), ErrorSite::Option("key"));
+    let error = Quota::builder("daily")
+        .key(Key::header("bad:name"))
+        .tier("free", 10)
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("\"bad:name\""), "{error}");
+}
