@@ -286,3 +286,67 @@ fn a_policy_with_large_sliding_logs_is_built_with_one_warning() {
         );
     }
 }
+
+/// A user-keyed limiter added so that it runs before the auth layer sees no user id: each request
+/// is counted by client IP, and the log says so once, with the likely cause and the fix. In the
+/// right order nothing is said.
+#[tokio::test]
+async fn a_key_that_falls_back_to_the_client_ip_is_said_once_with_the_likely_cause() {
+    use axum::Router;
+    use axum::extract::Request as AxumRequest;
+    use axum::middleware::{self, Next};
+    use axum::routing::get;
+    use tower_redis_ratelimit::UserId;
+
+    async fn auth(mut request: AxumRequest, next: Next) -> axum::response::Response {
+        request.extensions_mut().insert(UserId::new("alice"));
+        next.run(request).await
+    }
+    let (captured, _guard) = Captured::install();
+    let limited = |name: &str| {
+        let policy = Policy::builder(name)
+            .key(Key::user())
+            .rule(Rule::per_minute(10))
+            .build()
+            .unwrap();
+        RateLimitLayer::new(policy, MemoryStore::new())
+    };
+    // The layer added last runs first: here the limiter, before auth.
+    let wrong = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(middleware::from_fn(auth))
+        .layer(limited("wrong-order"));
+    for _ in 0..3 {
+        assert_eq!(
+            send(&wrong, request_from("203.0.113.7:1", "/"))
+                .await
+                .status(),
+            StatusCode::OK
+        );
+    }
+    let said = captured.lines_with("runs before the layer that sets it");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("WARN") && said[0].contains("wrong-order"),
+        "{}",
+        said[0]
+    );
+    assert!(
+        said[0].contains(".layer(rate_limit).layer(auth)"),
+        "{}",
+        said[0]
+    );
+    let right = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(limited("right-order"))
+        .layer(middleware::from_fn(auth));
+    for _ in 0..3 {
+        assert_eq!(
+            send(&right, request_from("203.0.113.7:1", "/"))
+                .await
+                .status(),
+            StatusCode::OK
+        );
+    }
+    assert!(captured.lines_with("right-order").is_empty());
+}

@@ -428,6 +428,7 @@ impl PolicyBuilder {
             max_cost,
             key_base,
             overrides,
+            fell_back: std::sync::atomic::AtomicBool::new(false),
         })))
     }
 

@@ -98,6 +98,9 @@ pub(super) struct Inner {
     pub(super) key_base: String,
     /// Identities and networks treated apart.
     pub(super) overrides: Overrides,
+    /// Whether a request without its key has been counted by client IP yet: said once, at WARN
+    /// (the limiter often runs before the layer that sets the key).
+    pub(super) fell_back: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Policy {
@@ -303,11 +306,35 @@ impl Policy {
                     if inner.key.is_ip() || !Key::ip().push_identity(parts, client_ip, &mut key) {
                         return KeyLookup::NoClientIp;
                     }
+                    self.warn_of_fallback();
                     "ip"
                 }
             }
         };
         KeyLookup::Found(StorageKey::new(key, identity_at, kind))
+    }
+
+    /// Says, once, that a request without this policy's key was counted by client IP: with a
+    /// user key behind an auth layer that ran after the limiter, every request is.
+    fn warn_of_fallback(&self) {
+        let inner = &self.0;
+        if inner
+            .fell_back
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        tracing::warn!(
+            policy = %inner.name,
+            key_kind = inner.key.kind(),
+            "a request without the policy's {} key was limited by client IP instead \
+             (MissingKey::ClientIp). If every request should carry one, the rate limiter probably \
+             runs before the layer that sets it: with Router::layer the layer added last runs \
+             first, so add the RateLimitLayer before the auth layer (`.layer(rate_limit)\
+             .layer(auth)`), or after it in a ServiceBuilder. To refuse such requests instead, \
+             use .missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)). Said once per policy.",
+            inner.key.kind()
+        );
     }
 
     /// The store key of `identity` as the logs show it (`user:alice`), for an operator: `None`
