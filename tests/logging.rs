@@ -247,6 +247,10 @@ fn a_policy_with_large_sliding_logs_is_built_with_one_warning() {
     for algorithm in ["sliding_counter", "fixed_window", "token_bucket"] {
         assert!(line.contains(algorithm), "{line}");
     }
+    // The size in words, and what to choose instead.
+    let kb = (bytes as f64 / 1024.0).round();
+    assert!(line.contains(&format!("up to about {kb} KB")), "{line}");
+    assert!(line.contains("choose Algorithm::SlidingCounter"), "{line}");
 
     // Small logs, and large limits under the algorithms that don't grow, are quiet.
     Policy::builder("login")

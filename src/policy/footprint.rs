@@ -75,9 +75,26 @@ pub(super) fn warn_if_large(policy: &Policy) {
             policy = %policy.name(),
             entries_per_identity = entries,
             bytes_per_identity = bytes,
-            "this sliding_log policy keeps an entry per admitted request: an active identity \
-             may take up to about bytes_per_identity bytes of Redis memory; sliding_counter, \
-             fixed_window and token_bucket take under 200 bytes per rule whatever the limits"
+            "this sliding_log policy keeps an entry per admitted request: an active identity may \
+             take up to about {} of Redis memory ({entries} entries). For limits this large, \
+             choose Algorithm::SlidingCounter (algorithm = \"sliding_counter\"): the same \
+             limits, weighted over two windows, in under 200 bytes per rule whatever the limits \
+             (fixed_window and token_bucket too); keep sliding_log for small limits, where an \
+             exact log costs little",
+            in_words(bytes)
         );
+    }
+}
+
+/// `bytes` as a person reads it: `850 bytes`, `127 KB`, `1.2 MB` (of 1 024).
+fn in_words(bytes: u64) -> String {
+    const KB: f64 = 1024.0;
+    let value = bytes as f64;
+    if value < KB {
+        format!("{bytes} bytes")
+    } else if value < KB * KB {
+        format!("{:.0} KB", value / KB)
+    } else {
+        format!("{:.1} MB", value / KB / KB)
     }
 }
