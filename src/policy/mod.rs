@@ -332,7 +332,7 @@ impl Policy {
              runs before the layer that sets it: with Router::layer the layer added last runs \
              first, so add the RateLimitLayer before the auth layer (`.layer(rate_limit)\
              .layer(auth)`), or after it in a ServiceBuilder. To refuse such requests instead, \
-             use .missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)). Said once per policy.",
+             use .on_missing_key(MissingKey::Reject(StatusCode::UNAUTHORIZED)). Said once per policy.",
             inner.key.kind()
         );
     }
