@@ -9,10 +9,10 @@
 #
 # Every sample (one wrk run of that many seconds, back to back) records the app's RSS and open
 # file descriptors, Redis's used_memory and key count, and the sample's p50/p99 latency, into
-# benches/soak/<store>.tsv. Then, for each figure, the growth over the last half of the run
-# (after the first half's warm-up): the median of its last 3 samples over the median of the 3
-# samples that start the last half. The run fails if any grows more than 5 %. benches/soak.gp
-# plots both files into benches/soak/soak.svg. A benchmark: not in CI. Needs wrk, gnuplot,
+# benches/soak/<store>.tsv. Then benches/soak_flat.awk checks that each figure stays flat over
+# the last half of the run (after the first half's warm-up): the least-squares line through those
+# samples rises at most 5 % of their mean. The run fails if any grows more. benches/soak.gp plots
+# both files into benches/soak/soak.svg. A benchmark: not in CI. Needs wrk, gnuplot,
 # redis-server and redis-cli; only loopback is targeted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,23 +89,7 @@ TOML
       "$p50" "$p99" "$requests" "${errors:-0}" | tee -a "$tsv"
   done
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  # Growth over the last half: median of the last 3 samples over that of the half's first 3.
-  awk -F'\t' -v store="$store" '
-    function median3(a, b, c) { return a + b + c - (a < b ? (a < c ? a : c) : (b < c ? b : c)) - (a > b ? (a > c ? a : c) : (b > c ? b : c)) }
-    NR > 1 { n++; for (i = 2; i <= 9; i++) v[n, i] = $i; name[2] = "rss"; name[3] = "fds"; name[4] = "redis used_memory"; name[5] = "redis keys"; name[6] = "p50"; name[7] = "p99" }
-    END {
-      half = int(n / 2) + 1; bad = 0
-      for (i = 2; i <= 7; i++) {
-        start = median3(v[half, i], v[half + 1, i], v[half + 2, i])
-        end = median3(v[n - 2, i], v[n - 1, i], v[n, i])
-        if (start == 0 && end == 0) continue
-        growth = start > 0 ? (end / start - 1) * 100 : 100
-        verdict = growth <= 5 ? "flat" : "GROWS"
-        if (growth > 5) bad = 1
-        printf "%s %s: %s -> %s over the last half (%+.1f %%) %s\n", store, name[i], start, end, growth, verdict
-      }
-      exit bad
-    }' "$tsv" || failed=1
+  awk -v store="$store" -f benches/soak_flat.awk "$tsv" || failed=1
   awk -F'\t' 'NR > 1 { e += $9 } END { if (e > 0) { print e " non-2xx answers"; exit 1 } }' "$tsv" || failed=1
 done
 
