@@ -18,6 +18,20 @@ cpu_ticks() {
   echo "$total"
 }
 
+# start_own_redis PORT DIR: a redis-server of the script's own on 127.0.0.1:PORT, without
+# persistence, its files and log in DIR, waited for ($! is its pid afterwards); refuses a port
+# another Redis answers on.
+start_own_redis() {
+  local port=$1 dir=$2
+  if redis-cli -p "$port" ping >/dev/null 2>&1; then
+    echo "port $port is taken by another Redis" >&2; exit 1
+  fi
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+    >"$dir/redis-$port.log" 2>&1 &
+  for _ in $(seq 1 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "redis-server on $port did not start:" >&2; cat "$dir/redis-$port.log" >&2; exit 1
+}
+
 # wait_for_http URL: until it answers (at most 5 s).
 wait_for_http() {
   for _ in $(seq 1 50); do

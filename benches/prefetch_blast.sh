@@ -24,12 +24,7 @@ demo=target/release/examples/demo
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
 
-if redis-cli -p "$redis_port" ping >/dev/null 2>&1; then
-  echo "port $redis_port is taken by another Redis" >&2; exit 1
-fi
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
-  >"$work/redis.log" 2>&1 &
-for _ in $(seq 1 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+start_own_redis "$redis_port" "$work"
 
 for port in "${ports[@]}"; do
   cat >"$work/$port.toml" <<TOML

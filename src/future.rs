@@ -222,6 +222,16 @@ where
                 waiting: Some((service, request, limiter)),
             };
         }
+        State::checking(limiter, checked, service, request)
+    }
+
+    /// Asking the store about `checked`; the request waits with what it needs afterwards.
+    fn checking(
+        limiter: Arc<Limiter>,
+        checked: Checked,
+        service: S,
+        request: Request<ReqBody>,
+    ) -> Self {
         State::Checking {
             check: limiter.check(&checked),
             waiting: Some(Waiting {
@@ -287,15 +297,7 @@ where
                     let next = match limiter.settle(result, &checked) {
                         Verdict::Retake => {
                             checked.exact();
-                            State::Checking {
-                                check: limiter.check(&checked),
-                                waiting: Some(Waiting {
-                                    service,
-                                    request,
-                                    limiter,
-                                    checked,
-                                }),
-                            }
+                            State::checking(limiter, checked, service, request)
                         }
                         Verdict::AwaitSlot => State::WaitingForSlot {
                             wait: Box::pin(limiter.clone().wait_for_slot(checked, true)),

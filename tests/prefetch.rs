@@ -113,6 +113,28 @@ fn hot(algorithm: Algorithm, limit: u64, period: Duration, prefetch: u64) -> Pol
         .unwrap()
 }
 
+/// [`hot`]'s global fixed window under its own key `prefix`, for a Redis shared by other tests.
+fn on_redis(prefix: &str, limit: u64, period: Duration, prefetch: u64) -> Policy {
+    Policy::builder("hot")
+        .prefix(prefix)
+        .key(Key::global())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(limit, period))
+        .prefetch(prefetch)
+        .build()
+        .unwrap()
+}
+
+/// The start of a 20 s window an hour ahead, in Unix µs: a Redis store fixed at it
+/// (`fix_time_for_tests`) runs a whole test in one window.
+fn a_window_start_an_hour_ahead_us() -> u64 {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    ((now_ms + 3_600_000) / 20_000 * 20_000) * 1_000
+}
+
 fn recording(store: MemoryStore) -> (Recording<MemoryStore>, Arc<Mutex<Vec<u64>>>) {
     let costs = Arc::new(Mutex::new(Vec::new()));
     (
@@ -275,20 +297,9 @@ proptest! {
 async fn two_instances_on_redis_never_pass_the_limit_and_lose_at_most_their_units() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("prefetch");
-    let policy = Policy::builder("hot")
-        .prefix(&prefix)
-        .key(Key::global())
-        .algorithm(Algorithm::FixedWindow)
-        .rule(Rule::new(300, Duration::from_secs(20)))
-        .prefetch(20)
-        .build()
-        .unwrap();
+    let policy = on_redis(&prefix, 300, Duration::from_secs(20), 20);
     // Both at one fixed time at a window's start, an hour ahead: the whole race is one window.
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let start_us = ((now_ms + 3_600_000) / 20_000 * 20_000) * 1_000;
+    let start_us = a_window_start_an_hour_ahead_us();
     let instances: Vec<RateLimiter> = (0..2)
         .map(|_| {
             let store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
@@ -360,19 +371,8 @@ async fn a_blast_through_two_layers_on_redis_is_exact_within_their_units() {
     use tower_redis_ratelimit::RateLimitLayer;
     let redis = TestRedis::shared();
     let prefix = unique_prefix("prefetch-blast");
-    let policy = Policy::builder("hot")
-        .prefix(&prefix)
-        .key(Key::global())
-        .algorithm(Algorithm::FixedWindow)
-        .rule(Rule::new(3_000, Duration::from_secs(20)))
-        .prefetch(100)
-        .build()
-        .unwrap();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let start_us = ((now_ms + 3_600_000) / 20_000 * 20_000) * 1_000;
+    let policy = on_redis(&prefix, 3_000, Duration::from_secs(20), 100);
+    let start_us = a_window_start_an_hour_ahead_us();
     let costs = Arc::new(Mutex::new(Vec::new()));
     let apps: Vec<Router> = (0..2)
         .map(|_| {
@@ -464,14 +464,7 @@ async fn a_token_buckets_idle_units_go_back_to_the_bucket() {
 async fn on_redis_a_window_roll_drops_the_units_in_hand() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("prefetch-roll");
-    let policy = Policy::builder("hot")
-        .prefix(&prefix)
-        .key(Key::global())
-        .algorithm(Algorithm::FixedWindow)
-        .rule(Rule::new(1_000, Duration::from_secs(1)))
-        .prefetch(20)
-        .build()
-        .unwrap();
+    let policy = on_redis(&prefix, 1_000, Duration::from_secs(1), 20);
     let store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
     let costs = Arc::new(Mutex::new(Vec::new()));
     let limiter = RateLimiter::new(
@@ -515,19 +508,8 @@ async fn on_redis_a_window_roll_drops_the_units_in_hand() {
 async fn on_redis_a_dead_instance_costs_only_its_units_for_one_window() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("prefetch-dead");
-    let policy = Policy::builder("hot")
-        .prefix(&prefix)
-        .key(Key::global())
-        .algorithm(Algorithm::FixedWindow)
-        .rule(Rule::new(100, Duration::from_secs(20)))
-        .prefetch(10)
-        .build()
-        .unwrap();
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    let start_us = ((now_ms + 3_600_000) / 20_000 * 20_000) * 1_000;
+    let policy = on_redis(&prefix, 100, Duration::from_secs(20), 10);
+    let start_us = a_window_start_an_hour_ahead_us();
     let instance_at = |unix_us: u64, costs: &Arc<Mutex<Vec<u64>>>| {
         let store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
         store.fix_time_for_tests(Some(unix_us));
