@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// One `redis-server` process of a topology.
@@ -25,15 +24,8 @@ struct Servers {
 
 impl Servers {
     fn new(kind: &str) -> Servers {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "trl-{kind}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("a directory for the servers");
         Servers {
-            dir,
+            dir: super::redis_server::fresh_dir(kind),
             nodes: Vec::new(),
         }
     }

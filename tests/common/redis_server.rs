@@ -67,7 +67,7 @@ impl TestRedis {
                 child: None,
                 binary: binary.to_owned(),
                 ipv6,
-                dir: Some(own_dir()),
+                dir: Some(fresh_dir("redis")),
             };
             if server.try_start() {
                 return server;
@@ -205,15 +205,16 @@ impl Drop for TestRedis {
     }
 }
 
-/// A new, empty directory for one server of our own.
-fn own_dir() -> std::path::PathBuf {
+/// A new, empty directory of the temp dir for servers of a test's own (`kind` names them), which
+/// their owner removes when it stops them.
+pub fn fresh_dir(kind: &str) -> std::path::PathBuf {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "trl-redis-{}-{}",
+        "trl-{kind}-{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
-    std::fs::create_dir_all(&dir).expect("a directory for a redis-server of our own");
+    std::fs::create_dir_all(&dir).expect("a directory for redis-servers of our own");
     dir
 }
 
