@@ -465,3 +465,112 @@ fn a_reload_counts_a_route_of_several_paths_once() {
     // The first path dropped: `/b` is a new route, the old one is gone.
     assert_eq!(counts(&both, &["[\"/b\"]"]), (0, 0, 1, 1));
 }
+
+/// `RouteLimitsLayer::on_rejected` answers every route's refusals, the routes of a later reload
+/// too, with the layer's headers added; routes kept by the reload keep their counts.
+#[tokio::test]
+async fn a_custom_429_answers_every_route_before_and_after_a_reload() {
+    let rule = "rules = [{ limit = 1, period = \"1m\" }]";
+    let routes = |paths: &[&str]| {
+        let text: String = paths
+            .iter()
+            .map(|path| format!("[[routes]]\npath = \"{path}\"\n{rule}\n"))
+            .collect();
+        config("custom", &text)
+    };
+    let limits = routes(&["/a"])
+        .route_limits(Arc::new(MemoryStore::new()))
+        .unwrap()
+        .on_rejected(|rejected| {
+            let body = serde_json::json!({ "error": "slow down", "retry_in": rejected.retry_after_secs() });
+            (StatusCode::TOO_MANY_REQUESTS, axum::Json(body))
+        });
+    let app = app(&limits);
+    assert_eq!(get_path(&app, "/a").await.status(), StatusCode::OK);
+    let refused = get_path(&app, "/a").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert!(refused.headers().contains_key("ratelimit"));
+    let body = common::json(refused).await;
+    assert_eq!(body["error"], "slow down");
+    assert!(body["retry_in"].as_u64().unwrap() >= 1, "{body}");
+
+    // `/a` kept (its count too: still refused), `/b` new.
+    let summary = limits.reload(&routes(&["/a", "/b"])).unwrap();
+    assert_eq!((summary.kept, summary.added), (1, 1));
+    for path in ["/a", "/b"] {
+        if path == "/b" {
+            assert_eq!(get_path(&app, path).await.status(), StatusCode::OK);
+        }
+        let refused = get_path(&app, path).await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS, "{path}");
+        assert_eq!(common::json(refused).await["error"], "slow down", "{path}");
+    }
+}
+
+/// A reload that drops a path's limit (here a typo, `/login` edited to `/logn`) says so at WARN,
+/// naming the path and what was added.
+#[test]
+fn a_reload_that_removes_a_paths_limit_warns_naming_it() {
+    let (captured, _guard) = common::capture::Captured::install();
+    let login = |path: &str| {
+        config(
+            "typo",
+            &format!("[[routes]]\npath = \"{path}\"\nrules = [{{ limit = 3, period = \"1m\" }}]\n"),
+        )
+    };
+    let limits = login("/login")
+        .route_limits(Arc::new(MemoryStore::new()))
+        .unwrap();
+    limits.reload(&login("/login")).unwrap();
+    assert!(
+        captured.lines_with("WARN").is_empty(),
+        "{}",
+        captured.text()
+    );
+    let summary = limits.reload(&login("/logn")).unwrap();
+    assert_eq!((summary.added, summary.removed), (1, 1));
+    let warned = captured.lines_with("no longer limits this path");
+    assert_eq!(warned.len(), 1, "{}", captured.text());
+    assert!(warned[0].contains("WARN"), "{}", warned[0]);
+    assert!(warned[0].contains("path=/login"), "{}", warned[0]);
+    assert!(warned[0].contains("/logn"), "{}", warned[0]);
+}
+
+/// A configured path the app never serves, one edit away from a path it serves unlimited, is
+/// named at WARN once, when the served path's first request shows it; a configured path that
+/// limits requests is not.
+#[tokio::test]
+async fn a_configured_path_the_app_never_serves_is_named_once_a_near_path_is_served() {
+    let (captured, _guard) = common::capture::Captured::install();
+    let config = config(
+        "unserved",
+        r#"
+        [[routes]]
+        path = "/logn"
+        rules = [{ limit = 3, period = "1m" }]
+        [[routes]]
+        path = "/a"
+        rules = [{ limit = 3, period = "1m" }]
+        "#,
+    );
+    let limits = config.route_limits(Arc::new(MemoryStore::new())).unwrap();
+    let ok = || get(|| async { "ok" });
+    let app = Router::new()
+        .route("/login", ok())
+        .route("/a", ok())
+        .route("/b", ok())
+        .route_layer(limits);
+    for path in ["/a", "/b", "/login", "/login", "/b", "/login"] {
+        assert_eq!(
+            get_path(&app, path).await.status(),
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+    let warned = captured.lines_with("no rate limit names");
+    assert_eq!(warned.len(), 1, "{}", captured.text());
+    assert!(warned[0].contains("WARN"), "{}", warned[0]);
+    assert!(warned[0].contains("configured=/logn"), "{}", warned[0]);
+    assert!(warned[0].contains("served=/login"), "{}", warned[0]);
+}

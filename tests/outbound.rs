@@ -314,7 +314,7 @@ async fn upstream_refusing(
     let noted = arrivals.clone();
     let app = Router::new().route(
         "/quote",
-        get(move || {
+        axum::routing::any(move || {
             let mut arrivals = noted.lock().unwrap();
             let refuse = arrivals.len() == refused;
             arrivals.push((Instant::now(), if refuse { 429 } else { 200 }));
@@ -768,4 +768,57 @@ async fn the_retry_policy_never_retries_a_post_unless_told() {
         (status, arrivals),
         (201, vec![Duration::ZERO, Duration::from_secs(1)])
     );
+}
+
+/// The panic of `OutboundLayer::new` on a policy it can't use names the caller's line, not one
+/// inside the crate.
+#[test]
+fn new_with_an_algorithm_that_cannot_reserve_panics_at_the_callers_line() {
+    let fixed = Policy::builder("fixed")
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_second(5))
+        .build()
+        .unwrap();
+    thread_local!(static PANICKED_AT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) });
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        let at = info.location().map(|at| at.file().to_owned());
+        PANICKED_AT.with(|cell| *cell.borrow_mut() = at);
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        OutboundLayer::new(fixed, MemoryStore::new())
+    }));
+    std::panic::set_hook(previous);
+    assert!(result.is_err(), "a fixed window can't reserve a slot");
+    let file = PANICKED_AT.with(|cell| cell.borrow().clone());
+    assert_eq!(file.as_deref(), Some(file!()));
+}
+
+/// With `reqwest-middleware`, `RetryAfter` before an `OutboundLayer` retries a 429 after its
+/// `Retry-After`, through the layer: the upstream sees the refused call and one retry, a second
+/// apart, and the caller gets the retry's 200. A POST is not retried.
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_middleware_sends_a_refused_call_again_after_the_pause() {
+    let (url, arrivals) = upstream_refusing_once(("retry-after", "1".to_owned())).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(http)
+        .with(RetryAfter::new().attempts(2))
+        .with(OutboundLayer::new(
+            five_per_second(&unique_prefix("retry-mw")),
+            MemoryStore::new(),
+        ))
+        .build();
+    let response = client.get(&url).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let seen = arrivals.lock().unwrap().clone();
+    let statuses: Vec<u16> = seen.iter().map(|(_, status)| *status).collect();
+    assert_eq!(statuses, [429, 200]);
+    let gap = seen[1].0 - seen[0].0;
+    assert!(gap >= Duration::from_secs(1), "retried after {gap:?}");
+
+    let (url, arrivals) = upstream_refusing_once(("retry-after", "1".to_owned())).await;
+    let response = client.post(&url).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 429, "a POST is not retried");
+    assert_eq!(arrivals.lock().unwrap().len(), 1);
 }

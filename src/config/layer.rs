@@ -3,15 +3,16 @@
 //! and swaps them all at once
 //! on a reload.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use axum::body::Body;
 use axum::extract::MatchedPath;
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::{Request, Response};
 use tower::{BoxError, Layer, Service};
@@ -20,7 +21,8 @@ use super::store::RedisSettings;
 use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteSource, StoreSpec};
 use crate::RateLimitLayer;
 use crate::future::ResponseFuture;
-use crate::limiter::{Admission, Limiter};
+use crate::limiter::{Admission, Limiter, RejectHandler};
+use crate::response::Rejected;
 use crate::service::limit_call;
 use crate::store::Store;
 use crate::telemetry;
@@ -48,6 +50,8 @@ struct Shared {
     /// reload names another.
     store_spec: (StoreSpec, RedisSettings),
     routes: ArcSwap<RouteTable>,
+    /// The 429 of every route, when the app replaces the default ([`RouteLimitsLayer::on_rejected`]).
+    on_rejected: Mutex<Option<RejectHandler>>,
     /// Held from reading the table to storing the next, so two reloads at once can't build
     /// from the same table and lose one of them.
     reloading: Mutex<()>,
@@ -60,7 +64,24 @@ struct Shared {
 #[derive(Default)]
 struct RouteTable {
     by_path: HashMap<String, Arc<Route>>,
+    /// Whether each path has limited a request yet, to tell a path the app never serves (a typo).
+    seen: HashMap<String, AtomicU8>,
+    /// How many paths have limited no request yet: while none is left, nothing is watched.
+    unseen: AtomicUsize,
+    /// The unlimited paths the app served, each compared once with the paths not seen yet
+    /// (at most [`MAX_EXAMINED`]).
+    examined: Mutex<HashSet<String>>,
 }
+
+/// A configured path that has limited no request yet.
+const UNSEEN: u8 = 0;
+/// A configured path that has limited a request.
+const SEEN: u8 = 1;
+/// A configured path not seen yet, already named in a warning.
+const WARNED: u8 = 2;
+
+/// How many unlimited paths a table compares with its unseen ones; past that it stops looking.
+const MAX_EXAMINED: usize = 256;
 
 struct Route {
     /// The route's first path, which names it (in a reload's summary and in `layers`).
@@ -95,23 +116,84 @@ pub struct ReloadSummary {
     pub removed: usize,
 }
 
+/// The paths a reload added and removed (their routes' first paths), for its log.
+#[derive(Default)]
+struct PathChanges {
+    added: Vec<String>,
+    removed: Vec<String>,
+}
+
 impl RouteLimitsLayer {
     /// The layer of `config`'s routes, counting in `store`.
     pub(super) fn build(
         config: &RateLimitConfig,
         store: Arc<dyn Store>,
     ) -> Result<Self, ConfigError> {
-        let (table, _) = RouteTable::build(config, &store, &RouteTable::default())?;
+        let (table, _, _) = RouteTable::build(config, &store, &RouteTable::default(), None)?;
         Ok(RouteLimitsLayer {
             shared: Arc::new(Shared {
                 store,
                 store_spec: (config.store.clone(), config.redis.clone()),
                 routes: ArcSwap::from_pointee(table),
+                on_rejected: Mutex::new(None),
                 reloading: Mutex::new(()),
                 applied: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// Replaces the default 429 body of every route, now and after each reload, with what
+    /// `respond` answers, as [`RateLimitLayer::on_rejected`] does for one layer: anything a
+    /// handler may return. The layer still adds `Retry-After` and the rate-limit headers; a
+    /// refused gRPC call still gets [`Rejected::grpc_response`]. Clones of the layer share it.
+    ///
+    /// ```
+    /// use axum::Json;
+    /// use http::StatusCode;
+    /// use tower_redis_ratelimit::config::RateLimitConfig;
+    ///
+    /// let config = RateLimitConfig::from_toml_str(r#"
+    ///     store = "memory"
+    ///     [[routes]]
+    ///     path = "/login"
+    ///     key = "ip"
+    ///     rules = [{ limit = 10, period = "1m" }]
+    /// "#).unwrap();
+    /// let limits = config.route_limits(config.open_store().unwrap()).unwrap().on_rejected(|rejected| {
+    ///     let body = serde_json::json!({ "error": "slow down", "retry_in": rejected.retry_after_secs() });
+    ///     (StatusCode::TOO_MANY_REQUESTS, Json(body))
+    /// });
+    /// # let _ = limits;
+    /// ```
+    pub fn on_rejected<F, R>(self, respond: F) -> Self
+    where
+        F: Fn(&Rejected) -> R + Send + Sync + 'static,
+        R: IntoResponse,
+    {
+        let handler: RejectHandler = Arc::new(move |rejected| respond(rejected).into_response());
+        {
+            let _reloading = self.lock_reloading();
+            *self
+                .shared
+                .on_rejected
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(handler.clone());
+            let current = self.shared.routes.load();
+            self.shared
+                .routes
+                .store(Arc::new(current.answering_with(&handler)));
+        }
+        self
+    }
+
+    /// Held while a table is read and its successor stored.
+    fn lock_reloading(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A poisoned lock guards no data: the table is swapped whole or not at all.
+        self.shared
+            .reloading
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Replaces every route's policy with `config`'s, at once. Routes whose entry (and the
@@ -122,15 +204,16 @@ impl RouteLimitsLayer {
     /// Each call is counted ([`reload_counts`](Self::reload_counts), and the
     /// `ratelimit_config_reloads_total` metric with `outcome` `applied` or `refused`) and logged.
     pub fn reload(&self, config: &RateLimitConfig) -> Result<ReloadSummary, ConfigError> {
-        // A poisoned lock guards no data: the table is swapped whole or not at all.
-        let _reloading = self
-            .shared
-            .reloading
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _reloading = self.lock_reloading();
         let current = self.shared.routes.load();
-        match RouteTable::build(config, &self.shared.store, &current) {
-            Ok((table, summary)) => {
+        let on_rejected = self
+            .shared
+            .on_rejected
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        match RouteTable::build(config, &self.shared.store, &current, on_rejected.as_ref()) {
+            Ok((table, summary, changes)) => {
                 let (store, settings) = &self.shared.store_spec;
                 if config.store != *store || config.redis != *settings {
                     tracing::warn!(
@@ -150,6 +233,16 @@ impl RouteLimitsLayer {
                     removed = summary.removed,
                     "rate-limit configuration reloaded"
                 );
+                // A path edited by mistake (`/login` to `/logn`) removes the real path's limit:
+                // say so louder than a count.
+                for path in &changes.removed {
+                    tracing::warn!(
+                        path = %path,
+                        added = ?changes.added,
+                        "the reloaded configuration no longer limits this path: its requests are \
+                         unlimited from now on (check the paths for a typo if that was not meant)"
+                    );
+                }
                 Ok(summary)
             }
             Err(error) => Err(self.refuse(error, "")),
@@ -208,13 +301,15 @@ impl RouteLimitsLayer {
 
 impl RouteTable {
     /// The table of `config`'s routes, reusing `current`'s limiter of each route whose source is
-    /// unchanged.
+    /// unchanged; new limiters answer refusals with `on_rejected` when the app set one.
     fn build(
         config: &RateLimitConfig,
         store: &Arc<dyn Store>,
         current: &RouteTable,
-    ) -> Result<(RouteTable, ReloadSummary), ConfigError> {
+        on_rejected: Option<&RejectHandler>,
+    ) -> Result<(RouteTable, ReloadSummary, PathChanges), ConfigError> {
         let mut summary = ReloadSummary::default();
+        let mut changes = PathChanges::default();
         let mut by_path = HashMap::with_capacity(config.routes.len());
         for (index, route) in config.routes.iter().enumerate() {
             // A route is known by its first path: one whose first path was another route's
@@ -233,12 +328,14 @@ impl RouteTable {
                         summary.changed += 1;
                     } else {
                         summary.added += 1;
+                        changes.added.push(route.path.clone());
                     }
                     let mut limiter = Limiter::try_new(route.policy.clone(), store.clone())
                         .map_err(|error| {
                             ConfigError::new(format!("routes[{index}]"), error.to_string())
                         })?;
                     limiter.legacy_headers = config.legacy_headers;
+                    limiter.on_rejected = on_rejected.cloned();
                     Arc::new(limiter)
                 }
             };
@@ -251,16 +348,121 @@ impl RouteTable {
                 by_path.insert(path.clone(), entry.clone());
             }
         }
-        summary.removed = current
+        changes.removed = current
             .routes()
             .filter(|old| {
                 by_path
                     .get(&old.path)
                     .is_none_or(|new| new.path != old.path)
             })
-            .count();
-        Ok((RouteTable { by_path }, summary))
+            .map(|old| old.path.clone())
+            .collect();
+        changes.removed.sort();
+        summary.removed = changes.removed.len();
+        Ok((RouteTable::of(by_path), summary, changes))
     }
+
+    /// A table of these routes, none of its paths seen yet.
+    fn of(by_path: HashMap<String, Arc<Route>>) -> RouteTable {
+        let seen = by_path
+            .keys()
+            .map(|path| (path.clone(), AtomicU8::new(UNSEEN)))
+            .collect();
+        RouteTable {
+            unseen: AtomicUsize::new(by_path.len()),
+            seen,
+            by_path,
+            examined: Mutex::default(),
+        }
+    }
+
+    /// The same routes, each limiter answering refusals with `handler` (their counts, shared
+    /// through the store and the limiters' shared parts, go on).
+    fn answering_with(&self, handler: &RejectHandler) -> RouteTable {
+        let mut rebuilt: HashMap<&str, Arc<Route>> = HashMap::new();
+        let by_path = self
+            .by_path
+            .iter()
+            .map(|(path, route)| {
+                let route = rebuilt.entry(&route.path).or_insert_with(|| {
+                    Arc::new(Route {
+                        path: route.path.clone(),
+                        limiter: Arc::new(route.limiter.answering_with(handler.clone())),
+                        source: route.source.clone(),
+                    })
+                });
+                (path.clone(), route.clone())
+            })
+            .collect();
+        RouteTable::of(by_path)
+    }
+
+    /// Notes that `path` limited a request.
+    fn saw(&self, path: &str) {
+        // Once every path has been seen, one load a request.
+        if self.unseen.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(state) = self.seen.get(path)
+            && state.swap(SEEN, Ordering::Relaxed) != SEEN
+        {
+            self.unseen.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Notes that the app served `path`, which no route limits: a configured path that has
+    /// limited nothing yet and is one or two edits away from it is likely a typo of it, and is
+    /// named at WARN, once.
+    fn served_unlimited(&self, path: &str) {
+        if self.unseen.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        {
+            let mut examined = self
+                .examined
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if examined.len() >= MAX_EXAMINED || !examined.insert(path.to_owned()) {
+                return;
+            }
+        }
+        for (configured, state) in &self.seen {
+            if state.load(Ordering::Relaxed) == UNSEEN
+                && edit_distance(configured, path) <= 2
+                && state
+                    .compare_exchange(UNSEEN, WARNED, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                tracing::warn!(
+                    configured = %configured,
+                    served = %path,
+                    "the app serves a path no rate limit names, close to a configured path that \
+                     has limited no request yet: a typo in the configuration? The served path is \
+                     unlimited"
+                );
+            }
+        }
+    }
+}
+
+/// The Levenshtein distance of two paths, in bytes (paths are ASCII in practice; a multi-byte
+/// character counts as several edits, which only makes a match less likely).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len().abs_diff(b.len()) > 2 {
+        return usize::MAX;
+    }
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    let mut current = vec![0; b.len() + 1];
+    for (i, &x) in a.iter().enumerate() {
+        current[0] = i + 1;
+        for (j, &y) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(x != y);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        std::mem::swap(&mut previous, &mut current);
+    }
+    previous[b.len()]
 }
 
 impl fmt::Debug for RouteLimitsLayer {
@@ -322,18 +524,48 @@ where
         // (`/package.Service/Method`) under a service that axum routes by a wildcard, or that a
         // layer around a tonic service sees without a router. (An HTTP request is only ever
         // limited by the route axum matched, as before gRPC calls were.)
-        let route = request
-            .extensions()
-            .get::<MatchedPath>()
-            .and_then(|path| table.by_path.get(path.as_str()))
+        let matched = request.extensions().get::<MatchedPath>();
+        let route = matched
+            .and_then(|path| {
+                let route = table.by_path.get(path.as_str());
+                match route {
+                    Some(_) => table.saw(path.as_str()),
+                    None => table.served_unlimited(path.as_str()),
+                }
+                route
+            })
             .or_else(|| {
                 crate::grpc::is_grpc(request.headers())
-                    .then(|| table.by_path.get(request.uri().path()))
+                    .then(|| {
+                        let path = request.uri().path();
+                        let route = table.by_path.get(path);
+                        if route.is_some() {
+                            table.saw(path);
+                        }
+                        route
+                    })
                     .flatten()
             });
         match route {
             Some(route) => limit_call(&route.limiter, &mut self.inner, request),
             None => ResponseFuture::inner(self.inner.call(request), Admission::unchecked()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::edit_distance;
+
+    #[test]
+    fn edit_distance_counts_insertions_deletions_and_substitutions() {
+        assert_eq!(edit_distance("/login", "/login"), 0);
+        assert_eq!(edit_distance("/logn", "/login"), 1);
+        assert_eq!(edit_distance("/login", "/logon"), 1);
+        assert_eq!(edit_distance("/users/{id}", "/users/:id"), 2);
+        assert_eq!(edit_distance("", "/a"), 2);
+        // Lengths three apart can't be two edits apart.
+        assert_eq!(edit_distance("/a", "/abcd"), usize::MAX);
+        assert_eq!(edit_distance("/orders", "/users"), 3);
     }
 }

@@ -39,7 +39,7 @@ const FIRST_SLOT_POLL: Duration = Duration::from_millis(5);
 /// The longest pause of a request polling for a concurrency slot released by another instance.
 const MAX_SLOT_POLL: Duration = Duration::from_millis(100);
 
-type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
+pub(crate) type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
 
 /// Everything a layer decides with, shared by all its services.
 #[derive(Clone)]
@@ -254,6 +254,15 @@ impl Limiter {
             overriding: OnceLock::new(),
             prefetched,
         }
+    }
+
+    /// The same limiter (sharing its counts, caches and logs) answering HTTP refusals with
+    /// `handler`.
+    pub(crate) fn answering_with(&self, handler: RejectHandler) -> Limiter {
+        let mut limiter = self.clone();
+        limiter.on_rejected = Some(handler);
+        limiter.settings_changed();
+        limiter
     }
 
     /// Forgets the override limiters made from the settings before a change.

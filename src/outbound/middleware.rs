@@ -1,10 +1,13 @@
-//! [`OutboundLayer`] as a `reqwest-middleware` [`Middleware`]: the same slots, waits and pauses
-//! for a `reqwest` client as for a tower one, sharing the store with both.
+//! [`OutboundLayer`] and [`RetryAfter`] as `reqwest-middleware` [`Middleware`]s: the same slots,
+//! waits, pauses and retries for a `reqwest` client as for a tower one, sharing the store with
+//! both.
+
+use std::time::SystemTime;
 
 use http::{Extensions, Uri};
 use reqwest_middleware::{Error, Middleware, Next};
 
-use super::{OutboundError, OutboundLayer};
+use super::{OutboundError, OutboundLayer, RetryAfter};
 
 /// Limits a `reqwest` client (feature `reqwest-middleware`). A request that is not sent fails
 /// with [`reqwest_middleware::Error::Middleware`] holding an [`OutboundError`] (reach it with
@@ -61,5 +64,63 @@ impl Middleware for OutboundLayer {
             .learn(&upstream, response.status(), response.headers())
             .await;
         Ok(response)
+    }
+}
+
+/// Retries a `reqwest` request answered 429 or 503 (feature `reqwest-middleware`), as the tower
+/// retry policy does: after the upstream's `Retry-After`, within the attempts and total wait,
+/// idempotent methods only unless told otherwise. A request whose body can't be cloned (a
+/// stream) is sent once.
+///
+/// Add it before an [`OutboundLayer`] (`reqwest_middleware` runs middlewares in the order they
+/// were added), so that each retry takes a slot too. Retrying a refused call *at once* would be
+/// correct as well: the refusal's pause is stored, and the retry waits in the layer until it is
+/// over, on every instance that shares the store. Waiting here first only keeps the retry from
+/// counting against the layer's [`max_wait`](OutboundLayer::max_wait).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_redis_ratelimit::outbound::{OutboundLayer, RetryAfter};
+/// use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, Rule};
+///
+/// let policy = Policy::builder("partner-api")
+///     .algorithm(Algorithm::SlidingLog)
+///     .rule(Rule::per_second(5))
+///     .build()
+///     .unwrap();
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryAfter::new().attempts(3).max_total_wait(Duration::from_secs(20)))
+///     .with(OutboundLayer::new(policy, MemoryStore::new()))
+///     .build();
+/// # let _ = client;
+/// ```
+#[async_trait::async_trait]
+impl Middleware for RetryAfter {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        // A copy per request: the configuration's budget of attempts and waiting is each one's.
+        let mut budget = self.clone();
+        loop {
+            let Some(attempt) = request.try_clone() else {
+                return next.run(request, extensions).await;
+            };
+            let response = next.clone().run(attempt, extensions).await?;
+            let wait = budget.wait_for(
+                request.method(),
+                response.status(),
+                response.headers(),
+                SystemTime::now(),
+            );
+            let Some(wait) = wait else {
+                return Ok(response);
+            };
+            budget.spend(wait);
+            drop(response);
+            tokio::time::sleep(wait).await;
+        }
     }
 }

@@ -39,6 +39,10 @@
 //! With the `reqwest-middleware` feature the layer is also a `reqwest_middleware::Middleware`, for
 //! `reqwest` clients (see its impl below [`OutboundLayer`]).
 //!
+//! A call the upstream refused may be sent again at once: the layer has stored the pause, and the
+//! new call waits it out in the layer, as every instance's calls do. [`RetryAfter`] retries 429s
+//! and 503s that way, as a `tower::retry` policy and, with `reqwest-middleware`, as a middleware.
+//!
 //! A request arrives upstream a little after the instant it was counted (the store's answer, the
 //! timer, the network), and not always by the same amount, so an upstream counting arrivals could
 //! see a window a hair short. Each rule's period is counted longer by a safety margin
@@ -67,6 +71,46 @@
 //! let request = http::Request::get("https://api.example.com/v1/quote").body(String::new()).unwrap();
 //! let response = client.ready().await.unwrap().call(request).await.unwrap();
 //! assert_eq!(response.into_body(), "ok");
+//! # }
+//! ```
+//!
+//! ## Even spacing or bursts
+//!
+//! The algorithm decides how calls are spread within the limit. A
+//! [`SlidingLog`](crate::Algorithm::SlidingLog) rule of 5 a second sends the first five calls at
+//! once, then waits for the oldest to leave the window: bursts of five, a second apart. An upstream
+//! that counts over a shorter window than its documented one (many do) may refuse such a burst.
+//! A [`TokenBucket`](crate::Algorithm::TokenBucket) rule with `burst(1)` holds one call's worth
+//! of tokens, refilled every `period / limit`, so calls leave evenly spaced, never two closer than
+//! that:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use std::time::{Duration, Instant};
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use tower_redis_ratelimit::outbound::OutboundLayer;
+//! use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, Rule};
+//!
+//! let policy = Policy::builder("partner-api")
+//!     .algorithm(Algorithm::TokenBucket)
+//!     .rule(Rule::per_second(10).burst(1)) // one call every 100 ms, never two at once
+//!     .build()
+//!     .unwrap();
+//! let client = service_fn(|_request: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(Instant::now()))
+//! });
+//! let mut client = ServiceBuilder::new()
+//!     .layer(OutboundLayer::new(policy, MemoryStore::new()))
+//!     .service(client);
+//! let mut sent = Vec::new();
+//! for _ in 0..4 {
+//!     let request = http::Request::get("https://api.example.com/v1/quote").body(String::new()).unwrap();
+//!     sent.push(client.ready().await.unwrap().call(request).await.unwrap().into_body());
+//! }
+//! for pair in sent.windows(2) {
+//!     assert!(pair[1] - pair[0] >= Duration::from_millis(95)); // evenly spaced, not a burst
+//! }
 //! # }
 //! ```
 
@@ -156,9 +200,18 @@ struct Shared {
 
 impl OutboundLayer {
     /// Limits by `policy`, counting in `store` (share a Redis store between instances to share the
-    /// limit). Panics where [`OutboundLayer::try_new`] fails.
+    /// limit).
+    ///
+    /// # Panics
+    ///
+    /// Where [`OutboundLayer::try_new`] fails (a policy whose algorithm can't reserve a slot), at
+    /// the caller's line.
+    #[track_caller]
     pub fn new(policy: Policy, store: impl Store) -> Self {
-        OutboundLayer::try_new(policy, store).unwrap_or_else(|error| panic!("{error}"))
+        match OutboundLayer::try_new(policy, store) {
+            Ok(layer) => layer,
+            Err(error) => panic!("{error}"),
+        }
     }
 
     /// Limits by `policy`, counting in `store`; refuses a policy whose algorithm can't reserve a

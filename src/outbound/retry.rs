@@ -79,13 +79,13 @@ impl RetryAfter {
     }
 
     /// How long to wait before retrying a request of `method` answered `response`, if at all.
-    fn wait_for<T>(
+    pub(super) fn wait_for(
         &self,
         method: &Method,
-        response: &Response<T>,
+        status: StatusCode,
+        headers: &http::HeaderMap,
         now: SystemTime,
     ) -> Option<Duration> {
-        let status = response.status();
         if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
             return None;
         }
@@ -93,7 +93,7 @@ impl RetryAfter {
             return None;
         }
         let mut retry_after = http::HeaderMap::new();
-        for value in response.headers().get_all(http::header::RETRY_AFTER) {
+        for value in headers.get_all(http::header::RETRY_AFTER) {
             retry_after.append(http::header::RETRY_AFTER, value.clone());
         }
         let wait = match headers::parse(&retry_after)
@@ -105,6 +105,14 @@ impl RetryAfter {
             None => self.fallback,
         };
         (self.waited.saturating_add(wait) <= self.max_total_wait).then_some(wait)
+    }
+}
+
+impl RetryAfter {
+    /// Counts one retry after `wait`.
+    pub(super) fn spend(&mut self, wait: Duration) {
+        self.attempts -= 1;
+        self.waited = self.waited.saturating_add(wait);
     }
 }
 
@@ -125,9 +133,13 @@ impl<B: Clone, T, E> tower::retry::Policy<Request<B>, Response<T>, E> for RetryA
         result: &mut Result<Response<T>, E>,
     ) -> Option<Self::Future> {
         let response = result.as_ref().ok()?;
-        let wait = self.wait_for(request.method(), response, SystemTime::now())?;
-        self.attempts -= 1;
-        self.waited = self.waited.saturating_add(wait);
+        let wait = self.wait_for(
+            request.method(),
+            response.status(),
+            response.headers(),
+            SystemTime::now(),
+        )?;
+        self.spend(wait);
         Some(Box::pin(tokio::time::sleep(wait)))
     }
 
