@@ -15,7 +15,9 @@
 #
 # Prints req/s, p50/p99, and the CPU time per request of the server, of redis-server (a server
 # of the script's own) and of wrk for each run, then medians over the rounds with req/s as a ratio to bare
-# axum at the same connection count. Needs wrk and redis-server; only loopback is targeted.
+# axum at the same connection count. The medians also go to benches/peers/medians.tsv, from which
+# scripts/pictures draws the guide's bar chart (docs/pictures/performance.svg). Needs wrk and
+# redis-server; only loopback is targeted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/load_lib.sh
@@ -91,6 +93,9 @@ echo "medians over $rounds rounds; ratio: req/s over bare axum's at the same con
 echo "vs naive: req/s and redis µs/req over the naive middleware's in the same load"
 printf '%-16s %10s %8s %10s %14s %14s %12s %10s %10s\n' setup "req/s" ratio p50 "server µs/req" \
   "redis µs/req" "wrk µs/req" "vs naive" "redis vs"
+mkdir -p benches/peers
+medians=benches/peers/medians.tsv
+printf 'setup\treq_s\tvs_bare\tp50_us\tserver_us\tredis_us\twrk_us\tvs_naive\n' >"$medians"
 for entry in "${setups[@]}"; do
   label=${entry%%|*}
   column() { awk -v l="$label" -v c="$1" '$1 == l {print $c}' "$work/results"; }
@@ -113,4 +118,8 @@ for entry in "${setups[@]}"; do
   naive_redis=$(awk -v l="$naive" '$1 == l {print $4}' "$work/results" | median)
   printf '%-16s %10s %8s %8sus %14s %14s %12s %10s %10s\n' "$label" "$rps" "$(ratio "$rps" "$bare_rps")" \
     "$p50" "$server_us" "$redis_us" "$wrk_us" "$(ratio "$rps" "$naive_rps")" "$(ratio "$redis_us" "$naive_redis")"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$rps" "$(ratio "$rps" "$bare_rps")" "$p50" \
+    "$server_us" "$redis_us" "$wrk_us" "$(ratio "$rps" "$naive_rps")" >>"$medians"
 done
+echo "medians: $medians"
+

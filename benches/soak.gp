@@ -8,7 +8,7 @@ set termoption noenhanced
 set key top left
 set grid
 set xlabel "minutes"
-set multiplot layout 2,2 title "Soak: 100 000 rotating identities, sliding log 1 000/min, demo server"
+set multiplot layout 2,2 title "Soak: 10 000 requests a second over 100 000 identities, sliding log 1 000/min, demo server"
 m = dir.'/memory.tsv'
 r = dir.'/redis.tsv'
 

@@ -11,7 +11,7 @@
 //!
 //! ```text
 //! cargo run --example per_route --features macros   # serves 127.0.0.1:3001
-//! curl -i -X POST 127.0.0.1:3001/login     # the 6th within a minute gets a 429
+//! curl -i -X POST 127.0.0.1:3001/login     # again within 1 s: 429 (the duplicate guard); the 6th a minute: 429
 //! ```
 //!
 //! Layers nest: a request to `/login` is counted by the site-wide layer and by the login policy, and

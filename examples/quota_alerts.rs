@@ -3,7 +3,7 @@
 //! user, threshold and day however many requests race.
 //!
 //! ```text
-//! cargo run --example quota_alerts      # serves 127.0.0.1:3002, and receives its own alerts on :3003
+//! cargo run --example quota_alerts --features webhook  # serves 127.0.0.1:3002, and receives its own alerts on :3003
 //! for i in $(seq 1 12); do curl -s -o /dev/null -w "%{http_code} " -H 'x-user-id: ann' 127.0.0.1:3002/maps; done
 //! ```
 //!

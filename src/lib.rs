@@ -17,7 +17,12 @@
 //! Operators get metrics through the `metrics` facade (feature `metrics`, on by default), a `debug`
 //! span per check, the most refused identities ([`RateLimitLayer::top_refused`]) and one
 //! identity's state and reset ([`RateLimitLayer::inspect`], [`RateLimitLayer::reset`]); see the
-//! README's "Monitoring".
+//! guide's [monitoring](guide::monitoring) chapter.
+//!
+//! The [`guide`] has a chapter per task: policies and algorithms, keys and proxies, stores,
+//! answers, costs, quotas, concurrency and limits from code, outbound calls, config files,
+//! monitoring, store failures, performance, and migrating from tower_governor or
+//! tower-rate-limit-redis.
 //!
 //! The [`MemoryStore`] keeps counts in-process; the [`RedisStore`] lets many app instances share one
 //! limit. Either checks and records every rule of a request in one atomic step (one function call on
@@ -99,6 +104,7 @@ mod future;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grpc;
+pub mod guide;
 pub mod headers;
 mod key;
 mod layer;

@@ -258,6 +258,7 @@ impl Limiter {
 
     /// The same limiter (sharing its counts, caches and logs) answering HTTP refusals with
     /// `handler`.
+    #[cfg(feature = "config")]
     pub(crate) fn answering_with(&self, handler: RejectHandler) -> Limiter {
         let mut limiter = self.clone();
         limiter.on_rejected = Some(handler);
