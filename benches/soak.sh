@@ -13,10 +13,9 @@
 # moment rather than the server. Every sample (one oha run of that many seconds, back to back)
 # records the app's RSS and open file descriptors, Redis's used_memory and key count, and the
 # sample's p50/p99 latency, into benches/soak/<store>.tsv. Then benches/soak_flat.awk checks that
-# each figure stays flat over the last half of the run (after the first half's warm-up): the
-# least-squares line through those samples rises at most 5 % of their mean. The run fails if any
-# grows more. benches/soak.gp plots both files into benches/soak/soak.svg. A benchmark: not in
-# CI. Needs oha (`cargo install oha`), gnuplot, redis-server and redis-cli; only loopback is
+# each figure stays flat over the last half of the run (after the first half's warm-up): Theil-Sen's
+# line through those samples rises at most 5 % of their median. The run fails if any grows more.
+# benches/soak.gp plots both files into benches/soak/soak.svg. A benchmark: not in CI. Needs oha (`cargo install oha`), gnuplot, redis-server and redis-cli; only loopback is
 # targeted.
 set -euo pipefail
 cd "$(dirname "$0")/.."

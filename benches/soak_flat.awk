@@ -34,6 +34,7 @@ END {
     if (level == 0) continue
     span = t[n] - t[first]
     rise = median(slopes, pairs) * span / level * 100
+    if (m < 2) { print store " " names[i - 1] ": one sample in the last half, no trend"; bad = 1; continue }
     least_squares = (m * stv - st * sv) / (m * stt - st * st) * span / (sv / m) * 100
     verdict = rise <= 5 ? "flat" : "GROWS"
     if (rise > 5) bad = 1

@@ -31,7 +31,7 @@
 pub mod policies {}
 
 #[doc = include_str!("../docs/guide/derive.md")]
-#[cfg(any(doc, feature = "macros"))]
+#[cfg(any(all(doc, not(doctest)), feature = "macros"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub mod derive {}
 
@@ -39,8 +39,12 @@ pub mod derive {}
 pub mod keys {}
 
 #[doc = include_str!("../docs/guide/stores.md")]
-// Its examples need these features (docs.rs builds with every feature).
-#[cfg(any(doc, all(feature = "cluster", feature = "sentinel", feature = "tls")))]
+// Rendered always; its examples are tested only with these features, which they need (rustdoc
+// sets `doc` when it collects doctests too, hence `not(doctest)`).
+#[cfg(any(
+    all(doc, not(doctest)),
+    all(feature = "cluster", feature = "sentinel", feature = "tls")
+))]
 pub mod stores {}
 
 #[doc = include_str!("../docs/guide/answers.md")]
@@ -50,20 +54,22 @@ pub mod answers {}
 pub mod costs {}
 
 #[doc = include_str!("../docs/guide/quotas.md")]
-// Its examples need these features (docs.rs builds with every feature).
-#[cfg(any(doc, feature = "webhook"))]
+// Rendered always; its examples are tested only with these features, which they need (rustdoc
+// sets `doc` when it collects doctests too, hence `not(doctest)`).
+#[cfg(any(all(doc, not(doctest)), feature = "webhook"))]
 pub mod quotas {}
 
 #[doc = include_str!("../docs/guide/concurrency.md")]
 pub mod concurrency {}
 
 #[doc = include_str!("../docs/guide/outbound.md")]
-// Its examples need these features (docs.rs builds with every feature).
-#[cfg(any(doc, feature = "reqwest-middleware"))]
+// Rendered always; its examples are tested only with these features, which they need (rustdoc
+// sets `doc` when it collects doctests too, hence `not(doctest)`).
+#[cfg(any(all(doc, not(doctest)), feature = "reqwest-middleware"))]
 pub mod outbound {}
 
 #[doc = include_str!("../docs/guide/config.md")]
-#[cfg(any(doc, feature = "config"))]
+#[cfg(any(all(doc, not(doctest)), feature = "config"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "config")))]
 pub mod config {}
 

@@ -574,3 +574,29 @@ async fn a_configured_path_the_app_never_serves_is_named_once_a_near_path_is_ser
     assert!(warned[0].contains("configured=/logn"), "{}", warned[0]);
     assert!(warned[0].contains("served=/login"), "{}", warned[0]);
 }
+
+/// The removal warning goes path by path: a typo in a route's second path is named, and a route
+/// whose paths were only reordered (each still limited) names none.
+#[test]
+fn a_reload_warns_of_each_path_it_unlimits_and_of_no_other() {
+    let (captured, _guard) = common::capture::Captured::install();
+    let routes = |paths: &str| {
+        config(
+            "paths",
+            &format!("[[routes]]\npaths = {paths}\nrules = [{{ limit = 3, period = \"1m\" }}]\n"),
+        )
+    };
+    let limits = routes(r#"["/a", "/b"]"#)
+        .route_limits(Arc::new(MemoryStore::new()))
+        .unwrap();
+    limits.reload(&routes(r#"["/b", "/a"]"#)).unwrap();
+    assert!(
+        captured.lines_with("no longer limits").is_empty(),
+        "{}",
+        captured.text()
+    );
+    limits.reload(&routes(r#"["/b", "/c"]"#)).unwrap();
+    let warned = captured.lines_with("no longer limits");
+    assert_eq!(warned.len(), 1, "{}", captured.text());
+    assert!(warned[0].contains("path=/a"), "{}", warned[0]);
+}

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
@@ -66,11 +66,12 @@ struct RouteTable {
     by_path: HashMap<String, Arc<Route>>,
     /// Whether each path has limited a request yet, to tell a path the app never serves (a typo).
     seen: HashMap<String, AtomicU8>,
-    /// How many paths have limited no request yet: while none is left, nothing is watched.
+    /// How many paths have neither limited a request nor been named in a warning: while none is
+    /// left (or [`MAX_EXAMINED`] served paths have been compared), nothing is watched.
     unseen: AtomicUsize,
     /// The unlimited paths the app served, each compared once with the paths not seen yet
     /// (at most [`MAX_EXAMINED`]).
-    examined: Mutex<HashSet<String>>,
+    examined: RwLock<HashSet<String>>,
 }
 
 /// A configured path that has limited no request yet.
@@ -348,17 +349,23 @@ impl RouteTable {
                 by_path.insert(path.clone(), entry.clone());
             }
         }
-        changes.removed = current
+        summary.removed = current
             .routes()
             .filter(|old| {
                 by_path
                     .get(&old.path)
                     .is_none_or(|new| new.path != old.path)
             })
-            .map(|old| old.path.clone())
+            .count();
+        // Path by path, not route by route: a typo in a route's second path unlimits that path,
+        // and a route whose paths were reordered still limits every one of them.
+        changes.removed = current
+            .by_path
+            .keys()
+            .filter(|path| !by_path.contains_key(*path))
+            .cloned()
             .collect();
         changes.removed.sort();
-        summary.removed = changes.removed.len();
         Ok((RouteTable::of(by_path), summary, changes))
     }
 
@@ -372,7 +379,7 @@ impl RouteTable {
             unseen: AtomicUsize::new(by_path.len()),
             seen,
             by_path,
-            examined: Mutex::default(),
+            examined: RwLock::default(),
         }
     }
 
@@ -397,6 +404,13 @@ impl RouteTable {
         RouteTable::of(by_path)
     }
 
+    /// One path fewer to watch (never below zero: watching may have been stopped meanwhile).
+    fn one_less_unseen(&self) {
+        let _ = self
+            .unseen
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+
     /// Notes that `path` limited a request.
     fn saw(&self, path: &str) {
         // Once every path has been seen, one load a request.
@@ -404,9 +418,9 @@ impl RouteTable {
             return;
         }
         if let Some(state) = self.seen.get(path)
-            && state.swap(SEEN, Ordering::Relaxed) != SEEN
+            && state.swap(SEEN, Ordering::Relaxed) == UNSEEN
         {
-            self.unseen.fetch_sub(1, Ordering::Relaxed);
+            self.one_less_unseen();
         }
     }
 
@@ -417,12 +431,27 @@ impl RouteTable {
         if self.unseen.load(Ordering::Relaxed) == 0 {
             return;
         }
+        // A path compared once is not compared again: most unlimited requests (health checks,
+        // static files) take a shared read lock and go.
+        let known = self
+            .examined
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains(path);
+        if known {
+            return;
+        }
         {
             let mut examined = self
                 .examined
-                .lock()
+                .write()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if examined.len() >= MAX_EXAMINED || !examined.insert(path.to_owned()) {
+            if examined.len() >= MAX_EXAMINED {
+                // Enough served paths compared: stop watching.
+                self.unseen.store(0, Ordering::Relaxed);
+                return;
+            }
+            if !examined.insert(path.to_owned()) {
                 return;
             }
         }
@@ -433,6 +462,7 @@ impl RouteTable {
                     .compare_exchange(UNSEEN, WARNED, Ordering::Relaxed, Ordering::Relaxed)
                     .is_ok()
             {
+                self.one_less_unseen();
                 tracing::warn!(
                     configured = %configured,
                     served = %path,

@@ -256,8 +256,9 @@ impl Limiter {
         }
     }
 
-    /// The same limiter (sharing its counts, caches and logs) answering HTTP refusals with
-    /// `handler`.
+    /// The same limiter answering HTTP refusals with `handler`: its counts (in the store), refusal
+    /// cache, units taken ahead, metrics and logs go on (they are shared); the limiters of its
+    /// `rules` overrides are made afresh, with their own refusal caches and units.
     #[cfg(feature = "config")]
     pub(crate) fn answering_with(&self, handler: RejectHandler) -> Limiter {
         let mut limiter = self.clone();
