@@ -2,7 +2,10 @@
 # and measure the CPU time it and its Redis servers spent per request from /proc/<pid>/stat, which
 # is steadier than req/s on a small shared machine.
 
-command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
+# require_wrk: fails, saying how to get it, if wrk is missing (measure needs it; the soak doesn't).
+require_wrk() {
+  command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
+}
 
 # Clock ticks per second, for /proc/<pid>/stat's utime and stime.
 clock_ticks=$(getconf CLK_TCK)

@@ -21,6 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/load_lib.sh
+require_wrk
 
 seconds=${1:-5}
 rounds=${2:-3}

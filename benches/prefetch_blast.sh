@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benches/load_lib.sh
+require_wrk
 
 rounds=${1:-3}
 ports=(38380 38381)
