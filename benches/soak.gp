@@ -14,13 +14,13 @@ set multiplot layout 3,2 title "Soak: 4 000 requests a second to each of two ser
 m = dir.'/memory.tsv'
 r = dir.'/redis.tsv'
 
-set title "app RSS (MB)"
+set title "app RSS (MiB)"
 set yrange [0:*]
 plot m using ($1/60):($2/1024) skip 1 with linespoints title "memory store", \
      r using ($1/60):($2/1024) skip 1 with linespoints title "Redis store"
 
 set title "Redis (Redis store's run)"
-set ylabel "used_memory (MB)"
+set ylabel "used_memory (MiB)"
 set y2label "keys (thousands)"
 set y2tics
 set y2range [0:*]
