@@ -1,8 +1,11 @@
-//! Login abuse, as OWASP and rate-limiter-flexible's login recipe count it: consecutive failures
-//! per username (5 per 15 minutes, forgotten on a success), and failures per client IP (100 a
-//! day). The username is in the form body, so no layer can key on it: the handler asks a
-//! [`RateLimiter`] before it checks the password, and a refused attempt never reaches the
-//! password hash. The per-IP limit is a layer that counts only failed logins (`count_only`).
+//! Login abuse, as OWASP and rate-limiter-flexible's login recipe count it: failures per username
+//! (5 per 15 minutes) and failures per client IP (100 a day). The username is in the form body,
+//! so no layer can key on it: the handler asks a [`RateLimiter`] before it checks the password
+//! (every attempt is charged up front, so concurrent guesses can't pass the limit), a refused
+//! attempt never reaches the password hash, and a success gives its own attempt back by its
+//! receipt ([`Admitted::refund`]): exactly that unit, in the window it was charged. The per-IP
+//! limit is a layer that counts only failed logins (`count_only`), which gives a success's charge
+//! back the same way.
 //!
 //! ```text
 //! cargo run --example login     # serves 127.0.0.1:3004 (REDIS_URL: counts in Redis)
@@ -54,16 +57,17 @@ async fn login(
     // its password, until the oldest failure is 15 minutes old.
     let admitted: Admitted = accounts.failures.check(&login.username).await?;
     if accounts.verify(&login) {
-        // Failures are consecutive: a success forgets them (best effort: a store error leaves
-        // them to expire).
-        let _ = accounts.failures.reset(&login.username).await;
-        Ok((StatusCode::OK, admitted, "welcome\n"))
+        // A success is no failure: its own unit goes back (best effort: a store error leaves it
+        // counted).
+        let _ = admitted.refund().await;
+        Ok((StatusCode::OK, "welcome\n").into_response())
     } else {
         Ok((
             StatusCode::UNAUTHORIZED,
             admitted,
             "wrong username or password\n",
-        ))
+        )
+            .into_response())
     }
 }
 
@@ -150,7 +154,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_success_forgets_the_failures_before_it() {
+    async fn a_success_gives_back_its_own_attempt_not_the_failures_before_it() {
         let (app, _) = app(MemoryStore::new(), 100);
         let (wrong, right) = (
             "username=ann&password=guess",
@@ -167,7 +171,11 @@ mod tests {
                     .as_u16(),
             );
         }
-        assert_eq!(statuses, [401, 401, 401, 200, 401, 401, 401, 401, 401, 429]);
+        // Three failures, a success (its attempt given back), two more failures: five, and the
+        // next attempt is refused, the right password's too.
+        assert_eq!(statuses, [401, 401, 401, 200, 401, 401, 429, 429, 429, 429]);
+        let response = attempt(&app, "192.0.2.3:5000", right).await;
+        assert_eq!(response.status(), 429);
     }
 
     #[tokio::test]

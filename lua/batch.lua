@@ -18,7 +18,10 @@
 --                than per request (every argument costs Redis about as much as a command in the
 --                script), as one piece, `<algorithm's code>|<key count>|<arguments>` with the
 --                arguments as lua/head.lua lists them, separated by `|`
--- then per request, in order: the number of its shape (1-based)
+-- then per request, in order: the number of its shape (1-based); a give-back's (lua/head.lua's
+--                fourth kind) is followed by `@` and its receipt, what its admission's check
+--                answered: `<time it was checked (ms)>,<its delay (ms)>` and, for a token bucket,
+--                `,<the bucket's full time after it (µs)>` per counted rule
 --
 -- Reply: one flat array (a nested one costs Redis and the client a table and an array per
 -- request; every item costs Redis about as much as an argument), packed as one MessagePack string
@@ -68,12 +71,27 @@ local batch_keys, batch_args, now, now_us
 local out, n, kept = {}, 0, 0
 local key_at, at, shape
 
+-- A request's entry with a receipt (see above): its shape's number, and the receipt's numbers.
+local function with_receipt(entry)
+  local number, rest = string.match(entry, '^(%d+)@([%d,]+)$')
+  local receipt = {}
+  for value in string.gmatch(rest, '%d+') do
+    receipt[#receipt + 1] = tonumber(value)
+  end
+  return tonumber(number), receipt
+end
+
 -- Runs the checks from the one at key_at and at on, writing their entries after out[n].
 local function run_checks()
   local last = #batch_args
   while at <= last do
     shape = nil
-    shape = shape_of(batch_args[2 + number_of(batch_args[at])])
+    local entry = batch_args[at]
+    local number, receipt = number_of(entry), nil
+    if number == nil then
+      number, receipt = with_receipt(entry)
+    end
+    shape = shape_of(batch_args[2 + number])
     if shape.lean then
       n = shape.lean(batch_keys, key_at, shape, now, out, n)
     else
@@ -81,7 +99,7 @@ local function run_checks()
       for i = 1, shape.keys do
         check_keys[i] = batch_keys[key_at + i]
       end
-      local reply = checks[shape.code](check_keys, shape.args, now_us)
+      local reply = checks[shape.code](check_keys, shape.args, now_us, receipt)
       out[n + 1] = -#reply
       for i = 1, #reply do
         out[n + 1 + i] = reply[i]

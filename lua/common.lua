@@ -16,11 +16,14 @@ local function remembered(make)
     local value = known[key]
     if value == nil then
       value = make(key)
-      if held == 1000 then
-        known, held = {}, 0
+      -- (nil is not remembered: a key that makes nothing is read anew, and fills nothing.)
+      if value ~= nil then
+        if held == 1000 then
+          known, held = {}, 0
+        end
+        known[key] = value
+        held = held + 1
       end
-      known[key] = value
-      held = held + 1
     end
     return value
   end
@@ -209,6 +212,63 @@ local function log_renumber(key, log)
   end
   log.base = 0
   return log.count
+end
+
+-- Renames the member `name` (scored `score`, holding `units` from `first`) to start at `to`:
+-- the new name is added before the old one goes, so the key (and its expiry) never lapses.
+local function log_move(key, score, name, to, units)
+  call('ZADD', key, score, log_name(to, units))
+  call('ZREM', key, name)
+end
+
+-- Gives back up to `units` of the sliding log `key` from its members admitted at or before `at`
+-- (ms), newest first (a give-back's: its own member is the newest of them, unless it was
+-- scored later, at a newer member's time; older ones then give back, which leave no later).
+-- The log stays numbered without a gap (it holds the newest's first + units less the oldest's
+-- first): the members on the shorter side of a shrunk one move by what it gave back, those
+-- before it up, or those after it down.
+local function log_give_back(key, units, at)
+  local left = units
+  while left > 0 do
+    local found = call('ZREVRANGEBYSCORE', key, text_of(at), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if found[1] == nil then
+      return
+    end
+    local name, score = found[1], found[2]
+    local first, held = string.match(name, '^%a(%d+):(%d+)$')
+    first, held = tonumber(first), tonumber(held)
+    local back = math.min(left, held)
+    left = left - back
+    local rank = call('ZRANK', key, name)
+    local after = call('ZCARD', key) - 1 - rank
+    if rank < after then
+      -- Fewer before it: it keeps its last units, and those before it move up, newest first
+      -- (so that no new name is one still held).
+      if held > back then
+        log_move(key, score, name, first + back, held - back)
+      else
+        call('ZREM', key, name)
+      end
+      local before = call('ZRANGE', key, 0, rank - 1, 'WITHSCORES')
+      for j = #before - 1, 1, -2 do
+        local from, own = string.match(before[j], '^%a(%d+):(%d+)$')
+        log_move(key, before[j + 1], before[j], tonumber(from) + back, tonumber(own))
+      end
+    else
+      -- Fewer after it (or as many): it keeps its first units, and those after it move down,
+      -- oldest first.
+      local later = call('ZRANGE', key, rank + 1, -1, 'WITHSCORES')
+      if held > back then
+        log_move(key, score, name, first, held - back)
+      else
+        call('ZREM', key, name)
+      end
+      for j = 1, #later, 2 do
+        local from, own = string.match(later[j], '^%a(%d+):(%d+)$')
+        log_move(key, later[j + 1], later[j], tonumber(from) - back, tonumber(own))
+      end
+    end
+  end
 end
 
 -- Records a request of `cost` admitted at `at` in the sliding log `key`, read as `log` (see

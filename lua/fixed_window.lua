@@ -42,6 +42,10 @@ end
 
 local function give_back(i, _, period)
   local key = KEYS[i]
+  -- A give-back's units go back only while the window they were charged in is the current one.
+  if giving_back and charged_at - charged_at % period ~= now - now % period then
+    return
+  end
   local start = text_of(now - now % period)
   local count = tonumber(call('HGET', key, start)) or 0
   if count > 0 then

@@ -1,15 +1,20 @@
 -- The start of every check (lua/batch.lua makes one function of this, an algorithm's part and
--- lua/tail.lua per algorithm: `function(KEYS, ARGV, now_us)`, called once per request of a batch).
--- Every rule of one request is checked, and recorded in all or none.
+-- lua/tail.lua per algorithm: `function(KEYS, ARGV, now_us, receipt)`, called once per request of
+-- a batch). Every rule of one request is checked, and recorded in all or none.
 --
 -- now_us         the batch's time (µs, Redis TIME): every request of a batch is checked at it
+-- receipt        a give-back's: where its admission was charged (see lua/batch.lua), nil for
+--                every other kind: {checked (ms), delay (ms), then per counted rule a token
+--                bucket's full time after the charge (µs)}
 -- KEYS[i]        the counter of counted rule i (i = 1..n), in the algorithm's own layout
 -- then, in this order, only those that apply:
 --   the duplicate guard: a string holding the admission time (ms)
 --   the daily quota: a hash from day start (ms) to that day's count
 --   one alert flag per quota threshold: a string holding the day start it last fired for
 --   the concurrency limit's leases: a sorted set of lease ids scored by their expiry (ms)
---   the penalty block (always the last key): a string holding the block's end (ms)
+--   the penalty block: a string holding the block's end (ms)
+--   a give-back's reset marker (always the last key of a give-back): the time (ms) the identity
+--   was last reset (lua/reset.lua)
 --                All keys of one identity share a hash tag, so the script runs on Redis Cluster
 --                (a quota keyed like its policy shares it too).
 -- ARGV[1]        the request's cost (units)
@@ -19,15 +24,16 @@
 --                none), penalty block (ms; 0: none), quota limit (0: no quota), quota day length
 --                (ms), where quota days start after epoch-aligned ones (ms), most requests in
 --                flight at once (0: no concurrency limit), a lease's length (ms), what this is (0: a
---                check, 1: a peek, 2: a refund), then per alert threshold: percent, count that
---                reaches it
+--                check, 1: a peek, 2: a refund, 3: a give-back), then per alert threshold:
+--                percent, count that reaches it
 -- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
 -- Returns {allowed (1|0), delay (ms to wait before going on), then per rule (the counted rules,
 -- then the guard, then the quota): remaining, reset (ms), retry (ms, -1 if this rule admits the
 -- request), then, with a concurrency limit, its item (remaining slots, ms until the earliest
--- lease expires, retry) and the lease taken (its id, 0 for none), then the percents of the quota
--- alerts this request fired}; the time it was checked at
+-- lease expires, retry) and the lease taken (its id, 0 for none), then, when admitted, per
+-- counted rule its receipt mark if the algorithm has one (a token bucket's full time, µs), then
+-- the percents of the quota alerts this request fired}; the time it was checked at
 -- is the batch's, which lua/batch.lua replies once. Every number is an integer below 2^53, so
 -- Lua's doubles hold it exactly.
 local now = floor(now_us / 1000)
@@ -48,12 +54,19 @@ local max_in_flight = options[7] or 0
 local lease = options[8] or 0
 -- A peek (RateLimiter::peek) finds what a check would and writes nothing: no charge, no key, no
 -- expiry moved, no block, nothing removed. A refund (RateLimiter::refund) gives back `cost`
--- units (lua/tail.lua), then answers as a peek of one unit.
-local refunding = options[9] == 2
+-- units of the current windows (lua/tail.lua), then answers as a peek of one unit; a give-back
+-- (Admitted::refund, a count_only settle, units taken ahead) gives them back only where its
+-- receipt says they were charged, and only what is still held of them there.
+local gives_back = options[9] == 3
+local giving_back = gives_back and receipt ~= nil
+local refunding = options[9] == 2 or giving_back
 local peek = options[9] == 1 or refunding
 local thresholds = math.max(floor((#options - 9) / 2), 0)
 -- Arguments per counted rule: limit and period; the token bucket's part sets 3 (and a burst).
 local rule_arity = 2
+-- What an admission's receipt says of a counted rule (see `mark` below): none but the token
+-- bucket's.
+local mark = nil
 local extra_keys = 0
 if guard_window > 0 then
   extra_keys = extra_keys + 1
@@ -65,6 +78,9 @@ if max_in_flight > 0 then
   extra_keys = extra_keys + 1
 end
 if block > 0 then
+  extra_keys = extra_keys + 1
+end
+if gives_back then
   extra_keys = extra_keys + 1
 end
 local rules = #KEYS - extra_keys
@@ -80,11 +96,18 @@ if quota_limit > 0 then
   quota_key = KEYS[next_key]
   flags_from = next_key + 1
 end
+-- The keys after the quota's, counted from the last.
+local last_key = #KEYS
+local marker_key = nil
+if gives_back then
+  marker_key = KEYS[last_key]
+  last_key = last_key - 1
+end
+local block_key = KEYS[last_key]
 local in_flight_key = nil
 if max_in_flight > 0 then
-  in_flight_key = KEYS[#KEYS - (block > 0 and 1 or 0)]
+  in_flight_key = KEYS[last_key - (block > 0 and 1 or 0)]
 end
-local block_key = KEYS[#KEYS]
 
 -- Alert threshold j's percent and the count that reaches it.
 local function threshold(j)
@@ -101,9 +124,25 @@ local function rule_args(i)
   return limit, tonumber(ARGV[base + 1]), limit
 end
 
--- The start of the quota's day that `now` falls in.
-local function quota_day_start()
-  return now - (now + quota_day - quota_offset % quota_day) % quota_day
+-- The start of the quota's day that `at` (ms; by default now) falls in.
+local function quota_day_start(at)
+  at = at or now
+  return at - (at + quota_day - quota_offset % quota_day) % quota_day
+end
+
+-- A give-back's charge: when it was checked (ms; the window and day it charged), when it was
+-- admitted (ms), and counted rule i's mark (a token bucket's full time after it, µs).
+local charged_at, admitted_at = nil, nil
+-- Whether the counted rules get anything back: not after a reset that came at or after the
+-- charge (their counts since hold nothing of it; the quota, never reset, still may).
+local rules_give_back = true
+if giving_back then
+  charged_at, admitted_at = receipt[1], receipt[1] + receipt[2]
+  local reset_at = tonumber(call('GET', marker_key))
+  rules_give_back = reset_at == nil or reset_at < charged_at
+end
+local function charged_mark(i)
+  return receipt[2 + i]
 end
 
 -- A penalty block refuses everything until it ends (lua/tail.lua answers it): the time it has left.
@@ -123,7 +162,10 @@ end
 
 -- The algorithm's part defines, for one counted rule:
 --   give_back(i, limit, period, burst)          a refund: give back `cost` units of the current
---                                               window, never below zero
+--                                               window, never below zero; a give-back
+--                                               (`giving_back`): only where the receipt says
+--   mark(state) -> number | nil                 what an admission's receipt needs of the rule
+--                                               (a token bucket's full time), or no function
 --   inspect(i, limit, period, burst) -> state   read the counter (it may charge it speculatively);
 --                                               state.fits: whether the rule admits the request now
 --   wait(state) -> ms | nil                     when it would (nil: never, it costs too much)

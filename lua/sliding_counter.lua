@@ -105,10 +105,28 @@ end
 
 local function give_back(i, _, period)
   local key = KEYS[i]
-  local stored = call('HMGET', key, 's', 'c')
-  local current = tonumber(stored[2]) or 0
-  if tonumber(stored[1]) == now - now % period and current > 0 then
-    call('HSET', key, 'c', math.max(current - cost, 0))
+  local stored = call('HMGET', key, 's', 'c', 'p')
+  local start = tonumber(stored[1])
+  local field
+  if not giving_back then
+    if start == now - now % period then
+      field = 'c'
+    end
+  else
+    -- The charged window's count: the stored window's (current, or previous once time moved
+    -- on), or the one before it, which still weighs in the estimate until the stored one ends.
+    local charged = charged_at - charged_at % period
+    if charged == start then
+      field = 'c'
+    elseif start and charged + period == start then
+      field = 'p'
+    end
+  end
+  if field then
+    local count = tonumber(stored[field == 'c' and 2 or 3]) or 0
+    if count > 0 then
+      call('HSET', key, field, math.max(count - cost, 0))
+    end
   end
 end
 

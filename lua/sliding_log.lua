@@ -33,6 +33,10 @@ end
 local function give_back(i, _, period)
   local key = KEYS[i]
   call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
+  if giving_back then
+    log_give_back(key, cost, admitted_at)
+    return
+  end
   local left = cost
   while left > 0 do
     local found = call('ZRANGE', key, -1, -1, 'WITHSCORES')

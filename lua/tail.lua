@@ -3,10 +3,13 @@
 -- A refund gives back its units in every counted rule and the day's quota, then answers as a peek
 -- of one unit.
 if refunding then
-  for i = 1, rules do
-    give_back(i, rule_args(i))
+  if rules_give_back then
+    for i = 1, rules do
+      give_back(i, rule_args(i))
+    end
   end
-  if quota_key then
+  -- The quota's units go back to the day that was charged, while it lasts.
+  if quota_key and (not giving_back or quota_day_start(charged_at) == quota_day_start()) then
     local start = quota_day_start()
     local count = tonumber(call('HGET', quota_key, start)) or 0
     if count > 0 then
@@ -249,6 +252,12 @@ if in_flight then
     reply[#reply + 1] = -1
   end
   reply[#reply + 1] = lease_id
+end
+-- An admission's receipt: what a give-back of it needs of each counted rule (lua/batch.lua).
+if mark and allowed == 1 then
+  for i = 1, rules do
+    reply[#reply + 1] = mark(states[i])
+  end
 end
 for _, percent in ipairs(fired) do
   reply[#reply + 1] = percent

@@ -47,9 +47,17 @@ local function give_back(i, limit, period)
   local tat = tonumber(call('GET', key))
   if tat and tat > now_us then
     local interval = div(period * 1000 + limit - 1, limit)
-    -- (At most the debt's units, so the product stays below 2^53.)
-    local units = math.min(cost, div(tat - now_us + interval - 1, interval))
-    local back = math.max(tat - units * interval, now_us)
+    local back
+    if giving_back then
+      -- Only what time has not repaid of the charge, which left the bucket full at its mark:
+      -- min(cost × interval, mark - now). (Its cost fit the bucket: the product is below 2^53.)
+      local unrepaid = math.min(cost * interval, math.max((charged_mark(i) or 0) - now_us, 0))
+      back = math.max(tat - unrepaid, now_us)
+    else
+      -- (At most the debt's units, so the product stays below 2^53.)
+      local units = math.min(cost, div(tat - now_us + interval - 1, interval))
+      back = math.max(tat - units * interval, now_us)
+    end
     if back > now_us then
       call('SET', key, string.format('%d', back), 'PXAT', ceil_ms(back))
     else
@@ -59,6 +67,11 @@ local function give_back(i, limit, period)
 end
 
 local function undo()
+end
+
+-- An admission's receipt: the bucket's full time after it (now, when it is full).
+mark = function(state)
+  return math.max(state.tat, now_us)
 end
 
 local function report(state)

@@ -46,6 +46,12 @@ pub struct RuleState {
     pub reset: Duration,
     /// `Some` when this rule refused the request: the time until it would admit it.
     pub retry_after: Option<Duration>,
+    /// A token bucket's rule: when its bucket is full again after this check, in microseconds
+    /// since the Unix epoch (its theoretical arrival time, the store's `tat`). A give-back of
+    /// this admission's units ([`Store::give_back`](crate::Store::give_back)) reads it, so that
+    /// only what time has not repaid yet goes back. `None` for the other algorithms, the quota
+    /// and the concurrency limit.
+    pub bucket_full_at_us: Option<u64>,
 }
 
 impl RuleState {
@@ -116,6 +122,7 @@ mod tests {
             remaining,
             reset: Duration::from_millis(reset_ms),
             retry_after: retry_ms.map(Duration::from_millis),
+            bucket_full_at_us: None,
         }
     }
 

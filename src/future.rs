@@ -180,13 +180,21 @@ impl<S, ReqBody> State<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    /// The inner service running for an admitted request.
+    /// The inner service running for an admitted request; under count_only its charge waits
+    /// for the response's status (boxed: only such policies pay for its size).
     fn inner(future: S::Future, admission: Admission) -> Self {
+        let charge = admission
+            .charge
+            .filter(Charge::settles_after_response)
+            .map(|mut charge| {
+                charge.answered(admission.decision);
+                Box::new(charge)
+            });
         State::Inner {
             future,
             headers: admission.headers,
             lease: admission.lease,
-            charge: admission.charge,
+            charge,
         }
     }
 
@@ -294,7 +302,7 @@ where
                     } = waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
-                    let next = match limiter.settle(result, &checked) {
+                    let next = match limiter.settle(result, &mut checked) {
                         Verdict::Retake => {
                             checked.exact();
                             State::checking(limiter, checked, service, request)

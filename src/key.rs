@@ -391,6 +391,43 @@ impl Key {
     }
 }
 
+impl Key {
+    /// Appends the identity an app names (a [`RateLimiter`](crate::RateLimiter)'s) as this key
+    /// stores the value it reads from a request, so that a layer and a handle of one policy given
+    /// the same value share one bucket: a header's or a query parameter's value as its hash, a
+    /// user id as the layer stores it, a client IP address grouped as `client_ip` groups the
+    /// layer's (an IPv6 address by its /64), the one `global` bucket. Returns the key's kind.
+    ///
+    /// A value this key can't read (a name for a client-IP key) and a custom key's, which only
+    /// its extractor knows how to store, keep the handle's own form: the identity verbatim when
+    /// short and plain, else its hash, of kind `named`.
+    pub(crate) fn push_named(
+        &self,
+        identity: &str,
+        client_ip: &ClientIp,
+        out: &mut String,
+    ) -> &'static str {
+        match &self.0 {
+            Source::Ip => match identity.parse::<std::net::IpAddr>() {
+                Ok(address) => push_ip(out, client_ip.group(address.to_canonical())),
+                Err(_) => {
+                    push_component(out, identity);
+                    return "named";
+                }
+            },
+            Source::Global => out.push_str("global"),
+            Source::Header(_) => push_secret(out, "header", identity.as_bytes()),
+            Source::Query(_) => push_secret(out, "query", identity.as_bytes()),
+            Source::UserExtension | Source::UserFn(_) => push_value(out, "user", identity),
+            Source::InvalidHeader(_) | Source::Custom(_) => {
+                push_component(out, identity);
+                return "named";
+            }
+        }
+        self.kind()
+    }
+}
+
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {

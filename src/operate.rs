@@ -109,6 +109,8 @@ impl Limiter {
             .block_for(self.policy.block_for());
         self.store().reset(&request).await?;
         self.refusals.forget_key(key.as_str());
+        // Units held ahead here go at once (other instances hear of it from the store).
+        self.forget_units(key.as_str());
         tracing::info!(
             policy = self.policy.name(),
             key = key.identity(),

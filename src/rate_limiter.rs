@@ -39,7 +39,7 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::concurrency::Lease;
 use crate::decision::{Decision, ceil_secs};
-use crate::limiter::{Admission, Limiter, Prepared, Refusal, Verdict};
+use crate::limiter::{Admission, Charge, Limiter, Prepared, Refusal, Verdict};
 use crate::operate::OperatorError;
 use crate::policy::{Policy, PolicyError};
 use crate::response::{LimitHeaders, Protocol};
@@ -49,12 +49,26 @@ use crate::store::{Store, StoreError};
 /// share one limiter. Two `RateLimiter`s of policies of the same name on one store share their
 /// counts, as two app instances do.
 ///
-/// The identity is the app's: the policy's [`Key`](crate::Key) and
-/// [`Scope`](crate::Scope) are not used. It is stored under the policy's prefix and name as the
-/// layer stores a header's value: verbatim when it is at most 64 bytes of letters, digits and
-/// `-._~@+=!*(),/` (a phone number, a username), else as a hash, so no identity can break the key
-/// layout or grow a key without bound. An override applies by that identity; a daily quota counts
-/// it in its default tier.
+/// The identity is the app's, stored as the policy's [`Key`](crate::Key) stores the value it
+/// reads from a request, so a layer and a handle of one policy given the same value share one
+/// bucket:
+///
+/// | the policy's key | the handle's identity is stored as |
+/// |---|---|
+/// | `Key::header`, `Key::query` | its hash (`header#…`, `query#…`), in keys, logs and the top refused alike: never the value |
+/// | `Key::user`, `Key::user_from_fn` | `user:` and the id, verbatim when it is at most 64 bytes of letters, digits and `-._~@+=!*(),/`, else its hash |
+/// | `Key::ip` (the default) | an IP address as the layer stores a client's (grouped by the policy's `client_ip` prefixes, an IPv6 address by its /64) |
+/// | `Key::global` | the one global bucket, whatever the identity |
+///
+/// An identity the key can't read (a name, such as a username, given to a policy keyed by
+/// client IP) and any identity under a `Key::custom` key (only its extractor knows how it stores
+/// a value) is stored as it is, verbatim when short and plain as above, else as its hash, and
+/// never refused for its form. So to keep a phone number or an email out of keys and logs,
+/// key the policy by a header (`Key::header("x-phone")`): the handle then stores its hash. No
+/// identity can break the key layout or grow a key without bound. A route-scoped policy's
+/// handle names no route: it counts apart from the layer's routes, in one bucket per identity.
+/// An override applies by the identity as stored; a daily quota counts it as the quota's key
+/// stores it, in its default tier.
 #[derive(Clone)]
 pub struct RateLimiter {
     limiter: Arc<Limiter>,
@@ -163,15 +177,18 @@ impl RateLimiter {
         self.limiter.peek_named(identity).await
     }
 
-    /// Gives back `cost` units charged to `identity` in the current windows of every rule and in
-    /// the day's quota (not the duplicate guard, a block or a concurrency slot): a fixed
-    /// window's or sliding counter's count goes down, a token bucket refills, a sliding log drops
-    /// its newest units. Never below zero; a refund after a window rolled gives nothing back in
-    /// it. Answers what [`RateLimiter::peek`] then finds. Another instance may answer a refusal
-    /// it cached for the identity for up to a second more.
+    /// An operator's override: gives back `cost` units of `identity` in the *current* windows
+    /// of every rule and in the day's quota (not the duplicate guard, a block or a concurrency
+    /// slot): a fixed window's or sliding counter's current count goes down, a token bucket
+    /// refills, a sliding log drops its newest units. Never below zero. Answers what
+    /// [`RateLimiter::peek`] then finds. Another instance may answer a refusal it cached for the
+    /// identity for up to a second more.
     ///
-    /// For the OTP whose second rule refused: give back what the first one charged. A refund
-    /// undoes any charge, so give back only what was charged.
+    /// It can't know which admission the units were charged by: units charged in a window that
+    /// has rolled since come out of the current one, so a refund can let a window pass its
+    /// limit (three admitted before a roll, three after, a refund of the first three: six in
+    /// one window). To give back one admission's units, where they were charged and nowhere
+    /// else, use its receipt: [`Admitted::refund`].
     ///
     /// # Errors
     ///
@@ -182,8 +199,9 @@ impl RateLimiter {
 
     /// Gives back the units this handle took ahead ([`PolicyBuilder::prefetch`]) and didn't
     /// spend, and waits for the store: call it when the instance shuts down, so that others
-    /// can use them. A fixed window's or sliding counter's units come back only while their
-    /// window lasts.
+    /// can use them. Each take's units go back where it charged them: a fixed window's or
+    /// sliding counter's only while their window lasts, a token bucket's only as far as time has
+    /// not refilled the bucket already.
     ///
     /// [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
     pub async fn give_back_prefetched(&self) {
@@ -191,7 +209,9 @@ impl RateLimiter {
     }
 
     /// Forgets `identity`'s counts and lifts its penalty block, on every instance sharing the
-    /// store (a refusal another instance cached stands at most a second more).
+    /// store (a refusal another instance cached stands at most a second more). Units taken ahead
+    /// of it ([`PolicyBuilder::prefetch`](crate::PolicyBuilder::prefetch)) go too: here at once,
+    /// on other instances when the store's notice reaches them (see `prefetch` for the bound).
     ///
     /// # Errors
     ///
@@ -221,6 +241,8 @@ pub struct Admitted {
     headers: Option<LimitHeaders>,
     lease: Option<Lease>,
     decision: Option<Decision>,
+    /// What was charged, and where (the receipt [`Admitted::refund`] gives back by).
+    charge: Option<Charge>,
 }
 
 impl Admitted {
@@ -233,6 +255,7 @@ impl Admitted {
             headers: admission.headers,
             lease: admission.lease,
             decision: admission.decision,
+            charge: admission.charge,
         }
     }
 
@@ -240,6 +263,57 @@ impl Admitted {
     /// was checked (an `unlimited` override) or the store failed and the policy let it through.
     pub fn decision(&self) -> Option<&Decision> {
         self.decision.as_ref()
+    }
+
+    /// Gives back exactly what this admission charged, to the windows it charged (every rule's
+    /// and the day's quota's), and waits for the store: a receipt, for work that turned out not
+    /// to count (the SMS that could not be sent, the login that failed for a reason of yours).
+    /// A window that has rolled since gets nothing (its units went with it); a sliding log drops
+    /// this admission's own units, not the newest; a token bucket gets back only what time has
+    /// not repaid yet. So, unlike [`RateLimiter::refund`], no window ever passes its limit by
+    /// it. A concurrency slot this admission holds is released as when it is dropped.
+    ///
+    /// Answers what [`RateLimiter::peek`] then finds. An admission that charged nothing (an
+    /// `unlimited` override, a store failure let through) gives nothing back and answers an
+    /// admitting decision without rules.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimiter, Rule};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let otp = Policy::builder("otp").rule(Rule::per_hour(3)).build().unwrap();
+    /// let limiter = RateLimiter::new(otp, MemoryStore::new());
+    /// let admitted = limiter.check("+15550100").await.unwrap();
+    /// // The SMS gateway failed: the code was never sent, so it doesn't count.
+    /// let after = admitted.refund().await.unwrap();
+    /// assert_eq!(after.rules[0].remaining, 3);
+    /// # });
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The store's error; the units then stay charged (on the safe side).
+    pub async fn refund(mut self) -> Result<Decision, StoreError> {
+        let Some(mut charge) = self.charge.take() else {
+            return Ok(nothing_charged());
+        };
+        charge.answered(self.decision.take());
+        charge.refund().await
+    }
+}
+
+/// The answer of a refund that had nothing to give back: admitted, no rule, now.
+fn nothing_charged() -> Decision {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Decision {
+        allowed: true,
+        rules: Vec::new(),
+        now_unix_ms: u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
+        delay: Duration::ZERO,
+        quota_alerts: Vec::new(),
+        lease: None,
     }
 }
 

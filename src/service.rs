@@ -125,7 +125,7 @@ where
             let service = take_ready_service(inner);
             return ResponseFuture::checking(check, service, request, limiter.clone(), checked);
         };
-        return match limiter.settle(result, &checked) {
+        return match limiter.settle(result, &mut checked) {
             Verdict::Admit(admission) => ResponseFuture::inner(inner.call(request), admission),
             Verdict::Delay(delay, admission) => {
                 ResponseFuture::delaying(delay, take_ready_service(inner), request, admission)

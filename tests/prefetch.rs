@@ -75,7 +75,7 @@ use common::TokioClock;
 use common::redis_server::{TestRedis, unique_prefix};
 use proptest::prelude::*;
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, Clock};
-use tower_redis_ratelimit::{Key, MemoryStore, RateLimiter, RedisStore, Store};
+use tower_redis_ratelimit::{Decision, Key, MemoryStore, RateLimiter, RedisStore, Store};
 
 /// A store that records the cost of every check it is asked.
 #[derive(Clone)]
@@ -92,6 +92,10 @@ impl<S: Store> Store for Recording<S> {
 
     fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
         self.store.refund(request)
+    }
+
+    fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
+        self.store.give_back(request, charged)
     }
 
     fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
@@ -150,10 +154,15 @@ fn recording(store: MemoryStore) -> (Recording<MemoryStore>, Arc<Mutex<Vec<u64>>
 async fn a_cold_key_takes_single_units_and_a_hot_one_takes_ahead() {
     let store = MemoryStore::builder().clock(TokioClock::new()).build();
     let (store, costs) = recording(store);
-    let limiter = RateLimiter::new(
-        hot(Algorithm::FixedWindow, 10_000, Duration::from_secs(20), 64),
-        store,
-    );
+    // Keyed by user: "cold" and "hot" are two buckets (under a global key, one).
+    let per_user = Policy::builder("hot")
+        .key(Key::user())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(10_000, Duration::from_secs(20)))
+        .prefetch(64)
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(per_user, store);
     // A request every 50 ms: cold, one unit per check, exactly as without prefetch.
     for _ in 0..5 {
         limiter.check("cold").await.unwrap();

@@ -103,19 +103,22 @@ async fn parts_of(
 }
 
 /// A handle's refusal and the layer's, for the same state of the same policy at the same time:
-/// identical, byte for byte (and so are the admissions' headers).
+/// identical, byte for byte (and so are the admissions' headers). (Under prefixes of their own:
+/// a global policy's layer and handle share one bucket.)
 async fn a_refusal_is_the_layers_byte_for_byte(store: impl Store + Clone, prefix: &str) {
-    let policy = Policy::builder("login")
-        .prefix(prefix)
-        .key(Key::global())
-        .rule(Rule::per_minute(2))
-        .rule(Rule::per_hour(10))
-        .build()
-        .unwrap();
+    let policy = |prefix: &str| {
+        Policy::builder("login")
+            .prefix(prefix)
+            .key(Key::global())
+            .rule(Rule::per_minute(2))
+            .rule(Rule::per_hour(10))
+            .build()
+            .unwrap()
+    };
     let layered = Router::new()
         .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(policy.clone(), store.clone()));
-    let handle = RateLimiter::new(policy, store);
+        .layer(RateLimitLayer::new(policy(prefix), store.clone()));
+    let handle = RateLimiter::new(policy(&format!("{prefix}-handle")), store);
     let handled = Router::new()
         .route(
             "/",
@@ -558,4 +561,109 @@ async fn permits_are_freed_by_release_drop_and_lease_on_redis() {
         RateLimiter::new(policy, redis_store(&redis)),
     )
     .await;
+}
+
+/// One policy, one bucket: a layer and a handle of a header-keyed policy, given the same value,
+/// share their count, on both stores; and no Redis key (nor the top refused) holds the value.
+async fn a_layer_and_a_handle_share_a_header_keyed_bucket(store: impl Store + Clone, prefix: &str) {
+    let policy = Policy::builder("otp")
+        .prefix(prefix)
+        .key(Key::header("x-phone"))
+        .rule(Rule::per_hour(3))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "sent" }))
+        .layer(RateLimitLayer::new(policy.clone(), store.clone()));
+    let handle = RateLimiter::new(policy, store);
+    let with_phone = || {
+        let mut request = request_from(PEER, "/");
+        request
+            .headers_mut()
+            .insert("x-phone", http::HeaderValue::from_static("+15550100"));
+        request
+    };
+    assert_eq!(send(&app, with_phone()).await.status(), StatusCode::OK);
+    let admitted = handle.check("+15550100").await.unwrap();
+    assert_eq!(admitted.decision().unwrap().rules[0].remaining, 1);
+    assert_eq!(send(&app, with_phone()).await.status(), StatusCode::OK);
+    assert!(handle.check("+15550100").await.is_err());
+    assert_eq!(
+        send(&app, with_phone()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another value is another bucket.
+    assert!(handle.check("+15550199").await.is_ok());
+}
+
+#[tokio::test]
+async fn a_layer_and_a_handle_share_a_header_keyed_bucket_in_memory() {
+    a_layer_and_a_handle_share_a_header_keyed_bucket(MemoryStore::new(), "rl").await;
+}
+
+#[tokio::test]
+async fn a_layer_and_a_handle_share_a_header_keyed_bucket_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("one-bucket");
+    a_layer_and_a_handle_share_a_header_keyed_bucket(redis_store(&redis), &prefix).await;
+    let mut client = redis.client();
+    let keys: Vec<String> = client.keys(format!("{prefix}*")).unwrap();
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter()
+            .all(|key| !key.contains("5550100") && !key.contains("5550199")),
+        "a phone number in a key: {keys:?}"
+    );
+}
+
+/// A handle stores each key kind's value as the layer does: a user id as `user:`, an address
+/// grouped as the layer groups a client's, one global bucket; a name given to a policy keyed by
+/// client IP keeps its own form and is never refused for it.
+#[tokio::test]
+async fn a_handle_stores_each_kind_as_its_layer_does() {
+    let store = MemoryStore::new();
+    let by = |name: &str, key: Key| {
+        let policy = Policy::builder(name)
+            .key(key)
+            .rule(Rule::per_hour(2))
+            .build()
+            .unwrap();
+        (
+            RateLimiter::new(policy.clone(), store.clone()),
+            Router::new()
+                .route("/", get(|| async { "ok" }))
+                .layer(RateLimitLayer::new(policy, store.clone())),
+        )
+    };
+    // Client IP: an IPv6 address counts by its /64, as the layer counts clients.
+    let (handle, app) = by("by-ip", Key::ip());
+    handle.check("2001:db8:1:2::7").await.unwrap();
+    handle.check("2001:db8:1:2::8").await.unwrap();
+    let from_the_same_64 = request_from("[2001:db8:1:2::9]:443", "/");
+    assert_eq!(
+        send(&app, from_the_same_64).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // A name under a client-IP key: its own bucket, admitted.
+    handle.check("alice").await.unwrap();
+    // User ids: as the layer stores a UserId.
+    let (handle, app) = by("by-user", Key::user());
+    handle.check("42").await.unwrap();
+    handle.check("42").await.unwrap();
+    let mut request = request_from(PEER, "/");
+    request
+        .extensions_mut()
+        .insert(tower_redis_ratelimit::UserId::new("42"));
+    assert_eq!(
+        send(&app, request).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Global: one bucket whatever the identity.
+    let (handle, app) = by("by-global", Key::global());
+    handle.check("anything").await.unwrap();
+    handle.check("something else").await.unwrap();
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }

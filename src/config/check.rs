@@ -231,7 +231,7 @@ impl RouteCheck<'_> {
         let name = match &raw.name {
             Some(name) => name.clone(),
             None if policy::is_valid_name(first_path) => first_path.clone(),
-            None => format!("route-{}", self.index),
+            None => default_route_name(first_path),
         };
         let mut builder = Policy::builder(name)
             .prefix(self.prefix)
@@ -316,7 +316,6 @@ impl RouteCheck<'_> {
             policy,
             source: RouteSource {
                 route: raw.clone(),
-                index: self.index,
                 settings: self.settings.clone(),
             },
         })
@@ -536,4 +535,19 @@ fn parse_utc_offset(text: &str) -> Option<i32> {
     let (hours, minutes): (i32, i32) = (hours.parse().ok()?, minutes.parse().ok()?);
     let total = hours * 60 + minutes;
     (minutes < 60 && total <= 18 * 60).then_some(sign * total)
+}
+
+/// The policy name of a route whose path can't be one (a template, a `:`, over 64 bytes):
+/// `route-` and the first 64 bits of the path's SHA-256 in hex. It names the route by what it is,
+/// so its store keys (and counts) don't move when routes are reordered or inserted.
+fn default_route_name(path: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    let digest = Sha256::digest(path.as_bytes());
+    let mut name = String::with_capacity(22);
+    name.push_str("route-");
+    for byte in &digest[..8] {
+        let _ = write!(name, "{byte:02x}");
+    }
+    name
 }

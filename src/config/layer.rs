@@ -22,6 +22,7 @@ use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteSource, StoreSpec};
 use crate::RateLimitLayer;
 use crate::future::ResponseFuture;
 use crate::limiter::{Admission, Limiter, RejectHandler};
+use crate::policy::Policy;
 use crate::response::Rejected;
 use crate::service::limit_call;
 use crate::store::Store;
@@ -102,19 +103,36 @@ impl RouteTable {
 }
 
 /// What a reload changed, route by route (a route is known by its path, its first when it lists
-/// several).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// several). Where a route sits in the file doesn't matter: reordering routes, or inserting one,
+/// keeps every other route as it was.
+///
+/// Which edits keep a route's counts: its counts live in the store under its prefix, its
+/// policy's name (the route's `name`, or its path), its key, its algorithm and each rule's limit
+/// and period. Edits to anything else keep them: a token bucket's `burst`, `mode`, `max_delay`,
+/// `block_for`, `prevent_duplicate`, `cost_header`, `count_only`, `prefetch`, `max_in_flight`,
+/// `lease`, `overrides`, another route, adding a rule (counted from now) or removing one. Edits
+/// that move a route's counts start them afresh, and the route is named in
+/// [`reset_paths`](Self::reset_paths) and in the reload's log line: the top-level `prefix`, its
+/// `name`, its `key`, its `algorithm` (the state of one algorithm means nothing to another), or a
+/// rule's `limit` or `period` (that rule's count; the route's other rules keep theirs).
+/// Placing a route elsewhere in the file, or another route before it, changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ReloadSummary {
     /// Routes whose entry and shared settings are unchanged: they keep their limiter as it was.
     pub kept: usize,
-    /// Routes whose policy changed: a new limiter. Rules that are the same (limit and period)
-    /// keep their counts, which live in the store under the same keys.
+    /// Routes whose policy changed: a new limiter. Rules that are the same (limit and period,
+    /// under the same prefix, name, key and algorithm) keep their counts, which live in the store
+    /// under the same keys.
     pub changed: usize,
     /// Routes new to the file.
     pub added: usize,
     /// Routes no longer in the file: unlimited from now on.
     pub removed: usize,
+    /// The changed routes (their first paths, in the file's order) whose counts start afresh
+    /// (see above): their prefix, name, key or algorithm changed, or a rule's limit or period
+    /// (a rule replaced by another, not only added or removed).
+    pub reset_paths: Vec<String>,
 }
 
 /// The paths a reload added and removed (their routes' first paths), for its log.
@@ -232,6 +250,7 @@ impl RouteLimitsLayer {
                     changed = summary.changed,
                     added = summary.added,
                     removed = summary.removed,
+                    reset = ?summary.reset_paths,
                     "rate-limit configuration reloaded"
                 );
                 // A path edited by mistake (`/login` to `/logn`) removes the real path's limit:
@@ -325,8 +344,11 @@ impl RouteTable {
                     old.limiter.clone()
                 }
                 old => {
-                    if old.is_some() {
+                    if let Some(old) = old {
                         summary.changed += 1;
+                        if !counts_carry_over(&old.limiter.policy, &route.policy) {
+                            summary.reset_paths.push(route.path.clone());
+                        }
                     } else {
                         summary.added += 1;
                         changes.added.push(route.path.clone());
@@ -581,6 +603,28 @@ where
             None => ResponseFuture::inner(self.inner.call(request), Admission::unchecked()),
         }
     }
+}
+
+/// Whether `old`'s counts live on under `new`: the same prefix, name, key and algorithm (the
+/// store keys' parts, and what their state means), and no rule of `old` replaced by a rule of
+/// another limit or period (a rule only added starts from nothing, as any new rule; one only
+/// removed takes its counts along; the duplicate guard is a rule here too).
+fn counts_carry_over(old: &Policy, new: &Policy) -> bool {
+    let same = |a: &crate::Rule, b: &crate::Rule| {
+        a.limit() == b.limit()
+            && a.period_ms() == b.period_ms()
+            && a.is_duplicate_guard() == b.is_duplicate_guard()
+    };
+    let unmatched = |from: &Policy, to: &Policy| {
+        from.rules()
+            .iter()
+            .any(|rule| !to.rules().iter().any(|other| same(rule, other)))
+    };
+    old.prefix() == new.prefix()
+        && old.name() == new.name()
+        && old.key().same_identity_as(new.key())
+        && old.algorithm() == new.algorithm()
+        && !(unmatched(old, new) && unmatched(new, old))
 }
 
 #[cfg(test)]

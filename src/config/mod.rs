@@ -20,7 +20,7 @@
 //! | `legacy_headers` | `false` |
 //! | `tls_ca`, `tls_insecure`, `wait_for_replicas` | none, `false`, `0` (Redis only) |
 //! | `routes[].path`, `routes[].paths` | at least one path in all: `path`, `paths` or both; several paths (`paths = ["/api/ping", "/grpc.health.v1.Health/Check"]`) share one policy and one count per identity |
-//! | `routes[].name` | the (first) path (or `route-<index>` when the path can't be a policy name) |
+//! | `routes[].name` | the (first) path, or `route-` and a hash of it when the path can't be a policy name (a template such as `/users/{id}`, a `:`, `%` or space, over 64 bytes): never the route's place in the file, so reordering routes or inserting one keeps every count |
 //! | `routes[].key` | `"ip"`; or `"user"` ([`UserId`](crate::UserId)), `"global"`, `"header:<name>"`, `"query:<name>"` |
 //! | `routes[].algorithm` | `"sliding_log"`; or `"fixed_window"`, `"sliding_counter"`, `"token_bucket"` |
 //! | `routes[].mode` | `"enforce"`; or `"shadow"`, `"delay"` (with `max_delay`) |
@@ -175,13 +175,13 @@ pub struct RouteLimit {
     source: RouteSource,
 }
 
-/// What a route's policy was built from: its entry as written, its place in the file (a default
-/// name depends on it) and the file's settings that every policy takes. Two equal sources build
-/// the same policy, so a reload keeps that route's limiter (and its caches) as it is.
+/// What a route's policy was built from: its entry as written and the file's settings that
+/// every policy takes (not its place in the file: nothing of the policy depends on it). Two
+/// equal sources build the same policy, so a reload keeps that route's limiter (and its caches)
+/// as it is.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RouteSource {
     route: file::RouteConfig,
-    index: usize,
     settings: Arc<SharedSettings>,
 }
 

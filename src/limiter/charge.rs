@@ -1,64 +1,126 @@
-//! [`Charge`]: an admitted request's units under a `count_only` policy, given back when its
-//! response turns out not to count.
+//! [`Charge`]: what one admission was charged, and where, so that its units can go back to the
+//! windows that were charged and nowhere else: under a `count_only` policy when its response
+//! turns out not to count, and by [`Admitted::refund`](crate::Admitted::refund).
 
 use std::sync::Arc;
 
 use http::StatusCode;
 
 use super::Limiter;
+use crate::decision::Decision;
 use crate::policy::StorageKey;
 use crate::quota::QuotaLookup;
+use crate::store::{CheckFuture, StoreError};
 
-/// The units one admitted request was charged, and where.
+/// The units one admitted request was charged, and where: its key, its day's quota, and the
+/// store's answer to the charge (the receipt a give-back reads: when it was checked, its delay,
+/// a token bucket's full time per rule).
 pub(crate) struct Charge {
     limiter: Arc<Limiter>,
     key: StorageKey,
     cost: u64,
     quota: Option<QuotaLookup>,
+    /// The store's answer to the charge.
+    charged: Charged,
+}
+
+/// The store's answer to a charge: what a give-back reads.
+pub(crate) enum Charged {
+    /// Not known (nothing goes back).
+    Unknown,
+    /// The admission's own decision, which it carries (given with [`Charge::answered`]).
+    Told,
+    /// The admission's decision, given.
+    Own(Decision),
+    /// A take's of units ahead, shared by the requests it admits (each told its decision as held).
+    Taken(Arc<Decision>),
+}
+
+impl Charged {
+    fn decision(&self) -> Option<&Decision> {
+        match self {
+            Charged::Unknown | Charged::Told => None,
+            Charged::Own(decision) => Some(decision),
+            Charged::Taken(decision) => Some(decision),
+        }
+    }
 }
 
 impl Charge {
+    /// The charge of `cost` units to `key` (and `quota`), answered `charged` by the store.
     pub(crate) fn new(
         limiter: Arc<Limiter>,
         key: StorageKey,
         cost: u64,
         quota: Option<QuotaLookup>,
+        charged: Charged,
     ) -> Self {
         Charge {
             limiter,
             key,
             cost,
             quota,
+            charged,
+        }
+    }
+
+    /// Whether the policy settles this charge after the response (`count_only`).
+    pub(crate) fn settles_after_response(&self) -> bool {
+        self.limiter.policy.counts_only_some()
+    }
+
+    /// The admission's own decision, the store's answer to a charge that was [`Charged::Told`].
+    pub(crate) fn answered(&mut self, decision: Option<Decision>) {
+        if let (Charged::Told, Some(decision)) = (&self.charged, decision) {
+            self.charged = Charged::Own(decision);
         }
     }
 
     /// Keeps the charge if a response of `status` counts, else gives it back: at once with an
     /// in-process store, in a task of its own with a networked one (the response doesn't wait).
-    /// A refund that fails is logged; the units then count, on the safe side.
+    /// A give-back that fails is logged; the units then count, on the safe side.
     pub(crate) fn settle(self, status: StatusCode) {
-        let limiter = &self.limiter;
-        if limiter.policy.counts(status) {
+        if self.limiter.policy.counts(status) {
             return;
         }
-        let request = limiter
-            .store_request(&self.key, self.quota.as_ref())
-            .cost(self.cost);
-        let mut refund = limiter.store().refund(&request);
-        match refund.take_ready() {
-            Some(result) => self.refunded(result.map(|_| ())),
+        let mut give_back = self.give_back();
+        match give_back.take_ready() {
+            Some(result) => self.given_back(result.map(|_| ())),
             None => {
                 // Without a runtime (a test's teardown) the units just count.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
-                        let result = refund.await.map(|_| ());
-                        self.refunded(result);
+                        let result = give_back.await.map(|_| ());
+                        self.given_back(result);
                     });
                 }
             }
         }
     }
 
-    fn refunded(&self, result: Result<(), crate::StoreError>) {
+    /// Gives the charge back and waits for the store: what it then finds for the key.
+    pub(crate) async fn refund(self) -> Result<Decision, StoreError> {
+        let decision = self.give_back().await?;
+        self.limiter.refusals.forget_key(self.key.as_str());
+        Ok(decision)
+    }
+
+    /// The store's give-back of the charge.
+    fn give_back(&self) -> CheckFuture {
+        let limiter = &self.limiter;
+        let Some(charged) = self.charged.decision() else {
+            // (Every admission that charged anything carries its answer.)
+            return CheckFuture::ready(Err(StoreError::Config(
+                "an admission without the store's answer has nothing to give back".into(),
+            )));
+        };
+        let request = limiter
+            .store_request(&self.key, self.quota.as_ref())
+            .cost(self.cost);
+        limiter.store().give_back(&request, charged)
+    }
+
+    fn given_back(&self, result: Result<(), StoreError>) {
         let limiter = &self.limiter;
         match result {
             // A refusal cached here may stand no more: the units are back.

@@ -10,7 +10,7 @@ mod prefetch;
 use prefetch::Spent;
 
 pub(crate) use answer::{Answer, Refusal};
-pub(crate) use charge::Charge;
+pub(crate) use charge::{Charge, Charged};
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,6 +88,13 @@ pub(crate) struct Checked {
 }
 
 impl Checked {
+    /// The charge of this request's cost, answered `charged`: its key and quota move into it
+    /// (the request is settled, and asks nothing more).
+    fn take_charge(&mut self, limiter: Arc<Limiter>, charged: Charged) -> Charge {
+        let key = std::mem::take(&mut self.key);
+        Charge::new(limiter, key, self.cost, self.quota.take(), charged)
+    }
+
     /// This request asking for its cost alone, after a take of units ahead was refused.
     pub(crate) fn exact(&mut self) {
         self.extra = 0;
@@ -105,6 +112,10 @@ impl Checked {
 }
 
 /// What to do with a request before asking the store.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned at once and taken apart: boxing the admission would allocate per request"
+)]
 pub(crate) enum Prepared {
     /// Check it.
     Check(Checked),
@@ -145,9 +156,10 @@ pub(crate) struct Admission {
     pub(crate) lease: Option<Lease>,
     /// The store's decision, for a handle's caller.
     pub(crate) decision: Option<Decision>,
-    /// Under a `count_only` policy, the charge to give back if the response doesn't count
-    /// (boxed: only such policies pay for its size in the response future).
-    pub(crate) charge: Option<Box<Charge>>,
+    /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
+    /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
+    /// charged (unlimited, a shadow pass, a store failure let through).
+    pub(crate) charge: Option<Charge>,
 }
 
 impl Admission {
@@ -159,6 +171,20 @@ impl Admission {
             decision: None,
             charge: None,
         }
+    }
+
+    /// This admission with its charge: `cost` units of `key` (and `quota`) by `limiter`,
+    /// answered `charged`.
+    fn charging(
+        mut self,
+        limiter: Arc<Limiter>,
+        key: StorageKey,
+        cost: u64,
+        quota: Option<QuotaLookup>,
+        charged: Charged,
+    ) -> Self {
+        self.charge = Some(Charge::new(limiter, key, cost, quota, charged));
+        self
     }
 }
 
@@ -175,6 +201,10 @@ enum Overridden {
 }
 
 /// What to do with a request once its check is known.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned at once and taken apart: boxing the admission would allocate per request"
+)]
 pub(crate) enum Verdict {
     /// Call the inner service, with what the admission holds.
     Admit(Admission),
@@ -460,7 +490,9 @@ impl Limiter {
         }
         // Units in hand admit at once: no store call, no span.
         match self.spend_prefetched(&key, cost, quota.as_ref(), true) {
-            Spent::Admit(admission) => Prepared::Admit(admission),
+            Spent::Admit(admission, charged) => {
+                Prepared::Admit(admission.charging(self.clone(), key, cost, quota, charged))
+            }
             Spent::Ask(extra) => self.prepare_ask(key, cost, quota, protocol, extra),
             Spent::Wait(landed, certain) => {
                 let limiter = self.clone();
@@ -478,7 +510,11 @@ impl Limiter {
                         }
                         let may_wait = tokio::time::Instant::now() < deadline;
                         match limiter.spend_prefetched(&key, cost, quota.as_ref(), may_wait) {
-                            Spent::Admit(admission) => return Prepared::Admit(admission),
+                            Spent::Admit(admission, charged) => {
+                                let own = limiter.clone();
+                                let admission = admission.charging(own, key, cost, quota, charged);
+                                return Prepared::Admit(admission);
+                            }
                             Spent::Wait(next, sure) => (landed, certain) = (next, sure),
                             Spent::Ask(extra) => break extra,
                         }
@@ -573,10 +609,12 @@ impl Limiter {
     }
 
     /// What to do with a request, given the store's answer.
+    /// An admission takes `checked`'s key and quota along (into its charge): the request is
+    /// settled.
     pub(crate) fn settle(
         self: &Arc<Self>,
         result: Result<Decision, StoreError>,
-        checked: &Checked,
+        checked: &mut Checked,
     ) -> Verdict {
         self.settle_after(
             result,
@@ -590,14 +628,14 @@ impl Limiter {
     fn settle_after(
         self: &Arc<Self>,
         result: Result<Decision, StoreError>,
-        checked: &Checked,
+        checked: &mut Checked,
         budget: Duration,
         waited: Duration,
     ) -> Verdict {
         let took = checked.started.elapsed();
         // The refusal log and the alerts below belong to the check's span.
-        let _entered = checked.span.enter();
-        let key = &checked.key;
+        let span = checked.span.clone();
+        let _entered = span.enter();
         let expected_states = self.policy.rules().len()
             + usize::from(checked.quota.is_some())
             + usize::from(self.policy.concurrency().is_some());
@@ -615,16 +653,17 @@ impl Limiter {
         });
         let metrics = self.metrics();
         metrics.store_call(took, result.as_ref().map(|_| ()));
-        checked
-            .span
-            .record("store_latency_us", took.as_micros() as u64);
-        // A take of units ahead: in hand if admitted; if not, ask for the cost alone.
-        let result = match self.settle_take(result, checked) {
-            Some(result) => result,
+        span.record("store_latency_us", took.as_micros() as u64);
+        // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
+        // of an admission is answered by its decision, or the take's.
+        let (result, charged) = match self.settle_take(result, checked) {
+            Some((result, Some(taken))) => (result, Charged::Taken(taken)),
+            Some((result, None)) => (result, Charged::Told),
             None => return Verdict::Retake,
         };
+        let key = &checked.key;
         let outcome = |outcome: Outcome| {
-            checked.span.record("outcome", outcome.label());
+            span.record("outcome", outcome.label());
             outcome
         };
         match result {
@@ -667,12 +706,9 @@ impl Limiter {
                     } else {
                         metrics.request(outcome(Outcome::Allowed));
                     }
-                    // Under count_only, the charge goes back if the response doesn't count (a
-                    // shadow pass or a store failure charged nothing).
-                    let charge = self.policy.counts_only_some().then(|| {
-                        let (key, quota) = (key.clone(), checked.quota.clone());
-                        Box::new(Charge::new(self.clone(), key, checked.cost, quota))
-                    });
+                    // Given back by the caller (a handle's), or under count_only if the response
+                    // doesn't count (a shadow pass or a store failure charged nothing).
+                    let charge = Some(checked.take_charge(self.clone(), charged));
                     let admission = Admission {
                         headers: Some(headers),
                         lease,
@@ -796,7 +832,7 @@ impl Limiter {
         }
         loop {
             let result = self.check(&checked).await;
-            match self.settle(result, &checked) {
+            match self.settle(result, &mut checked) {
                 Verdict::AwaitSlot => return self.wait_for_slot(checked, true).await,
                 Verdict::Retake => checked.exact(),
                 verdict => return verdict,
@@ -828,7 +864,7 @@ impl Limiter {
                     checked.started = Instant::now();
                     let result = self.check_within(&checked, Duration::ZERO).await;
                     let waited = arrived.elapsed();
-                    return self.settle_after(result, &checked, Duration::ZERO, waited);
+                    return self.settle_after(result, &mut checked, Duration::ZERO, waited);
                 }
             },
         };
@@ -845,7 +881,7 @@ impl Limiter {
             let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
             checked.started = Instant::now();
             let result = self.check_within(&checked, budget).await;
-            match self.settle_after(result, &checked, budget, arrived.elapsed()) {
+            match self.settle_after(result, &mut checked, budget, arrived.elapsed()) {
                 Verdict::AwaitSlot => continue,
                 verdict => return verdict,
             }

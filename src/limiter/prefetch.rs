@@ -15,9 +15,9 @@
 //!
 //! [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -25,12 +25,12 @@ use tokio::sync::futures::OwnedNotified;
 // Tokio's clock, which tests can pause and move with the stores' clocks.
 use tokio::time::Instant;
 
-use super::{Admission, Charge, Checked, Limiter};
+use super::{Admission, Charged, Checked, Limiter};
 use crate::decision::Decision;
 use crate::policy::{Algorithm, Policy, StorageKey};
 use crate::quota::QuotaLookup;
 use crate::response::LimitHeaders;
-use crate::store::StoreError;
+use crate::store::{ResetListener, ResetWatch, Store, StoreError};
 use crate::telemetry::Outcome;
 
 /// Asking the store again for an identity within this long makes it hot: the next ask takes
@@ -49,6 +49,9 @@ pub(crate) struct Prefetched {
     max: u64,
     hasher: RandomState,
     shards: Box<[Mutex<Shard>]>,
+    /// Whether the store's reset notices are heard (registered at the first spend, in a
+    /// runtime): `None` inside when the store can't tell of resets.
+    resets: OnceLock<Option<ResetWatch>>,
 }
 
 /// One shard of the table: what this instance holds, by store key.
@@ -73,6 +76,11 @@ struct Allowance {
     last_take: u64,
     /// The key and quota the units in hand were charged to, for giving them back.
     charged: Option<(StorageKey, Option<QuotaLookup>)>,
+    /// Where the units in hand were charged: per take, oldest first, the store's answer to it
+    /// and how many of its units are still in hand (spent oldest first), for giving each back
+    /// where it was charged (a later take's window, or its bucket's later full time, would take
+    /// back more than an earlier take's units hold).
+    receipts: Receipts,
     /// When a request last had to ask the store.
     last_ask: Instant,
     /// The units wanted by requests that waited for the take in flight: the next take is at
@@ -86,21 +94,42 @@ struct Allowance {
 /// What a request of an identity does.
 #[derive(Debug)]
 pub(crate) enum Spend {
-    /// Admitted from units in hand: the decision its headers tell. `take_ahead`: units to take
-    /// now in the background (0: none), so that the next requests still find units in hand.
-    Local { decision: Decision, take_ahead: u64 },
+    /// Admitted from units in hand: the decision its headers tell, and the answer to the take
+    /// that charged its units. `take_ahead`: units to take now in the background (0: none), so
+    /// that the next requests still find units in hand.
+    Local {
+        decision: Decision,
+        charged: Option<Arc<Decision>>,
+        take_ahead: u64,
+    },
     /// Ask the store for its cost and `extra` units ahead. `expired`: units in hand that had
     /// to be dropped (their window ended, or they sat unused), for the caller to count or give
     /// back.
-    Ask { extra: u64, expired: u64 },
+    Ask { extra: u64, expired: Expired },
     /// Too few units in hand, and a take is in flight: wait until it is answered, then spend
     /// again. `certain`: a take in the background, which is answered for certain; else wait at
     /// most [`WAIT_AT_MOST`]. `expired` as above.
     Wait {
         landed: OwnedNotified,
         certain: bool,
-        expired: u64,
+        expired: Expired,
     },
+}
+
+/// Per take of units ahead, oldest first: the store's answer to it, and how many of its units.
+type Receipts = VecDeque<(Arc<Decision>, u64)>;
+
+/// Units in hand given back at shutdown: their key, quota and receipts.
+type Held = (StorageKey, Option<QuotaLookup>, Receipts);
+
+/// A take's settled answer: what the request goes on with, and the store's answer to the take.
+type Settled = (Result<Decision, StoreError>, Option<Arc<Decision>>);
+
+/// Units dropped from those in hand: per take, the store's answer to it and its units.
+#[derive(Debug, Default)]
+pub(crate) struct Expired {
+    units: u64,
+    receipts: Receipts,
 }
 
 /// How long a request waits at most for a take in flight (one whose requester left never
@@ -114,6 +143,31 @@ impl Prefetched {
             max,
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            resets: OnceLock::new(),
+        }
+    }
+
+    /// Whether units may be taken ahead now: not while a store that tells of resets isn't
+    /// heard (its subscription is down, or not up yet), since a reset would then miss them.
+    /// Registers with `store` at the first call.
+    fn may_take_ahead(self: &Arc<Self>, store: &dyn Store) -> bool {
+        let watch = self.resets.get_or_init(|| {
+            let listener: Arc<dyn ResetListener> = self.clone();
+            store.watch_resets(Arc::downgrade(&listener))
+        });
+        watch.as_ref().is_none_or(ResetWatch::is_live)
+    }
+
+    /// Drops every unit in hand for which `forget` says so (they were reset: not given back).
+    fn drop_units(&self, forget: impl Fn(&str) -> bool) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
+            for (key, allowance) in shard.iter_mut() {
+                if allowance.units > 0 && forget(key) {
+                    allowance.units = 0;
+                    allowance.receipts.clear();
+                }
+            }
         }
     }
 
@@ -126,7 +180,14 @@ impl Prefetched {
 
     /// Spends `cost` units of `key` from those in hand, or says to wait for a take in flight
     /// (if `may_wait`), or how many to take ahead.
-    pub(crate) fn spend(&self, key: &str, cost: u64, now: Instant, may_wait: bool) -> Spend {
+    pub(crate) fn spend(
+        &self,
+        key: &str,
+        cost: u64,
+        now: Instant,
+        may_wait: bool,
+        may_take_ahead: bool,
+    ) -> Spend {
         let mut shard = self.shard(key);
         let Some(allowance) = shard.get_mut(key) else {
             // Never seen: the exact path. Remembered, so that a second ask soon after is hot.
@@ -139,21 +200,30 @@ impl Prefetched {
             shard.insert(key.into(), Allowance::new(cost, now));
             return Spend::Ask {
                 extra: 0,
-                expired: 0,
+                expired: Expired::default(),
             };
         };
-        let mut expired = 0;
+        let mut expired = Expired::default();
         if allowance.units > 0 && now >= allowance.valid_until {
-            expired = std::mem::take(&mut allowance.units);
+            expired = Expired {
+                units: std::mem::take(&mut allowance.units),
+                receipts: std::mem::take(&mut allowance.receipts),
+            };
         }
         if allowance.units >= cost
             && let Some(decision) = &allowance.decision
         {
             allowance.units -= cost;
             let decision = as_held(decision, allowance.units, now - allowance.taken_at);
-            let take_ahead = self.take_ahead(allowance, now);
+            let charged = allowance.spend_receipts(cost);
+            let take_ahead = if may_take_ahead {
+                self.take_ahead(allowance, now)
+            } else {
+                0
+            };
             return Spend::Local {
                 decision,
+                charged,
                 take_ahead,
             };
         }
@@ -188,7 +258,11 @@ impl Prefetched {
         let room = self
             .max
             .saturating_sub(allowance.units + allowance.pending + cost);
-        let extra = target.saturating_sub(cost).min(room);
+        let extra = if may_take_ahead {
+            target.saturating_sub(cost).min(room)
+        } else {
+            0
+        };
         allowance.pending += extra;
         Spend::Ask { extra, expired }
     }
@@ -228,7 +302,7 @@ impl Prefetched {
         (key, quota): (&StorageKey, Option<&QuotaLookup>),
         cost: u64,
         extra: u64,
-        decision: &Decision,
+        decision: &Arc<Decision>,
         valid_until: Instant,
         now: Instant,
     ) -> Decision {
@@ -243,16 +317,21 @@ impl Prefetched {
         if cost == 0 {
             allowance.ahead_in_flight = false;
         }
-        // Units of an earlier take still in hand keep their own end: all end at the earlier.
+        // Units of an earlier take still in hand keep their own end and receipt: all end at
+        // the earlier, and go back where the earlier went (never more than it holds).
         if allowance.units > 0 && allowance.valid_until > now {
             allowance.valid_until = allowance.valid_until.min(valid_until);
         } else {
             allowance.units = 0;
             allowance.valid_until = valid_until;
+            allowance.receipts.clear();
+        }
+        if extra > 0 {
+            allowance.receipts.push_back((decision.clone(), extra));
         }
         allowance.units += extra;
         allowance.taken_at = now;
-        allowance.decision = Some(decision.clone());
+        allowance.decision = Some(Decision::clone(decision));
         let wanted = std::mem::take(&mut allowance.wanted);
         allowance.last_take = allowance.last_take.max(cost + extra).max(wanted);
         if let Some(landed) = &allowance.landed {
@@ -279,17 +358,18 @@ impl Prefetched {
     }
 
     /// Takes every unit in hand out of the table, for giving back (an instance shutting down):
-    /// what each was charged to, and how many.
-    fn drain(&self) -> Vec<(StorageKey, Option<QuotaLookup>, u64)> {
+    /// what each was charged to, and per take that charged them, its answer and its units.
+    fn drain(&self) -> Vec<Held> {
         let mut held = Vec::new();
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
             for allowance in shard.values_mut() {
                 let units = std::mem::take(&mut allowance.units);
+                let receipts = std::mem::take(&mut allowance.receipts);
                 if units > 0
                     && let Some((key, quota)) = &allowance.charged
                 {
-                    held.push((key.clone(), quota.clone(), units));
+                    held.push((key.clone(), quota.clone(), receipts));
                 }
             }
         }
@@ -297,7 +377,39 @@ impl Prefetched {
     }
 }
 
+impl ResetListener for Prefetched {
+    fn key_reset(&self, key: &str) {
+        let mut shard = self.shard(key);
+        if let Some(allowance) = shard.get_mut(key) {
+            allowance.units = 0;
+            allowance.receipts.clear();
+        }
+    }
+
+    fn notices_lost(&self) {
+        self.drop_units(|_| true);
+    }
+}
+
 impl Allowance {
+    /// Spends `cost` units from the receipts, oldest take first: the answer to the take the
+    /// first of them came from (the request's own charge, should it be given back).
+    fn spend_receipts(&mut self, cost: u64) -> Option<Arc<Decision>> {
+        let charged = self.receipts.front().map(|(decision, _)| decision.clone());
+        let mut left = cost;
+        while left > 0
+            && let Some((_, units)) = self.receipts.front_mut()
+        {
+            let spent = left.min(*units);
+            *units -= spent;
+            left -= spent;
+            if *units == 0 {
+                self.receipts.pop_front();
+            }
+        }
+        charged
+    }
+
     fn new(cost: u64, now: Instant) -> Self {
         Allowance {
             units: 0,
@@ -308,6 +420,7 @@ impl Allowance {
             decision: None,
             last_take: cost,
             charged: None,
+            receipts: VecDeque::new(),
             // The first ask: a second one within HOT makes the identity hot.
             last_ask: now,
             wanted: 0,
@@ -349,8 +462,9 @@ impl Prefetched {
     reason = "returned at once, never stored: boxing the admission would allocate per request"
 )]
 pub(crate) enum Spent {
-    /// Admitted from units in hand.
-    Admit(Admission),
+    /// Admitted from units in hand (its charge still to be made: of the request's key and
+    /// quota, answered by the take that charged its units).
+    Admit(Admission, Charged),
     /// Wait for a take in flight (for certain it lands, or at most [`WAIT_AT_MOST`]), then
     /// spend again.
     Wait(OwnedNotified, bool),
@@ -372,9 +486,11 @@ impl Limiter {
         let Some(prefetched) = &self.prefetched else {
             return Spent::Ask(0);
         };
-        match prefetched.spend(key.as_str(), cost, Instant::now(), may_wait) {
+        let may_take_ahead = prefetched.may_take_ahead(self.store());
+        match prefetched.spend(key.as_str(), cost, Instant::now(), may_wait, may_take_ahead) {
             Spend::Local {
                 decision,
+                charged,
                 take_ahead,
             } => {
                 if take_ahead > 0 {
@@ -386,30 +502,24 @@ impl Limiter {
                 metrics.admitted(&decision);
                 let headers =
                     LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
-                let charge = self.policy.counts_only_some().then(|| {
-                    Box::new(Charge::new(self.clone(), key.clone(), cost, quota.cloned()))
-                });
-                Spent::Admit(Admission {
+                let admission = Admission {
                     headers: Some(headers),
                     lease: None,
                     decision: Some(decision),
-                    charge,
-                })
+                    charge: None,
+                };
+                Spent::Admit(admission, charged.map_or(Charged::Unknown, Charged::Taken))
             }
             Spend::Wait {
                 landed,
                 certain,
                 expired,
             } => {
-                if expired > 0 {
-                    self.expired(key, expired, quota);
-                }
+                self.expired(key, expired, quota);
                 Spent::Wait(landed, certain)
             }
             Spend::Ask { extra, expired } => {
-                if expired > 0 {
-                    self.expired(key, expired, quota);
-                }
+                self.expired(key, expired, quota);
                 Spent::Ask(extra)
             }
         }
@@ -425,20 +535,32 @@ impl Limiter {
         }
     }
 
-    /// Units that sat in hand past their end: counted; a token bucket's are given back (its
-    /// window never ends, so they would be lost for every instance), the others' window ended
-    /// and took them along.
-    fn expired(self: &Arc<Self>, key: &StorageKey, units: u64, quota: Option<&QuotaLookup>) {
-        self.metrics().prefetch("expired", units);
+    /// Units that sat in hand past their end: counted; a token bucket's are given back, as far
+    /// as time has not repaid them already (its window never ends, so they would be lost for
+    /// every instance), the others' window ended and took them along.
+    fn expired(self: &Arc<Self>, key: &StorageKey, expired: Expired, quota: Option<&QuotaLookup>) {
+        if expired.units == 0 {
+            return;
+        }
+        self.metrics().prefetch("expired", expired.units);
         if self.policy.algorithm() == Algorithm::TokenBucket {
-            self.give_back(key, units, quota);
+            for (charged, units) in &expired.receipts {
+                self.give_back(key, *units, quota, charged);
+            }
         }
     }
 
-    /// Gives `units` of `key` back to the store, in the background.
-    fn give_back(self: &Arc<Self>, key: &StorageKey, units: u64, quota: Option<&QuotaLookup>) {
+    /// Gives `units` of `key` back to the store, where the take answered `charged` charged
+    /// them, in the background.
+    fn give_back(
+        self: &Arc<Self>,
+        key: &StorageKey,
+        units: u64,
+        quota: Option<&QuotaLookup>,
+        charged: &Decision,
+    ) {
         let request = self.store_request(key, quota).cost(units);
-        let mut refund = self.store().refund(&request);
+        let mut refund = self.store().give_back(&request, charged);
         if refund.take_ready().is_none()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
@@ -470,6 +592,7 @@ impl Limiter {
             match result {
                 Ok(decision) if decision.allowed => {
                     let charged = (&charged_key, quota.as_ref());
+                    let decision = Arc::new(decision);
                     limiter.landed(&held, charged, (0, units), &decision, started);
                 }
                 // Refused: nothing in hand; failed: the units may be charged, on the safe side.
@@ -493,7 +616,7 @@ impl Limiter {
         prefetched: &Prefetched,
         charged: (&StorageKey, Option<&QuotaLookup>),
         (cost, extra): (u64, u64),
-        decision: &Decision,
+        decision: &Arc<Decision>,
         started: Instant,
     ) -> Decision {
         let now = Instant::now();
@@ -504,27 +627,24 @@ impl Limiter {
 
     /// Settles a check's answer for units taken ahead: `None` when a take was refused (the
     /// request then asks for its cost alone), else the answer the request goes on with, the
-    /// units in hand counted in what it tells.
+    /// units in hand counted in what it tells, and the store's answer to the take (what the
+    /// request's own charge was answered, when it differs from what it tells).
     pub(super) fn settle_take(
         &self,
         result: Result<Decision, StoreError>,
         checked: &Checked,
-    ) -> Option<Result<Decision, StoreError>> {
+    ) -> Option<Settled> {
         let Some(prefetched) = self.prefetched.as_ref().filter(|_| checked.extra > 0) else {
-            return Some(result);
+            return Some((result, None));
         };
         let (key, cost, extra) = (checked.key.as_str(), checked.cost, checked.extra);
         match result {
             Ok(decision) if decision.allowed => {
                 let charged = (&checked.key, checked.quota.as_ref());
                 let started = tokio_instant(checked.started);
-                Some(Ok(self.landed(
-                    prefetched,
-                    charged,
-                    (cost, extra),
-                    &decision,
-                    started,
-                )))
+                let taken = Arc::new(decision);
+                let told = self.landed(prefetched, charged, (cost, extra), &taken, started);
+                Some((Ok(told), Some(taken)))
             }
             Ok(_) => {
                 prefetched.untook(key, cost, extra);
@@ -532,7 +652,7 @@ impl Limiter {
             }
             Err(error) => {
                 prefetched.untook(key, cost, extra);
-                Some(Err(error))
+                Some((Err(error), None))
             }
         }
     }
@@ -565,6 +685,17 @@ impl Limiter {
 }
 
 impl Limiter {
+    /// Drops the units this limiter (and its overrides') holds ahead for `key`: it was reset.
+    pub(crate) fn forget_units(&self, key: &str) {
+        let overriding = self.overriding.get().into_iter().flatten().flatten();
+        let limiters = std::iter::once(self).chain(overriding.map(|own| &**own));
+        for limiter in limiters {
+            if let Some(prefetched) = &limiter.prefetched {
+                prefetched.key_reset(key);
+            }
+        }
+    }
+
     /// Gives back every unit this limiter (and its overrides') took ahead and didn't spend, and
     /// waits for the store: for an instance shutting down. A fixed window's or sliding counter's
     /// units come back only while their window lasts; a failure leaves them counted.
@@ -575,9 +706,11 @@ impl Limiter {
             let Some(prefetched) = &limiter.prefetched else {
                 continue;
             };
-            for (key, quota, units) in prefetched.drain() {
-                let request = limiter.store_request(&key, quota.as_ref()).cost(units);
-                let _ = limiter.store().refund(&request).await;
+            for (key, quota, receipts) in prefetched.drain() {
+                for (charged, units) in receipts {
+                    let request = limiter.store_request(&key, quota.as_ref()).cost(units);
+                    let _ = limiter.store().give_back(&request, &charged).await;
+                }
             }
         }
     }
@@ -616,6 +749,7 @@ mod tests {
                 remaining,
                 reset: Duration::from_secs(10),
                 retry_after: None,
+                bucket_full_at_us: None,
             }],
             now_unix_ms: 0,
             delay: Duration::ZERO,
@@ -632,7 +766,7 @@ mod tests {
         for second in 0..3 {
             let at = start + Duration::from_secs(second);
             assert!(matches!(
-                prefetched.spend("cold", 1, at, false),
+                prefetched.spend("cold", 1, at, false, true),
                 Spend::Ask { extra: 0, .. }
             ));
         }
@@ -644,7 +778,7 @@ mod tests {
         let hot = key("hot");
         for request in 0..60 {
             at += Duration::from_micros(100);
-            let (cost, extra) = match prefetched.spend(hot.as_str(), 1, at, false) {
+            let (cost, extra) = match prefetched.spend(hot.as_str(), 1, at, false, true) {
                 Spend::Local { take_ahead: 0, .. } => continue,
                 Spend::Local { take_ahead, .. } => (0, take_ahead),
                 Spend::Ask { extra, .. } => {
@@ -655,7 +789,14 @@ mod tests {
             };
             takes.push(cost + extra);
             let until = at + Duration::from_secs(1);
-            prefetched.took((&hot, None), cost, extra, &decision(500), until, at);
+            prefetched.took(
+                (&hot, None),
+                cost,
+                extra,
+                &Arc::new(decision(500)),
+                until,
+                at,
+            );
         }
         assert_eq!(&takes[..5], [1, 2, 4, 7, 14]);
         assert!(takes[5..].iter().all(|&take| take == 12), "{takes:?}");
@@ -666,7 +807,7 @@ mod tests {
         let prefetched = Prefetched::new(8);
         let start = Instant::now();
         let k = key("k");
-        let spend = |at| match prefetched.spend(k.as_str(), 1, at, false) {
+        let spend = |at| match prefetched.spend(k.as_str(), 1, at, false, true) {
             Spend::Local { take_ahead, .. } => Some(take_ahead),
             Spend::Ask { .. } => None,
             Spend::Wait { .. } => unreachable!("asked not to wait"),
@@ -678,7 +819,7 @@ mod tests {
             (&k, None),
             1,
             7,
-            &decision(50),
+            &Arc::new(decision(50)),
             at + Duration::from_secs(60),
             at,
         );
@@ -693,7 +834,7 @@ mod tests {
             "nothing in hand while the take is in flight"
         );
         // One that may wait for the take in flight is woken when it lands.
-        let Spend::Wait { landed, .. } = prefetched.spend(k.as_str(), 1, at, true) else {
+        let Spend::Wait { landed, .. } = prefetched.spend(k.as_str(), 1, at, true, true) else {
             panic!("a take is in flight: wait for it");
         };
         let mut landed = std::pin::pin!(landed);
@@ -704,7 +845,7 @@ mod tests {
             (&k, None),
             0,
             6,
-            &decision(40),
+            &Arc::new(decision(40)),
             at + Duration::from_secs(60),
             at,
         );
@@ -720,7 +861,7 @@ mod tests {
         let prefetched = Prefetched::new(10);
         let start = Instant::now();
         let k = key("k");
-        let ask = |at| match prefetched.spend(k.as_str(), 1, at, false) {
+        let ask = |at| match prefetched.spend(k.as_str(), 1, at, false, true) {
             Spend::Ask { extra, .. } => extra,
             Spend::Local { .. } => panic!("nothing in hand"),
             Spend::Wait { .. } => unreachable!("asked not to wait"),
@@ -731,19 +872,19 @@ mod tests {
         let second = ask(start + Duration::from_millis(2));
         assert!(first + second + 2 <= 10, "{first} + {second}");
         let until = start + Duration::from_millis(50);
-        let told = prefetched.took((&k, None), 1, first, &decision(100), until, start);
+        let told = prefetched.took((&k, None), 1, first, &Arc::new(decision(100)), until, start);
         assert_eq!(told.rules[0].remaining, 100 + first);
         for _ in 0..first {
             assert!(matches!(
-                prefetched.spend(k.as_str(), 1, start + Duration::from_millis(3), false),
+                prefetched.spend(k.as_str(), 1, start + Duration::from_millis(3), false, true),
                 Spend::Local { .. }
             ));
         }
         // In hand again, then the window ends: the units are dropped, not spent.
         prefetched.untook(k.as_str(), 1, second);
-        prefetched.took((&k, None), 1, 3, &decision(100), until, start);
-        match prefetched.spend(k.as_str(), 1, until, false) {
-            Spend::Ask { expired, .. } => assert_eq!(expired, 3),
+        prefetched.took((&k, None), 1, 3, &Arc::new(decision(100)), until, start);
+        match prefetched.spend(k.as_str(), 1, until, false, true) {
+            Spend::Ask { expired, .. } => assert_eq!(expired.units, 3),
             Spend::Local { .. } => panic!("spent a unit past its window"),
             Spend::Wait { .. } => unreachable!("asked not to wait"),
         }

@@ -49,15 +49,21 @@ impl LocalPauses {
     }
 }
 
-/// `X-RateLimit-Reset` values above this are Unix times (seconds); below, seconds from now.
+/// `X-RateLimit-Reset` values from this on are Unix times (seconds); below, seconds from now.
 /// (GitHub sends the former, many APIs the latter; 10^9 s is 2001, and no reset is 31 years away.)
 const UNIX_TIME_FROM: u64 = 1_000_000_000;
+
+/// `X-RateLimit-Reset` values from this on are Unix times in milliseconds: as seconds they would
+/// be past the year 5000 (10^11 ms is 1973, and every reset of this century in ms is above it).
+const UNIX_MILLIS_FROM: u64 = 100_000_000_000;
 
 /// How long `upstream`'s answer asks every caller to wait before the next request, if at all:
 /// the longest of
 /// - `Retry-After` (delay-seconds or an HTTP-date) on a 429 or a 503;
 /// - the reset `t` of an IETF `RateLimit` item with `r=0`;
-/// - `X-RateLimit-Reset` (Unix seconds, or seconds from now) with `X-RateLimit-Remaining: 0`;
+/// - `X-RateLimit-Reset` (Unix seconds, or seconds from now, whole or with a fraction as
+///   Discord sends them: `2.5`, `1795674424.250`; a value too large for Unix seconds is Unix
+///   milliseconds) with `X-RateLimit-Remaining: 0`;
 /// - a gRPC upstream's trailers-only `RESOURCE_EXHAUSTED` (`grpc-status: 8` in the headers): its
 ///   `grpc-retry-pushback-ms` and, with the `grpc` feature, the `RetryInfo` of its
 ///   `grpc-status-details-bin`. (A status that comes in trailers, after a response has begun, is
@@ -105,15 +111,12 @@ pub fn announced_pause(
     }
     let remaining = integer(upstream, "x-ratelimit-remaining");
     if remaining == Some(0)
-        && let Some(reset) = integer(upstream, "x-ratelimit-reset")
+        && let Some(reset) = upstream
+            .get("x-ratelimit-reset")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| reset_wait(value, now))
     {
-        let wait = if reset >= UNIX_TIME_FROM {
-            let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
-            Duration::from_secs(reset).saturating_sub(since_epoch)
-        } else {
-            Duration::from_secs(reset)
-        };
-        longest = longest.max(wait);
+        longest = longest.max(reset);
     }
     if let Some(wait) = crate::grpc::announced_wait(upstream) {
         longest = longest.max(wait);
@@ -128,6 +131,35 @@ fn only(headers: &HeaderMap, name: &HeaderName) -> Option<HeaderMap> {
         alone.append(name.clone(), value.clone());
     }
     (!alone.is_empty()).then_some(alone)
+}
+
+/// The wait an `X-RateLimit-Reset` value announces at `now`: Unix milliseconds, Unix seconds or
+/// seconds from now (see [`UNIX_MILLIS_FROM`] and [`UNIX_TIME_FROM`]), whole or with a decimal
+/// fraction; `None` for anything else.
+fn reset_wait(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let (whole, fraction) = value.split_once('.').unwrap_or((value, ""));
+    let digits = |text: &str| text.bytes().all(|byte| byte.is_ascii_digit());
+    if whole.is_empty() || !digits(whole) || !digits(fraction) {
+        return None;
+    }
+    let whole: u64 = whole.parse().ok()?;
+    // Nanoseconds of the fraction (digits past the ninth can't matter).
+    let nanos = fraction
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(9)
+        .fold(0u32, |nanos, digit| nanos * 10 + u32::from(digit - b'0'));
+    let since_epoch = || now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    Some(if whole >= UNIX_MILLIS_FROM {
+        // Milliseconds: the fraction is of a millisecond.
+        let at = Duration::from_millis(whole) + Duration::from_nanos(u64::from(nanos) / 1_000);
+        at.saturating_sub(since_epoch())
+    } else if whole >= UNIX_TIME_FROM {
+        Duration::new(whole, nanos).saturating_sub(since_epoch())
+    } else {
+        Duration::new(whole, nanos)
+    })
 }
 
 /// A header holding one non-negative integer.
@@ -193,6 +225,42 @@ mod tests {
         );
         let past = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(NOW - 60));
         assert_eq!(pause(429, &[("retry-after", &past)]), None);
+    }
+
+    #[test]
+    fn a_legacy_reset_may_be_fractional_or_in_milliseconds() {
+        let with = |reset: &str| {
+            pause(
+                200,
+                &[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", reset)],
+            )
+        };
+        // Fractional delta seconds, as Discord sends them.
+        assert_eq!(with("2.5"), Some(Duration::from_millis(2_500)));
+        assert_eq!(with("0.25"), Some(Duration::from_millis(250)));
+        // Fractional Unix seconds: 2.25 s after NOW.
+        let unix = format!("{}.250", NOW + 2);
+        assert_eq!(with(&unix), Some(Duration::from_millis(2_250)));
+        // Unix milliseconds: 3.1 s after NOW, not a pause capped years away.
+        let millis = (NOW * 1_000 + 3_100).to_string();
+        assert_eq!(with(&millis), Some(Duration::from_millis(3_100)));
+        let fractional_millis = format!("{}.5", NOW * 1_000 + 40);
+        assert_eq!(
+            with(&fractional_millis),
+            Some(Duration::from_micros(40_500))
+        );
+        // Past or malformed: no pause, no panic.
+        assert_eq!(with(&(NOW - 5).to_string()), None);
+        for bad in [
+            "", ".", "2.", ".5", "-1", "1e3", "2.5.1", "abc", "2,5", " 2 . 5 ",
+        ] {
+            let expected = if bad == "2." {
+                Some(Duration::from_secs(2))
+            } else {
+                None
+            };
+            assert_eq!(with(bad), expected, "{bad:?}");
+        }
     }
 
     #[test]

@@ -206,18 +206,25 @@ impl PolicyBuilder {
     /// Counts only the requests whose response's status `counts` accepts: login failures
     /// (`|status| status == StatusCode::UNAUTHORIZED`), or errors. A request is charged when it is
     /// admitted, as any other, so concurrent requests can never pass the limit; when its response
-    /// turns out not to count, the layer gives the charge back ([`Store::refund`]) in the
-    /// background. So while counted requests are in flight, others may be refused that would be
-    /// admitted once their responses are known; and a refusal another instance cached may stand
-    /// up to a second after a refund frees room.
+    /// turns out not to count, the layer gives the charge back ([`Store::give_back`]) in the
+    /// background, to the windows it was charged in: a response that ends after its window
+    /// rolled gives nothing to the new one, and a sliding log drops the request's own entry. So
+    /// while counted requests are in flight, others may be refused that would be admitted once
+    /// their responses are known; and a refusal another instance cached may stand up to a second
+    /// after a give-back frees room.
+    ///
+    /// A request whose response never comes keeps its charge: a client that hangs up before
+    /// its answer, or a handler that panics. Its outcome is unknown, and the handler's work (an
+    /// SMS sent, a password checked) may have run: giving the charge back would let a client
+    /// that hangs up escape the limit.
     ///
     /// The layer applies it; the [`Limited`](crate::Limited) extractor and a
-    /// [`RateLimiter`](crate::RateLimiter) can't see the response, so their code calls
-    /// [`RateLimiter::refund`](crate::RateLimiter::refund) itself. The duplicate guard, a block
-    /// and a concurrency slot are never refunded. A policy without rules can't count only some
-    /// responses: building it fails.
+    /// [`RateLimiter`](crate::RateLimiter) can't see the response, so their code gives an
+    /// admission back itself ([`Admitted::refund`](crate::Admitted::refund)). The duplicate
+    /// guard, a block and a concurrency slot are never given back. A policy without rules can't
+    /// count only some responses: building it fails.
     ///
-    /// [`Store::refund`]: crate::Store::refund
+    /// [`Store::give_back`]: crate::Store::give_back
     ///
     /// ```
     /// use http::StatusCode;
@@ -249,7 +256,19 @@ impl PolicyBuilder {
     /// milliseconds), so an identity that isn't hot takes one unit per request, the exact path.
     /// Units expire with their window: a fixed window's or sliding counter's at its end (spent
     /// later they would count in a window that didn't charge them); a token bucket's are given
-    /// back when they sit unused for a second.
+    /// back when they sit unused for a second, as far as time has not refilled the bucket
+    /// already. Units given back (at shutdown, `give_back_prefetched`) go to the window that
+    /// charged them, and nowhere once it has rolled.
+    ///
+    /// A `reset` of an identity reaches the units every instance holds of it: the memory store
+    /// tells its limiters inside `reset`; the Redis store publishes the reset, and each
+    /// instance's subscription drops the identity's units when the notice arrives, so what a
+    /// reset leaves is the units spent between the reset and the notice (a round trip). An
+    /// instance takes units ahead only while its subscription is up, and forgets every unit it
+    /// holds whenever the subscription drops or comes back (notices sent meanwhile are lost).
+    /// Over a pool you built (`RedisStore::new`, `from_cluster_pool`, `from_sentinel_pool`), or a
+    /// store of your own that doesn't implement [`Store::watch_resets`](crate::Store::watch_resets),
+    /// there is no notice: units held elsewhere stay spendable until their window ends.
     ///
     /// Only where units taken ahead can't let more than a limit through: fixed_window,
     /// sliding_counter and token_bucket, without a duplicate guard, a penalty block, a

@@ -343,15 +343,18 @@ impl Policy {
         (self.0.scope != Scope::Route).then(|| self.unscoped_key_of(identity))
     }
 
-    /// The store key of an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s), of
-    /// kind `named`: `prefix:policy:identity`, whatever the policy's key and scope, the identity
-    /// hashed when it is long or odd, as a header's value is (so it can't break the key's layout).
+    /// The store key of an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s):
+    /// `prefix:policy:identity`, whatever the policy's scope, the identity stored as the policy's
+    /// key stores the value it reads (see [`Key::push_named`]), so a layer and a handle of one
+    /// policy share a bucket; an identity the key can't read, verbatim or hashed, of kind
+    /// `named`.
     pub(crate) fn named_key(&self, identity: &str) -> StorageKey {
         let inner = &self.0;
-        let mut key = String::with_capacity(inner.key_base.len() + identity.len().min(40));
+        // Room for any stored form: `user:` and 64 bytes, a hash, an IPv6 network.
+        let mut key = String::with_capacity(inner.key_base.len() + 72);
         key.push_str(&inner.key_base);
-        crate::key::push_component(&mut key, identity);
-        StorageKey::new(key, inner.key_base.len(), "named")
+        let kind = inner.key.push_named(identity, &inner.client_ip, &mut key);
+        StorageKey::new(key, inner.key_base.len(), kind)
     }
 
     /// The store key of `identity` under this policy, whatever its scope: `prefix:policy:identity`.

@@ -6,7 +6,7 @@ use http::{Method, StatusCode};
 use crate::key;
 
 /// The store key of one request and who it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct StorageKey {
     key: String,
     identity_at: usize,

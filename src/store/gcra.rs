@@ -56,7 +56,16 @@ impl Bucket {
             .saturating_add(cost.saturating_mul(self.interval))
     }
 
-    /// Whole units in the bucket at `now`.
+    /// `tat` after up to `cost` units of a charge that moved `tat` to `full_at` are given back at
+    /// `now`: moved back by what time has not repaid of them, `min(cost × interval, full_at -
+    /// now)`, never before `now`. Units of an old charge that time has repaid are not given twice.
+    pub(crate) fn give_back(self, tat: u64, now: u64, cost: u64, full_at: u64) -> u64 {
+        let unrepaid = cost
+            .saturating_mul(self.interval)
+            .min(full_at.saturating_sub(now));
+        tat.saturating_sub(unrepaid).max(now)
+    }
+
     /// `tat` after `cost` units charged earlier are given back at `now`: moved back by their
     /// charge, but never before `now` (a full bucket holds no more).
     pub(crate) fn refund(self, tat: u64, now: u64, cost: u64) -> u64 {
@@ -64,6 +73,7 @@ impl Bucket {
             .max(now)
     }
 
+    /// Whole units in the bucket at `now`.
     pub(crate) fn remaining(self, tat: u64, now: u64) -> u64 {
         let debt = tat.saturating_sub(now);
         self.tolerance.saturating_sub(debt) / self.interval

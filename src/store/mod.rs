@@ -9,7 +9,8 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -83,6 +84,9 @@ pub struct CheckRequest<'a> {
     pub(crate) peek: bool,
     /// A refund ([`Store::refund`]): give back `cost` units, then answer as a peek of cost 1.
     pub(crate) refund: bool,
+    /// A give-back ([`Store::give_back`]): a refund of units to the windows this admission (the
+    /// store's answer to it) charged, and nowhere else.
+    pub(crate) charged: Option<&'a Decision>,
 }
 
 /// The daily quota of one request: a window of `day_ms` starting `day_start_offset_ms` after each
@@ -155,6 +159,7 @@ impl<'a> CheckRequest<'a> {
             concurrency: None,
             peek: false,
             refund: false,
+            charged: None,
         }
     }
 
@@ -169,6 +174,12 @@ impl<'a> CheckRequest<'a> {
         self.peek = true;
         self.refund = true;
         self
+    }
+
+    /// This request as a give-back of its cost to where the admission `charged` was charged.
+    pub(crate) fn giving_back(mut self, charged: &'a Decision) -> Self {
+        self.charged = Some(charged);
+        self.refunding()
     }
 
     /// Sets the identity at the end of the key.
@@ -239,10 +250,34 @@ pub trait Store: Send + Sync + 'static {
     /// newest units. Never below zero; units of a window that has rolled are not given back.
     /// Answers what a [`Store::peek`] would then find. The stores of this crate can; another
     /// store answers [`StoreError::Config`] unless it says how.
+    ///
+    /// An operator's tool: it can't know which admission the units were charged by, so it can
+    /// give back units another admission charged to the current window, and let that window pass
+    /// its limit. Give back an admission's own units with [`Store::give_back`].
     fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
         let _ = request;
         CheckFuture::ready(Err(StoreError::Config(format!(
             "the {} store can't refund",
+            self.name()
+        ))))
+    }
+
+    /// Gives back `request.cost` units of the admission whose answer was `charged` (what
+    /// [`Store::check`] answered for it, `allowed`), to the windows it charged and nowhere else,
+    /// and only what they still hold of it: every counted rule and the day's quota (not the
+    /// duplicate guard, a block or a slot). A fixed window gets them back while the charged
+    /// window is the current one; a sliding counter in the charged window's count, while it is
+    /// the current or the previous one (it still weighs in the estimate); a sliding log from the
+    /// entries admitted at or before the charge's time, newest first (its own, or older ones,
+    /// which leave no later); a token bucket only what time has not repaid yet (of a charge of
+    /// `k` units that moved the bucket's full time to `T`, `min(k, (T - now) / interval)`), never
+    /// past full; the quota while the charged day lasts. A rolled window gets nothing. Answers
+    /// what a [`Store::peek`] would then find. The stores of this crate can; another store
+    /// answers [`StoreError::Config`] unless it says how.
+    fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
+        let _ = (request, charged);
+        CheckFuture::ready(Err(StoreError::Config(format!(
+            "the {} store can't give back an admission's units",
             self.name()
         ))))
     }
@@ -277,6 +312,24 @@ pub trait Store: Send + Sync + 'static {
             "the {} store can't reset a key",
             self.name()
         )))))
+    }
+
+    /// Registers `listener` to hear of every key reset ([`Store::reset`]) by any instance
+    /// sharing the store, and of every moment notices may have been missed; an instance holding
+    /// units of a key ahead ([`PolicyBuilder::prefetch`](crate::PolicyBuilder::prefetch)) drops
+    /// them, so a reset reaches them. Returns whether notices are heard now
+    /// ([`ResetWatch::is_live`]: the instance takes units ahead only then), or `None` when the
+    /// store can't tell its instances of resets: the default. Listeners that are gone (the
+    /// `Weak` no longer upgrades) are forgotten.
+    ///
+    /// The memory store tells its listeners at once, inside `reset`. The Redis store publishes
+    /// each reset on a channel (`tower-redis-ratelimit:resets`) from the reset's own script, and
+    /// a subscription of its own (made at the first listener) tells its listeners; it has no
+    /// subscription over a pool you built (`RedisStore::new`, `from_cluster_pool`,
+    /// `from_sentinel_pool`), and answers `None` there.
+    fn watch_resets(&self, listener: Weak<dyn ResetListener>) -> Option<ResetWatch> {
+        let _ = listener;
+        None
     }
 
     /// Pauses `request.key` for `pause`: until then every check of it with a `block_for` (the
@@ -362,6 +415,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).refund(request)
     }
 
+    fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
+        (**self).give_back(request, charged)
+    }
+
     fn keys_share_one_slot(&self) -> bool {
         (**self).keys_share_one_slot()
     }
@@ -378,6 +435,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).reset(request)
     }
 
+    fn watch_resets(&self, listener: Weak<dyn ResetListener>) -> Option<ResetWatch> {
+        (**self).watch_resets(listener)
+    }
+
     fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {
         (**self).pause(request, pause)
     }
@@ -388,6 +449,37 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
         (**self).release(request, lease)
+    }
+}
+
+/// Hears of the keys reset on a store by any instance sharing it ([`Store::watch_resets`]).
+pub trait ResetListener: Send + Sync + 'static {
+    /// `key` (as [`CheckRequest::key`] names it) was reset: forget what is held of it.
+    fn key_reset(&self, key: &str);
+
+    /// Notices may have been missed (the store's subscription dropped or came back): forget
+    /// everything held.
+    fn notices_lost(&self);
+}
+
+/// Whether a store's reset notices are heard now ([`Store::watch_resets`]).
+#[derive(Debug, Clone)]
+pub struct ResetWatch(Arc<AtomicBool>);
+
+impl ResetWatch {
+    /// Notices heard while `live` holds `true`.
+    pub fn new(live: Arc<AtomicBool>) -> Self {
+        ResetWatch(live)
+    }
+
+    /// Notices always heard (an in-process store tells its listeners itself).
+    pub fn always() -> Self {
+        ResetWatch(Arc::new(AtomicBool::new(true)))
+    }
+
+    /// Whether notices are heard now.
+    pub fn is_live(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

@@ -9,6 +9,18 @@ use super::sliding_log::SlidingLog;
 use super::token_bucket::TokenBucket;
 use crate::policy::{Algorithm, Rule};
 
+/// Where an admission charged one rule: what a give-back of its units reads.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ChargedAt {
+    /// When the store checked it (ms): the window, and the quota's day, it charged.
+    pub(super) checked_ms: u64,
+    /// When it was admitted (ms; later than `checked_ms` for a reservation): a sliding log's
+    /// entry time, or earlier.
+    pub(super) admitted_ms: u64,
+    /// A token bucket's full time after the charge (µs).
+    pub(super) bucket_full_at_us: Option<u64>,
+}
+
 /// One rule's count on one key, in the layout of its algorithm.
 pub(super) enum Counter {
     /// The fixed window: see [`fixed_window`](super::fixed_window).
@@ -53,10 +65,19 @@ impl Counter {
             (Counter::Weighted(weighted), Algorithm::SlidingCounter) => {
                 weighted.counts(limit, period_ms)
             }
-            (Counter::Bucket(bucket), Algorithm::TokenBucket) => {
-                bucket.counts(limit, period_ms, rule.burst_size())
-            }
+            // Whatever its burst: a new burst keeps the count (see `fit_burst`).
+            (Counter::Bucket(bucket), Algorithm::TokenBucket) => bucket.counts(limit, period_ms),
             _ => false,
+        }
+    }
+
+    /// Takes `rule`'s burst, if this is a token bucket of another: its state (when the bucket
+    /// is full again) means the same whatever the burst, as the Redis store's key says too.
+    pub(super) fn fit_burst(&mut self, rule: &Rule) {
+        if let Counter::Bucket(bucket) = self
+            && !rule.is_duplicate_guard()
+        {
+            bucket.fit_burst(rule.burst_size());
         }
     }
 
@@ -117,6 +138,31 @@ impl Counter {
             Counter::Weighted(weighted) => weighted.refund(cost),
             Counter::Log(log) => log.refund(cost),
             Counter::Bucket(bucket) => bucket.refund(now, cost),
+        }
+    }
+
+    /// Gives back up to `cost` units of the charge `charged` to where it was charged (after
+    /// `forget_before(now)`): see [`Store::give_back`](crate::Store::give_back).
+    pub(super) fn give_back(&mut self, now: u64, cost: u64, charged: ChargedAt) {
+        match self {
+            Counter::Window(window) => window.give_back(cost, charged.checked_ms),
+            Counter::Weighted(weighted) => weighted.give_back(cost, charged.checked_ms),
+            Counter::Log(log) => log.give_back(cost, charged.admitted_ms),
+            // A bucket whose full time the store didn't say gets nothing (on the safe side).
+            Counter::Bucket(bucket) => {
+                if let Some(full_at_us) = charged.bucket_full_at_us {
+                    bucket.give_back(now, cost, full_at_us);
+                }
+            }
+        }
+    }
+
+    /// A token bucket's full time at `now` (µs), what a give-back of its last charge reads;
+    /// `None` for the other algorithms.
+    pub(super) fn bucket_full_at_us(&self, now: u64) -> Option<u64> {
+        match self {
+            Counter::Bucket(bucket) => Some(bucket.full_at_us(now)),
+            _ => None,
         }
     }
 

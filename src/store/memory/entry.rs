@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::{CheckRequest, QuotaRequest};
 use super::clock::millis;
-use super::counter::Counter;
+use super::counter::{ChargedAt, Counter};
 use super::quota::QuotaCounter;
 use crate::decision::{Decision, RuleState};
 use crate::policy::Rule;
@@ -30,6 +30,9 @@ pub(super) struct Entry {
     /// The leases of a concurrency limit: (id, expiry in ms), the counterpart of the script's
     /// sorted set; expired ones are dropped at the next check.
     pub(super) leases: Vec<(u64, u64)>,
+    /// When the key was last reset (0: never): a receipt of an admission checked then or before
+    /// gives nothing back to its rules (`lua/reset.lua`'s marker).
+    reset_ms: u64,
 }
 
 impl Entry {
@@ -47,7 +50,24 @@ impl Entry {
             last_seen_ms: 0,
             blocked_until_ms: 0,
             leases: Vec::new(),
+            reset_ms: 0,
         }
+    }
+
+    /// Forgets everything counted (a reset at `now`), and remembers when for as long as a window
+    /// of its rules lasts.
+    pub(super) fn reset(&mut self, now: u64) {
+        let longest = self
+            .counters
+            .iter()
+            .map(Counter::period_ms)
+            .max()
+            .unwrap_or(0);
+        self.counters.clear();
+        self.leases.clear();
+        self.blocked_until_ms = 0;
+        self.reset_ms = now;
+        self.expires_at_ms = now.saturating_add(longest);
     }
 
     /// Puts the counters of the request's rules first, in rule order, creating missing ones. Almost
@@ -59,8 +79,11 @@ impl Entry {
                 .iter()
                 .position(|counter| counter.counts(algorithm, rule));
             match found {
-                Some(0) => {}
-                Some(offset) => self.counters.swap(index, index + offset),
+                Some(0) => self.counters[index].fit_burst(rule),
+                Some(offset) => {
+                    self.counters.swap(index, index + offset);
+                    self.counters[index].fit_burst(rule);
+                }
                 None => {
                     self.counters.push(Counter::new(algorithm, rule));
                     let last = self.counters.len() - 1;
@@ -166,6 +189,8 @@ impl Entry {
                 remaining: counter.remaining(now),
                 reset: Duration::from_millis(counter.frees_after(now)),
                 retry_after,
+                // (An admission's receipt, as the script reports it: not for a refusal.)
+                bucket_full_at_us: counter.bucket_full_at_us(now).filter(|_| allowed),
             });
         }
         let mut quota_alerts = Vec::new();
@@ -184,6 +209,7 @@ impl Entry {
                 remaining: request_quota.limit.saturating_sub(counter.count),
                 reset: Duration::from_millis(counter.frees_after(request_quota, now)),
                 retry_after,
+                bucket_full_at_us: None,
             });
         }
         let mut lease = None;
@@ -204,6 +230,7 @@ impl Entry {
                 reset: Duration::from_millis(frees),
                 retry_after: slot_refused
                     .then(|| Duration::from_millis(frees.max(block_ms.unwrap_or(0)))),
+                bucket_full_at_us: None,
             });
         }
         if let Some(block_ms) = block_ms {
@@ -264,6 +291,37 @@ impl Entry {
         }
     }
 
+    /// Gives back `request.cost` units of the admission answered `charged` to where it charged
+    /// every counted rule (not the duplicate guard) and the day's quota: see
+    /// [`Store::give_back`](crate::Store::give_back).
+    pub(super) fn give_back(
+        &mut self,
+        request: &CheckRequest<'_>,
+        charged: &Decision,
+        now: u64,
+        quota: Option<&mut (&mut QuotaCounter, QuotaRequest<'_>)>,
+    ) {
+        let checked_ms = charged.now_unix_ms;
+        let admitted_ms = checked_ms.saturating_add(millis(charged.delay));
+        // Reset since: the rules hold nothing of it (the quota, never reset, may).
+        let reset_since = checked_ms <= self.reset_ms;
+        let states = charged.rules.iter();
+        for ((counter, rule), state) in self.counters.iter_mut().zip(request.rules).zip(states) {
+            if !rule.is_duplicate_guard() && !reset_since {
+                counter.forget_before(now);
+                let at = ChargedAt {
+                    checked_ms,
+                    admitted_ms,
+                    bucket_full_at_us: state.bucket_full_at_us,
+                };
+                counter.give_back(now, request.cost, at);
+            }
+        }
+        if let Some((counter, quota)) = quota {
+            counter.give_back(request.cost, quota.day_start(checked_ms));
+        }
+    }
+
     /// The answer during a penalty block: nothing is admitted or counted. Every item is refused
     /// until the later of the block's end and the time it would admit the request itself, so a
     /// client that waits as long as `Retry-After` says finds no rule still full (which would
@@ -282,6 +340,7 @@ impl Entry {
                 remaining: 0,
                 reset: wait,
                 retry_after: Some(wait),
+                bucket_full_at_us: None,
             }
         };
         let mut rules = Vec::with_capacity(request.rules.len() + 2);

@@ -61,6 +61,14 @@ impl FixedWindow {
         self.count -= cost.min(self.count);
     }
 
+    /// Gives back up to `cost` units charged at `charged_ms`, if its window is still the current
+    /// one (after `forget_before(now)`): a rolled window's units are gone with it.
+    pub(super) fn give_back(&mut self, cost: u64, charged_ms: u64) {
+        if charged_ms - charged_ms % self.period_ms == self.start_ms {
+            self.refund(cost);
+        }
+    }
+
     /// The end of the window, unless the request costs more than the limit.
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
         (cost <= self.limit).then(|| {

@@ -18,14 +18,16 @@ use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use hashbrown::HashTable;
 
 use self::entry::Entry;
 use self::quota::QuotaTable;
-use super::{ActionFuture, CheckFuture, CheckRequest, PauseFuture, Store};
+use super::{
+    ActionFuture, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
+};
 use crate::decision::Decision;
 
 mod clock;
@@ -66,6 +68,8 @@ struct Shared {
     /// The last concurrency lease handed out: ids are unique in the store, so a late release
     /// never frees another request's slot.
     next_lease: AtomicU64,
+    /// Who hears of resets ([`Store::watch_resets`]): told at once, inside `reset`.
+    reset_listeners: Mutex<Vec<Weak<dyn ResetListener>>>,
 }
 
 /// The keys of one shard. A `HashTable` rather than a `HashMap`, so that the one keyed hash that
@@ -113,12 +117,16 @@ impl MemoryStore {
         self.0.evictions.load(Ordering::Relaxed)
     }
 
-    /// Drops the entry of `key`: its counters, reservations, guard and block (every rule's, since
-    /// an entry holds them all).
+    /// Forgets what the entry of `key` counted: its counters, reservations, guard and block
+    /// (every rule's, since an entry holds them all). The entry stays, marked with the reset's
+    /// time for as long as a window of its rules lasts, so that a receipt of an admission before
+    /// the reset gives nothing back to the counts after it (as the Redis store's reset marker).
     fn forget(&self, key: &str) {
+        let now = self.0.clock.now_unix_ms();
         let (hash, mut shard) = self.shard_of(key);
-        if let Ok(entry) = shard.entries.find_entry(hash, |entry| *entry.key == *key) {
-            entry.remove();
+        let now = shard.latest_ms.max(now);
+        if let Some(entry) = shard.entries.find_mut(hash, |entry| *entry.key == *key) {
+            entry.reset(now);
         }
     }
 
@@ -156,6 +164,10 @@ impl MemoryStore {
             .find_mut(hash, |entry| *entry.key == *request.key)
         {
             entry.arrange(request);
+            if let Some(charged) = request.charged {
+                entry.give_back(request, charged, now, quota.as_mut());
+                return entry.check(&request.cost(1), now, quota.as_mut(), lease_id);
+            }
             if request.refund {
                 entry.refund(request, now, quota.as_mut());
                 return entry.check(&request.cost(1), now, quota.as_mut(), lease_id);
@@ -164,8 +176,13 @@ impl MemoryStore {
         }
         if request.refund {
             // Nothing of the rules to give back; the day's quota may have something.
-            if let Some((counter, _)) = quota.as_mut() {
-                counter.refund(request.cost);
+            if let Some((counter, quota)) = quota.as_mut() {
+                match request.charged {
+                    Some(charged) => {
+                        counter.give_back(request.cost, quota.day_start(charged.now_unix_ms))
+                    }
+                    None => counter.refund(request.cost),
+                }
             }
             let request = request.cost(1);
             return Entry::new(&request, hash).check(&request, now, quota.as_mut(), lease_id);
@@ -213,13 +230,33 @@ impl Store for MemoryStore {
         CheckFuture::ready(Ok(self.check_now(&request.refunding())))
     }
 
+    fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
+        CheckFuture::ready(Ok(self.check_now(&request.giving_back(charged))))
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }
 
     fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         self.forget(request.key);
+        // Units held ahead by every limiter over this store go too, before `reset` returns.
+        let listeners: Vec<_> = {
+            let mut listeners = lock(&self.0.reset_listeners);
+            listeners.retain(|listener| listener.strong_count() > 0);
+            listeners.iter().filter_map(Weak::upgrade).collect()
+        };
+        for listener in listeners {
+            listener.key_reset(request.key);
+        }
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn watch_resets(&self, listener: Weak<dyn ResetListener>) -> Option<ResetWatch> {
+        let mut listeners = lock(&self.0.reset_listeners);
+        listeners.retain(|listener| listener.strong_count() > 0);
+        listeners.push(listener);
+        Some(ResetWatch::always())
     }
 
     fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
@@ -322,6 +359,7 @@ impl MemoryStoreBuilder {
             max_keys: self.max_keys.max(1),
             evictions: AtomicU64::new(0),
             next_lease: AtomicU64::new(0),
+            reset_listeners: Mutex::default(),
         }))
     }
 }

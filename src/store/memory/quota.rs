@@ -84,6 +84,14 @@ impl QuotaCounter {
         self.count -= cost.min(self.count);
     }
 
+    /// Gives back up to `cost` units charged on the day starting at `day_start`, if that is
+    /// still the counter's day (it is rolled over to the day of now).
+    pub(super) fn give_back(&mut self, cost: u64, day_start: u64) {
+        if day_start == self.start_ms {
+            self.refund(cost);
+        }
+    }
+
     /// Milliseconds until a request of `cost` fits: the next day, or one day when it never fits.
     pub(super) fn admits_after(&self, cost: u64, quota: &QuotaRequest<'_>, now: u64) -> u64 {
         let to_next_day = (self.start_ms + quota.day_ms).saturating_sub(now);

@@ -68,6 +68,19 @@ impl SlidingCounter {
         self.current -= cost.min(self.current);
     }
 
+    /// Gives back up to `cost` units charged at `charged_ms` (after `forget_before(now)`) to the
+    /// count of the window they were charged in: the current one's, or the previous one's, which
+    /// still weighs in the estimate (lowered by at most what the charge added to it). An older
+    /// window counts for nothing: nothing to give back.
+    pub(super) fn give_back(&mut self, cost: u64, charged_ms: u64) {
+        let window = charged_ms - charged_ms % self.period_ms;
+        if window == self.start_ms {
+            self.current -= cost.min(self.current);
+        } else if window.saturating_add(self.period_ms) == self.start_ms {
+            self.previous -= cost.min(self.previous);
+        }
+    }
+
     pub(super) fn record(&mut self, cost: u64) {
         self.current += cost;
     }

@@ -113,6 +113,41 @@ impl SlidingLog {
         }
     }
 
+    /// Gives back up to `cost` units of an admission at `admitted_ms` (after
+    /// `forget_before(now)`): from the entries recorded at or before that time, newest first. Its
+    /// own entry is the newest of them, unless it was recorded later (at a newer entry's time);
+    /// then older ones give back, which leave no later than it would: never more room than the
+    /// admission's own units would have made. The entries after them are numbered down, so the
+    /// count stays the next number less the oldest's first.
+    pub(super) fn give_back(&mut self, cost: u64, admitted_ms: u64) {
+        let mut left = cost;
+        let mut end = self
+            .admissions
+            .partition_point(|admission| admission.at <= admitted_ms);
+        while left > 0 && end > 0 {
+            let index = end - 1;
+            let first = self.admissions[index].first;
+            let until = self
+                .admissions
+                .get(index + 1)
+                .map_or(self.next, |after| after.first);
+            let units = until.wrapping_sub(first);
+            let back = units.min(left);
+            left -= back;
+            for after in self.admissions.range_mut(index + 1..) {
+                after.first = after.first.wrapping_sub(back);
+            }
+            self.next = self.next.wrapping_sub(back);
+            if back == units {
+                self.admissions.remove(index);
+            }
+            end = index;
+        }
+        if self.admissions.is_empty() {
+            self.next = 0;
+        }
+    }
+
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
         if cost > self.limit {
             return None;
@@ -185,6 +220,47 @@ mod tests {
         log.forget_before(1_000);
         assert_eq!(log.remaining(), 4);
         assert_eq!(log.frees_after(1_000), 100);
+    }
+
+    #[test]
+    fn a_give_back_takes_the_admission_s_own_units_not_the_newest() {
+        // 3 per 4 s: a slow request admitted at 0, two failures at 3 000; the slow one is
+        // given back at 3 500. Its unit goes, the failures' stay until 7 000.
+        let mut log = SlidingLog::new(3, 4_000);
+        log.record(0, 1);
+        log.record(3_000, 2);
+        log.forget_before(3_500);
+        log.give_back(1, 0);
+        assert_eq!(log.remaining(), 1);
+        log.forget_before(4_000);
+        assert_eq!(log.remaining(), 1, "the failures still count");
+        log.forget_before(6_999);
+        assert_eq!(log.remaining(), 1);
+        log.forget_before(7_000);
+        assert_eq!(log.remaining(), 3);
+    }
+
+    #[test]
+    fn a_give_back_shrinks_entries_at_or_before_its_time_and_renumbers_the_later_ones() {
+        let mut log = SlidingLog::new(100, 10_000);
+        log.record(0, 4);
+        log.record(100, 3);
+        log.record(200, 5);
+        // 5 units of the admission at 100: its 3, then 2 of the one at 0 (older: they leave
+        // no later), none of the one at 200.
+        log.give_back(5, 100);
+        assert_eq!(log.remaining(), 100 - 7);
+        assert_eq!(log.admissions.len(), 2);
+        // The one at 0 holds 2 units (they leave at 10 000), the one at 200 its 5.
+        assert_eq!(log.admits_after(300, 95), Some(9_700));
+        assert_eq!(log.admits_after(300, 96), Some(9_900));
+        log.forget_before(10_000);
+        assert_eq!(log.remaining(), 95);
+        // Before any entry: nothing to give back.
+        let mut early = SlidingLog::new(10, 1_000);
+        early.record(500, 2);
+        early.give_back(2, 499);
+        assert_eq!(early.remaining(), 8);
     }
 
     #[test]

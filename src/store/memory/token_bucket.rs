@@ -5,8 +5,8 @@ use super::super::gcra::{self, Bucket};
 
 /// A token bucket for one rule.
 pub(super) struct TokenBucket {
-    /// The limit of the rule this counter counts for (part of its identity, with the period
-    /// and the burst).
+    /// The limit of the rule this counter counts for (part of its identity, with the period;
+    /// the burst is not: see `fit_burst`).
     limit: u64,
     period_ms: u64,
     burst: u64,
@@ -26,9 +26,17 @@ impl TokenBucket {
         }
     }
 
-    /// Whether this counter counts for the rule of `limit` per `period_ms` with a bucket of `burst`.
-    pub(super) fn counts(&self, limit: u64, period_ms: u64, burst: u64) -> bool {
-        self.limit == limit && self.period_ms == period_ms && self.burst == burst
+    /// Whether this counter counts for the rule of `limit` per `period_ms` (of any burst).
+    pub(super) fn counts(&self, limit: u64, period_ms: u64) -> bool {
+        self.limit == limit && self.period_ms == period_ms
+    }
+
+    /// Holds `burst` from now on, keeping its state.
+    pub(super) fn fit_burst(&mut self, burst: u64) {
+        if self.burst != burst {
+            self.burst = burst;
+            self.bucket = Bucket::new(self.limit, self.period_ms, burst);
+        }
     }
 
     pub(super) fn period_ms(&self) -> u64 {
@@ -57,6 +65,21 @@ impl TokenBucket {
         if self.tat_us > micros(now) {
             self.tat_us = self.bucket.refund(self.tat_us, micros(now), cost);
         }
+    }
+
+    /// Gives back up to `cost` units of a charge that left the bucket full at `full_at_us`, as
+    /// far as time has not repaid them yet: `min(cost × interval, full_at - now)`, never past full.
+    pub(super) fn give_back(&mut self, now: u64, cost: u64, full_at_us: u64) {
+        let now = micros(now);
+        if self.tat_us > now {
+            self.tat_us = self.bucket.give_back(self.tat_us, now, cost, full_at_us);
+        }
+    }
+
+    /// When the bucket is full again (its `tat`, µs; `now` when it is full): what a give-back
+    /// of the last charge reads.
+    pub(super) fn full_at_us(&self, now: u64) -> u64 {
+        self.tat_us.max(micros(now))
     }
 
     pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {

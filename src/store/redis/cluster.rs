@@ -456,6 +456,13 @@ impl ClusterRouter {
         seed.clone().set_addr(addr)
     }
 
+    /// A client of the `attempt`-th seed (round robin), for the store's reset subscription:
+    /// any node hears a cluster's messages (classic pub/sub is broadcast to every node).
+    pub(super) fn seed_client(&self, attempt: usize) -> RedisResult<Client> {
+        let seed = &self.seeds[attempt % self.seeds.len()];
+        self.client(seed.clone())
+    }
+
     fn client(&self, info: ConnectionInfo) -> RedisResult<Client> {
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {

@@ -17,6 +17,7 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
             guard: rule.is_duplicate_guard(),
             quota: false,
             concurrency: false,
+            bucket: request.algorithm == Algorithm::TokenBucket && !rule.is_duplicate_guard(),
         })
         .collect();
     if let Some(quota) = request.quota {
@@ -25,6 +26,7 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
             guard: false,
             quota: true,
             concurrency: false,
+            bucket: false,
         });
     }
     if let Some(concurrency) = request.concurrency {
@@ -34,6 +36,7 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
             guard: false,
             quota: false,
             concurrency: true,
+            bucket: false,
         });
     }
     limits
@@ -53,6 +56,9 @@ pub(super) struct PackedCheck {
     ends: Vec<usize>,
     /// What the reply needs to know of each rule.
     pub(super) limits: Vec<RuleLimit>,
+    /// A give-back's receipt, `<checked ms>,<delay ms>[,<bucket full time µs> per counted rule]`
+    /// (see `lua/batch.lua`); empty for every other check (and then no allocation).
+    receipt: String,
 }
 
 impl PackedCheck {
@@ -75,11 +81,13 @@ impl PackedCheck {
             + usize::from(guard.is_some())
             + quota.map_or(0, |quota| 1 + quota.thresholds.len())
             + usize::from(concurrency.is_some())
-            + usize::from(block_ms > 0);
+            + usize::from(block_ms > 0)
+            + usize::from(request.charged.is_some());
         let mut packed = PackedCheck {
             data: String::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
             ends: Vec::with_capacity(keys),
             limits: rule_limits(request),
+            receipt: String::new(),
         };
         for rule in counted() {
             write_rule_key(&mut packed.data, request, rule);
@@ -132,6 +140,10 @@ impl PackedCheck {
             write_key(&mut packed.data, request.key, request.identity, &["block"]);
             packed.end_key();
         }
+        if request.charged.is_some() {
+            write_reset_marker(&mut packed.data, request);
+            packed.end_key();
+        }
         let data = &mut packed.data;
         data.push_str(algorithm_code(request.algorithm));
         let mut number = itoa::Buffer::new();
@@ -165,8 +177,10 @@ impl PackedCheck {
                 concurrency.map_or(0, |limit| {
                     u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
                 }),
-                // 0: a check, 1: a peek, 2: a refund (lua/head.lua).
-                if request.refund {
+                // 0: a check, 1: a peek, 2: a refund, 3: a give-back (lua/head.lua).
+                if request.charged.is_some() {
+                    3
+                } else if request.refund {
                     2
                 } else {
                     u64::from(request.peek)
@@ -189,6 +203,9 @@ impl PackedCheck {
             if with_burst {
                 piece(data, rule.burst_size());
             }
+        }
+        if let Some(charged) = request.charged {
+            packed.receipt = receipt_of(request, charged);
         }
         packed
     }
@@ -219,6 +236,28 @@ impl PackedCheck {
     pub(super) fn len(&self) -> usize {
         self.data.len()
     }
+}
+
+/// The receipt of a give-back of `request` for the admission answered `charged` (see
+/// [`PackedCheck::receipt`]): when it was checked and its delay, then per counted rule the full
+/// time of its token bucket (0 when the store didn't say: nothing goes back to that rule).
+fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -> String {
+    let delay_ms = u64::try_from(charged.delay.as_millis()).unwrap_or(u64::MAX);
+    let mut receipt = format!("{},{delay_ms}", charged.now_unix_ms);
+    if request.algorithm == Algorithm::TokenBucket {
+        let states = request.rules.iter().zip(&charged.rules);
+        for (_, state) in states.filter(|(rule, _)| !rule.is_duplicate_guard()) {
+            receipt.push(',');
+            receipt.push_str(itoa::Buffer::new().format(state.bucket_full_at_us.unwrap_or(0)));
+        }
+    }
+    receipt
+}
+
+/// Appends the key of `request`'s reset marker: when its identity was last reset
+/// (`lua/reset.lua`), which a give-back of an earlier admission reads (`lua/head.lua`).
+pub(super) fn write_reset_marker(key: &mut String, request: &CheckRequest<'_>) {
+    write_key(key, request.key, request.identity, &["reset"]);
 }
 
 /// The batch script's code of an algorithm (see `lua/batch.lua`).
@@ -254,7 +293,7 @@ pub(super) fn batch_command<'a>(
                 shapes.len()
             }
         };
-        shape_numbers.push(number);
+        shape_numbers.push((number, check.receipt.as_str()));
         keys += check.key_count();
         bytes += check.data.len() + 4;
     }
@@ -276,38 +315,33 @@ pub(super) fn batch_command<'a>(
     for shape in shapes {
         command.arg(shape);
     }
-    for number in shape_numbers {
-        command.arg(number);
+    for (number, receipt) in shape_numbers {
+        if receipt.is_empty() {
+            command.arg(number);
+        } else {
+            // A give-back's receipt rides with its shape's number (see lua/batch.lua).
+            command.arg(format!("{number}@{receipt}"));
+        }
     }
     command
 }
 
 /// The key of one counted rule:
-/// `<prefix>:{<identity>}:<policy>:<algorithm>:<period ms>:<limit>` (and `:<burst>` for a token
-/// bucket). Every key starts with the prefix, so `SCAN MATCH <prefix>:*` finds them all; the
-/// identity is the hash tag (see [`write_key`]); a counter per algorithm, period and limit gives every rule of a policy its own
+/// `<prefix>:{<identity>}:<policy>:<algorithm>:<period ms>:<limit>`. Every key starts with the
+/// prefix, so `SCAN MATCH <prefix>:*` finds them all; the identity is the hash tag (see
+/// [`write_key`]); a counter per algorithm, period and limit gives every rule of a policy its own
 /// key (a policy can't hold the same rule twice) and keeps rule sets that share a key apart, as in
-/// the memory store.
+/// the memory store. A token bucket's burst is not part of it: its state (the time the bucket is
+/// full again) means the same whatever the burst, so a new burst keeps the count.
 fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
     let code = algorithm_code(request.algorithm);
-    let (mut period, mut limit, mut burst) = (
-        itoa::Buffer::new(),
-        itoa::Buffer::new(),
-        itoa::Buffer::new(),
-    );
+    let (mut period, mut limit) = (itoa::Buffer::new(), itoa::Buffer::new());
     let parts = [
         code,
         period.format(rule.period_ms()),
         limit.format(rule.limit()),
-        burst.format(rule.burst_size()),
     ];
-    let with_burst = request.algorithm == Algorithm::TokenBucket;
-    write_key(
-        key,
-        request.key,
-        request.identity,
-        &parts[..if with_burst { 4 } else { 3 }],
-    );
+    write_key(key, request.key, request.identity, &parts);
 }
 
 /// Appends the store key of `parts` under `base` (a policy's or a quota's key,
@@ -450,7 +484,7 @@ mod tests {
                 "EVALSHA",
                 "abc",
                 "3",
-                "rl:{rl:otp:user:bob}:tb:60000:3:5",
+                "rl:{rl:otp:user:bob}:tb:60000:3",
                 "rl:{rl:otp:user:bob}:dup:5000",
                 "rl:{rl:otp:user:bob}:block",
                 "",

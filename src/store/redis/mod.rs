@@ -18,7 +18,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
@@ -27,7 +27,10 @@ use tokio::time::Instant;
 use self::batch::{Batcher, Member};
 use self::command::{PackedCheck, batch_command};
 use self::connection::{Connection, Connector, eval_of, is_no_script, store_error};
-use super::{ActionFuture, CheckFuture, CheckRequest, PauseFuture, Store, StoreError};
+use super::{
+    ActionFuture, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
+    StoreError,
+};
 use crate::decision::Decision;
 
 mod batch;
@@ -36,6 +39,7 @@ mod cluster;
 mod command;
 mod connection;
 mod reply;
+mod resets;
 mod server;
 #[cfg(feature = "tls")]
 mod tls;
@@ -62,7 +66,7 @@ macro_rules! check_function {
         concat!(
             "checks.",
             $code,
-            " = function(KEYS, ARGV, now_us)\n",
+            " = function(KEYS, ARGV, now_us, receipt)\n",
             include_str!("../../../lua/head.lua"),
             include_str!(concat!("../../../lua/", $algorithm, ".lua")),
             include_str!("../../../lua/tail.lua"),
@@ -158,6 +162,8 @@ struct Shared {
     generic_only: AtomicBool,
     /// What the version check of the last new connection found.
     server: Mutex<ServerCheck>,
+    /// Who hears of resets, and whether the store's subscription is up (`resets.rs`).
+    resets: resets::ResetFeed,
 }
 
 /// The version check of new connections (see [`Shared::connection`]).
@@ -216,6 +222,7 @@ impl RedisStore {
                 fixed_time_us: AtomicU64::new(0),
                 generic_only: AtomicBool::new(false),
                 server: Mutex::new(ServerCheck::default()),
+                resets: resets::ResetFeed::default(),
             }),
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
@@ -541,6 +548,10 @@ impl Store for RedisStore {
         self.check(&request.refunding())
     }
 
+    fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
+        self.check(&request.giving_back(charged))
+    }
+
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         if self.shared.connector.is_cluster()
             && let Some(quota) = request.quota
@@ -586,12 +597,42 @@ impl Store for RedisStore {
         let packed = PackedCheck::new(&request, true);
         // A script rather than DEL: its first key is where a cluster router looks for the slot
         // (all of them share the identity's hash tag).
+        let mut marker = String::with_capacity(request.key.len() + 16);
+        command::write_reset_marker(&mut marker, &request);
         let mut command = evalsha(&RESET);
-        command.arg(packed.key_count());
+        command.arg(packed.key_count() + 1);
         for key in packed.keys() {
             command.arg(key);
         }
+        command.arg(marker);
+        // The notice every instance hears (src/store/redis/resets.rs), how long the marker
+        // lives, and the time tests fix.
+        let longest = request
+            .rules
+            .iter()
+            .map(crate::policy::Rule::period_ms)
+            .max()
+            .unwrap_or(0);
+        command.arg(request.key).arg(longest);
+        match self.shared.fixed_time() {
+            Some(time) => command.arg(time),
+            None => command.arg(""),
+        };
         self.run_action(command, &RESET)
+    }
+
+    fn watch_resets(&self, listener: Weak<dyn ResetListener>) -> Option<ResetWatch> {
+        // A pool you built lends no connection to subscribe with; nor can one start outside a
+        // runtime.
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        if !resets::can_subscribe(&self.shared.connector) {
+            return None;
+        }
+        let (watch, first) = self.shared.resets.watch(listener);
+        if first {
+            runtime.spawn(resets::serve(Arc::downgrade(&self.shared)));
+        }
+        Some(watch)
     }
 
     fn pause(&self, request: &CheckRequest<'_>, pause: Duration) -> ActionFuture {

@@ -22,6 +22,9 @@ pub(super) struct RuleLimit {
     pub(super) quota: bool,
     /// The concurrency limit, whose state comes after the quota's and is followed by the lease.
     pub(super) concurrency: bool,
+    /// A token bucket's counted rule: an admission's full reply says its bucket's full time
+    /// after the lease.
+    pub(super) bucket: bool,
 }
 
 /// The batch reply read: the batch's time (ms since the Unix epoch), its numbers, and where each
@@ -233,7 +236,7 @@ fn decision_from(
         .count();
     let guards = limits.iter().filter(|rule| rule.guard).count();
     let (mut next_counted, mut next_guard, mut next_quota) = (0, counted, counted + guards);
-    let rules = limits
+    let mut rules = limits
         .iter()
         .map(|rule| {
             let slot = if rule.quota || rule.concurrency {
@@ -253,16 +256,29 @@ fn decision_from(
                     -1 => None,
                     retry => Some(Duration::from_millis(unsigned(retry)?)),
                 },
+                bucket_full_at_us: None,
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let (lease, alerts_start) = match limits.last() {
+    let (lease, mut alerts_start) = match limits.last() {
         Some(last) if last.concurrency && !short => {
             let id = unsigned(*entry.get(states_end).ok_or_else(malformed)?)?;
             (Some(id).filter(|&id| id > 0), states_end + 1)
         }
         _ => (None, states_end),
     };
+    // An admission's token buckets: each counted rule's full time, in the counted rules' order.
+    if allowed && !short {
+        for (state, _) in rules
+            .iter_mut()
+            .zip(limits)
+            .filter(|(_, limit)| limit.bucket)
+        {
+            let full_at = entry.get(alerts_start).ok_or_else(malformed)?;
+            state.bucket_full_at_us = Some(unsigned(*full_at)?);
+            alerts_start += 1;
+        }
+    }
     let quota_alerts = entry[alerts_start..]
         .iter()
         .map(|&value| {
@@ -329,6 +345,7 @@ mod tests {
             guard: false,
             quota: false,
             concurrency: false,
+            bucket: false,
         }
     }
 
@@ -437,12 +454,14 @@ mod tests {
                     remaining: 0,
                     reset: Duration::from_millis(500),
                     retry_after: Some(Duration::from_millis(500)),
+                    bucket_full_at_us: None,
                 },
                 RuleState {
                     limit: 10,
                     remaining: 7,
                     reset: Duration::from_secs(90),
                     retry_after: None,
+                    bucket_full_at_us: None,
                 },
             ]
         );
@@ -463,12 +482,14 @@ mod tests {
                     remaining: 4,
                     reset: Duration::from_millis(500),
                     retry_after: None,
+                    bucket_full_at_us: None,
                 },
                 RuleState {
                     limit: 30,
                     remaining: 29,
                     reset: Duration::from_millis(59_500),
                     retry_after: None,
+                    bucket_full_at_us: None,
                 },
             ]
         );
@@ -481,6 +502,7 @@ mod tests {
             guard: false,
             quota: true,
             concurrency: false,
+            bucket: false,
         };
         let decision = decision_of(
             &[-9, 1, 0, 19, 60_000, -1, 20, 5_000, -1, 80],
@@ -500,6 +522,7 @@ mod tests {
                 guard: true,
                 quota: false,
                 concurrency: false,
+                bucket: false,
             },
             counted(5),
         ];
