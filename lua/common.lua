@@ -249,10 +249,13 @@ local function log_give_back(key, units, at)
       else
         call('ZREM', key, name)
       end
-      local before = call('ZRANGE', key, 0, rank - 1, 'WITHSCORES')
-      for j = #before - 1, 1, -2 do
-        local from, own = string.match(before[j], '^%a(%d+):(%d+)$')
-        log_move(key, before[j + 1], before[j], tonumber(from) + back, tonumber(own))
+      -- (None when it is the oldest: ZRANGE 0 -1 would be the whole log.)
+      if rank > 0 then
+        local before = call('ZRANGE', key, 0, rank - 1, 'WITHSCORES')
+        for j = #before - 1, 1, -2 do
+          local from, own = string.match(before[j], '^%a(%d+):(%d+)$')
+          log_move(key, before[j + 1], before[j], tonumber(from) + back, tonumber(own))
+        end
       end
     else
       -- Fewer after it (or as many): it keeps its first units, and those after it move down,

@@ -104,9 +104,12 @@ impl Limiter {
 
     /// Forgets the counts and the block of `key`, and its cached refusal here.
     pub(crate) async fn reset_key(&self, key: &StorageKey) -> Result<(), OperatorError> {
+        // Its concurrency slots too, and the policy's delay: how long the reset's marker lasts.
         let request = CheckRequest::new(key.as_str(), self.policy.rules(), self.policy.algorithm())
             .identity(key.identity())
-            .block_for(self.policy.block_for());
+            .block_for(self.policy.block_for())
+            .concurrency(self.policy.concurrency())
+            .max_delay(self.policy.mode().max_delay());
         self.store().reset(&request).await?;
         self.refusals.forget_key(key.as_str());
         // Units held ahead here go at once (other instances hear of it from the store).

@@ -95,6 +95,7 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
         .await;
     a_slot_moved_between_primaries_keeps_its_count(&mut cluster, &prefix).await;
     a_reset_reaches_the_identitys_primary_through_either_store(&cluster, &prefix).await;
+    a_reset_reaches_units_held_ahead_across_the_cluster(&cluster, &prefix).await;
 
     // No key on any node lacks an expiry after all of that.
     let mut keys = 0;
@@ -147,6 +148,45 @@ async fn a_reset_reaches_the_identitys_primary_through_either_store(
         assert_eq!(state[0].remaining, 2, "{user}");
         assert_eq!(status(&apps[other], &user).await, 200, "{user} reset");
     }
+}
+
+/// Units one instance holds ahead (`prefetch`) are dropped when another resets the identity:
+/// the reset's notice is published on the identity's primary and heard on the seed node the
+/// holder subscribed to (a cluster's pub/sub reaches every node). The fresh instance and the
+/// holder are admitted the limit together, not the limit and the units held.
+async fn a_reset_reaches_units_held_ahead_across_the_cluster(cluster: &TestCluster, prefix: &str) {
+    let policy = Policy::builder("held")
+        .prefix(prefix)
+        .key(Key::global())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(300, Duration::from_secs(60)))
+        .prefetch(100)
+        .build()
+        .unwrap();
+    let holder = tower_redis_ratelimit::RateLimiter::new(policy.clone(), store(cluster));
+    holder.check("global").await.unwrap();
+    // Its subscription takes a round trip; no unit is taken ahead before it is up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..40 {
+        holder.check("global").await.unwrap();
+    }
+    let left = holder.peek("global").await.unwrap().rules[0].remaining;
+    assert!(left < 300 - 41, "the holder holds nothing ({left} left)");
+    let resetter = tower_redis_ratelimit::RateLimiter::new(policy.clone(), pool_store(cluster));
+    resetter.reset("global").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fresh = tower_redis_ratelimit::RateLimiter::new(policy, store(cluster));
+    let mut admitted = 0;
+    while fresh.check("global").await.is_ok() {
+        admitted += 1;
+    }
+    while holder.check("global").await.is_ok() {
+        admitted += 1;
+    }
+    assert_eq!(
+        admitted, 300,
+        "{admitted} admitted after the reset, against 300"
+    );
 }
 
 /// 400 requests per identity race over two layers with separate stores (one routing by itself,

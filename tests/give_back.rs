@@ -90,6 +90,16 @@ async fn background_give_backs() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
+/// A policy `name` of one rule, `limit` per `secs`, counted by `algorithm` under `prefix`.
+fn one_rule(name: &str, prefix: &str, algorithm: Algorithm, limit: u64, secs: u64) -> Policy {
+    Policy::builder(name)
+        .prefix(prefix)
+        .algorithm(algorithm)
+        .rule(Rule::new(limit, Duration::from_secs(secs)))
+        .build()
+        .unwrap()
+}
+
 fn login_failures(prefix: &str, algorithm: Algorithm) -> Policy {
     Policy::builder("login-failures")
         .prefix(prefix)
@@ -219,12 +229,7 @@ async fn a_count_only_success_settled_in_its_window_gives_its_charge_back() {
 async fn a_receipt_gives_nothing_back_once_its_window_rolled() {
     let w = a_minute_an_hour_ahead();
     for (timed, prefix) in both_stores("receipt-roll", w + 500) {
-        let policy = Policy::builder("otp")
-            .prefix(&prefix)
-            .algorithm(Algorithm::FixedWindow)
-            .rule(Rule::new(3, Duration::from_secs(4)))
-            .build()
-            .unwrap();
+        let policy = one_rule("otp", &prefix, Algorithm::FixedWindow, 3, 4);
         let limiter = RateLimiter::new(policy, timed.store.clone());
         let mut first = Vec::new();
         for _ in 0..3 {
@@ -302,12 +307,7 @@ async fn a_sliding_log_gives_back_the_admission_s_own_entry() {
 async fn a_receipt_from_before_a_reset_gives_nothing_to_the_counts_after_it() {
     let w = a_minute_an_hour_ahead();
     for (timed, prefix) in both_stores("receipt-reset", w + 500) {
-        let policy = Policy::builder("otp")
-            .prefix(&prefix)
-            .algorithm(Algorithm::FixedWindow)
-            .rule(Rule::new(3, Duration::from_secs(4)))
-            .build()
-            .unwrap();
+        let policy = one_rule("otp", &prefix, Algorithm::FixedWindow, 3, 4);
         let limiter = RateLimiter::new(policy, timed.store.clone());
         let mut before = Vec::new();
         for _ in 0..3 {
@@ -332,18 +332,40 @@ async fn a_receipt_from_before_a_reset_gives_nothing_to_the_counts_after_it() {
     }
 }
 
+/// The reset's mark lasts as long as a receipt of an earlier admission can give back: a
+/// sliding counter's charged window still weighs a period after it ends, so the mark outlives
+/// the period, and the counts after the reset keep what they hold.
+#[tokio::test]
+async fn a_reset_outlasts_every_earlier_receipt() {
+    let w = a_minute_an_hour_ahead();
+    for (timed, prefix) in both_stores("receipt-reset-counter", w + 1_000) {
+        let policy = one_rule("counter", &prefix, Algorithm::SlidingCounter, 10, 10);
+        let limiter = RateLimiter::new(policy, timed.store.clone());
+        let before = limiter.check_n("k", 5).await.unwrap();
+        timed.at(w + 2_000);
+        limiter.reset("k").await.unwrap();
+        timed.at(w + 3_000);
+        limiter.check_n("k", 10).await.unwrap();
+        // Halfway through the next window: the 10 after the reset weigh 5.
+        timed.at(w + 15_000);
+        assert_eq!(limiter.peek("k").await.unwrap().rules[0].remaining, 5);
+        let after = before.refund().await.unwrap();
+        assert_eq!(
+            after.rules[0].remaining, 5,
+            "{}: a reset's counts gave back",
+            timed.name
+        );
+        timed.assert_keys_expire();
+    }
+}
+
 /// A sliding counter's units go back to the window they were charged in, even once it is the
 /// previous one (it still weighs in the estimate), and lower the estimate by what they added.
 #[tokio::test]
 async fn a_sliding_counter_gives_back_to_the_charged_window_while_it_weighs() {
     let w = a_minute_an_hour_ahead();
     for (timed, prefix) in both_stores("give-back-counter", w + 9_000) {
-        let policy = Policy::builder("counter")
-            .prefix(&prefix)
-            .algorithm(Algorithm::SlidingCounter)
-            .rule(Rule::new(10, Duration::from_secs(10)))
-            .build()
-            .unwrap();
+        let policy = one_rule("counter", &prefix, Algorithm::SlidingCounter, 10, 10);
         let limiter = RateLimiter::new(policy, timed.store.clone());
         let first = limiter.check_n("k", 5).await.unwrap();
         let second = limiter.check_n("k", 5).await.unwrap();
@@ -370,12 +392,7 @@ async fn a_sliding_counter_gives_back_to_the_charged_window_while_it_weighs() {
 async fn a_token_bucket_gets_back_only_what_time_has_not_repaid() {
     let t0 = a_minute_an_hour_ahead();
     for (timed, prefix) in both_stores("give-back-bucket", t0) {
-        let policy = Policy::builder("bucket")
-            .prefix(&prefix)
-            .algorithm(Algorithm::TokenBucket)
-            .rule(Rule::new(10, Duration::from_secs(10)))
-            .build()
-            .unwrap();
+        let policy = one_rule("bucket", &prefix, Algorithm::TokenBucket, 10, 10);
         let limiter = RateLimiter::new(policy, timed.store.clone());
         let all = limiter.check_n("k", 10).await.unwrap();
         timed.at(t0 + 3_000);

@@ -72,40 +72,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::TokioClock;
+use common::recording::Recording;
 use common::redis_server::{TestRedis, unique_prefix};
 use proptest::prelude::*;
-use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, Clock};
-use tower_redis_ratelimit::{Decision, Key, MemoryStore, RateLimiter, RedisStore, Store};
-
-/// A store that records the cost of every check it is asked.
-#[derive(Clone)]
-struct Recording<S> {
-    store: S,
-    costs: Arc<Mutex<Vec<u64>>>,
-}
-
-impl<S: Store> Store for Recording<S> {
-    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        self.costs.lock().unwrap().push(request.cost);
-        self.store.check(request)
-    }
-
-    fn refund(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        self.store.refund(request)
-    }
-
-    fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
-        self.store.give_back(request, charged)
-    }
-
-    fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        self.store.peek(request)
-    }
-
-    fn is_remote(&self) -> bool {
-        self.store.is_remote()
-    }
-}
+use tower_redis_ratelimit::store::Clock;
+use tower_redis_ratelimit::{Key, MemoryStore, RateLimiter, RedisStore};
 
 fn hot(algorithm: Algorithm, limit: u64, period: Duration, prefetch: u64) -> Policy {
     Policy::builder("hot")
@@ -140,14 +111,7 @@ fn a_window_start_an_hour_ahead_us() -> u64 {
 }
 
 fn recording(store: MemoryStore) -> (Recording<MemoryStore>, Arc<Mutex<Vec<u64>>>) {
-    let costs = Arc::new(Mutex::new(Vec::new()));
-    (
-        Recording {
-            store,
-            costs: costs.clone(),
-        },
-        costs,
-    )
+    Recording::new(store)
 }
 
 #[tokio::test(start_paused = true)]
@@ -233,23 +197,50 @@ async fn units_end_with_their_window_and_a_dead_instance_costs_only_its_units() 
     assert_eq!(next_window, 100);
 }
 
+/// One step of the property below: which instance acts, after how long (ms), and how.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    /// A check of 1.
+    Check,
+    /// An operator's refund of 1 (of the current window), when it admitted one in it.
+    Refund,
+    /// Gives back, by its receipt, one of the admissions it keeps (any window).
+    GiveBack(usize),
+    /// Resets the identity.
+    Reset,
+}
+
+fn acts() -> impl Strategy<Value = Vec<(usize, u64, Act)>> {
+    let act = prop_oneof![
+        20 => Just(Act::Check),
+        2 => Just(Act::Refund),
+        3 => (0usize..64).prop_map(Act::GiveBack),
+        1 => Just(Act::Reset),
+    ];
+    // Waits of nothing, a few ms, 400 ms (windows of 1 s roll) and 1.2 s (a token bucket's
+    // units in hand go idle and are given back).
+    let wait = prop_oneof![12 => Just(0u64), 6 => 0u64..30, 3 => Just(400), 1 => Just(1_200)];
+    prop::collection::vec((0usize..4, wait, act), 1..300)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
     /// Against a model of one shared counter: whatever the interleaving of instances taking,
-    /// spending, expiring and refunding, the requests admitted in a window, less those given
-    /// back, never exceed the limit.
+    /// spending, expiring, refunding, giving back by receipt (across window rolls) and
+    /// resetting, the requests admitted in a window since its last reset, less those given
+    /// back to it, never exceed the limit; under a token bucket, never more than the burst and
+    /// what dripped back since (its idle units given back add nothing time has repaid).
     #[test]
     fn instances_never_pass_the_limit_together(
-        algorithm in prop::sample::select(vec![Algorithm::FixedWindow, Algorithm::SlidingCounter]),
+        algorithm in prop::sample::select(vec![
+            Algorithm::FixedWindow,
+            Algorithm::SlidingCounter,
+            Algorithm::TokenBucket,
+        ]),
         instances in 2usize..4,
         prefetch in 2u64..20,
-        // Per step: which instance, how long before it (ms), and whether it gives back the
-        // charge of a request it admitted rather than checks.
-        steps in prop::collection::vec(
-            (0usize..4, prop_oneof![4 => Just(0u64), 2 => 0u64..30, 1 => Just(400)], prop::bool::weighted(0.1)),
-            1..300,
-        ),
+        steps in acts(),
     ) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -261,38 +252,87 @@ proptest! {
             let store = MemoryStore::builder().clock(clock.clone()).build();
             let limit = 20;
             let period = 1_000;
+            let bucket = algorithm == Algorithm::TokenBucket;
             let policy = hot(algorithm, limit, Duration::from_millis(period), prefetch);
             let limiters: Vec<RateLimiter> = (0..instances)
                 .map(|_| RateLimiter::new(policy.clone(), store.clone()))
                 .collect();
-            // Per window: admitted, given back; per instance, admitted in the current window.
-            let mut counted = std::collections::HashMap::<u64, (u64, u64)>::new();
-            let mut own = vec![(0u64, 0u64); instances];
-            for &(instance, wait, refund) in &steps {
+            // Resets so far: counts are per (window, resets).
+            let mut epoch = 0u64;
+            // Per (window, epoch): admitted, given back; per instance, admitted in its current
+            // (window, epoch), and the receipts it keeps with their (window, epoch).
+            let mut counted = std::collections::HashMap::<(u64, u64), (u64, u64)>::new();
+            let mut own = vec![((0u64, 0u64), 0u64); instances];
+            let mut receipts: Vec<Vec<(tower_redis_ratelimit::Admitted, (u64, u64))>> =
+                (0..instances).map(|_| Vec::new()).collect();
+            // A token bucket's admissions since the last reset: their times (ms).
+            let mut admitted_at: Vec<u64> = Vec::new();
+            for &(instance, wait, act) in &steps {
                 tokio::time::advance(Duration::from_millis(wait)).await;
                 let instance = instance % instances;
-                let window = clock.now_unix_ms() / period;
-                let entry = counted.entry(window).or_default();
-                if refund {
-                    if own[instance] .0 == window && own[instance].1 > 0 {
-                        limiters[instance].refund("global", 1).await.unwrap();
-                        own[instance].1 -= 1;
-                        entry.1 += 1;
+                let now = clock.now_unix_ms();
+                let here = (now / period, epoch);
+                match act {
+                    Act::Check => {
+                        if let Ok(admitted) = limiters[instance].check("global").await {
+                            counted.entry(here).or_default().0 += 1;
+                            if own[instance].0 != here {
+                                own[instance] = (here, 0);
+                            }
+                            own[instance].1 += 1;
+                            admitted_at.push(now);
+                            receipts[instance].push((admitted, here));
+                        }
                     }
-                    continue;
+                    // A token bucket's refunds and give-backs make room the model doesn't
+                    // track: its case checks, waits and resets.
+                    Act::Refund if !bucket => {
+                        if own[instance].0 == here && own[instance].1 > 0 {
+                            limiters[instance].refund("global", 1).await.unwrap();
+                            own[instance].1 -= 1;
+                            counted.entry(here).or_default().1 += 1;
+                        }
+                    }
+                    Act::GiveBack(which) if !bucket => {
+                        let kept = &mut receipts[instance];
+                        if !kept.is_empty() {
+                            let (admitted, charged) = kept.swap_remove(which % kept.len());
+                            admitted.refund().await.unwrap();
+                            // Only its own window, still current and not reset since, gets
+                            // anything back.
+                            if charged == here {
+                                counted.entry(here).or_default().1 += 1;
+                                own[instance].1 = own[instance].1.saturating_sub(1);
+                            }
+                        }
+                    }
+                    Act::Reset => {
+                        limiters[instance].reset("global").await.unwrap();
+                        epoch += 1;
+                        admitted_at.clear();
+                    }
+                    Act::Refund | Act::GiveBack(_) => {}
                 }
-                if limiters[instance].check("global").await.is_ok() {
-                    entry.0 += 1;
-                    if own[instance].0 != window {
-                        own[instance] = (window, 0);
+                if bucket {
+                    // Any run of admissions since the reset: at most the burst and one per
+                    // interval (50 ms) between its first and last.
+                    let interval = period / limit;
+                    let last = admitted_at.len();
+                    for first in 0..last {
+                        let span = admitted_at[last - 1] - admitted_at[first];
+                        let within = (last - first) as u64;
+                        prop_assert!(
+                            within <= limit + span.div_ceil(interval),
+                            "{within} admitted within {span} ms (a burst of {limit})"
+                        );
                     }
-                    own[instance].1 += 1;
                 }
             }
-            for (window, (admitted, given_back)) in counted {
+            // (A token bucket's windows aren't fixed: its runs were checked above.)
+            for (window, (admitted, given_back)) in counted.into_iter().filter(|_| !bucket) {
                 prop_assert!(
-                    admitted - given_back <= limit,
-                    "window {window}: {admitted} admitted, {given_back} given back"
+                    admitted - given_back.min(admitted) <= limit,
+                    "window {window:?}: {admitted} admitted, {given_back} given back"
                 );
             }
             Ok(())

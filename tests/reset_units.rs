@@ -8,48 +8,12 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::recording::Recording;
 use common::redis_server::{TestRedis, unique_prefix};
-use tower_redis_ratelimit::store::{CheckFuture, CheckRequest};
+
 use tower_redis_ratelimit::{
-    Algorithm, Decision, Key, MemoryStore, Policy, RateLimiter, RedisStore, Rule, Store,
+    Algorithm, Key, MemoryStore, Policy, RateLimiter, RedisStore, Rule, Store,
 };
-
-/// A store that records the cost of every check it is asked.
-#[derive(Clone)]
-struct Recording<S> {
-    store: S,
-    costs: Arc<Mutex<Vec<u64>>>,
-}
-
-impl<S: Store> Store for Recording<S> {
-    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        self.costs.lock().unwrap().push(request.cost);
-        self.store.check(request)
-    }
-
-    fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        self.store.peek(request)
-    }
-
-    fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
-        self.store.give_back(request, charged)
-    }
-
-    fn reset(&self, request: &CheckRequest<'_>) -> tower_redis_ratelimit::store::ActionFuture {
-        self.store.reset(request)
-    }
-
-    fn watch_resets(
-        &self,
-        listener: std::sync::Weak<dyn tower_redis_ratelimit::store::ResetListener>,
-    ) -> Option<tower_redis_ratelimit::store::ResetWatch> {
-        self.store.watch_resets(listener)
-    }
-
-    fn is_remote(&self) -> bool {
-        self.store.is_remote()
-    }
-}
 
 /// 300 per 20 s, global, `prefetch(100)`, under `prefix`.
 fn hot(prefix: &str) -> Policy {
@@ -206,4 +170,27 @@ async fn a_dropped_subscription_forgets_the_units_in_hand() {
         "kept spending units after the subscription dropped: {:?}",
         costs.lock().unwrap()
     );
+}
+
+/// A store over a pool you built hears resets through the URL it is given: the same reach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_over_your_pool_hears_resets_through_the_url_it_is_given() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("reset-pool");
+    let pool = deadpool_redis::Config::from_url(redis.url.clone())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let store = RedisStore::new(pool)
+        .reset_notices_from(&redis.url)
+        .unwrap();
+    let resetter = RateLimiter::new(hot(&prefix), RedisStore::from_url(&redis.url).unwrap());
+    a_reset_reaches_the_units_in_hand(store, &prefix, || async move {
+        resetter.reset("global").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    })
+    .await;
+    // Once used (or cloned), the store can't be given a URL any more.
+    let used = RedisStore::from_url(&redis.url).unwrap();
+    let _clone = used.clone();
+    assert!(used.reset_notices_from(&redis.url).is_err());
 }

@@ -10,6 +10,7 @@ use super::Limiter;
 use crate::decision::Decision;
 use crate::policy::StorageKey;
 use crate::quota::QuotaLookup;
+use crate::store::gcra::Bucket;
 use crate::store::{CheckFuture, StoreError};
 
 /// The units one admitted request was charged, and where: its key, its day's quota, and the
@@ -32,8 +33,11 @@ pub(crate) enum Charged {
     Told,
     /// The admission's decision, given.
     Own(Decision),
-    /// A take's of units ahead, shared by the requests it admits (each told its decision as held).
-    Taken(Arc<Decision>),
+    /// A take's of units ahead, shared by the requests it admits (each told its decision as
+    /// held), and how many of the take's units come after this charge's: a token bucket's charge
+    /// is its slice of the take's time, which ends that many intervals before the take's full
+    /// time (so the requests of one take together never give back more than the take charged).
+    Taken(Arc<Decision>, u64),
 }
 
 impl Charged {
@@ -41,7 +45,7 @@ impl Charged {
         match self {
             Charged::Unknown | Charged::Told => None,
             Charged::Own(decision) => Some(decision),
-            Charged::Taken(decision) => Some(decision),
+            Charged::Taken(decision, _) => Some(decision),
         }
     }
 }
@@ -105,19 +109,23 @@ impl Charge {
         Ok(decision)
     }
 
-    /// The store's give-back of the charge.
+    /// The store's give-back of the charge; a peek when where it went isn't known (nothing goes
+    /// back).
     fn give_back(&self) -> CheckFuture {
         let limiter = &self.limiter;
-        let Some(charged) = self.charged.decision() else {
-            // (Every admission that charged anything carries its answer.)
-            return CheckFuture::ready(Err(StoreError::Config(
-                "an admission without the store's answer has nothing to give back".into(),
-            )));
-        };
         let request = limiter
             .store_request(&self.key, self.quota.as_ref())
             .cost(self.cost);
-        limiter.store().give_back(&request, charged)
+        let Some(charged) = self.charged.decision() else {
+            return limiter.store().peek(&request.cost(1));
+        };
+        match &self.charged {
+            Charged::Taken(_, after) if *after > 0 => {
+                let slice = slice_of(charged, limiter.policy.rules(), *after);
+                limiter.store().give_back(&request, &slice)
+            }
+            _ => limiter.store().give_back(&request, charged),
+        }
     }
 
     fn given_back(&self, result: Result<(), StoreError>) {
@@ -132,4 +140,18 @@ impl Charge {
             ),
         }
     }
+}
+
+/// A take's answer `charged` as the answer to one slice of it, `after` units before its end: each
+/// token bucket's full time moved back by `after` of its rule's intervals (the slice's own end).
+/// The other algorithms read the time of the check alone.
+fn slice_of(charged: &Decision, rules: &[crate::Rule], after: u64) -> Decision {
+    let mut slice = charged.clone();
+    for (state, rule) in slice.rules.iter_mut().zip(rules) {
+        if let Some(full_at) = &mut state.bucket_full_at_us {
+            let interval = Bucket::new(rule.limit(), rule.period_ms(), rule.burst_size()).interval;
+            *full_at = full_at.saturating_sub(after.saturating_mul(interval));
+        }
+    }
+    slice
 }

@@ -657,7 +657,7 @@ impl Limiter {
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
         let (result, charged) = match self.settle_take(result, checked) {
-            Some((result, Some(taken))) => (result, Charged::Taken(taken)),
+            Some((result, Some((taken, after)))) => (result, Charged::Taken(taken, after)),
             Some((result, None)) => (result, Charged::Told),
             None => return Verdict::Retake,
         };

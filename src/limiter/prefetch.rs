@@ -63,6 +63,9 @@ struct Allowance {
     units: u64,
     /// Units asked for by takes not answered yet.
     pending: u64,
+    /// Of those, how many to drop when they land: asked for before a reset (or lost notices),
+    /// they were charged before it.
+    void: u64,
     /// Whether a take in the background is among them: it is answered for certain (a request's
     /// own take is not, if the request is dropped).
     ahead_in_flight: bool,
@@ -99,7 +102,7 @@ pub(crate) enum Spend {
     /// that the next requests still find units in hand.
     Local {
         decision: Decision,
-        charged: Option<Arc<Decision>>,
+        charged: Option<(Arc<Decision>, u64)>,
         take_ahead: u64,
     },
     /// Ask the store for its cost and `extra` units ahead. `expired`: units in hand that had
@@ -122,8 +125,9 @@ type Receipts = VecDeque<(Arc<Decision>, u64)>;
 /// Units in hand given back at shutdown: their key, quota and receipts.
 type Held = (StorageKey, Option<QuotaLookup>, Receipts);
 
-/// A take's settled answer: what the request goes on with, and the store's answer to the take.
-type Settled = (Result<Decision, StoreError>, Option<Arc<Decision>>);
+/// A take's settled answer: what the request goes on with, and the store's answer to the take
+/// with how many of its units come after the request's own.
+type Settled = (Result<Decision, StoreError>, Option<(Arc<Decision>, u64)>);
 
 /// Units dropped from those in hand: per take, the store's answer to it and its units.
 #[derive(Debug, Default)]
@@ -158,15 +162,12 @@ impl Prefetched {
         watch.as_ref().is_none_or(ResetWatch::is_live)
     }
 
-    /// Drops every unit in hand for which `forget` says so (they were reset: not given back).
-    fn drop_units(&self, forget: impl Fn(&str) -> bool) {
+    /// Drops every unit in hand, and those of takes in flight (notices may have been lost).
+    fn drop_units(&self) {
         for shard in &self.shards {
             let mut shard = shard.lock().unwrap_or_else(PoisonError::into_inner);
-            for (key, allowance) in shard.iter_mut() {
-                if allowance.units > 0 && forget(key) {
-                    allowance.units = 0;
-                    allowance.receipts.clear();
-                }
+            for allowance in shard.values_mut() {
+                allowance.forget_units();
             }
         }
     }
@@ -232,6 +233,7 @@ impl Prefetched {
         // its units never came.
         if since_ask > IDLE {
             allowance.pending = 0;
+            allowance.void = 0;
         }
         // A take in flight brings units soon: a round trip, without a check of its own.
         if may_wait && allowance.pending > 0 {
@@ -317,6 +319,10 @@ impl Prefetched {
         if cost == 0 {
             allowance.ahead_in_flight = false;
         }
+        // Units asked for before a reset were charged before it: they don't go in hand.
+        let voided = extra.min(allowance.void);
+        allowance.void -= voided;
+        let extra = extra - voided;
         // Units of an earlier take still in hand keep their own end and receipt: all end at
         // the earlier, and go back where the earlier went (never more than it holds).
         if allowance.units > 0 && allowance.valid_until > now {
@@ -345,6 +351,7 @@ impl Prefetched {
     pub(crate) fn untook(&self, key: &str, cost: u64, extra: u64) {
         if let Some(allowance) = self.shard(key).get_mut(key) {
             allowance.pending = allowance.pending.saturating_sub(extra);
+            allowance.void = allowance.void.min(allowance.pending);
             if cost == 0 {
                 allowance.ahead_in_flight = false;
             }
@@ -381,21 +388,35 @@ impl ResetListener for Prefetched {
     fn key_reset(&self, key: &str) {
         let mut shard = self.shard(key);
         if let Some(allowance) = shard.get_mut(key) {
-            allowance.units = 0;
-            allowance.receipts.clear();
+            allowance.forget_units();
         }
     }
 
     fn notices_lost(&self) {
-        self.drop_units(|_| true);
+        self.drop_units();
     }
 }
 
 impl Allowance {
-    /// Spends `cost` units from the receipts, oldest take first: the answer to the take the
-    /// first of them came from (the request's own charge, should it be given back).
-    fn spend_receipts(&mut self, cost: u64) -> Option<Arc<Decision>> {
-        let charged = self.receipts.front().map(|(decision, _)| decision.clone());
+    /// Forgets the units in hand and those of the takes in flight (they land void): the
+    /// identity was reset, and they were charged before. Not given back.
+    fn forget_units(&mut self) {
+        self.units = 0;
+        self.receipts.clear();
+        self.void = self.pending;
+    }
+
+    /// Spends `cost` units from the receipts, oldest take first: the answer to the take they
+    /// came from and how many of its units come after them (the request's own charge, should it
+    /// be given back).
+    fn spend_receipts(&mut self, cost: u64) -> Option<(Arc<Decision>, u64)> {
+        // Its units are the take's next ones: what the take holds after them says which (a
+        // token bucket's slice of the take's time). Units spanning two takes: none known.
+        let charged = self
+            .receipts
+            .front()
+            .filter(|(_, units)| *units >= cost)
+            .map(|(decision, units)| (decision.clone(), units - cost));
         let mut left = cost;
         while left > 0
             && let Some((_, units)) = self.receipts.front_mut()
@@ -414,6 +435,7 @@ impl Allowance {
         Allowance {
             units: 0,
             pending: 0,
+            void: 0,
             ahead_in_flight: false,
             valid_until: now,
             taken_at: now,
@@ -508,7 +530,10 @@ impl Limiter {
                     decision: Some(decision),
                     charge: None,
                 };
-                Spent::Admit(admission, charged.map_or(Charged::Unknown, Charged::Taken))
+                let charged = charged.map_or(Charged::Unknown, |(take, after)| {
+                    Charged::Taken(take, after)
+                });
+                Spent::Admit(admission, charged)
             }
             Spend::Wait {
                 landed,
@@ -644,7 +669,8 @@ impl Limiter {
                 let started = tokio_instant(checked.started);
                 let taken = Arc::new(decision);
                 let told = self.landed(prefetched, charged, (cost, extra), &taken, started);
-                Some((Ok(told), Some(taken)))
+                // The request's own units are the take's first: `extra` come after them.
+                Some((Ok(told), Some((taken, extra))))
             }
             Ok(_) => {
                 prefetched.untook(key, cost, extra);
@@ -660,12 +686,24 @@ impl Limiter {
     /// How long units taken with `decision` may be spent, from when they were asked for: until
     /// the earliest window that charged them ends, in the store's time (counted from the ask,
     /// which is no later than the store's reading: never past the end). A token bucket's units
-    /// stay valid for [`IDLE`].
+    /// stay valid until time has repaid the take (its full time), and at most [`IDLE`].
     fn units_last(&self, decision: &Decision, quota: Option<&QuotaLookup>) -> Duration {
         let now = decision.now_unix_ms;
         let policy = &self.policy;
         if policy.algorithm() == Algorithm::TokenBucket {
-            return IDLE;
+            // Until the take's full time, when time has repaid it: the bucket may then be full
+            // again, having forgotten the charge of the units still in hand (spent later, they
+            // would pass the burst). Its store time is read to the millisecond, so a
+            // millisecond less. And at most IDLE, unused.
+            let now_us = now.saturating_mul(1_000).saturating_add(999);
+            let until_full = decision
+                .rules
+                .iter()
+                .filter_map(|state| state.bucket_full_at_us)
+                .map(|full_at| full_at.saturating_sub(now_us))
+                .min()
+                .unwrap_or(0);
+            return IDLE.min(Duration::from_micros(until_full));
         }
         let window_left = |period: u64| {
             let period = period.max(1);

@@ -255,9 +255,10 @@ impl PolicyBuilder {
     /// instance takes grows with how fast it spends them (doubling while it runs out within
     /// milliseconds), so an identity that isn't hot takes one unit per request, the exact path.
     /// Units expire with their window: a fixed window's or sliding counter's at its end (spent
-    /// later they would count in a window that didn't charge them); a token bucket's are given
-    /// back when they sit unused for a second, as far as time has not refilled the bucket
-    /// already. Units given back (at shutdown, `give_back_prefetched`) go to the window that
+    /// later they would count in a window that didn't charge them); a token bucket's once time
+    /// has repaid their take (the bucket may be full again by then, having forgotten their
+    /// charge: spent later, they would pass the burst), or when they sit unused for a second,
+    /// and what time has not repaid of them goes back. Units given back (at shutdown, `give_back_prefetched`) go to the window that
     /// charged them, and nowhere once it has rolled.
     ///
     /// A `reset` of an identity reaches the units every instance holds of it: the memory store
@@ -266,9 +267,11 @@ impl PolicyBuilder {
     /// reset leaves is the units spent between the reset and the notice (a round trip). An
     /// instance takes units ahead only while its subscription is up, and forgets every unit it
     /// holds whenever the subscription drops or comes back (notices sent meanwhile are lost).
-    /// Over a pool you built (`RedisStore::new`, `from_cluster_pool`, `from_sentinel_pool`), or a
-    /// store of your own that doesn't implement [`Store::watch_resets`](crate::Store::watch_resets),
-    /// there is no notice: units held elsewhere stay spendable until their window ends.
+    /// Over a pool you built (`RedisStore::new`, `from_cluster_pool`, `from_sentinel_pool`), give
+    /// the store a URL to subscribe through (`RedisStore::reset_notices_from`): without one, or
+    /// with a store of your own that doesn't implement
+    /// [`Store::watch_resets`](crate::Store::watch_resets), there is no notice, and units held
+    /// elsewhere stay spendable until their window ends.
     ///
     /// Only where units taken ahead can't let more than a limit through: fixed_window,
     /// sliding_counter and token_bucket, without a duplicate guard, a penalty block, a

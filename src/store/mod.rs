@@ -19,7 +19,7 @@ use crate::policy::ConcurrencyLimit;
 use crate::policy::{Algorithm, Rule};
 use crate::quota::QuotaThreshold;
 
-mod gcra;
+pub(crate) mod gcra;
 mod memory;
 pub(crate) mod redis;
 mod weighted;
@@ -219,6 +219,28 @@ impl<'a> CheckRequest<'a> {
     }
 }
 
+/// How long a reset's marker must last (ms): as long as a receipt of an admission before the
+/// reset can still give something back, so that none gives back to the counts after it. A
+/// sliding counter's charged window weighs for two periods; a token bucket's charge is unrepaid
+/// until its full time, at most its tolerance (and a reservation's delay) away; a sliding log's
+/// entry lasts a period (a reservation's, its delay more).
+pub(crate) fn reset_marker_ms(request: &CheckRequest<'_>) -> u64 {
+    let delay = u64::try_from(request.max_delay.as_millis()).unwrap_or(u64::MAX);
+    request
+        .rules
+        .iter()
+        .map(|rule| {
+            let period = rule.period_ms();
+            let tolerance = gcra::Bucket::new(rule.limit(), period, rule.burst_size()).tolerance;
+            period
+                .saturating_mul(2)
+                .max(period.saturating_add(tolerance.div_ceil(1_000)))
+        })
+        .max()
+        .unwrap_or(0)
+        .saturating_add(delay)
+}
+
 /// A rate-limit store.
 ///
 /// `check` must be atomic: it checks every rule and records the request in all of them only if all
@@ -324,9 +346,9 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// The memory store tells its listeners at once, inside `reset`. The Redis store publishes
     /// each reset on a channel (`tower-redis-ratelimit:resets`) from the reset's own script, and
-    /// a subscription of its own (made at the first listener) tells its listeners; it has no
-    /// subscription over a pool you built (`RedisStore::new`, `from_cluster_pool`,
-    /// `from_sentinel_pool`), and answers `None` there.
+    /// a subscription of its own (made at the first listener) tells its listeners; over a pool
+    /// you built (`RedisStore::new`, `from_cluster_pool`, `from_sentinel_pool`) it subscribes
+    /// through the URL given to `RedisStore::reset_notices_from`, and answers `None` without.
     fn watch_resets(&self, listener: Weak<dyn ResetListener>) -> Option<ResetWatch> {
         let _ = listener;
         None

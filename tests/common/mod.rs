@@ -484,6 +484,7 @@ pub async fn a_quota_race_admits_the_limit_and_alerts_once(
 
 pub mod capture;
 pub mod prometheus;
+pub mod recording;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod redis_tls;

@@ -30,9 +30,11 @@ pub(super) struct Entry {
     /// The leases of a concurrency limit: (id, expiry in ms), the counterpart of the script's
     /// sorted set; expired ones are dropped at the next check.
     pub(super) leases: Vec<(u64, u64)>,
-    /// When the key was last reset (0: never): a receipt of an admission checked then or before
-    /// gives nothing back to its rules (`lua/reset.lua`'s marker).
+    /// When the key was last reset (0: never), and until when that counts: a receipt of an
+    /// admission checked then or before gives nothing back to its rules meanwhile
+    /// (`lua/reset.lua`'s marker).
     reset_ms: u64,
+    reset_until_ms: u64,
 }
 
 impl Entry {
@@ -51,23 +53,18 @@ impl Entry {
             blocked_until_ms: 0,
             leases: Vec::new(),
             reset_ms: 0,
+            reset_until_ms: 0,
         }
     }
 
-    /// Forgets everything counted (a reset at `now`), and remembers when for as long as a window
-    /// of its rules lasts.
-    pub(super) fn reset(&mut self, now: u64) {
-        let longest = self
-            .counters
-            .iter()
-            .map(Counter::period_ms)
-            .max()
-            .unwrap_or(0);
+    /// Forgets everything counted (a reset at `now`), and remembers when for `marker_ms`.
+    pub(super) fn reset(&mut self, now: u64, marker_ms: u64) {
         self.counters.clear();
         self.leases.clear();
         self.blocked_until_ms = 0;
         self.reset_ms = now;
-        self.expires_at_ms = now.saturating_add(longest);
+        self.reset_until_ms = now.saturating_add(marker_ms);
+        self.expires_at_ms = self.reset_until_ms;
     }
 
     /// Puts the counters of the request's rules first, in rule order, creating missing ones. Almost
@@ -255,6 +252,7 @@ impl Entry {
             .max()
             .unwrap_or(0)
             .max(self.blocked_until_ms)
+            .max(self.reset_until_ms)
             .max(
                 self.leases
                     .iter()
@@ -304,7 +302,7 @@ impl Entry {
         let checked_ms = charged.now_unix_ms;
         let admitted_ms = checked_ms.saturating_add(millis(charged.delay));
         // Reset since: the rules hold nothing of it (the quota, never reset, may).
-        let reset_since = checked_ms <= self.reset_ms;
+        let reset_since = checked_ms <= self.reset_ms && now < self.reset_until_ms;
         let states = charged.rules.iter();
         for ((counter, rule), state) in self.counters.iter_mut().zip(request.rules).zip(states) {
             if !rule.is_duplicate_guard() && !reset_since {

@@ -121,12 +121,13 @@ impl MemoryStore {
     /// (every rule's, since an entry holds them all). The entry stays, marked with the reset's
     /// time for as long as a window of its rules lasts, so that a receipt of an admission before
     /// the reset gives nothing back to the counts after it (as the Redis store's reset marker).
-    fn forget(&self, key: &str) {
+    fn forget(&self, request: &CheckRequest<'_>) {
         let now = self.0.clock.now_unix_ms();
+        let key = request.key;
         let (hash, mut shard) = self.shard_of(key);
         let now = shard.latest_ms.max(now);
         if let Some(entry) = shard.entries.find_mut(hash, |entry| *entry.key == *key) {
-            entry.reset(now);
+            entry.reset(now, super::reset_marker_ms(request));
         }
     }
 
@@ -239,7 +240,7 @@ impl Store for MemoryStore {
     }
 
     fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
-        self.forget(request.key);
+        self.forget(request);
         // Units held ahead by every limiter over this store go too, before `reset` returns.
         let listeners: Vec<_> = {
             let mut listeners = lock(&self.0.reset_listeners);

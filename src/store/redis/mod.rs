@@ -164,6 +164,8 @@ struct Shared {
     server: Mutex<ServerCheck>,
     /// Who hears of resets, and whether the store's subscription is up (`resets.rs`).
     resets: resets::ResetFeed,
+    /// A client to subscribe with, given for a pool ([`RedisStore::reset_notices_from`]).
+    notices_client: Option<::redis::Client>,
 }
 
 /// The version check of new connections (see [`Shared::connection`]).
@@ -223,6 +225,7 @@ impl RedisStore {
                 generic_only: AtomicBool::new(false),
                 server: Mutex::new(ServerCheck::default()),
                 resets: resets::ResetFeed::default(),
+                notices_client: None,
             }),
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
@@ -230,8 +233,33 @@ impl RedisStore {
     }
 
     /// A store over `pool` (one Redis node), with the default timeout of 250 ms.
+    ///
+    /// A pool lends no connection to subscribe with: give the store a URL for its reset
+    /// notices with [`RedisStore::reset_notices_from`], or a `reset` reaches the units other
+    /// instances took ahead ([`PolicyBuilder::prefetch`](crate::PolicyBuilder::prefetch)) only
+    /// when their window ends.
     pub fn new(pool: deadpool_redis::Pool) -> Self {
         RedisStore::with_connector(Connector::Pool(pool), None)
+    }
+
+    /// Hears the store's reset notices ([`Store::watch_resets`]) through a subscription to
+    /// `url`: for a store over a pool you built ([`RedisStore::new`], `from_cluster_pool`,
+    /// `from_sentinel_pool`), which lends no connection to subscribe with. Any node that hears
+    /// what the store's scripts publish will do: the node itself, any node of a cluster (its
+    /// pub/sub reaches every node), a replica of the primary. Call it before the store is
+    /// cloned or used.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Config`] for a malformed URL, or a store already cloned or used.
+    pub fn reset_notices_from(mut self, url: &str) -> Result<Self, StoreError> {
+        let client =
+            ::redis::Client::open(url).map_err(|error| StoreError::Config(error.to_string()))?;
+        let shared = Arc::get_mut(&mut self.shared).ok_or_else(|| {
+            StoreError::Config("reset_notices_from: the store was already cloned or used".into())
+        })?;
+        shared.notices_client = Some(client);
+        Ok(self)
     }
 
     /// A store with a client of its own for `url` (`redis://host:port/db`, or `rediss://` with
@@ -607,13 +635,9 @@ impl Store for RedisStore {
         command.arg(marker);
         // The notice every instance hears (src/store/redis/resets.rs), how long the marker
         // lives, and the time tests fix.
-        let longest = request
-            .rules
-            .iter()
-            .map(crate::policy::Rule::period_ms)
-            .max()
-            .unwrap_or(0);
-        command.arg(request.key).arg(longest);
+        command
+            .arg(request.key)
+            .arg(super::reset_marker_ms(&request));
         match self.shared.fixed_time() {
             Some(time) => command.arg(time),
             None => command.arg(""),
@@ -625,7 +649,7 @@ impl Store for RedisStore {
         // A pool you built lends no connection to subscribe with; nor can one start outside a
         // runtime.
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        if !resets::can_subscribe(&self.shared.connector) {
+        if self.shared.notices_client.is_none() && !resets::can_subscribe(&self.shared.connector) {
             return None;
         }
         let (watch, first) = self.shared.resets.watch(listener);

@@ -28,6 +28,7 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(1);
 pub(super) struct ResetFeed {
     listeners: Mutex<Vec<Weak<dyn ResetListener>>>,
     live: Arc<AtomicBool>,
+    /// Whether a subscription task runs (cleared when it ends, however it ends).
     started: AtomicBool,
 }
 
@@ -84,39 +85,124 @@ pub(super) fn can_subscribe(connector: &Connector) -> bool {
     }
 }
 
+/// How often a quiet subscription is checked: the store still there, the connection alive (a
+/// `PING` answered within [`PING_TIMEOUT`]; a half-open one would otherwise stay "live").
+const QUIET_CHECK: Duration = Duration::from_secs(15);
+
+/// How long a subscription's `PING` may take.
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Marks the feed down when the subscription task ends however it ends (the runtime that
+/// spawned it shut down included), so a later listener starts another.
+struct Running(Weak<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.resets.started.store(false, Ordering::Release);
+            if shared.resets.live.load(Ordering::Acquire) {
+                shared.resets.set_live(false);
+            }
+        }
+    }
+}
+
 /// Subscribes to [`RESETS_CHANNEL`] and tells the store's listeners of every reset, for as long
 /// as the store lives; subscribes again after a failure.
 pub(super) async fn serve(store: Weak<Shared>) {
+    let _running = Running(store.clone());
     let mut attempt = 0;
+    let mut failed_before = false;
     loop {
         let Some(shared) = store.upgrade() else {
             return;
         };
-        let client = pubsub_client(&shared.connector, attempt).await;
+        let client = match &shared.notices_client {
+            Some(client) => Some(client.clone()),
+            None => pubsub_client(&shared.connector, attempt).await,
+        };
         attempt += 1;
         drop(shared);
-        if let Some(client) = client
-            && let Ok(mut pubsub) = client.get_async_pubsub().await
-            && pubsub.subscribe(RESETS_CHANNEL).await.is_ok()
-        {
-            if let Some(shared) = store.upgrade() {
-                shared.resets.set_live(true);
-            }
-            let mut messages = pubsub.on_message();
-            while let Some(message) = messages.next().await {
-                let Some(shared) = store.upgrade() else {
+        match subscribe(client).await {
+            Ok(pubsub) => {
+                failed_before = false;
+                if let Some(shared) = store.upgrade() {
+                    shared.resets.set_live(true);
+                }
+                let ended = listen(pubsub, &store).await;
+                if let Some(shared) = store.upgrade() {
+                    shared.resets.set_live(false);
+                }
+                if ended == Ended::StoreGone {
                     return;
+                }
+                tracing::warn!(
+                    "the rate-limit store's reset subscription dropped: units taken ahead are \
+                     dropped and none is taken until it is back; subscribing again"
+                );
+            }
+            Err(error) if !failed_before => {
+                failed_before = true;
+                tracing::warn!(
+                    %error,
+                    channel = RESETS_CHANNEL,
+                    "the rate-limit store can't subscribe to its reset notices (an ACL without \
+                     this channel?): prefetching policies take no units ahead until it can; \
+                     retrying every second"
+                );
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
+    }
+}
+
+/// Why listening ended.
+#[derive(PartialEq)]
+enum Ended {
+    /// The connection dropped or stopped answering.
+    Dropped,
+    /// The store is gone: nobody to tell.
+    StoreGone,
+}
+
+/// A subscription to [`RESETS_CHANNEL`] through `client`.
+async fn subscribe(
+    client: Option<::redis::Client>,
+) -> Result<::redis::aio::PubSub, ::redis::RedisError> {
+    let client = client.ok_or_else(|| {
+        ::redis::RedisError::from((::redis::ErrorKind::Io, "no node to subscribe on"))
+    })?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(RESETS_CHANNEL).await?;
+    Ok(pubsub)
+}
+
+/// Tells the store's listeners of every notice until the connection drops, stops answering a
+/// `PING`, or the store is gone.
+async fn listen(pubsub: ::redis::aio::PubSub, store: &Weak<Shared>) -> Ended {
+    let (mut sink, mut messages) = pubsub.split();
+    loop {
+        match tokio::time::timeout(QUIET_CHECK, messages.next()).await {
+            Ok(Some(message)) => {
+                let Some(shared) = store.upgrade() else {
+                    return Ended::StoreGone;
                 };
                 if let Ok(key) = message.get_payload::<String>() {
                     shared.resets.key_reset(&key);
                 }
             }
-            if let Some(shared) = store.upgrade() {
-                shared.resets.set_live(false);
+            Ok(None) => return Ended::Dropped,
+            Err(_quiet) => {
+                if store.strong_count() == 0 {
+                    return Ended::StoreGone;
+                }
+                let ping = tokio::time::timeout(PING_TIMEOUT, sink.ping::<String>()).await;
+                if !matches!(ping, Ok(Ok(_))) {
+                    return Ended::Dropped;
+                }
             }
-            tracing::warn!("the rate-limit store's reset subscription dropped; subscribing again");
         }
-        tokio::time::sleep(RESUBSCRIBE_AFTER).await;
     }
 }
 
