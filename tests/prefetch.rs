@@ -263,8 +263,8 @@ proptest! {
             // (window, epoch), and the receipts it keeps with their (window, epoch).
             let mut counted = std::collections::HashMap::<(u64, u64), (u64, u64)>::new();
             let mut own = vec![((0u64, 0u64), 0u64); instances];
-            let mut receipts: Vec<Vec<(tower_redis_ratelimit::Admitted, (u64, u64))>> =
-                (0..instances).map(|_| Vec::new()).collect();
+            type Kept = (tower_redis_ratelimit::Admitted, (u64, u64), u64);
+            let mut receipts: Vec<Vec<Kept>> = (0..instances).map(|_| Vec::new()).collect();
             // A token bucket's admissions since the last reset: their times (ms).
             let mut admitted_at: Vec<u64> = Vec::new();
             for &(instance, wait, act) in &steps {
@@ -281,11 +281,10 @@ proptest! {
                             }
                             own[instance].1 += 1;
                             admitted_at.push(now);
-                            receipts[instance].push((admitted, here));
+                            receipts[instance].push((admitted, here, now));
                         }
                     }
-                    // A token bucket's refunds and give-backs make room the model doesn't
-                    // track: its case checks, waits and resets.
+                    // A token bucket's operator refunds make room the model doesn't track.
                     Act::Refund if !bucket => {
                         if own[instance].0 == here && own[instance].1 > 0 {
                             limiters[instance].refund("global", 1).await.unwrap();
@@ -293,14 +292,20 @@ proptest! {
                             counted.entry(here).or_default().1 += 1;
                         }
                     }
-                    Act::GiveBack(which) if !bucket => {
+                    Act::GiveBack(which) => {
                         let kept = &mut receipts[instance];
                         if !kept.is_empty() {
-                            let (admitted, charged) = kept.swap_remove(which % kept.len());
+                            let (admitted, charged, at) = kept.swap_remove(which % kept.len());
                             admitted.refund().await.unwrap();
                             // Only its own window, still current and not reset since, gets
-                            // anything back.
-                            if charged == here {
+                            // anything back. A token bucket gets back at most its unit: the
+                            // model forgets the admission (a bound the store must keep too).
+                            if bucket {
+                                let gone = admitted_at.iter().position(|&time| time == at);
+                                if let (true, Some(gone)) = (charged.1 == epoch, gone) {
+                                    admitted_at.remove(gone);
+                                }
+                            } else if charged == here {
                                 counted.entry(here).or_default().1 += 1;
                                 own[instance].1 = own[instance].1.saturating_sub(1);
                             }
@@ -311,7 +316,7 @@ proptest! {
                         epoch += 1;
                         admitted_at.clear();
                     }
-                    Act::Refund | Act::GiveBack(_) => {}
+                    Act::Refund => {}
                 }
                 if bucket {
                     // Any run of admissions since the reset: at most the burst and one per

@@ -155,3 +155,45 @@ fn slice_of(charged: &Decision, rules: &[crate::Rule], after: u64) -> Decision {
     }
     slice
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::decision::RuleState;
+
+    /// The requests one take admits share its answer: each gives back its own slice of the
+    /// take's time, which ends `after` intervals before the take's full time, so together they
+    /// never give back more than the take charged.
+    #[test]
+    fn a_slice_of_a_take_ends_its_later_units_before_the_take_s_full_time() {
+        // 10 per second: an interval of 100 ms; the take left the bucket full at 5 s.
+        let rules = [crate::Rule::per_second(10)];
+        let state = RuleState {
+            limit: 10,
+            remaining: 0,
+            reset: Duration::ZERO,
+            retry_after: None,
+            bucket_full_at_us: Some(5_000_000),
+        };
+        let take = Decision {
+            allowed: true,
+            rules: vec![state],
+            now_unix_ms: 4_000,
+            delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
+            lease: None,
+        };
+        let slice = slice_of(&take, &rules, 3);
+        assert_eq!(slice.rules[0].bucket_full_at_us, Some(4_700_000));
+        assert_eq!(slice.now_unix_ms, take.now_unix_ms);
+        // Never before the epoch, whatever the units after.
+        let far = slice_of(&take, &rules, u64::MAX);
+        assert_eq!(far.rules[0].bucket_full_at_us, Some(0));
+        // Other algorithms carry no full time: nothing moves.
+        let mut window = take.clone();
+        window.rules[0].bucket_full_at_us = None;
+        assert_eq!(slice_of(&window, &rules, 3), window);
+    }
+}
