@@ -57,16 +57,18 @@ local lease = options[8] or 0
 -- units of the current windows (lua/tail.lua), then answers as a peek of one unit; a give-back
 -- (Admitted::refund, a count_only settle, units taken ahead) gives them back only where its
 -- receipt says they were charged, and only what is still held of them there.
-local gives_back = options[9] == 3
-local giving_back = gives_back and receipt ~= nil
+local giving_back = options[9] == 3
+if giving_back and receipt == nil then
+  error('a give-back without its receipt')
+end
 local refunding = options[9] == 2 or giving_back
 local peek = options[9] == 1 or refunding
 local thresholds = math.max(floor((#options - 9) / 2), 0)
 -- Arguments per counted rule: limit and period; the token bucket's part sets 3 (and a burst).
 local rule_arity = 2
--- What an admission's receipt says of a counted rule (see `mark` below): none but the token
--- bucket's.
-local mark = nil
+-- Whether an admission's reply carries a receipt mark per counted rule: the token bucket's part
+-- sets it (its full time after the charge; a flag, not a function: no closure per check).
+local marks_tat = false
 local extra_keys = 0
 if guard_window > 0 then
   extra_keys = extra_keys + 1
@@ -80,7 +82,7 @@ end
 if block > 0 then
   extra_keys = extra_keys + 1
 end
-if gives_back then
+if giving_back then
   extra_keys = extra_keys + 1
 end
 local rules = #KEYS - extra_keys
@@ -99,7 +101,7 @@ end
 -- The keys after the quota's, counted from the last.
 local last_key = #KEYS
 local marker_key = nil
-if gives_back then
+if giving_back then
   marker_key = KEYS[last_key]
   last_key = last_key - 1
 end
@@ -130,8 +132,9 @@ local function quota_day_start(at)
   return at - (at + quota_day - quota_offset % quota_day) % quota_day
 end
 
--- A give-back's charge: when it was checked (ms; the window and day it charged), when it was
--- admitted (ms), and counted rule i's mark (a token bucket's full time after it, µs).
+-- A give-back's charge: when it was checked (ms; the window and day it charged) and when it was
+-- admitted (ms); counted rule i's mark (a token bucket's full time after it, µs) is
+-- receipt[2 + i].
 local charged_at, admitted_at = nil, nil
 -- Whether the counted rules get anything back: not after a reset that came at or after the
 -- charge (their counts since hold nothing of it; the quota, never reset, still may).
@@ -140,9 +143,6 @@ if giving_back then
   charged_at, admitted_at = receipt[1], receipt[1] + receipt[2]
   local reset_at = tonumber(call('GET', marker_key))
   rules_give_back = reset_at == nil or reset_at < charged_at
-end
-local function charged_mark(i)
-  return receipt[2 + i]
 end
 
 -- A penalty block refuses everything until it ends (lua/tail.lua answers it): the time it has left.
@@ -164,8 +164,6 @@ end
 --   give_back(i, limit, period, burst)          a refund: give back `cost` units of the current
 --                                               window, never below zero; a give-back
 --                                               (`giving_back`): only where the receipt says
---   mark(state) -> number | nil                 what an admission's receipt needs of the rule
---                                               (a token bucket's full time), or no function
 --   inspect(i, limit, period, burst) -> state   read the counter (it may charge it speculatively);
 --                                               state.fits: whether the rule admits the request now
 --   wait(state) -> ms | nil                     when it would (nil: never, it costs too much)

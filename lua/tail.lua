@@ -253,10 +253,11 @@ if in_flight then
   end
   reply[#reply + 1] = lease_id
 end
--- An admission's receipt: what a give-back of it needs of each counted rule (lua/batch.lua).
-if mark and allowed == 1 then
+-- An admission's receipt: what a give-back of it needs of each counted rule (lua/batch.lua): a
+-- token bucket's full time after it (now, when it is full).
+if marks_tat and allowed == 1 then
   for i = 1, rules do
-    reply[#reply + 1] = mark(states[i])
+    reply[#reply + 1] = math.max(states[i].tat, now_us)
   end
 end
 for _, percent in ipairs(fired) do

@@ -51,7 +51,7 @@ local function give_back(i, limit, period)
     if giving_back then
       -- Only what time has not repaid of the charge, which left the bucket full at its mark:
       -- min(cost × interval, mark - now). (Its cost fit the bucket: the product is below 2^53.)
-      local unrepaid = math.min(cost * interval, math.max((charged_mark(i) or 0) - now_us, 0))
+      local unrepaid = math.min(cost * interval, math.max((receipt[2 + i] or 0) - now_us, 0))
       back = math.max(tat - unrepaid, now_us)
     else
       -- (At most the debt's units, so the product stays below 2^53.)
@@ -69,10 +69,8 @@ end
 local function undo()
 end
 
--- An admission's receipt: the bucket's full time after it (now, when it is full).
-mark = function(state)
-  return math.max(state.tat, now_us)
-end
+-- An admission's receipt: the bucket's full time after it (now, when it is full; lua/tail.lua).
+marks_tat = true
 
 local function report(state)
   local debt = math.max(state.tat - now_us, 0)
