@@ -686,7 +686,7 @@ fn banner(config: &DemoConfig, addr: SocketAddr) -> String {
 
 /// The tests' Redis harness: REDIS_URL, or a redis-server of the test's own.
 #[cfg(test)]
-#[path = "../../tests/common/redis_server.rs"]
+#[path = "../../tests/it/common/redis_server.rs"]
 #[allow(dead_code)]
 mod redis_server;
 

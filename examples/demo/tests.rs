@@ -147,7 +147,7 @@ fn optional_and_alternative_values_are_accepted() {
     assert_eq!(long.policy().name().len(), "route-".len() + 16);
 }
 
-/// The checks that are the demo's own (the crate's are tested in `tests/config.rs`), and the
+/// The checks that are the demo's own (the crate's are tested in `tests/it/config.rs`), and the
 /// crate's that its tests don't cover, as the demo shows them.
 #[test]
 fn bad_values_are_refused_naming_the_field_line_and_column() {
@@ -774,7 +774,7 @@ async fn the_quota_counts_per_user_by_tier_across_requests() {
 }
 
 /// What toml and serde find (syntax, unknown or missing fields, wrong types), in the words the
-/// crate gives them; the cases that `tests/config.rs` doesn't cover.
+/// crate gives them; the cases that `tests/it/config.rs` doesn't cover.
 #[test]
 fn toml_errors_name_the_field_line_and_column() {
     let cases: Vec<(String, &str)> = vec![

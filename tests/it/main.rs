@@ -1,0 +1,50 @@
+//! The integration tests, in one binary (one link instead of one per file). Each module is one
+//! behaviour, tested through the public API; `common` holds the fakes and test servers they share.
+
+mod common;
+
+mod alerts;
+mod batch;
+#[cfg(feature = "cluster")]
+mod cluster;
+#[cfg(feature = "cluster")]
+mod cluster_failover;
+mod concurrency;
+#[cfg(feature = "config")]
+mod config;
+#[cfg(feature = "config")]
+mod config_reload;
+#[cfg(feature = "config")]
+mod config_reload_counts;
+#[cfg(feature = "config")]
+mod config_schema;
+mod cost;
+mod count_only;
+#[allow(clippy::duplicated_attributes)]
+#[cfg(feature = "macros")]
+mod derive;
+mod give_back;
+mod grpc;
+mod layer;
+mod layering;
+mod logging;
+#[cfg(feature = "metrics")]
+mod metrics;
+mod operate;
+mod outbound;
+mod overrides;
+mod prefetch;
+mod rate_limiter;
+mod redis;
+mod redis_clients;
+mod redis_versions;
+mod refusal_cache;
+mod reset_units;
+mod retry_after;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+#[cfg(feature = "metrics")]
+mod store_faults;
+mod tcp;
+#[cfg(feature = "tls")]
+mod tls;
