@@ -7,14 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::routing::get;
 use common::redis_server::{TestRedis, unique_prefix};
-use common::{request_from, send};
-use http::{Request, StatusCode};
+use common::{from_user, send};
+use http::StatusCode;
 use tower_redis_ratelimit::alert::{NotifyFuture, QuotaAlert, QuotaNotifier};
 use tower_redis_ratelimit::{
-    Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Rule, Store, Tier, UserId,
+    Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Rule, Store, Tier,
 };
 
 /// A notifier that keeps what it gets.
@@ -69,12 +68,6 @@ fn instance(prefix: &str, store: impl Store, notifier: impl QuotaNotifier) -> Ro
     Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(RateLimitLayer::new(policy, store))
-}
-
-fn from_user(user: &str) -> Request<Body> {
-    let mut request = request_from("192.0.2.1:1", "/");
-    request.extensions_mut().insert(UserId::new(user));
-    request
 }
 
 /// 150 racing requests of one free user over `apps`: 100 admitted, one alert at 80 and one at 100.

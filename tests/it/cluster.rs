@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::routing::get;
 use common::redis_cluster::{TestCluster, node_client};
 use common::redis_server::unique_prefix;
-use common::{admitted_and_refused, limits, send};
+use common::{admitted_and_refused, app, limits, send};
 use http::{Request, StatusCode};
 use tower_redis_ratelimit::store::ServerMode;
 use tower_redis_ratelimit::{
@@ -38,12 +38,6 @@ fn pool_store(cluster: &TestCluster) -> RedisStore {
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("a cluster pool");
     RedisStore::from_cluster_pool(pool).timeout(Duration::from_secs(10))
-}
-
-fn app(policy: Policy, store: RedisStore) -> Router {
-    Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(policy, store))
 }
 
 fn user_request(user: &str) -> Request<Body> {

@@ -10,13 +10,15 @@ use std::time::{Duration, SystemTime};
 use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
-use common::{app, assert_refused, json, limits, request_from, retry_after_secs, send, text};
+use common::{
+    DownStore, app, assert_refused, json, limits, request_from, retry_after_secs, send, text,
+};
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, Clock, ManualClock};
 use tower_redis_ratelimit::{
     Algorithm, ClientIp, Key, MemoryStore, MissingKey, OnStoreError, Policy, RateLimit,
-    RateLimitLayer, Rule, Scope, Store, StoreError, UserId,
+    RateLimitLayer, Rule, Scope, Store, UserId,
 };
 
 const PEER: &str = "203.0.113.10:4000";
@@ -525,16 +527,6 @@ async fn the_429_can_be_anything_a_handler_returns() {
     let body: serde_json::Value = serde_json::from_str(&text(refused).await).unwrap();
     assert_eq!(body["error"], "slow down");
     assert_eq!(body["retry_in"], retry);
-}
-
-/// A store that fails every check.
-#[derive(Clone)]
-struct DownStore;
-
-impl Store for DownStore {
-    fn check(&self, _: &CheckRequest<'_>) -> CheckFuture {
-        CheckFuture::from_future(async { Err(StoreError::Timeout(Duration::from_millis(250))) })
-    }
 }
 
 /// A store that answers for fewer rules than the policy has.

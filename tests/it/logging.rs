@@ -6,13 +6,13 @@ use crate::common;
 use std::time::Duration;
 
 use common::capture::Captured;
-use common::{app, request_from, send};
+use common::{DownStore, app, request_from, send};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::outbound::OutboundLayer;
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest};
 use tower_redis_ratelimit::{
-    Algorithm, Key, MemoryStore, Override, Policy, RateLimitLayer, Rule, Store, StoreError,
+    Algorithm, Key, MemoryStore, Override, Policy, RateLimitLayer, Rule, Store,
 };
 
 #[tokio::test]
@@ -178,15 +178,6 @@ async fn a_release_failing_for_every_request_is_a_few_error_lines() {
     assert!(last[2].contains("unlogged_store_errors=98"), "{}", last[2]);
 }
 
-/// A store that times out on every check.
-struct Down;
-
-impl Store for Down {
-    fn check(&self, _: &CheckRequest<'_>) -> CheckFuture {
-        CheckFuture::ready(Err(StoreError::Timeout(Duration::from_millis(5))))
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn an_outbound_client_on_a_failing_store_warns_a_few_times() {
     let (captured, _guard) = Captured::install();
@@ -196,7 +187,7 @@ async fn an_outbound_client_on_a_failing_store_warns_a_few_times() {
         .build()
         .unwrap();
     let mut client = ServiceBuilder::new()
-        .layer(OutboundLayer::new(policy, Down))
+        .layer(OutboundLayer::new(policy, DownStore))
         .service(service_fn(|_: Request<String>| async {
             Ok::<_, BoxError>(Response::new(String::new()))
         }));

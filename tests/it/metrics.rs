@@ -10,13 +10,13 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use common::prometheus::{prometheus, value};
-use common::{request_from, send};
+use common::{DownStore, from_user, request_from, send};
 use http::{Request, StatusCode};
 use tower_redis_ratelimit::alert::{NotifyFuture, QuotaAlert, QuotaNotifier};
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, ManualClock};
 use tower_redis_ratelimit::{
     Key, MemoryStore, MissingKey, Mode, OnStoreError, Policy, PolicyBuilder, Quota, RateLimitLayer,
-    Rule, Store, StoreError, UserId,
+    Rule, Store,
 };
 
 fn requests(policy: &str, outcome: &str) -> f64 {
@@ -46,12 +46,6 @@ fn app(policy: Policy, store: impl Store) -> (Router, RateLimitLayer) {
         .route("/", get(|| async { "hello" }))
         .layer(layer.clone());
     (app, layer)
-}
-
-fn from_user(user: &str) -> Request<Body> {
-    let mut request = request_from("192.0.2.1:1", "/");
-    request.extensions_mut().insert(UserId::new(user));
-    request
 }
 
 fn builder(name: &str) -> PolicyBuilder {
@@ -211,7 +205,7 @@ async fn a_failing_store_counts_its_errors_and_what_the_policy_did_about_them() 
             .on_store_error(on_error)
             .build()
             .unwrap();
-        let (app, _) = app(policy, Down);
+        let (app, _) = app(policy, DownStore);
         assert_eq!(statuses(&app, 2, || from_user("dave")).await, [status; 2]);
     }
     assert_eq!(requests("m_open", "store_error_allowed"), 2.0);
@@ -309,15 +303,6 @@ impl Store for Remote {
 
     fn is_remote(&self) -> bool {
         true
-    }
-}
-
-/// A store that times out on every check.
-struct Down;
-
-impl Store for Down {
-    fn check(&self, _: &CheckRequest<'_>) -> CheckFuture {
-        CheckFuture::from_future(async { Err(StoreError::Timeout(Duration::from_millis(5))) })
     }
 }
 

@@ -7,14 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::routing::get;
 use common::redis_server::{TestRedis, assert_every_key_expires, unique_prefix};
-use common::{request_from, send};
-use http::Request;
+use common::{from_user, send};
 use tower_redis_ratelimit::{
     Algorithm, Key, MemoryStore, OperatorError, Policy, RateLimitLayer, RedisStore, Rule, Scope,
-    Store, UserId,
+    Store,
 };
 
 fn redis_store(redis: &TestRedis) -> RedisStore {
@@ -27,12 +25,6 @@ fn instance(layer: &RateLimitLayer) -> Router {
     Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer.clone())
-}
-
-fn from_user(user: &str) -> Request<Body> {
-    let mut request = request_from("192.0.2.1:1", "/");
-    request.extensions_mut().insert(UserId::new(user));
-    request
 }
 
 async fn status(app: &Router, user: &str) -> u16 {

@@ -9,18 +9,12 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use common::redis_server::{TestRedis, unique_prefix};
-use common::{assert_refused, json, request_from, send};
-use http::{Request, Response, StatusCode};
+use common::{assert_refused, from_user, json, request_from, send};
+use http::{Response, StatusCode};
 use tower_redis_ratelimit::{
     Key, MemoryStore, Override, Policy, PolicyBuilder, PolicyError, RateLimitLayer, RedisStore,
     Rule, Store, UserId,
 };
-
-fn from_user(user: &str) -> Request<Body> {
-    let mut request = request_from("192.0.2.1:4000", "/");
-    request.extensions_mut().insert(UserId::new(user));
-    request
-}
 
 fn app(layer: &RateLimitLayer) -> Router {
     Router::new()

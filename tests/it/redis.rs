@@ -13,7 +13,7 @@ use axum::routing::get;
 use common::redis_server::{
     TestRedis, expire_time_ms, has_functions, store_call_command, unique_prefix,
 };
-use common::{assert_refused, limits, request_from, retry_after_secs, send};
+use common::{app, assert_refused, limits, request_from, retry_after_secs, send};
 use http::StatusCode;
 use proptest::prelude::*;
 use redis::Commands;
@@ -32,12 +32,6 @@ fn store(redis: &TestRedis) -> RedisStore {
     RedisStore::from_url(&redis.url)
         .expect("a valid Redis URL")
         .timeout(Duration::from_secs(10))
-}
-
-fn app(policy: Policy, store: RedisStore) -> Router {
-    Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(policy, store))
 }
 
 /// Every key under `prefix` has a TTL: none is immortal.

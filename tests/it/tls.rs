@@ -7,14 +7,12 @@ use crate::common;
 
 use std::time::Duration;
 
-use axum::Router;
-use axum::routing::get;
 use common::redis_server::{assert_every_key_expires, command_calls, has_functions, unique_prefix};
 use common::redis_tls::TlsRedis;
-use common::{limits, request_from, send};
+use common::{app, limits, request_from, send};
 use http::StatusCode;
 use tower_redis_ratelimit::store::{RedisStore, TlsOptions};
-use tower_redis_ratelimit::{Algorithm, OnStoreError, Policy, RateLimitLayer, Rule};
+use tower_redis_ratelimit::{Algorithm, OnStoreError, Policy, Rule};
 
 const PEER: &str = "203.0.113.20:4000";
 
@@ -25,12 +23,6 @@ fn store(redis: &TlsRedis) -> RedisStore {
         .and_then(|store| store.with_tls(TlsOptions::new().ca_pem(redis.ca_pem.clone())))
         .expect("a valid rediss:// URL and CA")
         .timeout(Duration::from_secs(10))
-}
-
-fn app(policy: Policy, store: RedisStore) -> Router {
-    Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new(policy, store))
 }
 
 fn policy(prefix: &str, name: &str, algorithm: Algorithm, limit: u64) -> Policy {

@@ -27,6 +27,25 @@ pub fn app(policy: Policy, store: impl Store) -> Router {
         .layer(RateLimitLayer::new(policy, store))
 }
 
+/// `GET /` from a fixed peer, as the user `user` (a `UserId` an authentication layer would set).
+pub fn from_user(user: &str) -> Request<Body> {
+    let mut request = request_from("192.0.2.1:1", "/");
+    request.extensions_mut().insert(UserId::new(user));
+    request
+}
+
+/// A store that is down: every check times out.
+#[derive(Clone)]
+pub struct DownStore;
+
+impl Store for DownStore {
+    fn check(&self, _: &CheckRequest<'_>) -> tower_redis_ratelimit::store::CheckFuture {
+        tower_redis_ratelimit::store::CheckFuture::ready(Err(
+            tower_redis_ratelimit::store::StoreError::Timeout(std::time::Duration::from_millis(5)),
+        ))
+    }
+}
+
 /// Serves `app` on a free loopback port with connect info, as a real deployment does.
 pub async fn serve(app: Router) -> SocketAddr {
     serve_on("127.0.0.1:0", app).await
