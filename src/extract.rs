@@ -46,10 +46,8 @@ use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 use http::StatusCode;
 use http::request::Parts;
 
-use crate::concurrency::Lease;
-use crate::limiter::{Limiter, Prepared, Verdict};
+use crate::limiter::{Admission, Limiter, Settled};
 use crate::policy::{Policy, PolicyError};
-use crate::response::LimitHeaders;
 use crate::store::Store;
 use crate::top_refused::RefusedIdentity;
 
@@ -184,18 +182,16 @@ impl fmt::Debug for LimitStore {
 /// the `Limited` value is dropped (when the handler returns, or when the response takes its
 /// headers), not when the body has been sent as with the layer.
 pub struct Limited<P> {
-    /// `None` when the request went through unlimited (no key, and the policy allows that) or the
-    /// store failed open.
-    headers: Option<LimitHeaders>,
-    /// The concurrency slot held, if the policy has a concurrency limit.
-    _lease: Option<Lease>,
+    /// The rate-limit headers and the concurrency slot held, if the policy has a concurrency
+    /// limit.
+    admission: Admission,
     policy: PhantomData<fn() -> P>,
 }
 
 impl<P> fmt::Debug for Limited<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limited")
-            .field("headers", &self.headers.is_some())
+            .field("holds_slot", &self.admission.holds_slot())
             .finish()
     }
 }
@@ -222,38 +218,13 @@ where
                 return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
             }
         };
-        let (limiter, checked) = match limiter.prepare(parts).after_units().await {
-            Prepared::Check(checked) => (limiter, checked),
-            Prepared::CheckBy(own, checked) => (own, checked),
-            Prepared::Unlimited => return Ok(Limited::with(None, None)),
-            Prepared::Admit(admission) => {
-                return Ok(Limited::with(admission.headers, admission.lease));
-            }
-            Prepared::Respond(answer) => return Err(limiter.respond(&answer)),
-            Prepared::AwaitUnits(_) => unreachable!("a request waits for units in flight once"),
-            Prepared::RespondBy(own, answer) => return Err(own.respond(&answer)),
-        };
-        match limiter.clone().decide(checked).await {
-            // (The extractor can't see the response: a count_only charge stays.)
-            Verdict::Admit(admission) => Ok(Limited::with(admission.headers, admission.lease)),
-            Verdict::Delay(delay, admission) => {
-                tokio::time::sleep(delay).await;
-                Ok(Limited::with(admission.headers, admission.lease))
-            }
-            Verdict::Respond(answer) => Err(limiter.respond(&answer)),
-            Verdict::AwaitSlot | Verdict::Retake => {
-                unreachable!("Limiter::decide waits for the slot and asks again")
-            }
-        }
-    }
-}
-
-impl<P> Limited<P> {
-    fn with(headers: Option<LimitHeaders>, lease: Option<Lease>) -> Self {
-        Limited {
-            headers,
-            _lease: lease,
-            policy: PhantomData,
+        // (The extractor can't see the response: a count_only charge stays.)
+        match limiter.decide(parts).await {
+            Settled::Admitted(admission) => Ok(Limited {
+                admission,
+                policy: PhantomData,
+            }),
+            Settled::Answered(answered) => Err(answered.response()),
         }
     }
 }
@@ -262,9 +233,8 @@ impl<P> IntoResponseParts for Limited<P> {
     type Error = std::convert::Infallible;
 
     fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        if let Some(headers) = self.headers {
-            headers.apply(parts.headers_mut());
-        }
+        let mut admission = self.admission;
+        admission.apply_headers(parts.headers_mut());
         Ok(parts)
     }
 }

@@ -37,12 +37,11 @@ use axum::body::Body;
 use axum::response::{IntoResponse, IntoResponseParts, ResponseParts};
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::concurrency::Lease;
-use crate::decision::{Decision, ceil_secs};
-use crate::limiter::{Admission, Charge, Limiter, Prepared, Refusal, Verdict};
+use crate::decision::Decision;
+use crate::limiter::{Admission, Limiter, Refusal, Settled};
 use crate::operate::OperatorError;
 use crate::policy::{Policy, PolicyError};
-use crate::response::{LimitHeaders, Protocol};
+use crate::response::Protocol;
 use crate::store::{Store, StoreError};
 
 /// A policy's limits, called from code for an identity the code names. Cheap to clone: clones
@@ -121,27 +120,12 @@ impl RateLimiter {
     /// override (403), the store failed under a fail-closed policy (503), an empty identity (400)
     /// or a cost of 0 (500: it counts nothing, which is the app's mistake).
     pub async fn check_n(&self, identity: &str, cost: u64) -> Result<Admitted, Refused> {
-        let limiter = &self.limiter;
-        let (limiter, checked) = match limiter.prepare_identity(identity, cost).after_units().await
-        {
-            Prepared::Check(checked) => (limiter.clone(), checked),
-            Prepared::CheckBy(own, checked) => (own, checked),
-            Prepared::Unlimited => return Ok(Admitted::unlimited()),
-            Prepared::Admit(admission) => return Ok(Admitted::from(admission)),
-            Prepared::Respond(answer) => return Err(Refused::new(limiter.clone(), answer.refusal)),
-            Prepared::AwaitUnits(_) => unreachable!("a request waits for units in flight once"),
-            Prepared::RespondBy(own, answer) => return Err(Refused::new(own, answer.refusal)),
-        };
-        // (A handle can't see the response: its caller refunds what doesn't count.)
-        match limiter.clone().decide(checked).await {
-            Verdict::Admit(admission) => Ok(Admitted::from(admission)),
-            Verdict::Delay(delay, admission) => {
-                tokio::time::sleep(delay).await;
-                Ok(Admitted::from(admission))
-            }
-            Verdict::Respond(answer) => Err(Refused::new(limiter, answer.refusal)),
-            Verdict::AwaitSlot | Verdict::Retake => {
-                unreachable!("Limiter::decide waits for the slot and asks again")
+        match self.limiter.decide_named(identity, cost).await {
+            // (A handle can't see the response: its caller refunds what doesn't count.)
+            Settled::Admitted(admission) => Ok(Admitted { admission }),
+            Settled::Answered(answered) => {
+                let (limiter, refusal) = answered.into_refusal();
+                Err(Refused { limiter, refusal })
             }
         }
     }
@@ -237,32 +221,16 @@ impl fmt::Debug for RateLimiter {
 /// the `RateLimit-Policy` and `RateLimit` headers the layer would. Under a policy with a
 /// concurrency limit it holds the slot until it is dropped (or turned into response parts).
 pub struct Admitted {
-    /// `None` when no limit was checked (an `unlimited` override) or the store failed open.
-    headers: Option<LimitHeaders>,
-    lease: Option<Lease>,
-    decision: Option<Decision>,
-    /// What was charged, and where (the receipt [`Admitted::refund`] gives back by).
-    charge: Option<Charge>,
+    /// Its headers, slot, decision, and what was charged and where (the receipt
+    /// [`Admitted::refund`] gives back by).
+    admission: Admission,
 }
 
 impl Admitted {
-    fn unlimited() -> Self {
-        Admitted::from(Admission::unchecked())
-    }
-
-    fn from(admission: Admission) -> Self {
-        Admitted {
-            headers: admission.headers,
-            lease: admission.lease,
-            decision: admission.decision,
-            charge: admission.charge,
-        }
-    }
-
     /// The store's decision: the state of every rule after this admission. `None` when no limit
     /// was checked (an `unlimited` override) or the store failed and the policy let it through.
     pub fn decision(&self) -> Option<&Decision> {
-        self.decision.as_ref()
+        self.admission.decision()
     }
 
     /// Gives back exactly what this admission charged, to the windows it charged (every rule's
@@ -293,35 +261,16 @@ impl Admitted {
     /// # Errors
     ///
     /// The store's error; the units then stay charged (on the safe side).
-    pub async fn refund(mut self) -> Result<Decision, StoreError> {
-        let Some(mut charge) = self.charge.take() else {
-            return Ok(nothing_charged());
-        };
-        charge.answered(self.decision.take());
-        charge.refund().await
-    }
-}
-
-/// The answer of a refund that had nothing to give back: admitted, no rule, now.
-fn nothing_charged() -> Decision {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Decision {
-        allowed: true,
-        rules: Vec::new(),
-        now_unix_ms: u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
-        delay: Duration::ZERO,
-        quota_alerts: Vec::new(),
-        lease: None,
+    pub async fn refund(self) -> Result<Decision, StoreError> {
+        self.admission.refund().await
     }
 }
 
 impl fmt::Debug for Admitted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Admitted")
-            .field("decision", &self.decision)
-            .field("holds_slot", &self.lease.is_some())
+            .field("decision", &self.admission.decision())
+            .field("holds_slot", &self.admission.holds_slot())
             .finish()
     }
 }
@@ -330,9 +279,8 @@ impl IntoResponseParts for Admitted {
     type Error = std::convert::Infallible;
 
     fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        if let Some(headers) = self.headers {
-            headers.apply(parts.headers_mut());
-        }
+        let mut admission = self.admission;
+        admission.apply_headers(parts.headers_mut());
         Ok(parts)
     }
 }
@@ -353,7 +301,7 @@ impl Permit {
     /// Whether it holds a slot: not when the policy has no concurrency limit, nor when the store
     /// failed and the policy let the work through.
     pub fn holds_slot(&self) -> bool {
-        self.admitted.lease.is_some()
+        self.admitted.admission.holds_slot()
     }
 
     /// Releases the slot now and waits until the store has freed it, so that the next
@@ -364,10 +312,7 @@ impl Permit {
     ///
     /// The store's error; the slot then frees when its lease ends.
     pub async fn release(mut self) -> Result<(), StoreError> {
-        match self.admitted.lease.take() {
-            Some(lease) => lease.release().await,
-            None => Ok(()),
-        }
+        self.admitted.admission.release_slot().await
     }
 }
 
@@ -388,22 +333,11 @@ pub struct Refused {
 }
 
 impl Refused {
-    fn new(limiter: Arc<Limiter>, refusal: Refusal) -> Self {
-        Refused { limiter, refusal }
-    }
-
     /// The response's status: 429 when rate limited, 413 for a cost no rule admits, 403 for a
     /// `deny` override, 503 when the store failed under a fail-closed policy, 400 for an empty
     /// identity, 500 for a cost of 0.
     pub fn status(&self) -> StatusCode {
-        match &self.refusal {
-            Refusal::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::TooCostly { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::Denied => StatusCode::FORBIDDEN,
-            Refusal::NoKey(status) => *status,
-            Refusal::ZeroCost => StatusCode::INTERNAL_SERVER_ERROR,
-            Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        }
+        self.refusal.status()
     }
 
     /// The time until every refusing rule admits the identity, when it was rate limited (the
@@ -445,29 +379,7 @@ impl fmt::Debug for Refused {
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let policy = self.limiter.policy.name();
-        match &self.refusal {
-            Refusal::Limited(decision) => {
-                let wait = ceil_secs(decision.retry_after().unwrap_or_default()).max(1);
-                write!(f, "rate limited by policy {policy:?}: retry in {wait} s")
-            }
-            Refusal::TooCostly { cost, at_most, .. } => write!(
-                f,
-                "a cost of {cost} is more than policy {policy:?} ever admits at once ({at_most})"
-            ),
-            Refusal::Denied => write!(f, "denied by an override of policy {policy:?}"),
-            Refusal::NoKey(_) => write!(f, "no identity to rate-limit by under policy {policy:?}"),
-            Refusal::ZeroCost => write!(
-                f,
-                "a check of cost 0 under policy {policy:?}: it counts nothing"
-            ),
-            Refusal::StoreUnavailable => {
-                write!(
-                    f,
-                    "policy {policy:?} fails closed and its store is unavailable"
-                )
-            }
-        }
+        self.refusal.describe(self.limiter.policy.name(), f)
     }
 }
 

@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower::{BoxError, Service};
 
 use crate::future::ResponseFuture;
-use crate::limiter::{Admission, Limiter, Prepared, Verdict};
+use crate::limiter::{Limiter, Settled};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -86,62 +86,19 @@ pub(crate) fn limit_call<S, ReqBody, ResBody>(
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
-    // The service that was polled ready goes with a request that calls it later; a fresh clone
-    // stays.
-    let take_ready_service = |inner: &mut S| {
-        let fresh = inner.clone();
-        std::mem::replace(inner, fresh)
-    };
     let (parts, body) = request.into_parts();
-    let prepared = limiter.prepare(&parts);
+    let mut deciding = limiter.decide(&parts);
     let request = Request::from_parts(parts, body);
-    let overriding;
-    let (limiter, mut checked) = match prepared {
-        Prepared::Check(checked) => (limiter, checked),
-        Prepared::CheckBy(own, checked) => {
-            overriding = own;
-            (&overriding, checked)
+    // Decided at once (an in-process store, units in hand, an answer): no clone of the inner
+    // service, no state to wait in.
+    match deciding.settled() {
+        Some(Settled::Admitted(admission)) => ResponseFuture::inner(inner.call(request), admission),
+        Some(Settled::Answered(answered)) => ResponseFuture::respond(answered.response()),
+        None => {
+            // The service that was polled ready goes with the request; a fresh clone stays.
+            let fresh = inner.clone();
+            let service = std::mem::replace(inner, fresh);
+            ResponseFuture::deciding(deciding, service, request)
         }
-        Prepared::Unlimited => {
-            return ResponseFuture::inner(inner.call(request), Admission::unchecked());
-        }
-        Prepared::Admit(admission) => return ResponseFuture::inner(inner.call(request), admission),
-        Prepared::Respond(answer) => return ResponseFuture::respond(limiter.respond(&answer)),
-        Prepared::RespondBy(own, answer) => return ResponseFuture::respond(own.respond(&answer)),
-        Prepared::AwaitUnits(wait) => {
-            let service = take_ready_service(inner);
-            return ResponseFuture::awaiting_units(wait, service, request, limiter.clone());
-        }
-    };
-    if limiter.queues_first(&checked) {
-        let wait = Box::pin(limiter.clone().wait_for_slot(checked, false));
-        let service = take_ready_service(inner);
-        return ResponseFuture::waiting_for_slot(wait, service, request, limiter.clone());
-    }
-    loop {
-        let mut check = limiter.check(&checked);
-        // In-process stores answer at once: no clone of the inner service, no extra state.
-        let Some(result) = check.take_ready() else {
-            let service = take_ready_service(inner);
-            return ResponseFuture::checking(check, service, request, limiter.clone(), checked);
-        };
-        return match limiter.settle(result, &mut checked) {
-            Verdict::Admit(admission) => ResponseFuture::inner(inner.call(request), admission),
-            Verdict::Delay(delay, admission) => {
-                ResponseFuture::delaying(delay, take_ready_service(inner), request, admission)
-            }
-            Verdict::Respond(answer) => ResponseFuture::respond(limiter.respond(&answer)),
-            Verdict::AwaitSlot => ResponseFuture::waiting_for_slot(
-                Box::pin(limiter.clone().wait_for_slot(checked, true)),
-                take_ready_service(inner),
-                request,
-                limiter.clone(),
-            ),
-            // A take of units ahead was refused: ask for the cost alone.
-            Verdict::Retake => {
-                checked.exact();
-                continue;
-            }
-        };
     }
 }

@@ -2,11 +2,14 @@
 //! data until it is sent, so that every door (the layer, [`Limited`](crate::Limited), the
 //! [`RateLimiter`](crate::RateLimiter) handle) answers alike, byte for byte.
 
+use std::fmt;
+use std::sync::Arc;
+
 use axum::body::Body;
 use http::{Response, StatusCode};
 
 use super::Limiter;
-use crate::decision::Decision;
+use crate::decision::{Decision, ceil_secs};
 use crate::response::{self, LimitHeaders, Protocol, Rejected};
 
 /// Why the limiter answers a request itself.
@@ -44,6 +47,63 @@ impl Answer {
         Answer {
             refusal,
             protocol: protocol.clone(),
+        }
+    }
+}
+
+/// The limiter's own answer to a request, and the limiter that gives it (a `rules` override's
+/// may differ from the one asked).
+pub(crate) struct Answered {
+    pub(super) by: Arc<Limiter>,
+    pub(super) answer: Answer,
+}
+
+impl Answered {
+    /// The response, in the request's protocol.
+    pub(crate) fn response(&self) -> Response<Body> {
+        self.by.respond(&self.answer)
+    }
+
+    /// The limiter that answers, and why (a handle's [`Refused`](crate::Refused)).
+    pub(crate) fn into_refusal(self) -> (Arc<Limiter>, Refusal) {
+        (self.by, self.answer.refusal)
+    }
+}
+
+impl Refusal {
+    /// The status of the answer.
+    pub(crate) fn status(&self) -> StatusCode {
+        match self {
+            Refusal::Limited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::TooCostly { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Denied => StatusCode::FORBIDDEN,
+            Refusal::NoKey(status) => *status,
+            Refusal::ZeroCost => StatusCode::INTERNAL_SERVER_ERROR,
+            Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// Says why `policy` answered, for a log line or an error's message.
+    pub(crate) fn describe(&self, policy: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Limited(decision) => {
+                let wait = ceil_secs(decision.retry_after().unwrap_or_default()).max(1);
+                write!(f, "rate limited by policy {policy:?}: retry in {wait} s")
+            }
+            Refusal::TooCostly { cost, at_most, .. } => write!(
+                f,
+                "a cost of {cost} is more than policy {policy:?} ever admits at once ({at_most})"
+            ),
+            Refusal::Denied => write!(f, "denied by an override of policy {policy:?}"),
+            Refusal::NoKey(_) => write!(f, "no identity to rate-limit by under policy {policy:?}"),
+            Refusal::ZeroCost => write!(
+                f,
+                "a check of cost 0 under policy {policy:?}: it counts nothing"
+            ),
+            Refusal::StoreUnavailable => write!(
+                f,
+                "policy {policy:?} fails closed and its store is unavailable"
+            ),
         }
     }
 }

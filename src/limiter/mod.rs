@@ -2,15 +2,19 @@
 //! [`RateLimiter`](crate::RateLimiter) handle) decides with: a request's key and cost, the store's
 //! answer, and what to do with it; `answer.rs`: what it answers itself.
 
+mod admission;
 mod answer;
 mod charge;
+mod flow;
 mod named;
 mod prefetch;
 
 use prefetch::Spent;
 
-pub(crate) use answer::{Answer, Refusal};
+pub(crate) use admission::{Admission, OnResponse};
+pub(crate) use answer::{Answer, Answered, Refusal};
 pub(crate) use charge::{Charge, Charged};
+pub(crate) use flow::{Deciding, Settled};
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,7 +120,7 @@ impl Checked {
     clippy::large_enum_variant,
     reason = "returned at once and taken apart: boxing the admission would allocate per request"
 )]
-pub(crate) enum Prepared {
+enum Prepared {
     /// Check it.
     Check(Checked),
     /// Check it with this limiter: a `rules` override's.
@@ -136,57 +140,7 @@ pub(crate) enum Prepared {
 
 /// A request's wait for a take in flight, then what to do with it ([`Prepared::AwaitUnits`]);
 /// boxed, as only such requests pay for it.
-pub(crate) type UnitsWait = std::pin::Pin<Box<dyn std::future::Future<Output = Prepared> + Send>>;
-
-impl Prepared {
-    /// What to do once any wait for units in flight is over.
-    pub(crate) async fn after_units(self) -> Prepared {
-        match self {
-            Prepared::AwaitUnits(wait) => wait.await,
-            prepared => prepared,
-        }
-    }
-}
-
-/// An admitted request: what its response gets, and what it holds until then.
-pub(crate) struct Admission {
-    /// The rate-limit headers (none when nothing was checked, or the store failed open).
-    pub(crate) headers: Option<LimitHeaders>,
-    /// The concurrency slot, held until the response body is done.
-    pub(crate) lease: Option<Lease>,
-    /// The store's decision, for a handle's caller.
-    pub(crate) decision: Option<Decision>,
-    /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
-    /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
-    /// charged (unlimited, a shadow pass, a store failure let through).
-    pub(crate) charge: Option<Charge>,
-}
-
-impl Admission {
-    /// An admission without a check: nothing to send, hold or give back.
-    pub(crate) fn unchecked() -> Self {
-        Admission {
-            headers: None,
-            lease: None,
-            decision: None,
-            charge: None,
-        }
-    }
-
-    /// This admission with its charge: `cost` units of `key` (and `quota`) by `limiter`,
-    /// answered `charged`.
-    fn charging(
-        mut self,
-        limiter: Arc<Limiter>,
-        key: StorageKey,
-        cost: u64,
-        quota: Option<QuotaLookup>,
-        charged: Charged,
-    ) -> Self {
-        self.charge = Some(Charge::new(limiter, key, cost, quota, charged));
-        self
-    }
-}
+type UnitsWait = std::pin::Pin<Box<dyn std::future::Future<Output = Prepared> + Send>>;
 
 /// What an override does to a request.
 enum Overridden {
@@ -205,7 +159,7 @@ enum Overridden {
     clippy::large_enum_variant,
     reason = "returned at once and taken apart: boxing the admission would allocate per request"
 )]
-pub(crate) enum Verdict {
+enum Verdict {
     /// Call the inner service, with what the admission holds.
     Admit(Admission),
     /// Wait this long (a reserved admission), then as `Admit`.
@@ -342,8 +296,14 @@ impl Limiter {
             .record(key.kind(), key.identity(), tokio::time::Instant::now());
     }
 
+    /// Decides about a request: everything from its key to its settled outcome (see
+    /// [`Deciding`]), carried as far as it goes without waiting.
+    pub(crate) fn decide(self: &Arc<Self>, parts: &http::request::Parts) -> Deciding {
+        Deciding::start(self, self.prepare(parts))
+    }
+
     /// Finds a request's key and cost, or what to do without a store check.
-    pub(crate) fn prepare(self: &Arc<Self>, parts: &http::request::Parts) -> Prepared {
+    fn prepare(self: &Arc<Self>, parts: &http::request::Parts) -> Prepared {
         let policy = &self.policy;
         let protocol = Protocol::of(&parts.headers);
         let key = match policy.storage_key(parts) {
@@ -386,7 +346,7 @@ impl Limiter {
 
     /// What an override found for `key` makes of the request, if anything: let through, denied,
     /// or prepared by the limiter of its own rules (`prepare_by`), which then answers for it.
-    pub(super) fn prepare_overridden(
+    fn prepare_overridden(
         &self,
         found: (usize, &Applied),
         key: &StorageKey,
@@ -444,7 +404,7 @@ impl Limiter {
 
     /// The rest of [`Limiter::prepare`] once the key is known: a cost no rule admits, a cached
     /// refusal, or a check to make.
-    pub(super) fn prepare_found(
+    fn prepare_found(
         self: &Arc<Self>,
         key: StorageKey,
         cost: u64,
@@ -611,7 +571,7 @@ impl Limiter {
     /// What to do with a request, given the store's answer.
     /// An admission takes `checked`'s key and quota along (into its charge): the request is
     /// settled.
-    pub(crate) fn settle(
+    fn settle(
         self: &Arc<Self>,
         result: Result<Decision, StoreError>,
         checked: &mut Checked,
@@ -820,24 +780,8 @@ impl Limiter {
 
     /// Whether a request should queue behind others of its key waiting for a slot, rather than
     /// ask the store before them (first come, first served).
-    pub(crate) fn queues_first(&self, checked: &Checked) -> bool {
+    fn queues_first(&self, checked: &Checked) -> bool {
         self.may_wait_for_slots() && self.slot_queues.is_waiting(checked.key.as_str())
-    }
-
-    /// Decides about a request: [`Limiter::check`] and [`Limiter::settle`], and
-    /// [`Limiter::wait_for_slot`] when it should wait for a slot.
-    pub(crate) async fn decide(self: Arc<Self>, mut checked: Checked) -> Verdict {
-        if self.queues_first(&checked) {
-            return self.wait_for_slot(checked, false).await;
-        }
-        loop {
-            let result = self.check(&checked).await;
-            match self.settle(result, &mut checked) {
-                Verdict::AwaitSlot => return self.wait_for_slot(checked, true).await,
-                Verdict::Retake => checked.exact(),
-                verdict => return verdict,
-            }
-        }
     }
 
     /// Waits for a concurrency slot, up to the policy's `max_delay` from the request's arrival,
@@ -846,11 +790,11 @@ impl Limiter {
     /// polls (every [`FIRST_SLOT_POLL`], doubling up to [`MAX_SLOT_POLL`]) for slots released
     /// elsewhere or by a lease's expiry. `just_refused` says the store has just refused the
     /// request, so the head waits before asking again.
-    pub(crate) async fn wait_for_slot(
+    async fn wait_for_slot(
         self: Arc<Self>,
         mut checked: Checked,
         just_refused: bool,
-    ) -> Verdict {
+    ) -> (Verdict, Checked) {
         let arrived = tokio::time::Instant::now() - checked.started.elapsed();
         let deadline = arrived + self.policy.mode().max_delay();
         let place = self.slot_queues.join(checked.key.as_str());
@@ -864,7 +808,8 @@ impl Limiter {
                     checked.started = Instant::now();
                     let result = self.check_within(&checked, Duration::ZERO).await;
                     let waited = arrived.elapsed();
-                    return self.settle_after(result, &mut checked, Duration::ZERO, waited);
+                    let verdict = self.settle_after(result, &mut checked, Duration::ZERO, waited);
+                    return (verdict, checked);
                 }
             },
         };
@@ -883,7 +828,7 @@ impl Limiter {
             let result = self.check_within(&checked, budget).await;
             match self.settle_after(result, &mut checked, budget, arrived.elapsed()) {
                 Verdict::AwaitSlot => continue,
-                verdict => return verdict,
+                verdict => return (verdict, checked),
             }
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::{Answer, Limiter, Prepared, Refusal};
+use super::{Answer, Deciding, Limiter, Prepared, Refusal};
 use crate::decision::Decision;
 use crate::policy::{Applied, StorageKey};
 use crate::quota::QuotaLookup;
@@ -14,11 +14,17 @@ use crate::store::StoreError;
 use crate::telemetry::Outcome;
 
 impl Limiter {
+    /// [`Limiter::decide`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
+    /// check of `cost` units).
+    pub(crate) fn decide_named(self: &Arc<Self>, identity: &str, cost: u64) -> Deciding {
+        Deciding::start(self, self.prepare_identity(identity, cost))
+    }
+
     /// [`Limiter::prepare`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
     /// check): its key is the identity under the policy's prefix and name, whatever the policy's
     /// `Key` and scope; an override applies by that identity, a quota by it too, in its default
     /// tier.
-    pub(crate) fn prepare_identity(self: &Arc<Self>, identity: &str, cost: u64) -> Prepared {
+    fn prepare_identity(self: &Arc<Self>, identity: &str, cost: u64) -> Prepared {
         let policy = &self.policy;
         let protocol = Protocol::Http;
         if identity.is_empty() {

@@ -1,0 +1,156 @@
+//! [`Admission`]: what an admitted request holds until its answer (its headers, its concurrency
+//! slot, the store's decision, its charge), and [`OnResponse`], the part of it a response waits
+//! for. The doors keep these whole: only the limiter looks inside.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, Response};
+use tower::BoxError;
+
+use super::{Charge, Charged, Limiter};
+use crate::concurrency::{Lease, LeasedBody};
+use crate::decision::Decision;
+use crate::policy::StorageKey;
+use crate::quota::QuotaLookup;
+use crate::response::LimitHeaders;
+use crate::store::StoreError;
+
+/// An admitted request: what its response gets, and what it holds until then.
+pub(crate) struct Admission {
+    /// The rate-limit headers (none when nothing was checked, or the store failed open).
+    pub(super) headers: Option<LimitHeaders>,
+    /// The concurrency slot, held until the response body is done.
+    pub(super) lease: Option<Lease>,
+    /// The store's decision, for a handle's caller.
+    pub(super) decision: Option<Decision>,
+    /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
+    /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
+    /// charged (unlimited, a shadow pass, a store failure let through).
+    pub(super) charge: Option<Charge>,
+}
+
+impl Admission {
+    /// An admission without a check: nothing to send, hold or give back.
+    pub(crate) fn unchecked() -> Self {
+        Admission {
+            headers: None,
+            lease: None,
+            decision: None,
+            charge: None,
+        }
+    }
+
+    /// This admission with its charge: `cost` units of `key` (and `quota`) by `limiter`,
+    /// answered `charged`.
+    pub(super) fn charging(
+        mut self,
+        limiter: Arc<Limiter>,
+        key: StorageKey,
+        cost: u64,
+        quota: Option<QuotaLookup>,
+        charged: Charged,
+    ) -> Self {
+        self.charge = Some(Charge::new(limiter, key, cost, quota, charged));
+        self
+    }
+
+    /// The store's decision (none when nothing was checked, or the store failed open).
+    pub(crate) fn decision(&self) -> Option<&Decision> {
+        self.decision.as_ref()
+    }
+
+    /// Whether the admission holds a concurrency slot.
+    pub(crate) fn holds_slot(&self) -> bool {
+        self.lease.is_some()
+    }
+
+    /// Releases the concurrency slot now, if one is held.
+    pub(crate) async fn release_slot(&mut self) -> Result<(), StoreError> {
+        match self.lease.take() {
+            Some(lease) => lease.release().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Gives the charge back where it was charged, and waits for the store: what it then finds
+    /// for the key. An admission that charged nothing finds nothing to give back.
+    pub(crate) async fn refund(mut self) -> Result<Decision, StoreError> {
+        let Some(mut charge) = self.charge.take() else {
+            return Ok(nothing_charged());
+        };
+        charge.answered(self.decision.take());
+        charge.refund().await
+    }
+
+    /// Puts the rate-limit headers on a response's `headers`; the slot is held as long as the
+    /// admission lives.
+    pub(crate) fn apply_headers(&mut self, headers: &mut HeaderMap) {
+        if let Some(limit_headers) = self.headers.take() {
+            limit_headers.apply(headers);
+        }
+    }
+
+    /// What the response waits for: its headers, the slot its body holds, and under `count_only`
+    /// the charge its status settles (boxed: only such policies pay for its size).
+    pub(crate) fn on_response(self) -> OnResponse {
+        let charge = self
+            .charge
+            .filter(Charge::settles_after_response)
+            .map(|mut charge| {
+                charge.answered(self.decision);
+                Box::new(charge)
+            });
+        OnResponse {
+            headers: self.headers,
+            lease: self.lease,
+            charge,
+        }
+    }
+}
+
+/// What an admitted request's response gets once the service answers ([`Admission::on_response`]).
+pub(crate) struct OnResponse {
+    headers: Option<LimitHeaders>,
+    lease: Option<Lease>,
+    charge: Option<Box<Charge>>,
+}
+
+impl OnResponse {
+    /// The service's response, answered: a `count_only` charge settled by its status, the slot
+    /// held until its body ends, the rate-limit headers on it.
+    pub(crate) fn apply<B>(self, response: Response<B>) -> Response<Body>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        if let Some(charge) = self.charge {
+            charge.settle(response.status());
+        }
+        let mut response = match self.lease {
+            Some(lease) => response.map(|body| Body::new(LeasedBody::new(body, lease))),
+            None => response.map(Body::new),
+        };
+        if let Some(headers) = self.headers {
+            headers.apply(response.headers_mut());
+        }
+        response
+    }
+}
+
+/// The answer to a give-back of nothing: an empty decision, now.
+fn nothing_charged() -> Decision {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Decision {
+        allowed: true,
+        rules: Vec::new(),
+        now_unix_ms: u64::try_from(now.as_millis()).unwrap_or(u64::MAX),
+        delay: Duration::ZERO,
+        quota_alerts: Vec::new(),
+        lease: None,
+    }
+}
