@@ -219,7 +219,7 @@ where
             }
         };
         // (The extractor can't see the response: a count_only charge stays.)
-        match limiter.decide(parts).await {
+        match limiter.decide(parts).outcome().await {
             Settled::Admitted(admission) => Ok(Limited {
                 admission,
                 policy: PhantomData,

@@ -120,7 +120,7 @@ impl RateLimiter {
     /// override (403), the store failed under a fail-closed policy (503), an empty identity (400)
     /// or a cost of 0 (500: it counts nothing, which is the app's mistake).
     pub async fn check_n(&self, identity: &str, cost: u64) -> Result<Admitted, Refused> {
-        match self.limiter.decide_named(identity, cost).await {
+        match self.limiter.decide_named(identity, cost).outcome().await {
             // (A handle can't see the response: its caller refunds what doesn't count.)
             Settled::Admitted(admission) => Ok(Admitted { admission }),
             Settled::Answered(answered) => {

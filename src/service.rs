@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower::{BoxError, Service};
 
 use crate::future::ResponseFuture;
-use crate::limiter::{Limiter, Settled};
+use crate::limiter::{Decided, Limiter, Settled};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -87,14 +87,16 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     let (parts, body) = request.into_parts();
-    let mut deciding = limiter.decide(&parts);
+    let decided = limiter.decide(&parts);
     let request = Request::from_parts(parts, body);
     // Decided at once (an in-process store, units in hand, an answer): no clone of the inner
     // service, no state to wait in.
-    match deciding.settled() {
-        Some(Settled::Admitted(admission)) => ResponseFuture::inner(inner.call(request), admission),
-        Some(Settled::Answered(answered)) => ResponseFuture::respond(answered.response()),
-        None => {
+    match decided {
+        Decided::Now(Settled::Admitted(admission)) => {
+            ResponseFuture::inner(inner.call(request), admission)
+        }
+        Decided::Now(Settled::Answered(answered)) => ResponseFuture::respond(answered.response()),
+        Decided::Later(deciding) => {
             // The service that was polled ready goes with the request; a fresh clone stays.
             let fresh = inner.clone();
             let service = std::mem::replace(inner, fresh);

@@ -31,8 +31,9 @@ pub(crate) enum Charged {
     Unknown,
     /// The admission's own decision, which it carries (given with [`Charge::answered`]).
     Told,
-    /// The admission's decision, given.
-    Own(Decision),
+    /// The admission's decision, given (boxed: only a charge given back after its admission, a
+    /// `count_only` response's or a receipt's, pays for its size).
+    Own(Box<Decision>),
     /// A take's of units ahead, shared by the requests it admits (each told its decision as
     /// held), and how many of the take's units come after this charge's: a token bucket's charge
     /// is its slice of the take's time, which ends that many intervals before the take's full
@@ -76,7 +77,7 @@ impl Charge {
     /// The admission's own decision, the store's answer to a charge that was [`Charged::Told`].
     pub(crate) fn answered(&mut self, decision: Option<Decision>) {
         if let (Charged::Told, Some(decision)) = (&self.charged, decision) {
-            self.charged = Charged::Own(decision);
+            self.charged = Charged::Own(Box::new(decision));
         }
     }
 

@@ -14,7 +14,7 @@ use prefetch::Spent;
 pub(crate) use admission::{Admission, OnResponse};
 pub(crate) use answer::{Answer, Answered, Refusal};
 pub(crate) use charge::{Charge, Charged};
-pub(crate) use flow::{Deciding, Settled};
+pub(crate) use flow::{Decided, Deciding, Settled};
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -297,9 +297,9 @@ impl Limiter {
     }
 
     /// Decides about a request: everything from its key to its settled outcome (see
-    /// [`Deciding`]), carried as far as it goes without waiting.
-    pub(crate) fn decide(self: &Arc<Self>, parts: &http::request::Parts) -> Deciding {
-        Deciding::start(self, self.prepare(parts))
+    /// [`flow`]), carried as far as it goes without waiting.
+    pub(crate) fn decide(self: &Arc<Self>, parts: &http::request::Parts) -> Decided {
+        flow::start(self, self.prepare(parts))
     }
 
     /// Finds a request's key and cost, or what to do without a store check.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::{Answer, Deciding, Limiter, Prepared, Refusal};
+use super::{Answer, Decided, Limiter, Prepared, Refusal};
 use crate::decision::Decision;
 use crate::policy::{Applied, StorageKey};
 use crate::quota::QuotaLookup;
@@ -16,8 +16,8 @@ use crate::telemetry::Outcome;
 impl Limiter {
     /// [`Limiter::decide`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
     /// check of `cost` units).
-    pub(crate) fn decide_named(self: &Arc<Self>, identity: &str, cost: u64) -> Deciding {
-        Deciding::start(self, self.prepare_identity(identity, cost))
+    pub(crate) fn decide_named(self: &Arc<Self>, identity: &str, cost: u64) -> Decided {
+        super::flow::start(self, self.prepare_identity(identity, cost))
     }
 
     /// [`Limiter::prepare`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
