@@ -103,7 +103,7 @@ impl Decision {
 
 /// Whole seconds, rounded up: what headers carry. A partial second counts as a whole one, so a client
 /// that waits this long is never early.
-pub fn ceil_secs(duration: Duration) -> u64 {
+pub(crate) fn ceil_secs(duration: Duration) -> u64 {
     let secs = duration.as_secs();
     if duration.subsec_nanos() > 0 {
         secs.saturating_add(1)

@@ -47,9 +47,9 @@ use http::StatusCode;
 use http::request::Parts;
 
 use crate::limiter::{Admission, Limiter, Settled};
+use crate::operate::HeavyHitter;
 use crate::policy::{Policy, PolicyError};
 use crate::store::Store;
-use crate::top_refused::RefusedIdentity;
 
 /// A rate-limit policy as a type, for [`Limited`]. Its policy is built once per [`LimitStore`], on
 /// the first request that needs it (or by [`LimitStore::check`] when the app starts).
@@ -99,7 +99,7 @@ impl LimitStore {
 
     /// The `n` identities the policy `P` refused most recently, as
     /// [`RateLimitLayer::top_refused`](crate::RateLimitLayer::top_refused) counts them.
-    pub fn top_refused<P: LimitPolicy>(&self, n: usize) -> Vec<RefusedIdentity> {
+    pub fn top_refused<P: LimitPolicy>(&self, n: usize) -> Vec<HeavyHitter> {
         self.limiter::<P>().map_or_else(
             |_| Vec::new(),
             |limiter| limiter.top_refused.top(n, tokio::time::Instant::now()),

@@ -3,7 +3,7 @@
 
 use http::HeaderMap;
 
-use crate::headers::{PolicyItem, RateLimitItem, SfName};
+use crate::headers::{PolicyItem, RuleEntry, SfName};
 
 /// The store's reader of a batch reply (`store/redis/reply.rs`), on `packed` for checks whose
 /// short forms have these lengths: `true` if it read one entry per check.
@@ -31,7 +31,7 @@ pub fn written_headers(rules: &[(String, (u64, u64), (u64, u64))]) -> Option<Hea
     let statuses = names
         .iter()
         .zip(rules)
-        .map(|(name, (_, _, (remaining, reset_secs)))| RateLimitItem {
+        .map(|(name, (_, _, (remaining, reset_secs)))| RuleEntry {
             name,
             remaining: *remaining,
             reset_secs: *reset_secs,

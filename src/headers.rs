@@ -64,7 +64,7 @@ use sfv::{BareItem, ItemSerializer, ListEntry, Parameters, Parser, StringRef};
 
 // Re-exported where it was first public: the header writer refused such names before the
 // policy did.
-pub use crate::policy::InvalidRuleName;
+use crate::policy::InvalidRuleName;
 
 /// `RateLimit-Policy`: the quota policies of the rules that apply to a request.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -144,7 +144,7 @@ impl SfName {
 
 /// One rule's entry in `RateLimit`, as passed to [`ratelimit_header_value`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RateLimitItem<'a> {
+pub(crate) struct RuleEntry<'a> {
     /// Rule name, serialised once when the limiter was built.
     pub name: &'a SfName,
     /// Requests still allowed in the current window (`r`).
@@ -172,7 +172,7 @@ pub(crate) fn policy_header_value(items: &[PolicyItem<'_>]) -> HeaderValue {
 /// [`SF_INTEGER_MAX`] are clamped.
 pub(crate) fn ratelimit_header_value<'a, I>(items: I) -> HeaderValue
 where
-    I: IntoIterator<Item = RateLimitItem<'a>>,
+    I: IntoIterator<Item = RuleEntry<'a>>,
     I::IntoIter: Clone,
 {
     write_list(
@@ -237,9 +237,9 @@ fn header_value(serialised: String) -> HeaderValue {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RateLimitHeaders {
     /// Items of `RateLimit-Policy`, in order; later items repeating a name are dropped.
-    pub policies: Vec<QuotaPolicy>,
+    pub policies: Vec<RateLimitPolicyItem>,
     /// Items of `RateLimit`, in order; later items repeating a name are dropped.
-    pub limits: Vec<QuotaStatus>,
+    pub limits: Vec<RateLimitItem>,
     /// `Retry-After`, if present.
     pub retry_after: Option<RetryAfter>,
     /// The `X-RateLimit-*` trio; `Some` only if all three headers are present.
@@ -249,20 +249,20 @@ pub struct RateLimitHeaders {
 impl RateLimitHeaders {
     /// The policy named `name`, if `RateLimit-Policy` has one.
     #[must_use]
-    pub fn policy(&self, name: &str) -> Option<&QuotaPolicy> {
+    pub fn policy(&self, name: &str) -> Option<&RateLimitPolicyItem> {
         self.policies.iter().find(|p| p.name == name)
     }
 
     /// The status of the rule named `name`, if `RateLimit` has one.
     #[must_use]
-    pub fn status(&self, name: &str) -> Option<&QuotaStatus> {
+    pub fn status(&self, name: &str) -> Option<&RateLimitItem> {
         self.limits.iter().find(|s| s.name == name)
     }
 
     /// The status item with the least remaining quota: the one a client should watch.
     /// On a tie the earliest item wins; `None` when `RateLimit` had no items.
     #[must_use]
-    pub fn most_limiting(&self) -> Option<&QuotaStatus> {
+    pub fn most_limiting(&self) -> Option<&RateLimitItem> {
         // `min_by_key` returns the first of equal minima.
         self.limits.iter().min_by_key(|s| s.remaining)
     }
@@ -270,7 +270,7 @@ impl RateLimitHeaders {
 
 /// One item of `RateLimit-Policy`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct QuotaPolicy {
+pub struct RateLimitPolicyItem {
     /// The rule's name (the item's sf-string).
     pub name: String,
     /// Quota per window (`q`).
@@ -281,7 +281,7 @@ pub struct QuotaPolicy {
 
 /// One item of `RateLimit`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct QuotaStatus {
+pub struct RateLimitItem {
     /// The rule's name (the item's sf-string).
     pub name: String,
     /// Remaining quota (`r`).
@@ -419,7 +419,7 @@ pub fn parse(headers: &HeaderMap) -> Result<RateLimitHeaders, HeaderParseError> 
         .into_iter()
         .map(|(name, params)| {
             let header = &RATELIMIT_POLICY;
-            Ok(QuotaPolicy {
+            Ok(RateLimitPolicyItem {
                 quota: required_param(header, &name, &params, "q")?,
                 window: param(header, &name, &params, "w")?,
                 name,
@@ -431,7 +431,7 @@ pub fn parse(headers: &HeaderMap) -> Result<RateLimitHeaders, HeaderParseError> 
         .into_iter()
         .map(|(name, params)| {
             let header = &RATELIMIT;
-            Ok(QuotaStatus {
+            Ok(RateLimitItem {
                 remaining: required_param(header, &name, &params, "r")?,
                 reset: param(header, &name, &params, "t")?,
                 name,
@@ -642,16 +642,16 @@ mod tests {
         parse(&map(lines)).expect_err("should be rejected")
     }
 
-    fn policy(name: &str, quota: u64, window: Option<u64>) -> QuotaPolicy {
-        QuotaPolicy {
+    fn policy(name: &str, quota: u64, window: Option<u64>) -> RateLimitPolicyItem {
+        RateLimitPolicyItem {
             name: name.to_owned(),
             quota,
             window,
         }
     }
 
-    fn status(name: &str, remaining: u64, reset: Option<u64>) -> QuotaStatus {
-        QuotaStatus {
+    fn status(name: &str, remaining: u64, reset: Option<u64>) -> RateLimitItem {
+        RateLimitItem {
             name: name.to_owned(),
             remaining,
             reset,
@@ -699,12 +699,12 @@ mod tests {
     #[test]
     fn ratelimit_value_matches_example_byte_for_byte() {
         let value = ratelimit_header_value([
-            RateLimitItem {
+            RuleEntry {
                 name: &SfName::new("20-per-60s").unwrap(),
                 remaining: 7,
                 reset_secs: 42,
             },
-            RateLimitItem {
+            RuleEntry {
                 name: &SfName::new("100-per-3600s").unwrap(),
                 remaining: 87,
                 reset_secs: 3000,
@@ -754,7 +754,7 @@ mod tests {
             window_secs: 1,
         }]);
         assert_eq!(value.to_str().unwrap(), r#""a \"quoted\" \\ name";q=5;w=1"#);
-        let status_value = ratelimit_header_value([RateLimitItem {
+        let status_value = ratelimit_header_value([RuleEntry {
             name: &SfName::new(name).unwrap(),
             remaining: 0,
             reset_secs: 0,
@@ -779,7 +779,7 @@ mod tests {
             policy_value.to_str().unwrap(),
             r#""big";q=999999999999999;w=999999999999999"#
         );
-        let status_value = ratelimit_header_value([RateLimitItem {
+        let status_value = ratelimit_header_value([RuleEntry {
             name: &SfName::new("big").unwrap(),
             remaining: SF_INTEGER_MAX,
             reset_secs: u64::MAX,
@@ -1377,7 +1377,7 @@ mod tests {
             let status_items: Vec<_> = rules
                 .iter()
                 .zip(&sf_names)
-                .map(|((_, _, _, remaining, reset_secs), name)| RateLimitItem {
+                .map(|((_, _, _, remaining, reset_secs), name)| RuleEntry {
                     name,
                     remaining: *remaining,
                     reset_secs: *reset_secs,

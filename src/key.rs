@@ -162,12 +162,12 @@ impl UserId {
 /// Your own way to pick the bucket of a request.
 ///
 /// Return `None` when the request carries no key; the policy's
-/// [`MissingKey`](crate::MissingKey) setting decides what happens then. Closures of the right shape
+/// [`MissingKey`](crate::policy::MissingKey) setting decides what happens then. Closures of the right shape
 /// implement this trait.
 ///
 /// ```
 /// use http::request::Parts;
-/// use tower_redis_ratelimit::{Identity, Key};
+/// use tower_redis_ratelimit::{key::Identity, Key};
 ///
 /// // One bucket per tenant, from a subdomain.
 /// let key = Key::custom(|parts: &Parts| {
@@ -241,7 +241,7 @@ impl Key {
     /// quota) is built, naming it.
     ///
     /// ```
-    /// use tower_redis_ratelimit::{ClientIp, Key, Policy, Rule};
+    /// use tower_redis_ratelimit::{client_ip::ClientIp, Key, Policy, Rule};
     ///
     /// let key = Key::header("X-Api-Key");
     /// let parts = http::Request::get("/").header("x-api-key", "k1").body(()).unwrap().into_parts().0;
@@ -272,7 +272,7 @@ impl Key {
     /// a missing key; when it appears twice, the first counts.
     ///
     /// ```
-    /// use tower_redis_ratelimit::{ClientIp, Key};
+    /// use tower_redis_ratelimit::{client_ip::ClientIp, Key};
     ///
     /// let key = Key::query("token");
     /// let parts = http::Request::get("/spawn_vm?token=a1b2").body(()).unwrap().into_parts().0;

@@ -11,7 +11,7 @@
 //! `RESOURCE_EXHAUSTED` with a retry pushback and (feature `grpc`) a rich status; see [`grpc`].
 //!
 //! A policy can also be declared as a type next to its handler and required by the [`Limited`]
-//! extractor, and can add costs per request ([`Cost`]), a duplicate guard, a penalty block, and a
+//! extractor, and can add costs per request ([`Cost`](crate::policy::Cost)), a duplicate guard, a penalty block, and a
 //! shadow or delay [`Mode`]; see [`PolicyBuilder`].
 //!
 //! Operators get metrics through the `metrics` facade (feature `metrics`, on by default), a `debug`
@@ -76,14 +76,14 @@
 //!
 //! | [`Key`] | bucket | when it is missing |
 //! |---|---|---|
-//! | [`Key::ip`] | the client address (IPv6 grouped by /64), see [`ClientIp`] | no `ConnectInfo`: 500 (or as [`MissingKey`] says) |
-//! | [`Key::user`], [`Key::user_from_fn`] | a [`UserId`] extension or your closure | [`MissingKey`] |
-//! | [`Key::header`] | a header value such as an API key, hashed; check it before the limiter | [`MissingKey`] |
+//! | [`Key::ip`] | the client address (IPv6 grouped by /64), see [`ClientIp`](crate::client_ip::ClientIp) | no `ConnectInfo`: 500 (or as [`MissingKey`](crate::policy::MissingKey) says) |
+//! | [`Key::user`], [`Key::user_from_fn`] | a [`UserId`] extension or your closure | [`MissingKey`](crate::policy::MissingKey) |
+//! | [`Key::header`] | a header value such as an API key, hashed; check it before the limiter | [`MissingKey`](crate::policy::MissingKey) |
 //! | [`Key::global`] | one bucket for everyone | never |
-//! | [`Key::custom`] | your [`KeyExtractor`] | [`MissingKey`] |
+//! | [`Key::custom`] | your [`KeyExtractor`](crate::key::KeyExtractor) | [`MissingKey`](crate::policy::MissingKey) |
 //!
 //! Forwarding headers (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`) are believed only from peers in
-//! the trusted-proxy list of [`ClientIp`], and then the rightmost address that is not a trusted proxy
+//! the trusted-proxy list of [`ClientIp`](crate::client_ip::ClientIp), and then the rightmost address that is not a trusted proxy
 //! is the client.
 //!
 //! [axum]: https://docs.rs/axum
@@ -99,50 +99,37 @@ pub mod concurrency;
 pub mod config;
 pub mod decision;
 pub mod extract;
-mod future;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod grpc;
 pub mod guide;
 pub mod headers;
-mod key;
-mod layer;
+pub mod key;
+pub mod layer;
 mod limiter;
 mod log_budget;
-mod operate;
+pub mod operate;
 pub mod outbound;
 pub mod policy;
+pub mod quota;
 mod rate_limiter;
-pub use policy::quota;
 mod refusals;
 pub mod response;
-mod service;
 pub mod store;
 mod store_error_log;
 mod telemetry;
 mod top_refused;
 
-pub use alert::{QuotaAlert, QuotaNotifier};
-pub use client_ip::{ClientIp, ForwardedHeader};
-pub use concurrency::ConcurrencyLimit;
-pub use decision::{Decision, RuleState};
+pub use decision::Decision;
 pub use extract::{LimitPolicy, LimitStore, Limited};
-pub use future::ResponseFuture;
-pub use key::{Identity, Key, KeyExtractor, UserId};
+pub use key::{Key, UserId};
 pub use layer::RateLimitLayer;
-pub use operate::{OperatorError, RuleStatus};
-pub use policy::{
-    Algorithm, Cost, InvalidRuleName, MissingKey, Mode, OnStoreError, Override, Policy,
-    PolicyBuilder, PolicyError, Rule, Scope,
-};
-pub use quota::{Quota, QuotaBuilder, QuotaError, Tier};
+pub use policy::{Algorithm, Mode, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule};
+pub use quota::Quota;
 pub use rate_limiter::{Admitted, Permit, RateLimiter, Refused};
-pub use response::Rejected;
-pub use service::RateLimit;
 pub use store::{MemoryStore, RedisStore, Store, StoreError};
-pub use top_refused::RefusedIdentity;
-/// `#[derive(LimitPolicy)]` with `#[rate_limit(...)]`: see [`LimitPolicy`](trait@LimitPolicy).
+
 #[cfg(feature = "macros")]
 pub use tower_redis_ratelimit_macros::LimitPolicy;
 

@@ -4,13 +4,9 @@
 //! [`RateLimitLayer::inspect`]: crate::RateLimitLayer::inspect
 //! [`RateLimitLayer::reset`]: crate::RateLimitLayer::reset
 
-use std::time::Duration;
-
 use serde::Serialize;
 
-use crate::limiter::Limiter;
-use crate::policy::{Rule, StorageKey, is_storable_identity};
-use crate::store::{CheckRequest, StoreError};
+use crate::store::StoreError;
 
 /// Why an operator's action on an identity failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +16,7 @@ pub enum OperatorError {
     /// characters.
     #[error("{0:?} is not an identity (the form the logs show, such as \"user:alice\")")]
     BadIdentity(String),
-    /// The policy counts per route too ([`Scope::Route`](crate::Scope::Route)): an identity alone
+    /// The policy counts per route too ([`Scope::Route`](crate::policy::Scope::Route)): an identity alone
     /// doesn't name its keys.
     #[error("policy {0:?} counts per route: an identity alone doesn't name its keys")]
     RouteScoped(String),
@@ -33,7 +29,7 @@ pub enum OperatorError {
 /// reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
-pub struct RuleStatus {
+pub struct RuleUsage {
     /// The rule's name, as in the `RateLimit-Policy` header (`10-per-60s`).
     pub rule: String,
     /// Its limit.
@@ -44,85 +40,17 @@ pub struct RuleStatus {
     pub reset_ms: u64,
 }
 
-impl Limiter {
-    /// The store key of `identity` under this limiter's policy.
-    fn key_of(&self, identity: &str) -> Result<StorageKey, OperatorError> {
-        if !is_storable_identity(identity) {
-            return Err(OperatorError::BadIdentity(identity.to_owned()));
-        }
-        self.policy
-            .storage_key_of(identity)
-            .ok_or_else(|| OperatorError::RouteScoped(self.policy.name().to_owned()))
-    }
-
-    /// The policy's counted rules (a duplicate guard is not a count), with their names.
-    fn counted_rules(&self) -> (Vec<Rule>, Vec<String>) {
-        self.policy
-            .rules()
-            .iter()
-            .zip(self.policy.rule_names())
-            .filter(|(rule, _)| !rule.is_duplicate_guard())
-            .map(|(rule, name)| (rule.clone(), name.to_string()))
-            .unzip()
-    }
-
-    /// See [`RateLimitLayer::inspect`](crate::RateLimitLayer::inspect).
-    pub(crate) async fn inspect(&self, identity: &str) -> Result<Vec<RuleStatus>, OperatorError> {
-        let key = self.key_of(identity)?;
-        let (rules, names) = self.counted_rules();
-        // A request of cost 0, without guard, block, quota or wait: it fits in every rule and
-        // records nothing, so the store answers each rule's state as it is.
-        let request = CheckRequest::new(key.as_str(), &rules, self.policy.algorithm())
-            .identity(key.identity())
-            .cost(0);
-        let decision = self.store().check(&request).await?;
-        if decision.rules.len() != rules.len() {
-            return Err(StoreError::Protocol(format!(
-                "{} rule states for {} rules",
-                decision.rules.len(),
-                rules.len()
-            ))
-            .into());
-        }
-        Ok(decision
-            .rules
-            .iter()
-            .zip(names)
-            .map(|(state, rule)| RuleStatus {
-                rule,
-                limit: state.limit,
-                remaining: state.remaining,
-                reset_ms: millis(state.reset),
-            })
-            .collect())
-    }
-
-    /// See [`RateLimitLayer::reset`](crate::RateLimitLayer::reset).
-    pub(crate) async fn reset(&self, identity: &str) -> Result<(), OperatorError> {
-        self.reset_key(&self.key_of(identity)?).await
-    }
-
-    /// Forgets the counts and the block of `key`, and its cached refusal here.
-    pub(crate) async fn reset_key(&self, key: &StorageKey) -> Result<(), OperatorError> {
-        // Its concurrency slots too, and the policy's delay: how long the reset's marker lasts.
-        let request = CheckRequest::new(key.as_str(), self.policy.rules(), self.policy.algorithm())
-            .identity(key.identity())
-            .block_for(self.policy.block_for())
-            .concurrency(self.policy.concurrency())
-            .max_delay(self.policy.mode().max_delay());
-        self.store().reset(&request).await?;
-        self.refusals.forget_key(key.as_str());
-        // Units held ahead here go at once (other instances hear of it from the store).
-        self.forget_units(key.as_str());
-        tracing::info!(
-            policy = self.policy.name(),
-            key = key.identity(),
-            "rate-limit counts reset"
-        );
-        Ok(())
-    }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+/// One identity among the most refused, with its approximate count.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct HeavyHitter {
+    /// The kind of key that produced it (`ip`, `user`, `header`, `global`, `custom`, ...).
+    pub key_kind: &'static str,
+    /// The identity as the crate logs it, kind first (`user:alice`, `ip:192.0.2.7`; an API key
+    /// only ever as its hash).
+    pub identity: String,
+    /// Refusals counted for it: an upper bound, at most `error` above the true count.
+    pub count: u64,
+    /// How much `count` may overcount: the true count is in `count - error ..= count`.
+    pub error: u64,
 }

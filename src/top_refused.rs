@@ -33,26 +33,13 @@ use std::time::Duration;
 use hashbrown::HashTable;
 use tokio::time::Instant;
 
+use crate::operate::HeavyHitter;
+
 /// Identities the summary tracks per generation by default.
 pub(crate) const DEFAULT_TOP_REFUSED: usize = 64;
 
 /// How long a generation of the summary lasts by default.
 pub(crate) const DEFAULT_TOP_REFUSED_GENERATION: Duration = Duration::from_secs(5 * 60);
-
-/// One identity among the most refused, with its approximate count.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct RefusedIdentity {
-    /// The kind of key that produced it (`ip`, `user`, `header`, `global`, `custom`, ...).
-    pub key_kind: &'static str,
-    /// The identity as the crate logs it, kind first (`user:alice`, `ip:192.0.2.7`; an API key
-    /// only ever as its hash).
-    pub identity: String,
-    /// Refusals counted for it: an upper bound, at most `error` above the true count.
-    pub count: u64,
-    /// How much `count` may overcount: the true count is in `count - error ..= count`.
-    pub error: u64,
-}
 
 /// The most refused identities of the current and previous generation, in fixed memory (see the
 /// module documentation). Shared by reference: it locks inside.
@@ -140,7 +127,7 @@ impl TopRefused {
 
     /// The `n` most refused identities of the current and previous generation, most refused first
     /// (ties: by identity, so the order is stable), with counts and error bounds.
-    pub(crate) fn top(&self, n: usize, now: Instant) -> Vec<RefusedIdentity> {
+    pub(crate) fn top(&self, n: usize, now: Instant) -> Vec<HeavyHitter> {
         if self.capacity == 0 || n == 0 {
             return Vec::new();
         }
@@ -186,7 +173,7 @@ impl TopRefused {
         merged.sort_unstable_by(rank);
         merged
             .into_iter()
-            .map(|(count, error, counter)| RefusedIdentity {
+            .map(|(count, error, counter)| HeavyHitter {
                 key_kind: counter.key_kind,
                 identity: counter.identity.to_string(),
                 count,
@@ -391,8 +378,8 @@ mod tests {
         }
     }
 
-    fn entry(key_kind: &'static str, identity: &str, count: u64, error: u64) -> RefusedIdentity {
-        RefusedIdentity {
+    fn entry(key_kind: &'static str, identity: &str, count: u64, error: u64) -> HeavyHitter {
+        HeavyHitter {
             key_kind,
             identity: identity.to_owned(),
             count,

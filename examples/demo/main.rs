@@ -134,7 +134,7 @@ use http::StatusCode;
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tower::BoxError;
-use tower_redis_ratelimit::config::file::RouteConfig;
+use tower_redis_ratelimit::config::RouteConfig;
 use tower_redis_ratelimit::config::{
     ConfigError, ConfigFile, ConfigWatcher, RateLimitConfig, RouteLimitsLayer,
 };

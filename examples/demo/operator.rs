@@ -15,7 +15,10 @@ use axum::{Json, Router};
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use tower_redis_ratelimit::config::RouteLimitsLayer;
-use tower_redis_ratelimit::{OperatorError, RateLimitLayer, RefusedIdentity};
+use tower_redis_ratelimit::{
+    RateLimitLayer,
+    operate::{HeavyHitter, OperatorError},
+};
 
 /// Store calls take from tens of microseconds (memory) to a timeout (250 ms by default).
 const STORE_BUCKETS: &[f64] = &[
@@ -86,7 +89,7 @@ async fn metrics(State(operator): State<Operator>) -> String {
 async fn top(
     State(operator): State<Operator>,
     Query(query): Query<TopQuery>,
-) -> Json<BTreeMap<String, Vec<RefusedIdentity>>> {
+) -> Json<BTreeMap<String, Vec<HeavyHitter>>> {
     let n = query.n.unwrap_or(10).min(1_000);
     Json(
         operator

@@ -9,7 +9,9 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use ipnet::IpNet;
 use tower::ServiceExt;
 use tower_redis_ratelimit::config::StoreSpec;
-use tower_redis_ratelimit::{Algorithm, ForwardedHeader, Mode, OnStoreError, Scope};
+use tower_redis_ratelimit::{
+    Algorithm, Mode, OnStoreError, client_ip::ForwardedHeader, policy::Scope,
+};
 
 /// The default config with `from` (which must occur exactly once) replaced by `to`.
 fn edited(from: &str, to: &str) -> String {

@@ -211,7 +211,7 @@ fn implementation(
             Scope::Policy => quote!(Policy),
             Scope::Route => quote!(Route),
         };
-        calls.push(quote!(.scope(#krate::Scope::#scope)));
+        calls.push(quote!(.scope(#krate::policy::Scope::#scope)));
     }
     if let Some(on_error) = &args.on_store_error {
         let on_error = match on_error.value {

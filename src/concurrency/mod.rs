@@ -22,4 +22,4 @@ mod queue;
 pub(crate) use lease::{Lease, LeasedBody};
 pub(crate) use queue::SlotQueues;
 
-pub use crate::policy::ConcurrencyLimit;
+pub use crate::policy::concurrency_limit::ConcurrencyLimit;

@@ -15,11 +15,11 @@ use super::{
 };
 use crate::client_ip::{ClientIp, ForwardedHeader};
 use crate::key::Key;
+use crate::policy::quota::Quota;
 use crate::policy::{
     self, Algorithm, Mode, OnStoreError, Override, Policy, PolicyError, Rule, Scope,
     UnknownAlgorithm,
 };
-use crate::quota::Quota;
 use tower_redis_ratelimit_spec::{
     ErrorSite, KeySpec, PolicyParts, RulePart, StatusSet, parse_duration, parse_header_name,
 };

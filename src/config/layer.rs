@@ -20,11 +20,11 @@ use tower::{BoxError, Layer, Service};
 use super::store::RedisSettings;
 use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteSource, StoreSpec};
 use crate::RateLimitLayer;
-use crate::future::ResponseFuture;
+use crate::layer::ResponseFuture;
+use crate::layer::limit_call;
 use crate::limiter::{Admission, Limiter, RejectHandler};
 use crate::policy::Policy;
-use crate::response::Rejected;
-use crate::service::limit_call;
+use crate::response::TooManyRequests;
 use crate::store::Store;
 use crate::telemetry;
 
@@ -165,7 +165,7 @@ impl RouteLimitsLayer {
     /// Replaces the default 429 body of every route, now and after each reload, with what
     /// `respond` answers, as [`RateLimitLayer::on_rejected`] does for one layer: anything a
     /// handler may return. The layer still adds `Retry-After` and the rate-limit headers; a
-    /// refused gRPC call still gets [`Rejected::grpc_response`]. Clones of the layer share it.
+    /// refused gRPC call still gets [`TooManyRequests::grpc_response`]. Clones of the layer share it.
     ///
     /// ```
     /// use axum::Json;
@@ -187,7 +187,7 @@ impl RouteLimitsLayer {
     /// ```
     pub fn on_rejected<F, R>(self, respond: F) -> Self
     where
-        F: Fn(&Rejected) -> R + Send + Sync + 'static,
+        F: Fn(&TooManyRequests) -> R + Send + Sync + 'static,
         R: IntoResponse,
     {
         let handler: RejectHandler = Arc::new(move |rejected| respond(rejected).into_response());

@@ -27,7 +27,7 @@
 //! | `routes[].prevent_duplicate`, `block_for`, `cost_header`, `max_in_flight` + `lease` | off |
 //! | `routes[].prefetch` | off; units an instance takes ahead per identity ([`PolicyBuilder::prefetch`](crate::PolicyBuilder::prefetch)) |
 //! | `routes[].count_only` | every admitted request counts; or the statuses that do: `[401, 403]`, `["5xx"]` ([`PolicyBuilder::count_only`](crate::PolicyBuilder::count_only)) |
-//! | `routes[].overrides` | none; entries `{ identity = "..." }` or `{ cidr = "..." }` with one of `rules = [...]`, `unlimited = true`, `deny = true` ([`Override`](crate::Override)) |
+//! | `routes[].overrides` | none; entries `{ identity = "..." }` or `{ cidr = "..." }` with one of `rules = [...]`, `unlimited = true`, `deny = true` ([`Override`](crate::policy::Override)) |
 //! | `[quota]` | none; `key` `"user"`, `tier_header` `"x-tier"`, `alert_at` `[80, 100]`, `utc_offset` `"+00:00"` |
 //!
 //! Durations are written as people write them, `"500ms"`, `"10s"`, `"1m"`, `"1h30m"`, `"1d"`
@@ -62,7 +62,7 @@
 
 mod check;
 mod error;
-pub mod file;
+mod file;
 mod layer;
 mod store;
 mod watch;
@@ -75,14 +75,18 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 
 pub use error::ConfigError;
-pub use file::ConfigFile;
+pub use file::{
+    ConfigFile, DuplicateConfig, DuplicateRule, OverrideConfig, QuotaConfig, RouteConfig,
+    RuleConfig, StatusItem, StoreConfig, StoreTable,
+};
 pub use layer::{ReloadSummary, RouteLimits, RouteLimitsLayer};
 pub use store::{StoreSpec, StoreTls};
 pub use watch::{ConfigWatcher, DEFAULT_POLL_INTERVAL};
 
+use crate::RateLimitLayer;
+use crate::client_ip::ForwardedHeader;
 use crate::policy::Policy;
 use crate::store::{RedisStore, Store, StoreError};
-use crate::{ForwardedHeader, RateLimitLayer};
 use store::RedisSettings;
 
 /// The key prefix when the file names none.

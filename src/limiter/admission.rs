@@ -14,7 +14,7 @@ use super::{Charge, Charged, Limiter};
 use crate::concurrency::{Lease, LeasedBody};
 use crate::decision::Decision;
 use crate::policy::StorageKey;
-use crate::quota::QuotaLookup;
+use crate::policy::quota::QuotaLookup;
 use crate::response::LimitHeaders;
 use crate::store::StoreError;
 

@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 
 use super::Limiter;
 use crate::decision::{Decision, ceil_secs};
-use crate::response::{self, LimitHeaders, Protocol, Rejected};
+use crate::response::{self, LimitHeaders, Protocol, TooManyRequests};
 
 /// Why the limiter answers a request itself.
 #[derive(Debug, Clone)]
@@ -138,12 +138,12 @@ impl Limiter {
     }
 
     /// The 429 for a refusal: the problem body (or the app's own), `Retry-After` and the headers.
-    /// A gRPC call gets its gRPC answer ([`Rejected::grpc_response`]), never a body meant for
+    /// A gRPC call gets its gRPC answer ([`TooManyRequests::grpc_response`]), never a body meant for
     /// HTTP clients.
     fn refusal(&self, decision: Decision, protocol: &Protocol) -> Response<Body> {
         let headers =
             LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
-        let rejected = Rejected::new(self.policy.clone(), decision, self.answers.clone());
+        let rejected = TooManyRequests::new(self.policy.clone(), decision, self.answers.clone());
         let response = match (protocol, &self.on_rejected) {
             (Protocol::Grpc(content_type), _) => {
                 crate::grpc::answered_as(rejected.grpc_response(), content_type)

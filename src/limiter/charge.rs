@@ -9,7 +9,7 @@ use http::StatusCode;
 use super::Limiter;
 use crate::decision::Decision;
 use crate::policy::StorageKey;
-use crate::quota::QuotaLookup;
+use crate::policy::quota::QuotaLookup;
 use crate::store::gcra::Bucket;
 use crate::store::{CheckFuture, StoreError};
 

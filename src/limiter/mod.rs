@@ -7,6 +7,7 @@ mod answer;
 mod charge;
 mod flow;
 mod named;
+mod operate;
 mod prefetch;
 
 use prefetch::Spent;
@@ -26,12 +27,12 @@ use http::{Response, StatusCode};
 
 use crate::concurrency::{Lease, SlotQueues};
 use crate::decision::{Decision, RuleState};
+use crate::policy::quota::QuotaLookup;
 use crate::policy::{
     Applied, KeyLookup, Mode, OnStoreError, Policy, PolicyError, StateOf, StorageKey,
 };
-use crate::quota::QuotaLookup;
 use crate::refusals::{Asking, DEFAULT_REFUSAL_CACHE, Refusals};
-use crate::response::{AnswerPlan, LimitHeaders, Protocol, Rejected};
+use crate::response::{AnswerPlan, LimitHeaders, Protocol, TooManyRequests};
 use crate::store::{CheckRequest, QuotaRequest, Store, StoreError};
 use crate::store_error_log::StoreErrorLog;
 use crate::telemetry::{Outcome, PolicyMetrics};
@@ -43,7 +44,7 @@ const FIRST_SLOT_POLL: Duration = Duration::from_millis(5);
 /// The longest pause of a request polling for a concurrency slot released by another instance.
 const MAX_SLOT_POLL: Duration = Duration::from_millis(100);
 
-pub(crate) type RejectHandler = Arc<dyn Fn(&Rejected) -> Response<Body> + Send + Sync>;
+pub(crate) type RejectHandler = Arc<dyn Fn(&TooManyRequests) -> Response<Body> + Send + Sync>;
 
 /// Everything a layer decides with, shared by all its services.
 #[derive(Clone)]
@@ -702,8 +703,11 @@ impl Limiter {
                         &decision,
                         self.legacy_headers,
                     );
-                    let rejected =
-                        Rejected::new(self.policy.clone(), decision.clone(), self.answers.clone());
+                    let rejected = TooManyRequests::new(
+                        self.policy.clone(),
+                        decision.clone(),
+                        self.answers.clone(),
+                    );
                     self.log_rejection(
                         &rejected,
                         key,
@@ -728,8 +732,11 @@ impl Limiter {
                 }
                 self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
                 if self.refusals.may_log() {
-                    let rejected =
-                        Rejected::new(self.policy.clone(), decision.clone(), self.answers.clone());
+                    let rejected = TooManyRequests::new(
+                        self.policy.clone(),
+                        decision.clone(),
+                        self.answers.clone(),
+                    );
                     self.log_rejection(&rejected, key, "request rate limited");
                 }
                 Verdict::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol))
@@ -834,7 +841,7 @@ impl Limiter {
     }
 
     /// Logs a refusal at `info`, with the count of refusals not logged since the last line.
-    fn log_rejection(&self, rejected: &Rejected, key: &StorageKey, message: &str) {
+    fn log_rejection(&self, rejected: &TooManyRequests, key: &StorageKey, message: &str) {
         let rules: Vec<&str> = rejected.violated_rules().collect();
         tracing::info!(
             policy = self.policy.name(),

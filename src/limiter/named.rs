@@ -7,8 +7,8 @@ use http::StatusCode;
 
 use super::{Answer, Decided, Limiter, Prepared, Refusal};
 use crate::decision::Decision;
+use crate::policy::quota::QuotaLookup;
 use crate::policy::{Applied, StorageKey};
-use crate::quota::QuotaLookup;
 use crate::response::Protocol;
 use crate::store::StoreError;
 use crate::telemetry::Outcome;

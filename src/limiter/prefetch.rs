@@ -27,8 +27,8 @@ use tokio::time::Instant;
 
 use super::{Admission, Charged, Checked, Limiter};
 use crate::decision::Decision;
+use crate::policy::quota::QuotaLookup;
 use crate::policy::{Algorithm, Policy, StorageKey};
-use crate::quota::QuotaLookup;
 use crate::response::LimitHeaders;
 use crate::store::{ResetListener, ResetWatch, Store, StoreError};
 use crate::telemetry::Outcome;

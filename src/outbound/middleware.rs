@@ -1,4 +1,4 @@
-//! [`OutboundLayer`] and [`RetryAfter`] as `reqwest-middleware` [`Middleware`]s: the same slots,
+//! [`OutboundLayer`] and [`ObeyRetryAfter`] as `reqwest-middleware` [`Middleware`]s: the same slots,
 //! waits, pauses and retries for a `reqwest` client as for a tower one, sharing the store with
 //! both.
 
@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use http::{Extensions, Uri};
 use reqwest_middleware::{Error, Middleware, Next};
 
-use super::{OutboundError, OutboundLayer, RetryAfter};
+use super::{ObeyRetryAfter, OutboundError, OutboundLayer};
 
 /// Limits a `reqwest` client (feature `reqwest-middleware`). A request that is not sent fails
 /// with [`reqwest_middleware::Error::Middleware`] holding an [`OutboundError`] (reach it with
@@ -80,7 +80,7 @@ impl Middleware for OutboundLayer {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_redis_ratelimit::outbound::{OutboundLayer, RetryAfter};
+/// use tower_redis_ratelimit::outbound::{OutboundLayer, ObeyRetryAfter};
 /// use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, Rule};
 ///
 /// let policy = Policy::builder("partner-api")
@@ -89,13 +89,13 @@ impl Middleware for OutboundLayer {
 ///     .build()
 ///     .unwrap();
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-///     .with(RetryAfter::new().attempts(3).max_total_wait(Duration::from_secs(20)))
+///     .with(ObeyRetryAfter::new().attempts(3).max_total_wait(Duration::from_secs(20)))
 ///     .with(OutboundLayer::new(policy, MemoryStore::new()))
 ///     .build();
 /// # let _ = client;
 /// ```
 #[async_trait::async_trait]
-impl Middleware for RetryAfter {
+impl Middleware for ObeyRetryAfter {
     async fn handle(
         &self,
         request: reqwest::Request,

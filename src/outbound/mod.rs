@@ -40,7 +40,7 @@
 //! `reqwest` clients (see its impl below [`OutboundLayer`]).
 //!
 //! A call the upstream refused may be sent again at once: the layer has stored the pause, and the
-//! new call waits it out in the layer, as every instance's calls do. [`RetryAfter`] retries 429s
+//! new call waits it out in the layer, as every instance's calls do. [`ObeyRetryAfter`] retries 429s
 //! and 503s that way, as a `tower::retry` policy and, with `reqwest-middleware`, as a middleware.
 //!
 //! A request arrives upstream a little after the instant it was counted (the store's answer, the
@@ -136,7 +136,7 @@ mod retry;
 
 use pause::LocalPauses;
 pub use pause::announced_pause;
-pub use retry::RetryAfter;
+pub use retry::ObeyRetryAfter;
 
 /// How long a request may wait for its slot by default.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);

@@ -1,4 +1,4 @@
-//! [`RetryAfter`]: a `tower::retry::Policy` that retries a 429 or 503 when the upstream said to,
+//! [`ObeyRetryAfter`]: a `tower::retry::Policy` that retries a 429 or 503 when the upstream said to,
 //! after the time it said.
 
 use std::future::Future;
@@ -18,13 +18,13 @@ use crate::headers::{self, RetryAfter as Announced};
 /// ```
 /// use std::time::Duration;
 /// use tower::retry::RetryLayer;
-/// use tower_redis_ratelimit::outbound::RetryAfter;
+/// use tower_redis_ratelimit::outbound::ObeyRetryAfter;
 ///
-/// let retry = RetryLayer::new(RetryAfter::new().attempts(3).max_total_wait(Duration::from_secs(20)));
+/// let retry = RetryLayer::new(ObeyRetryAfter::new().attempts(3).max_total_wait(Duration::from_secs(20)));
 /// # let _ = retry;
 /// ```
 #[derive(Debug, Clone)]
-pub struct RetryAfter {
+pub struct ObeyRetryAfter {
     attempts: u32,
     max_total_wait: Duration,
     fallback: Duration,
@@ -33,17 +33,17 @@ pub struct RetryAfter {
     waited: Duration,
 }
 
-impl Default for RetryAfter {
+impl Default for ObeyRetryAfter {
     fn default() -> Self {
-        RetryAfter::new()
+        ObeyRetryAfter::new()
     }
 }
 
-impl RetryAfter {
+impl ObeyRetryAfter {
     /// Up to 2 retries, 30 s of waiting in all, 1 s when the upstream gives no `Retry-After`,
     /// idempotent methods only.
     pub fn new() -> Self {
-        RetryAfter {
+        ObeyRetryAfter {
             attempts: 2,
             max_total_wait: Duration::from_secs(30),
             fallback: Duration::from_secs(1),
@@ -108,7 +108,7 @@ impl RetryAfter {
     }
 }
 
-impl RetryAfter {
+impl ObeyRetryAfter {
     /// Counts one retry after `wait`.
     pub(super) fn spend(&mut self, wait: Duration) {
         self.attempts -= 1;
@@ -124,7 +124,7 @@ fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-impl<B: Clone, T, E> tower::retry::Policy<Request<B>, Response<T>, E> for RetryAfter {
+impl<B: Clone, T, E> tower::retry::Policy<Request<B>, Response<T>, E> for ObeyRetryAfter {
     type Future = Pin<Box<dyn Future<Output = ()> + Send>>;
 
     fn retry(

@@ -13,17 +13,17 @@
 //! this file holds the built [`Policy`].
 
 mod builder;
-mod concurrency_limit;
+pub(crate) mod concurrency_limit;
 mod footprint;
 mod options;
 mod overrides;
-pub mod quota;
+pub(crate) mod quota;
 mod storage_key;
 #[cfg(test)]
 mod tests;
 
 pub use builder::PolicyBuilder;
-pub use concurrency_limit::ConcurrencyLimit;
+pub(crate) use concurrency_limit::ConcurrencyLimit;
 pub use options::{Cost, CostFn, CountsFn, MissingKey};
 pub(crate) use overrides::{Applied, Overrides};
 pub use overrides::{Override, OverrideTarget};
@@ -31,10 +31,14 @@ pub use overrides::{Override, OverrideTarget};
 use storage_key::push_route;
 pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
 pub use tower_redis_ratelimit_spec::{
-    Algorithm, DEFAULT_DUPLICATE_WINDOW, ErrorSite, InvalidRuleName, InvalidStatus, KeySpec,
-    MAX_LIMIT, MAX_PERIOD, Mode, ModeError, ModeName, OnStoreError, PolicyError, Rule, RulePart,
-    Scope, StatusSet, UnknownAlgorithm, UnknownName, check_rule_name, is_valid_name,
-    parse_duration, parse_header_name,
+    Algorithm, DEFAULT_DUPLICATE_WINDOW, InvalidRuleName, InvalidStatus, MAX_LIMIT, MAX_PERIOD,
+    Mode, ModeError, OnStoreError, PolicyError, Rule, RulePart, Scope, StatusSet, UnknownAlgorithm,
+    UnknownName,
+};
+// The derive's helpers: public for the code it generates, not a part of the API.
+#[doc(hidden)]
+pub use tower_redis_ratelimit_spec::{
+    ErrorSite, KeySpec, ModeName, check_rule_name, is_valid_name, parse_duration, parse_header_name,
 };
 
 use std::fmt;

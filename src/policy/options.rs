@@ -31,7 +31,7 @@ pub enum MissingKey {
 ///
 /// ```
 /// use http::Request;
-/// use tower_redis_ratelimit::Cost;
+/// use tower_redis_ratelimit::policy::Cost;
 ///
 /// let mut request = Request::new(());
 /// request.extensions_mut().insert(Cost(5));

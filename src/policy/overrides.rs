@@ -16,7 +16,7 @@ use super::{Policy, Rule};
 /// [`PolicyBuilder::overrides`](super::PolicyBuilder::overrides).
 ///
 /// ```
-/// use tower_redis_ratelimit::{Key, Override, Policy, Rule};
+/// use tower_redis_ratelimit::{policy::Override, Key, Policy, Rule};
 ///
 /// let policy = Policy::builder("api")
 ///     .key(Key::user())
@@ -66,7 +66,7 @@ impl Override {
     }
 
     /// The requests whose client address (found by the policy's
-    /// [`ClientIp`](crate::ClientIp) settings) is in `network`, whatever the policy is keyed by.
+    /// [`ClientIp`](crate::client_ip::ClientIp) settings) is in `network`, whatever the policy is keyed by.
     pub fn cidr(network: IpNet) -> OverrideTarget {
         OverrideTarget(Target::Cidr(network.trunc()))
     }

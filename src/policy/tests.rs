@@ -459,7 +459,8 @@ fn only_large_sliding_logs_are_worth_a_warning() {
 
 #[test]
 fn a_key_header_is_named_by_a_string_or_a_header_name_and_checked_when_built() {
-    use crate::{ClientIp, Key};
+    use crate::Key;
+    use crate::client_ip::ClientIp;
     let parts = |name: &str| {
         http::Request::get("/")
             .header(name, "k1")

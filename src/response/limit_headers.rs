@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderValue};
 
 use super::AnswerPlan;
 use crate::decision::{Decision, ceil_secs};
-use crate::headers::{self, RateLimitItem};
+use crate::headers::{self, RuleEntry};
 use crate::policy::Policy;
 
 /// The rate-limit headers of one decision, built before the inner service runs and added to its
@@ -47,7 +47,7 @@ impl LimitHeaders {
         let items = plan
             .state_names(with_quota)
             .zip(&decision.rules)
-            .map(|(name, state)| RateLimitItem {
+            .map(|(name, state)| RuleEntry {
                 name,
                 remaining: state.remaining,
                 reset_secs: ceil_secs(state.reset),

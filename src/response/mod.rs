@@ -54,21 +54,21 @@ pub const QUOTA_EXCEEDED_TITLE: &str =
 
 /// A refused request: everything a custom 429 needs.
 ///
-/// Pass a function of `&Rejected` to
+/// Pass a function of `&TooManyRequests` to
 /// [`RateLimitLayer::on_rejected`](crate::RateLimitLayer::on_rejected) to replace the default
-/// response; [`Rejected::problem_response`] is the default. A gRPC call always gets
-/// [`Rejected::grpc_response`], whatever `on_rejected` says: a body meant for HTTP clients would
+/// response; [`TooManyRequests::problem_response`] is the default. A gRPC call always gets
+/// [`TooManyRequests::grpc_response`], whatever `on_rejected` says: a body meant for HTTP clients would
 /// read to a gRPC client as a broken answer.
 #[derive(Debug, Clone)]
-pub struct Rejected {
+pub struct TooManyRequests {
     policy: Policy,
     decision: Decision,
     plan: AnswerPlan,
 }
 
-impl Rejected {
+impl TooManyRequests {
     pub(crate) fn new(policy: Policy, decision: Decision, plan: AnswerPlan) -> Self {
-        Rejected {
+        TooManyRequests {
             policy,
             decision,
             plan,
@@ -98,7 +98,7 @@ impl Rejected {
         self.decision.retry_after().unwrap_or_default()
     }
 
-    /// [`Rejected::retry_after`] in whole seconds as `Retry-After` carries it: rounded up, at least 1.
+    /// [`TooManyRequests::retry_after`] in whole seconds as `Retry-After` carries it: rounded up, at least 1.
     pub fn retry_after_secs(&self) -> u64 {
         ceil_secs(self.retry_after()).max(1)
     }
@@ -323,7 +323,7 @@ pub(crate) fn too_costly(
 /// Finishes a refusal: the chosen response plus `Retry-After` and the rate-limit headers.
 pub(crate) fn finish_rejection(
     mut response: Response<Body>,
-    rejected: &Rejected,
+    rejected: &TooManyRequests,
     headers: LimitHeaders,
 ) -> Response<Body> {
     let map = response.headers_mut();

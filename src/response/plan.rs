@@ -12,7 +12,7 @@ use crate::decision::ceil_secs;
 use crate::headers::{self, PolicyItem, SfName};
 use crate::policy::{Policy, StateOf};
 
-/// Prepared once per limiter (and rebuilt with it); cheap to clone into a [`Rejected`](super::Rejected).
+/// Prepared once per limiter (and rebuilt with it); cheap to clone into a [`TooManyRequests`](super::TooManyRequests).
 #[derive(Debug, Clone)]
 pub(crate) struct AnswerPlan(Arc<Inner>);
 

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::policy::ConcurrencyLimit;
+use crate::policy::quota::QuotaThreshold;
 use crate::policy::{Algorithm, Rule};
-use crate::quota::QuotaThreshold;
 
 pub(crate) mod gcra;
 mod memory;

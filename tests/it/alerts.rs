@@ -13,7 +13,7 @@ use common::{from_user, send};
 use http::StatusCode;
 use tower_redis_ratelimit::alert::{NotifyFuture, QuotaAlert, QuotaNotifier};
 use tower_redis_ratelimit::{
-    Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Rule, Store, Tier,
+    Key, MemoryStore, Policy, Quota, RateLimitLayer, RedisStore, Rule, Store, quota::Tier,
 };
 
 /// A notifier that keeps what it gets.

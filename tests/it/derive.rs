@@ -13,7 +13,7 @@ use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_redis_ratelimit::{
     Algorithm, Key, LimitPolicy, LimitStore, Limited, MemoryStore, Mode, OnStoreError, Policy,
-    Rule, Scope,
+    Rule, policy::Scope,
 };
 
 /// Every bad attribute of `tests/derive_fail/` is a compile error, with the message and the

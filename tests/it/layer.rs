@@ -17,8 +17,10 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, Clock, ManualClock};
 use tower_redis_ratelimit::{
-    Algorithm, ClientIp, Key, MemoryStore, MissingKey, OnStoreError, Policy, RateLimit,
-    RateLimitLayer, Rule, Scope, Store, UserId,
+    Algorithm, Key, MemoryStore, OnStoreError, Policy, RateLimitLayer, Rule, Store, UserId,
+    client_ip::ClientIp,
+    layer::RateLimit,
+    policy::{MissingKey, Scope},
 };
 
 const PEER: &str = "203.0.113.10:4000";

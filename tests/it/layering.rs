@@ -148,13 +148,6 @@ fn graph() -> Graph {
             imports.insert("metrics".to_owned());
         }
     }
-    // `quota` is `policy::quota`, re-exported at the root.
-    for imports in graph.values_mut() {
-        if imports.remove("quota") {
-            imports.insert("policy".to_owned());
-        }
-    }
-    graph.remove("quota");
     graph
 }
 
@@ -183,7 +176,7 @@ fn the_source_is_read_as_modules_with_imports() {
     // Grouped imports and root re-exports are read too.
     let roots = BTreeMap::from([("Store".to_owned(), "store".to_owned())]);
     let named = named_modules(
-        "use crate::{headers::RATELIMIT, response::{self, Rejected}, Store};",
+        "use crate::{headers::RATELIMIT, response::{self, TooManyRequests}, Store};",
         &roots,
     );
     assert_eq!(

@@ -12,7 +12,7 @@ use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::outbound::OutboundLayer;
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest};
 use tower_redis_ratelimit::{
-    Algorithm, Key, MemoryStore, Override, Policy, RateLimitLayer, Rule, Store,
+    Algorithm, Key, MemoryStore, Policy, RateLimitLayer, Rule, Store, policy::Override,
 };
 
 #[tokio::test]

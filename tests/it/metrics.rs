@@ -15,8 +15,8 @@ use http::{Request, StatusCode};
 use tower_redis_ratelimit::alert::{NotifyFuture, QuotaAlert, QuotaNotifier};
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, ManualClock};
 use tower_redis_ratelimit::{
-    Key, MemoryStore, MissingKey, Mode, OnStoreError, Policy, PolicyBuilder, Quota, RateLimitLayer,
-    Rule, Store,
+    Key, MemoryStore, Mode, OnStoreError, Policy, PolicyBuilder, Quota, RateLimitLayer, Rule,
+    Store, policy::MissingKey,
 };
 
 fn requests(policy: &str, outcome: &str) -> f64 {

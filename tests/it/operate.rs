@@ -11,8 +11,8 @@ use axum::routing::get;
 use common::redis_server::{TestRedis, assert_every_key_expires, unique_prefix};
 use common::{from_user, send};
 use tower_redis_ratelimit::{
-    Algorithm, Key, MemoryStore, OperatorError, Policy, RateLimitLayer, RedisStore, Rule, Scope,
-    Store,
+    Algorithm, Key, MemoryStore, Policy, RateLimitLayer, RedisStore, Rule, Store,
+    operate::OperatorError, policy::Scope,
 };
 
 fn redis_store(redis: &TestRedis) -> RedisStore {

@@ -16,7 +16,7 @@ use http::{Request, Response};
 use tokio::net::TcpListener;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer, RetryAfter};
+use tower_redis_ratelimit::outbound::{ObeyRetryAfter, OutboundError, OutboundLayer};
 use tower_redis_ratelimit::store::{ActionFuture, CheckFuture, CheckRequest};
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, PolicyError, RedisStore, Rule, Store};
 
@@ -668,7 +668,7 @@ fn scripted(answers: Vec<(u16, Option<&'static str>)>) -> (Client, Arrivals) {
 }
 
 async fn call_with_retries(
-    policy: RetryAfter,
+    policy: ObeyRetryAfter,
     method: http::Method,
     answers: Vec<(u16, Option<&'static str>)>,
 ) -> (u16, Vec<Duration>) {
@@ -705,7 +705,7 @@ async fn the_retry_policy_waits_as_told_and_not_longer_than_allowed() {
     use http::Method;
     // Retried after the announced 2 s, not before.
     let (status, arrivals) = call_with_retries(
-        RetryAfter::new(),
+        ObeyRetryAfter::new(),
         Method::GET,
         vec![(429, Some("2")), (200, None)],
     )
@@ -720,7 +720,7 @@ async fn the_retry_policy_waits_as_told_and_not_longer_than_allowed() {
             .into_boxed_str(),
     );
     let (status, arrivals) = call_with_retries(
-        RetryAfter::new(),
+        ObeyRetryAfter::new(),
         Method::GET,
         vec![(503, Some(date)), (200, None)],
     )
@@ -731,12 +731,12 @@ async fn the_retry_policy_waits_as_told_and_not_longer_than_allowed() {
         "{arrivals:?}"
     );
     // Past the total wait: the 429 comes back at once.
-    let bounded = RetryAfter::new().max_total_wait(Duration::from_secs(4));
+    let bounded = ObeyRetryAfter::new().max_total_wait(Duration::from_secs(4));
     let (status, arrivals) = call_with_retries(bounded, Method::GET, vec![(429, Some("5"))]).await;
     assert_eq!((status, arrivals), (429, vec![Duration::ZERO]));
     // At most `attempts` retries.
     let (status, arrivals) = call_with_retries(
-        RetryAfter::new().attempts(2),
+        ObeyRetryAfter::new().attempts(2),
         Method::GET,
         vec![(429, Some("0"))],
     )
@@ -744,7 +744,7 @@ async fn the_retry_policy_waits_as_told_and_not_longer_than_allowed() {
     assert_eq!((status, arrivals.len()), (429, 3));
     // No Retry-After: the fallback.
     let (_, arrivals) = call_with_retries(
-        RetryAfter::new().fallback(Duration::from_millis(700)),
+        ObeyRetryAfter::new().fallback(Duration::from_millis(700)),
         Method::GET,
         vec![(429, None), (200, None)],
     )
@@ -752,7 +752,7 @@ async fn the_retry_policy_waits_as_told_and_not_longer_than_allowed() {
     assert_eq!(arrivals, [Duration::ZERO, Duration::from_millis(700)]);
     // A 500 is not the upstream's limit: not retried.
     let (status, arrivals) =
-        call_with_retries(RetryAfter::new(), Method::GET, vec![(500, Some("1"))]).await;
+        call_with_retries(ObeyRetryAfter::new(), Method::GET, vec![(500, Some("1"))]).await;
     assert_eq!((status, arrivals.len()), (500, 1));
 }
 
@@ -760,9 +760,9 @@ async fn the_retry_policy_waits_as_told_and_not_longer_than_allowed() {
 async fn the_retry_policy_never_retries_a_post_unless_told() {
     let answers = || vec![(429, Some("1")), (201, None)];
     let (status, arrivals) =
-        call_with_retries(RetryAfter::new(), http::Method::POST, answers()).await;
+        call_with_retries(ObeyRetryAfter::new(), http::Method::POST, answers()).await;
     assert_eq!((status, arrivals.len()), (429, 1));
-    let any = RetryAfter::new().any_method(true);
+    let any = ObeyRetryAfter::new().any_method(true);
     let (status, arrivals) = call_with_retries(any, http::Method::POST, answers()).await;
     assert_eq!(
         (status, arrivals),
@@ -794,7 +794,7 @@ fn new_with_an_algorithm_that_cannot_reserve_panics_at_the_callers_line() {
     assert_eq!(file.as_deref(), Some(file!()));
 }
 
-/// With `reqwest-middleware`, `RetryAfter` before an `OutboundLayer` retries a 429 after its
+/// With `reqwest-middleware`, `ObeyRetryAfter` before an `OutboundLayer` retries a 429 after its
 /// `Retry-After`, through the layer: the upstream sees the refused call and one retry, a second
 /// apart, and the caller gets the retry's 200. A POST is not retried.
 #[cfg(feature = "reqwest-middleware")]
@@ -803,7 +803,7 @@ async fn the_retry_middleware_sends_a_refused_call_again_after_the_pause() {
     let (url, arrivals) = upstream_refusing_once(("retry-after", "1".to_owned())).await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let client = reqwest_middleware::ClientBuilder::new(http)
-        .with(RetryAfter::new().attempts(2))
+        .with(ObeyRetryAfter::new().attempts(2))
         .with(OutboundLayer::new(
             five_per_second(&unique_prefix("retry-mw")),
             MemoryStore::new(),

@@ -12,8 +12,8 @@ use common::redis_server::{TestRedis, unique_prefix};
 use common::{assert_refused, from_user, json, request_from, send};
 use http::{Response, StatusCode};
 use tower_redis_ratelimit::{
-    Key, MemoryStore, Override, Policy, PolicyBuilder, PolicyError, RateLimitLayer, RedisStore,
-    Rule, Store, UserId,
+    Key, MemoryStore, Policy, PolicyBuilder, PolicyError, RateLimitLayer, RedisStore, Rule, Store,
+    UserId, policy::Override,
 };
 
 fn app(layer: &RateLimitLayer) -> Router {

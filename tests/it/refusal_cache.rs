@@ -16,7 +16,7 @@ use http::StatusCode;
 use proptest::prelude::*;
 use tower_redis_ratelimit::store::{CheckFuture, CheckRequest, ManualClock};
 use tower_redis_ratelimit::{
-    Algorithm, Cost, MemoryStore, Mode, Policy, RateLimitLayer, Rule, Store,
+    Algorithm, MemoryStore, Mode, Policy, RateLimitLayer, Rule, Store, policy::Cost,
 };
 
 const PEER: &str = "198.51.100.7:1000";

@@ -410,8 +410,8 @@ mod tests {
 
     use super::super::QuotaRequest;
     use super::*;
+    use crate::policy::quota::QuotaThreshold;
     use crate::policy::{Algorithm, Rule};
-    use crate::quota::QuotaThreshold;
 
     fn store(clock: &ManualClock) -> MemoryStore {
         MemoryStore::builder().clock(clock.clone()).build()

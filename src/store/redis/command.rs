@@ -383,7 +383,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    use crate::quota::QuotaThreshold;
+    use crate::policy::quota::QuotaThreshold;
 
     #[test]
     fn keys_share_the_identity_hash_tag_and_name_algorithm_and_period() {

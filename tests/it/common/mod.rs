@@ -16,8 +16,8 @@ use tower_redis_ratelimit::headers::{self, RateLimitHeaders};
 use tower_redis_ratelimit::quota::QuotaThreshold;
 use tower_redis_ratelimit::store::{CheckRequest, QuotaRequest};
 use tower_redis_ratelimit::{
-    Algorithm, Cost, Key, LimitPolicy, LimitStore, Limited, Mode, Policy, PolicyBuilder,
-    PolicyError, Quota, RateLimitLayer, Rule, Store, Tier, UserId,
+    Algorithm, Key, LimitPolicy, LimitStore, Limited, Mode, Policy, PolicyBuilder, PolicyError,
+    Quota, RateLimitLayer, Rule, Store, UserId, policy::Cost, quota::Tier,
 };
 
 /// A router with `GET /` answering "hello", limited by `policy` in `store`.

@@ -15,7 +15,7 @@ use tower::{BoxError, Service};
 use crate::limiter::{Admission, Deciding, OnResponse, Settled};
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit).
+    /// The response future of [`RateLimit`](crate::layer::RateLimit).
     pub struct ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use tower::{BoxError, Service};
 
-use crate::future::ResponseFuture;
+use super::future::ResponseFuture;
 use crate::limiter::{Decided, Limiter, Settled};
 use crate::policy::Policy;
 use crate::store::Store;

@@ -1,4 +1,12 @@
-//! [`RateLimitLayer`]: the one line users add.
+//! [`RateLimitLayer`]: the one line users add, with the service it makes ([`RateLimit`]) and
+//! that service's [`ResponseFuture`]: the tower triple, as in tower-http.
+
+mod future;
+mod service;
+
+pub use future::ResponseFuture;
+pub use service::RateLimit;
+pub(crate) use service::limit_call;
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,13 +15,13 @@ use axum::response::IntoResponse;
 use tower::Layer;
 
 use crate::limiter::Limiter;
-use crate::operate::{OperatorError, RuleStatus};
+use crate::operate::HeavyHitter;
+use crate::operate::{OperatorError, RuleUsage};
 use crate::policy::{Policy, PolicyError};
 use crate::refusals::Refusals;
-use crate::response::Rejected;
-use crate::service::RateLimit;
+use crate::response::TooManyRequests;
 use crate::store::Store;
-use crate::top_refused::{DEFAULT_TOP_REFUSED_GENERATION, RefusedIdentity, TopRefused};
+use crate::top_refused::{DEFAULT_TOP_REFUSED_GENERATION, TopRefused};
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service, counting in a [`Store`].
 ///
@@ -89,7 +97,7 @@ impl RateLimitLayer {
     /// (`impl IntoResponse`). The layer still adds `Retry-After` and the rate-limit headers to
     /// it. It answers HTTP requests: a refused gRPC call (its `content-type` starts with
     /// `application/grpc`) always gets
-    /// [`Rejected::grpc_response`](crate::response::Rejected::grpc_response).
+    /// [`TooManyRequests::grpc_response`](crate::response::TooManyRequests::grpc_response).
     ///
     /// ```
     /// use axum::Json;
@@ -105,7 +113,7 @@ impl RateLimitLayer {
     /// ```
     pub fn on_rejected<F, R>(mut self, respond: F) -> Self
     where
-        F: Fn(&Rejected) -> R + Send + Sync + 'static,
+        F: Fn(&TooManyRequests) -> R + Send + Sync + 'static,
         R: IntoResponse,
     {
         self.limiter_mut().on_rejected =
@@ -161,7 +169,7 @@ impl RateLimitLayer {
     /// assert_eq!((top[0].identity.as_str(), top[0].count), ("user:mallory", 2));
     /// # }
     /// ```
-    pub fn top_refused(&self, n: usize) -> Vec<RefusedIdentity> {
+    pub fn top_refused(&self, n: usize) -> Vec<HeavyHitter> {
         self.limiter.top_refused.top(n, tokio::time::Instant::now())
     }
 
@@ -170,7 +178,7 @@ impl RateLimitLayer {
     /// instance that shares the store at once (a refusal another instance cached stands at most
     /// one second more). For support unblocking a customer locked out of an OTP flow. The daily
     /// quota is left alone. Fails for a route-scoped policy, a malformed identity, or a store
-    /// without [`Store::reset`](crate::Store::reset).
+    /// without [`Store::reset`].
     pub async fn reset(&self, identity: &str) -> Result<(), OperatorError> {
         self.limiter.reset(identity).await
     }
@@ -190,7 +198,7 @@ impl RateLimitLayer {
     /// assert_eq!((state[0].rule.as_str(), state[0].remaining), ("5-per-60s", 5));
     /// # }
     /// ```
-    pub async fn inspect(&self, identity: &str) -> Result<Vec<RuleStatus>, OperatorError> {
+    pub async fn inspect(&self, identity: &str) -> Result<Vec<RuleUsage>, OperatorError> {
         self.limiter.inspect(identity).await
     }
 
