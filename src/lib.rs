@@ -108,18 +108,13 @@ pub mod headers;
 pub mod key;
 pub mod layer;
 mod limiter;
-mod log_budget;
 pub mod operate;
 pub mod outbound;
 pub mod policy;
 pub mod quota;
 mod rate_limiter;
-mod refusals;
 pub mod response;
 pub mod store;
-mod store_error_log;
-mod telemetry;
-mod top_refused;
 
 pub use decision::Decision;
 pub use extract::{LimitPolicy, LimitStore, Limited};

@@ -22,11 +22,11 @@ use super::{ConfigError, ConfigLoader, RateLimitConfig, RouteSource, StoreSpec};
 use crate::RateLimitLayer;
 use crate::layer::ResponseFuture;
 use crate::layer::limit_call;
+use crate::limiter::telemetry;
 use crate::limiter::{Admission, Limiter, RejectHandler};
 use crate::policy::Policy;
 use crate::response::TooManyRequests;
 use crate::store::Store;
-use crate::telemetry;
 
 /// Limits each request by the policy of its route (axum's [`MatchedPath`]; for a gRPC call
 /// that axum routed by a wildcard, or that reaches the layer without a router, the call's own

@@ -6,6 +6,7 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use service::RateLimit;
+#[cfg(feature = "config")]
 pub(crate) use service::limit_call;
 
 use std::fmt;
@@ -15,13 +16,13 @@ use axum::response::IntoResponse;
 use tower::Layer;
 
 use crate::limiter::Limiter;
+use crate::limiter::refusals::Refusals;
+use crate::limiter::top_refused::{DEFAULT_TOP_REFUSED_GENERATION, TopRefused};
 use crate::operate::HeavyHitter;
 use crate::operate::{OperatorError, RuleUsage};
 use crate::policy::{Policy, PolicyError};
-use crate::refusals::Refusals;
 use crate::response::TooManyRequests;
 use crate::store::Store;
-use crate::top_refused::{DEFAULT_TOP_REFUSED_GENERATION, TopRefused};
 
 /// Applies a rate-limit [`Policy`] to every request of the wrapped service, counting in a [`Store`].
 ///

@@ -11,8 +11,8 @@ use http::{HeaderMap, Response};
 use tower::BoxError;
 
 use super::{Charge, Charged, Limiter};
-use crate::concurrency::{Lease, LeasedBody};
 use crate::decision::Decision;
+use crate::limiter::slots::{Lease, LeasedBody};
 use crate::policy::StorageKey;
 use crate::policy::quota::QuotaLookup;
 use crate::response::LimitHeaders;

@@ -7,11 +7,11 @@ use http::StatusCode;
 
 use super::{Answer, Decided, Limiter, Prepared, Refusal};
 use crate::decision::Decision;
+use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
 use crate::policy::{Applied, StorageKey};
 use crate::response::Protocol;
 use crate::store::StoreError;
-use crate::telemetry::Outcome;
 
 impl Limiter {
     /// [`Limiter::decide`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s

@@ -27,11 +27,11 @@ use tokio::time::Instant;
 
 use super::{Admission, Charged, Checked, Limiter};
 use crate::decision::Decision;
+use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
 use crate::policy::{Algorithm, Policy, StorageKey};
 use crate::response::LimitHeaders;
 use crate::store::{ResetListener, ResetWatch, Store, StoreError};
-use crate::telemetry::Outcome;
 
 /// Asking the store again for an identity within this long makes it hot: the next ask takes
 /// twice as many units ahead.

@@ -125,9 +125,9 @@ use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
+use crate::limiter::store_error_log::StoreErrorLog;
 use crate::policy::{OnStoreError, Policy, PolicyError, Rule, StorageKey, is_storable_identity};
 use crate::store::{CheckRequest, Store, StoreError};
-use crate::store_error_log::StoreErrorLog;
 
 #[cfg(feature = "reqwest-middleware")]
 mod middleware;

@@ -1,5 +1,7 @@
-//! The arithmetic of the token bucket, as GCRA (the generic cell rate algorithm), shared by the
-//! stores so they agree to the microsecond.
+//! The arithmetic of the token bucket, as GCRA (the generic cell rate algorithm): the memory
+//! store's token bucket runs on it (and `lua/token_bucket.lua` is the same arithmetic, to the
+//! microsecond); both stores size the reset marker's lifetime by its tolerance, and the limiter
+//! reads a take's slice by its interval.
 //!
 //! A rule of `limit` per `period` with a bucket of `burst` keeps one number: the theoretical arrival
 //! time `tat`, when the bucket will be full again. A unit drips back every `interval` =

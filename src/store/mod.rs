@@ -22,7 +22,6 @@ use crate::policy::{Algorithm, Rule};
 pub(crate) mod gcra;
 mod memory;
 pub(crate) mod redis;
-mod weighted;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[cfg(feature = "tls")]

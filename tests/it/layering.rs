@@ -1,9 +1,11 @@
-//! The layering `DESIGN.md` names, checked on the source: rules know nothing of stores, headers,
-//! responses or metrics; alerts know nothing of the metrics facade; stores know nothing of HTTP;
-//! and no two top-level modules import each other, directly or around a circle.
+//! The layering `ARCHITECTURE.md` names, checked on the source: rules know nothing of stores,
+//! headers, responses or metrics; alerts know nothing of the metrics facade; stores know nothing
+//! of HTTP; no two top-level modules import each other, directly or around a circle; and no
+//! file imports itself around a circle either, nested modules included (a module may use its
+//! own submodules, and they it: that is nesting, not a circle).
 //!
-//! A module's imports are the `crate::<module>` paths in its files, outside comments and its
-//! `#[cfg(test)] mod tests` (tests may reach anywhere).
+//! A module's imports are the `crate::<module>` (and `super::`) paths in its files, outside
+//! comments and its `#[cfg(test)] mod tests` (tests may reach anywhere).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -171,7 +173,7 @@ fn the_source_is_read_as_modules_with_imports() {
     // The reading itself works: these imports exist and must be found.
     assert!(graph["limiter"].contains("policy"), "{graph:#?}");
     assert!(graph["response"].contains("headers"), "{graph:#?}");
-    assert!(graph["telemetry"].contains("metrics"), "{graph:#?}");
+    assert!(graph["limiter"].contains("metrics"), "{graph:#?}");
     assert!(graph.len() > 15, "{graph:#?}");
     // Grouped imports and root re-exports are read too.
     let roots = BTreeMap::from([("Store".to_owned(), "store".to_owned())]);
@@ -205,18 +207,7 @@ fn no_module_imports_itself_around_a_circle() {
 fn rules_keys_and_decisions_know_nothing_of_stores_headers_responses_or_metrics() {
     let graph = graph();
     let wire_and_beyond = [
-        "store",
-        "headers",
-        "response",
-        "telemetry",
-        "metrics",
-        "limiter",
-        "layer",
-        "service",
-        "future",
-        "grpc",
-        "outbound",
-        "config",
+        "store", "headers", "response", "metrics", "limiter", "layer", "grpc", "outbound", "config",
     ];
     for module in ["policy", "key", "decision", "client_ip", "alert"] {
         let reached = reachable(&graph, module);
@@ -232,7 +223,7 @@ fn rules_keys_and_decisions_know_nothing_of_stores_headers_responses_or_metrics(
 fn alerts_report_without_the_metrics_facade() {
     let reached = reachable(&graph(), "alert");
     assert!(
-        !reached.contains("telemetry") && !reached.contains("metrics"),
+        !reached.contains("limiter") && !reached.contains("metrics"),
         "alert reaches {reached:?}"
     );
 }
@@ -240,10 +231,178 @@ fn alerts_report_without_the_metrics_facade() {
 #[test]
 fn stores_know_nothing_of_http() {
     let reached = reachable(&graph(), "store");
-    for http_side in ["layer", "service", "future", "headers", "response", "grpc"] {
+    for http_side in ["layer", "limiter", "headers", "response", "grpc"] {
         assert!(
             !reached.contains(http_side),
             "store reaches {http_side}: {reached:?}"
         );
     }
+}
+
+/// Module path (`limiter::flow`, `limiter` for `limiter/mod.rs`, `store::redis::cluster`) → the
+/// modules of the crate its code names, each as the longest module path that names it.
+fn file_graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let module_of = |file: &Path| {
+        let relative = file
+            .strip_prefix(&src)
+            .expect("under src/")
+            .with_extension("");
+        let mut parts: Vec<String> = relative
+            .components()
+            .map(|part| part.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts
+            .last()
+            .is_some_and(|last| last == "mod" || last == "lib")
+        {
+            parts.pop();
+        }
+        parts.join("::")
+    };
+    let modules: BTreeSet<String> = files.iter().map(|file| module_of(file)).collect();
+    let mut graph = Graph::new();
+    for file in &files {
+        let module = module_of(file);
+        if module.ends_with("tests") || module.is_empty() {
+            continue;
+        }
+        let code = code_of(&fs::read_to_string(file).expect("a source file"));
+        let parent = module.rsplit_once("::").map_or("", |(parent, _)| parent);
+        let mut named = BTreeSet::new();
+        for (anchor, base) in [("crate::", String::new()), ("super::", parent.to_owned())] {
+            for (at, prefix) in code.match_indices(anchor) {
+                // `super::super::` is read from its last `super::`, as the one before it.
+                if anchor == "super::" && code[..at].ends_with("super::") {
+                    continue;
+                }
+                for path in paths_at(&code[at + prefix.len()..]) {
+                    let full = if base.is_empty() {
+                        path
+                    } else {
+                        format!("{base}::{path}")
+                    };
+                    named.insert(longest_module(&modules, &full));
+                }
+            }
+        }
+        // Nesting is not importing: a module's own submodules are its parts.
+        named.retain(|target| {
+            !target.is_empty() && *target != module && !target.starts_with(&format!("{module}::"))
+        });
+        graph.entry(module).or_default().extend(named);
+    }
+    graph
+}
+
+/// The paths at the start of `text` (after `crate::` or `super::`): `a::b::C`, or each of a
+/// group `{a, b::{c, D}}`, as far as they are module-like (`a::b`).
+fn paths_at(text: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let ident_path = |text: &str| -> String {
+        let end = text
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(text.len());
+        text[..end].trim_end_matches(':').to_owned()
+    };
+    if let Some(group) = text.strip_prefix('{') {
+        let (mut depth, mut start) = (0usize, 0usize);
+        for (at, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => {
+                    paths.push(ident_path(group[start..at].trim_start()));
+                    break;
+                }
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    paths.push(ident_path(group[start..at].trim_start()));
+                    start = at + 1;
+                }
+                _ => {}
+            }
+        }
+    } else {
+        paths.push(ident_path(text));
+    }
+    paths.into_iter().filter(|path| !path.is_empty()).collect()
+}
+
+/// The longest of `modules` that `path` starts with (`limiter::slots` for
+/// `limiter::slots::Lease`); the root (`""`) when none does.
+fn longest_module(modules: &BTreeSet<String>, path: &str) -> String {
+    let mut parts: Vec<&str> = path.split("::").collect();
+    while !parts.is_empty() {
+        let candidate = parts.join("::");
+        if modules.contains(&candidate) {
+            return candidate;
+        }
+        parts.pop();
+    }
+    String::new()
+}
+
+#[test]
+fn nested_modules_are_read_file_by_file() {
+    let graph = file_graph();
+    // Real imports between nested modules are found...
+    assert!(graph["limiter::flow"].contains("limiter"), "{graph:#?}");
+    assert!(
+        graph["limiter::charge"].contains("store::gcra"),
+        "{graph:#?}"
+    );
+    assert!(graph["store::redis::batch"].contains("store"), "{graph:#?}");
+    // ...and a parent's use of its own submodules is nesting, not an import.
+    assert!(!graph["limiter"].contains("limiter::flow"), "{graph:#?}");
+    let modules = BTreeSet::from(["limiter".to_owned(), "limiter::slots".to_owned()]);
+    assert_eq!(
+        longest_module(&modules, "limiter::slots::Lease"),
+        "limiter::slots"
+    );
+    assert_eq!(longest_module(&modules, "limiter::Limiter"), "limiter");
+    assert_eq!(
+        paths_at("{Admission, slots::{Lease, SlotQueues}, flow};"),
+        ["Admission", "slots::", "flow"].map(|path| path.trim_end_matches(':').to_owned())
+    );
+}
+
+#[test]
+fn no_file_imports_itself_around_a_circle() {
+    let graph = file_graph();
+    let circles: Vec<&String> = graph
+        .keys()
+        .filter(|module| reachable(&graph, module).contains(*module))
+        .collect();
+    assert!(
+        circles.is_empty(),
+        "files on an import circle: {circles:?}\n{graph:#?}"
+    );
+}
+
+/// ARCHITECTURE.md is what a contributor reads first: it names every module folder of `src/`.
+#[test]
+fn the_architecture_names_every_module_folder() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let architecture = fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let mut folders = vec![root.join("src")];
+    let mut unnamed = Vec::new();
+    while let Some(folder) = folders.pop() {
+        for entry in fs::read_dir(&folder).expect("a folder of src/") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() {
+                let name = path.strip_prefix(root).expect("under the crate");
+                let name = format!("`{}/`", name.display());
+                if !architecture.contains(&name) {
+                    unnamed.push(name);
+                }
+                folders.push(path);
+            }
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "ARCHITECTURE.md doesn't name {unnamed:?}"
+    );
 }

@@ -38,6 +38,7 @@ mod quota;
 mod sliding_counter;
 mod sliding_log;
 mod token_bucket;
+mod weighted;
 
 pub use self::clock::{Clock, ManualClock, SystemClock};
 

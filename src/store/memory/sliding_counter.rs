@@ -2,7 +2,7 @@
 //! previous one weighted by how much of it the sliding window still covers (the arithmetic of
 //! [`weighted`]). The counterpart of `lua/sliding_counter.lua`.
 
-use super::super::weighted;
+use super::weighted;
 
 /// A sliding-window counter for one rule.
 pub(super) struct SlidingCounter {

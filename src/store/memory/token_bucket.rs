@@ -1,7 +1,7 @@
 //! The token bucket, as GCRA: one theoretical arrival time per rule, in microseconds (the
 //! arithmetic of [`gcra`]). The counterpart of `lua/token_bucket.lua`.
 
-use super::super::gcra::{self, Bucket};
+use crate::store::gcra::{self, Bucket};
 
 /// A token bucket for one rule.
 pub(super) struct TokenBucket {

@@ -24,9 +24,9 @@ use ::redis::{
 };
 use tokio::time::Instant;
 
-use super::connection::call;
 #[cfg(feature = "tls")]
 use super::tls::TlsOptions;
+use super::wire::call;
 
 /// Slots of a Redis Cluster.
 const SLOTS: usize = 16_384;

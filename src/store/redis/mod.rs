@@ -26,7 +26,9 @@ use tokio::time::Instant;
 
 use self::batch::{Batcher, Member};
 use self::command::{PackedCheck, batch_command};
-use self::connection::{Connection, Connector, eval_of, is_no_script, store_error};
+use self::connection::{Connection, Connector};
+use self::error::{is_no_script, store_error};
+use self::wire::eval_of;
 use super::{
     ActionFuture, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
     StoreError,
@@ -38,11 +40,13 @@ mod batch;
 mod cluster;
 mod command;
 mod connection;
+mod error;
 mod reply;
 mod resets;
 mod server;
 #[cfg(feature = "tls")]
 mod tls;
+mod wire;
 
 /// The reader of batch replies, for `crate::fuzzing`: `true` if it read one entry per check.
 #[cfg(fuzzing)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rmp::Marker;
 
 use super::super::StoreError;
-use super::connection::fault_of;
+use super::error::fault_of;
 use crate::decision::{Decision, RuleState};
 
 /// What the reply needs to know of a rule, in the request's rule order (the quota last).

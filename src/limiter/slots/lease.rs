@@ -9,9 +9,9 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::SlotQueues;
+use crate::limiter::store_error_log::StoreErrorLog;
 use crate::policy::{Policy, StorageKey};
 use crate::store::{CheckRequest, Store};
-use crate::store_error_log::StoreErrorLog;
 
 /// A slot held by an admitted request: released (on every instance, through the store) when this
 /// is dropped, which is when the response body has been sent or dropped.

@@ -16,10 +16,4 @@
 //! Across instances the oldest waiters of each compete at those polls. A poll that finds no slot
 //! records nothing, so waiting uses no rate quota.
 
-mod lease;
-mod queue;
-
-pub(crate) use lease::{Lease, LeasedBody};
-pub(crate) use queue::SlotQueues;
-
 pub use crate::policy::concurrency_limit::ConcurrencyLimit;

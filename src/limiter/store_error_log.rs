@@ -8,7 +8,7 @@
 
 use std::fmt::Display;
 
-use crate::log_budget::LogBudget;
+use crate::limiter::log_budget::LogBudget;
 use crate::store::StoreError;
 
 /// Lines per second per kind of store failure, at most.

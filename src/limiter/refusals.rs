@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::decision::Decision;
-use crate::log_budget::LogBudget;
+use crate::limiter::log_budget::LogBudget;
 
 /// The longest a cached refusal is answered without asking the store again.
 pub(crate) const MAX_CACHED_FOR: Duration = Duration::from_secs(1);

@@ -1,4 +1,5 @@
-//! The arithmetic of the sliding-window counter, shared by the stores so they agree to the unit.
+//! The memory store's arithmetic of the sliding-window counter (`lua/sliding_counter.lua` is the
+//! same arithmetic, so the stores agree to the unit).
 //!
 //! A rule keeps two counts: the current window's and the previous window's (windows aligned to the
 //! epoch, as for the fixed window). The previous count is weighted by how much of the previous

@@ -1,0 +1,261 @@
+//! Preparing a request: its key, an override, a cost no rule admits, units in hand, a cached
+//! refusal; what [`flow`](super::flow) starts from.
+
+use super::{Answer, Checked, Decided, Limiter, Prepared, Refusal, Spent, flow, prefetch};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use http::StatusCode;
+
+use crate::limiter::telemetry::Outcome;
+use crate::policy::quota::QuotaLookup;
+use crate::policy::{Applied, KeyLookup, Mode, StorageKey};
+use crate::response::Protocol;
+
+/// What an override does to a request.
+enum Overridden {
+    /// Lets it through unlimited.
+    Unlimited,
+    /// Refuses it (403).
+    Denied,
+    /// Hands it to the limiter of its own rules.
+    By(Arc<Limiter>),
+    /// Nothing (an override with rules the limiter can't find).
+    No,
+}
+
+impl Limiter {
+    /// Decides about a request: everything from its key to its settled outcome (see
+    /// [`flow`]), carried as far as it goes without waiting.
+    pub(crate) fn decide(self: &Arc<Self>, parts: &http::request::Parts) -> Decided {
+        flow::start(self, self.prepare(parts))
+    }
+
+    /// Finds a request's key and cost, or what to do without a store check.
+    pub(super) fn prepare(self: &Arc<Self>, parts: &http::request::Parts) -> Prepared {
+        let policy = &self.policy;
+        let protocol = Protocol::of(&parts.headers);
+        let key = match policy.storage_key(parts) {
+            KeyLookup::Found(key) => key,
+            KeyLookup::Unlimited => {
+                self.metrics().request(Outcome::NoKey);
+                return Prepared::Unlimited;
+            }
+            KeyLookup::Refuse(status) => {
+                self.metrics().request(Outcome::NoKey);
+                return Prepared::Respond(Answer::new(Refusal::NoKey(status), &protocol));
+            }
+            KeyLookup::NoClientIp => {
+                self.metrics().request(Outcome::NoKey);
+                tracing::error!(
+                    policy = policy.name(),
+                    "no client IP to rate-limit by: serve with \
+                     `into_make_service_with_connect_info::<SocketAddr>()`"
+                );
+                let refusal = Refusal::NoKey(StatusCode::INTERNAL_SERVER_ERROR);
+                return Prepared::Respond(Answer::new(refusal, &protocol));
+            }
+        };
+        let overrides = policy.overrides();
+        if !overrides.is_empty()
+            && let Some(found) = overrides.find(key.identity(), parts, policy.client_ip())
+        {
+            let by_override =
+                self.prepare_overridden(found, &key, &protocol, |own| own.prepare(parts));
+            if let Some(prepared) = by_override {
+                return prepared;
+            }
+        }
+        let cost = policy.cost(parts);
+        let quota = policy
+            .quota()
+            .and_then(|quota| quota.lookup(parts, policy.client_ip()));
+        self.prepare_found(key, cost, quota, protocol)
+    }
+
+    /// What an override found for `key` makes of the request, if anything: let through, denied,
+    /// or prepared by the limiter of its own rules (`prepare_by`), which then answers for it.
+    pub(super) fn prepare_overridden(
+        &self,
+        found: (usize, &Applied),
+        key: &StorageKey,
+        protocol: &Protocol,
+        prepare_by: impl FnOnce(&Arc<Limiter>) -> Prepared,
+    ) -> Option<Prepared> {
+        match self.overridden(found, key) {
+            Overridden::Unlimited => Some(Prepared::Unlimited),
+            Overridden::Denied => Some(Prepared::Respond(Answer::new(Refusal::Denied, protocol))),
+            Overridden::By(own) => Some(match prepare_by(&own) {
+                Prepared::Check(checked) => Prepared::CheckBy(own, checked),
+                Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
+                other => other,
+            }),
+            Overridden::No => None,
+        }
+    }
+
+    /// What an override found for `key` does: decides the request (unlimited, denied), hands it
+    /// to the limiter of its own rules, or nothing.
+    fn overridden(&self, (index, applied): (usize, &Applied), key: &StorageKey) -> Overridden {
+        let policy = &self.policy;
+        match applied {
+            Applied::Unlimited => {
+                self.metrics().request(Outcome::OverrideUnlimited);
+                Overridden::Unlimited
+            }
+            // Shadow mode refuses nothing, a deny list included: it says what it would do.
+            Applied::Deny if policy.mode() == Mode::Shadow => {
+                self.metrics().request(Outcome::ShadowRefused);
+                self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    policy = policy.name(),
+                    key_kind = key.kind(),
+                    key = key.identity(),
+                    "request would be denied by an override (shadow mode)"
+                );
+                Overridden::Unlimited
+            }
+            Applied::Deny => {
+                self.metrics().request(Outcome::OverrideDenied);
+                tracing::debug!(
+                    policy = policy.name(),
+                    key_kind = key.kind(),
+                    key = key.identity(),
+                    "request denied by an override"
+                );
+                Overridden::Denied
+            }
+            Applied::Rules(_) => self
+                .overriding(index)
+                .map_or(Overridden::No, Overridden::By),
+        }
+    }
+
+    /// The rest of [`Limiter::prepare`] once the key is known: a cost no rule admits, a cached
+    /// refusal, or a check to make.
+    pub(super) fn prepare_found(
+        self: &Arc<Self>,
+        key: StorageKey,
+        cost: u64,
+        quota: Option<QuotaLookup>,
+        protocol: Protocol,
+    ) -> Prepared {
+        let policy = &self.policy;
+        // A request no rule (nor the day's quota) could ever admit: waiting won't help.
+        let too_costly = match (policy.too_costly(cost), &quota) {
+            (Some(rule), _) => Some((rule, &*policy.rule_names()[rule], policy.max_cost())),
+            // The quota's state comes after the rules'.
+            (None, Some(lookup)) if cost > lookup.limit => policy
+                .quota()
+                .map(|quota| (policy.rules().len(), quota.name(), lookup.limit)),
+            _ => None,
+        };
+        if let Some((index, rule, at_most)) = too_costly {
+            let outcome = if policy.mode() == Mode::Shadow {
+                Outcome::ShadowRefused
+            } else {
+                Outcome::TooCostly
+            };
+            self.count_refusal(outcome, &key, std::iter::once(index));
+            if policy.mode() == Mode::Shadow {
+                // Shadow mode refuses nothing, not even this; the store has nothing to say about it.
+                self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    policy = policy.name(),
+                    rule,
+                    cost,
+                    key_kind = key.kind(),
+                    key = key.identity(),
+                    "request would be refused as too costly (shadow mode)"
+                );
+                return Prepared::Unlimited;
+            }
+            let refusal = Refusal::TooCostly {
+                index,
+                cost,
+                at_most,
+            };
+            return Prepared::Respond(Answer::new(refusal, &protocol));
+        }
+        // Units in hand admit at once: no store call, no span.
+        match self.spend_prefetched(&key, cost, quota.as_ref(), true) {
+            Spent::Admit(admission, charged) => {
+                Prepared::Admit(admission.charging(self.clone(), key, cost, quota, charged))
+            }
+            Spent::Ask(extra) => self.prepare_ask(key, cost, quota, protocol, extra),
+            Spent::Wait(landed, certain) => {
+                let limiter = self.clone();
+                let deadline = tokio::time::Instant::now() + prefetch::WAIT_AT_MOST;
+                Prepared::AwaitUnits(Box::pin(async move {
+                    let (mut landed, mut certain) = (landed, certain);
+                    // Until units are in hand, or no take is in flight, or the wait is too long:
+                    // a take in flight may bring fewer units than those waiting want. (A take
+                    // in the background lands for certain: no timer.)
+                    let extra = loop {
+                        if certain {
+                            landed.await;
+                        } else {
+                            let _ = tokio::time::timeout_at(deadline, landed).await;
+                        }
+                        let may_wait = tokio::time::Instant::now() < deadline;
+                        match limiter.spend_prefetched(&key, cost, quota.as_ref(), may_wait) {
+                            Spent::Admit(admission, charged) => {
+                                let own = limiter.clone();
+                                let admission = admission.charging(own, key, cost, quota, charged);
+                                return Prepared::Admit(admission);
+                            }
+                            Spent::Wait(next, sure) => (landed, certain) = (next, sure),
+                            Spent::Ask(extra) => break extra,
+                        }
+                    };
+                    // Told as this limiter's, which may be an override's.
+                    match limiter.prepare_ask(key, cost, quota, protocol, extra) {
+                        Prepared::Check(checked) => Prepared::CheckBy(limiter, checked),
+                        Prepared::Respond(answer) => Prepared::RespondBy(limiter, answer),
+                        other => other,
+                    }
+                }))
+            }
+        }
+    }
+
+    /// A request about to ask the store for its cost and `extra` units ahead: answered from the
+    /// refusal cache, or a check to make.
+    pub(super) fn prepare_ask(
+        self: &Arc<Self>,
+        key: StorageKey,
+        cost: u64,
+        quota: Option<QuotaLookup>,
+        protocol: Protocol,
+        extra: u64,
+    ) -> Prepared {
+        let policy = &self.policy;
+        let span = tracing::debug_span!(
+            "rate_limit",
+            policy = policy.name(),
+            key_kind = key.kind(),
+            outcome = tracing::field::Empty,
+            store_latency_us = tracing::field::Empty,
+        );
+        let checked = Checked {
+            key,
+            cost,
+            quota,
+            protocol,
+            span,
+            started: Instant::now(),
+            extra,
+        };
+        // Shadow mode asks the store every time: it counts what it lets through.
+        if policy.mode() != Mode::Shadow
+            && let Some(decision) = self.refusals.answer(checked.asking())
+        {
+            self.refusals.count_unlogged();
+            self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
+            self.untake(&checked);
+            return Prepared::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol));
+        }
+        Prepared::Check(checked)
+    }
+}

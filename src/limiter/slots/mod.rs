@@ -1,0 +1,9 @@
+//! Concurrency slots on the limiter's side: the lease an admitted request holds until its body
+//! ends ([`lease`]), and the queues of this instance's requests waiting for a slot ([`queue`]).
+
+mod lease;
+mod queue;
+mod wait;
+
+pub(crate) use lease::{Lease, LeasedBody};
+pub(crate) use queue::SlotQueues;
