@@ -1,0 +1,72 @@
+//! Hooks for the crate's own tests: a fixed Redis time, the generic check functions, a batch sent
+//! by hand. Compiled in debug builds (as `cargo test` builds) and with the `test-hooks` feature;
+//! never in a release build, so production pays for none of it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::time::Instant;
+
+use super::batch::Member;
+use crate::decision::Decision;
+use crate::store::{CheckRequest, StoreError};
+
+use super::RedisStore;
+
+/// What the tests set on a store (and its clones).
+#[derive(Default)]
+pub(super) struct TestHooks {
+    /// A time (µs) that every script call takes instead of Redis TIME; 0: none.
+    fixed_time_us: AtomicU64,
+    /// Whether checks skip the script's lean functions of the common case.
+    generic_only: AtomicBool,
+}
+
+impl TestHooks {
+    /// The time every script call takes, if the test fixed one.
+    pub(super) fn fixed_time(&self) -> Option<u64> {
+        Some(self.fixed_time_us.load(Ordering::Relaxed)).filter(|&time| time > 0)
+    }
+
+    /// Whether checks take the generic check functions only.
+    pub(super) fn generic_only(&self) -> bool {
+        self.generic_only.load(Ordering::Relaxed)
+    }
+}
+
+impl RedisStore {
+    /// Makes every script call of this store (and its clones) check at `unix_us` instead of
+    /// Redis's time, or at Redis's time again with `None`. For tests that compare decisions
+    /// exactly; never in production.
+    #[doc(hidden)]
+    pub fn fix_time_for_tests(&self, unix_us: Option<u64>) {
+        self.shared
+            .hooks
+            .fixed_time_us
+            .store(unix_us.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Makes the store's checks skip the script's lean functions of the common case
+    /// (`lua/fast.lua`), for tests that compare them with the generic ones.
+    #[doc(hidden)]
+    pub fn generic_checks_for_tests(&self, generic: bool) {
+        self.shared
+            .hooks
+            .generic_only
+            .store(generic, Ordering::Relaxed);
+    }
+
+    /// Sends `requests` as one batch, in order, bypassing the queue: for tests that compare a
+    /// batch with the same checks one at a time.
+    #[doc(hidden)]
+    pub async fn check_batch_for_tests(
+        &self,
+        requests: &[CheckRequest<'_>],
+    ) -> Vec<Result<Decision, StoreError>> {
+        let members: Vec<Member> = requests
+            .iter()
+            .map(|request| self.member(request))
+            .collect();
+        let deadline = Instant::now() + self.timeout;
+        self.shared.call(&members, deadline).await
+    }
+}
