@@ -79,13 +79,43 @@ pub struct CheckRequest<'a> {
     /// (all or nothing with the rules). Its state is reported after the quota's, and the lease's id
     /// is [`Decision::lease`]: give it to [`Store::release`] when the request is done.
     pub concurrency: Option<ConcurrencyLimit>,
-    /// A peek ([`Store::peek`]): decide as a check would, record nothing.
-    pub(crate) peek: bool,
-    /// A refund ([`Store::refund`]): give back `cost` units, then answer as a peek of cost 1.
-    pub(crate) refund: bool,
-    /// A give-back ([`Store::give_back`]): a refund of units to the windows this admission (the
-    /// store's answer to it) charged, and nowhere else.
-    pub(crate) charged: Option<&'a Decision>,
+    /// What the store does with the request: check it (and record it), peek, refund or give
+    /// back.
+    pub(crate) call: Call<'a>,
+}
+
+/// What a store call does with a [`CheckRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call<'a> {
+    /// Check every rule, and record the request in all of them if all admit it
+    /// ([`Store::check`]).
+    Check,
+    /// Decide as a check would, and record nothing ([`Store::peek`]).
+    Peek,
+    /// Give back `cost` units to the current windows, then answer as a peek of cost 1
+    /// ([`Store::refund`]).
+    Refund,
+    /// Give back `cost` units to the windows this admission (the store's answer to it) charged,
+    /// and nowhere else, then answer as a peek of cost 1 ([`Store::give_back`]).
+    GiveBack(&'a Decision),
+}
+
+impl Call<'_> {
+    /// Whether the call records the request (a check does; a peek, a refund and a give-back
+    /// answer as a peek).
+    pub(crate) fn records(self) -> bool {
+        self == Call::Check
+    }
+
+    /// The call's number in the script's options (`lua/head.lua`).
+    pub(crate) fn code(self) -> u64 {
+        match self {
+            Call::Check => 0,
+            Call::Peek => 1,
+            Call::Refund => 2,
+            Call::GiveBack(_) => 3,
+        }
+    }
 }
 
 /// The daily quota of one request: a window of `day_ms` starting `day_start_offset_ms` after each
@@ -156,29 +186,26 @@ impl<'a> CheckRequest<'a> {
             block_for: None,
             quota: None,
             concurrency: None,
-            peek: false,
-            refund: false,
-            charged: None,
+            call: Call::Check,
         }
     }
 
     /// This request as a peek: decided as a check, recorded nowhere.
     pub(crate) fn peeking(mut self) -> Self {
-        self.peek = true;
+        self.call = Call::Peek;
         self
     }
 
     /// This request as a refund of its cost.
     pub(crate) fn refunding(mut self) -> Self {
-        self.peek = true;
-        self.refund = true;
+        self.call = Call::Refund;
         self
     }
 
     /// This request as a give-back of its cost to where the admission `charged` was charged.
     pub(crate) fn giving_back(mut self, charged: &'a Decision) -> Self {
-        self.charged = Some(charged);
-        self.refunding()
+        self.call = Call::GiveBack(charged);
+        self
     }
 
     /// Sets the identity at the end of the key.

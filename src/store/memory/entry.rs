@@ -148,7 +148,7 @@ impl Entry {
         let delay = match wait {
             Some(wait)
                 if !allowed
-                    && !request.peek
+                    && request.call.records()
                     && !guard_refused
                     && !quota_refused
                     && !slot_refused
@@ -162,10 +162,10 @@ impl Entry {
         };
         let block_ms = request
             .block_for
-            .filter(|_| !allowed && !request.peek && (quota_refused || counted_refused))
+            .filter(|_| !allowed && request.call.records() && (quota_refused || counted_refused))
             .map(millis);
         // A peek records nothing.
-        let record = allowed && !request.peek;
+        let record = allowed && request.call.records();
         let mut rules = Vec::with_capacity(request.rules.len());
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             let cost = rule_cost(rule, cost);

@@ -26,7 +26,7 @@ use hashbrown::HashTable;
 use self::entry::Entry;
 use self::quota::QuotaTable;
 use super::{
-    ActionFuture, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
+    ActionFuture, Call, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
 };
 use crate::decision::Decision;
 
@@ -166,24 +166,24 @@ impl MemoryStore {
             .find_mut(hash, |entry| *entry.key == *request.key)
         {
             entry.arrange(request);
-            if let Some(charged) = request.charged {
-                entry.give_back(request, charged, now, quota.as_mut());
-                return entry.check(&request.cost(1), now, quota.as_mut(), lease_id);
+            match request.call {
+                Call::GiveBack(charged) => entry.give_back(request, charged, now, quota.as_mut()),
+                Call::Refund => entry.refund(request, now, quota.as_mut()),
+                Call::Check | Call::Peek => {
+                    return entry.check(request, now, quota.as_mut(), lease_id);
+                }
             }
-            if request.refund {
-                entry.refund(request, now, quota.as_mut());
-                return entry.check(&request.cost(1), now, quota.as_mut(), lease_id);
-            }
-            return entry.check(request, now, quota.as_mut(), lease_id);
+            // Units given back, the answer is a peek's of cost 1.
+            return entry.check(&request.cost(1), now, quota.as_mut(), lease_id);
         }
-        if request.refund {
+        if let Call::Refund | Call::GiveBack(_) = request.call {
             // Nothing of the rules to give back; the day's quota may have something.
             if let Some((counter, quota)) = quota.as_mut() {
-                match request.charged {
-                    Some(charged) => {
+                match request.call {
+                    Call::GiveBack(charged) => {
                         counter.give_back(request.cost, quota.day_start(charged.now_unix_ms))
                     }
-                    None => counter.refund(request.cost),
+                    _ => counter.refund(request.cost),
                 }
             }
             let request = request.cost(1);
@@ -195,7 +195,7 @@ impl MemoryStore {
         // free one (cost 0, no duplicate guard, which counts requests): an operator's inspection.
         let recorded =
             request.cost > 0 || request.rules.iter().any(|rule| rule.is_duplicate_guard());
-        if !request.peek && (decision.allowed && (recorded || decision.lease.is_some()))
+        if request.call.records() && (decision.allowed && (recorded || decision.lease.is_some()))
             || entry.blocked_until_ms > now
         {
             shard.insert(entry, now, shared);

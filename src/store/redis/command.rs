@@ -3,9 +3,9 @@
 
 use ::redis::Cmd;
 
-use super::super::CheckRequest;
 use super::reply::RuleLimit;
 use crate::policy::{Algorithm, Rule};
+use crate::store::{Call, CheckRequest};
 
 /// What the reply needs to know of each rule of `request`, in its rule order (the quota last).
 fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
@@ -82,7 +82,7 @@ impl PackedCheck {
             + quota.map_or(0, |quota| 1 + quota.thresholds.len())
             + usize::from(concurrency.is_some())
             + usize::from(block_ms > 0)
-            + usize::from(request.charged.is_some());
+            + usize::from(matches!(request.call, Call::GiveBack(_)));
         let mut packed = PackedCheck {
             data: String::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
             ends: Vec::with_capacity(keys),
@@ -140,7 +140,7 @@ impl PackedCheck {
             write_key(&mut packed.data, request.key, request.identity, &["block"]);
             packed.end_key();
         }
-        if request.charged.is_some() {
+        if let Call::GiveBack(_) = request.call {
             write_reset_marker(&mut packed.data, request);
             packed.end_key();
         }
@@ -164,7 +164,7 @@ impl PackedCheck {
             || block_ms > 0
             || quota.is_some()
             || concurrency.is_some()
-            || request.peek
+            || !request.call.records()
         {
             let mut options = vec![
                 u64::try_from(max_delay).unwrap_or(u64::MAX),
@@ -178,13 +178,7 @@ impl PackedCheck {
                     u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
                 }),
                 // 0: a check, 1: a peek, 2: a refund, 3: a give-back (lua/head.lua).
-                if request.charged.is_some() {
-                    3
-                } else if request.refund {
-                    2
-                } else {
-                    u64::from(request.peek)
-                },
+                request.call.code(),
             ];
             for threshold in thresholds {
                 options.extend([threshold.percent.into(), threshold.used]);
@@ -204,7 +198,7 @@ impl PackedCheck {
                 piece(data, rule.burst_size());
             }
         }
-        if let Some(charged) = request.charged {
+        if let Call::GiveBack(charged) = request.call {
             packed.receipt = receipt_of(request, charged);
         }
         packed
