@@ -6,8 +6,8 @@
 //! - a limit for one method of one route: `MethodRouter::layer` (`post(..).layer(..)`), so `GET
 //!   /comments` is free and `POST /comments` limited;
 //! - a policy declared next to its handler, as a type required by an extractor:
-//!   `async fn login(limited: Limited<LoginPolicy>)`, the counterpart of `@RateLimiter` on a
-//!   method, written with `#[derive(LimitPolicy)]` and checked when the example compiles.
+//!   `async fn login(limited: Limited<LoginPolicy>)`, so the handler's signature says how it is
+//!   limited, written with `#[derive(LimitPolicy)]` and checked when the example compiles.
 //!
 //! ```text
 //! cargo run --example per_route --features macros   # serves 127.0.0.1:3001

@@ -1,4 +1,4 @@
-//! The seed's system on one router: a per-minute rate limit, a daily quota that depends on the
+//! A billed API on one router: a per-minute rate limit, a daily quota that depends on the
 //! user's plan tier, and a webhook alert when a user reaches 80 % and 100 % of it, sent once per
 //! user, threshold and day however many requests race.
 //!

@@ -1,5 +1,5 @@
 //! One worker per user, across every process sharing the store, each run holding its slot for a
-//! limited time (the CodeQuack article in the seeds: a VM per user, never two). A job asks
+//! limited time (a sandbox VM per user, say: never two at once). A job asks
 //! [`RateLimiter::acquire`] for the user's slot; the [`Permit`] holds it while the job runs and
 //! frees it when dropped. A process that crashes mid-job never says so: its lease ends, and the
 //! slot with it.

@@ -5,7 +5,7 @@
 //! same step as the policy's rate rules (all or nothing), released when the response body has been
 //! sent or dropped (a client that disconnects releases it too), and otherwise when the lease
 //! expires, so a crashed instance can't hold a slot for ever. Leases are not renewed: the lease is
-//! the longest a request may hold its slot (the seed's "limited worker lifetime"). A request that
+//! the longest a request may hold its slot, which bounds a worker's lifetime. A request that
 //! outlives it keeps running, but its slot is free for another; choose a lease longer than the
 //! slowest request you serve.
 //!

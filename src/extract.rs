@@ -1,5 +1,5 @@
-//! [`Limited`]: a policy declared next to the handler, the axum counterpart of putting
-//! `@RateLimiter` on a method.
+//! [`Limited`]: a policy declared next to the handler, as an extractor the handler takes, so its
+//! signature says how it is limited.
 //!
 //! A policy is a type implementing [`LimitPolicy`] (by hand, as below, or with
 //! `#[derive(LimitPolicy)]` and the `macros` feature); a handler that takes `Limited<ThatPolicy>` is

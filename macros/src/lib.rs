@@ -1,6 +1,5 @@
 //! `#[derive(LimitPolicy)]` for [tower-redis-ratelimit]: a policy declared next to its handler,
-//! the counterpart of the `@RateLimiter` and `@RateRule` annotations, checked when the app
-//! compiles. Use it through `tower-redis-ratelimit` with its `macros` feature, which re-exports
+//! as a type the handler's extractor requires, checked when the app compiles. Use it through `tower-redis-ratelimit` with its `macros` feature, which re-exports
 //! the derive beside the trait.
 //!
 //! [tower-redis-ratelimit]: https://docs.rs/tower-redis-ratelimit

@@ -11,7 +11,7 @@ pub enum Scope {
     /// One bucket per identity for every route the layer covers.
     #[default]
     Policy,
-    /// One bucket per identity, method and route: the seed's `class-method` suffix. The route is
+    /// One bucket per identity, method and route (a limit per endpoint). The route is
     /// axum's `MatchedPath` (so `/users/{id}` is one route), which is set when the layer is added
     /// with `Router::layer` or `route_layer`. Requests without it (a 404, a layer outside the router)
     /// share one `unmatched` route, so made-up paths can't mint fresh buckets; so do methods other

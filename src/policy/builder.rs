@@ -159,8 +159,8 @@ impl PolicyBuilder {
         self
     }
 
-    /// A duplicate guard, the seed's `preventDuplicate`: adds a rule named `duplicate` that admits
-    /// one request per `window` on the same key (use [`DEFAULT_DUPLICATE_WINDOW`](crate::policy::DEFAULT_DUPLICATE_WINDOW), 5 s, unless you
+    /// A duplicate guard: adds a rule named `duplicate` that admits one request per `window` on the
+    /// same key (use [`DEFAULT_DUPLICATE_WINDOW`](crate::policy::DEFAULT_DUPLICATE_WINDOW), 5 s, unless you
     /// need another), so a double-clicked submit is refused. It is counted exactly, as a sliding
     /// log, whatever the policy's algorithm, and comes after the policy's own rules.
     pub fn prevent_duplicate(mut self, window: Duration) -> Self {

@@ -1,8 +1,7 @@
 //! Policies and rules: what is limited, by which key, and how much.
 //!
-//! A [`Policy`] is the counterpart of a `@RateLimiter` annotation: a name, a [`Key`], a key prefix, one
-//! or more [`Rule`]s (each a `@RateRule`: a limit per period), an [`Algorithm`] and the message for
-//! refused requests. Every rule of a policy must pass for a request to be admitted. A policy that
+//! A [`Policy`] is what one limit is made of: a name, a [`Key`], a key prefix, one or more
+//! [`Rule`]s (each a limit per period), an [`Algorithm`] and the message for refused requests. Every rule of a policy must pass for a request to be admitted. A policy that
 //! can't work is refused by [`PolicyBuilder::build`] with a [`PolicyError`] naming the bad rule.
 //!
 //! The plain parts ([`Rule`], [`Algorithm`], [`Mode`], [`Scope`], [`OnStoreError`], [`PolicyError`])
