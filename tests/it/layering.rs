@@ -406,3 +406,53 @@ fn the_architecture_names_every_module_folder() {
         "ARCHITECTURE.md doesn't name {unnamed:?}"
     );
 }
+
+/// Lines of code of a file: neither blank nor a comment, outside its unit tests.
+fn lines_of_code(text: &str) -> usize {
+    code_of(text)
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .count()
+}
+
+/// A file past 600 lines of code is doing more than one job; the doors (the layer's service and
+/// future, the extractor, the handle) only start the limiter's flow and turn its outcome into
+/// their answer: 500 lines together, and no step of the flow they could reach by mistake.
+#[test]
+fn files_stay_small_and_the_doors_only_start_the_flow() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter(|file| !file.ends_with("tests.rs"))
+        .map(|file| {
+            (
+                file,
+                lines_of_code(&fs::read_to_string(file).expect("a source file")),
+            )
+        })
+        .filter(|(_, lines)| *lines > 600)
+        .map(|(file, lines)| format!("{} ({lines})", file.display()))
+        .collect();
+    assert!(long.is_empty(), "past 600 lines of code: {long:?}");
+    let doors = [
+        "src/layer/service.rs",
+        "src/layer/future.rs",
+        "src/extract.rs",
+        "src/rate_limiter.rs",
+    ];
+    let mut total = 0;
+    for door in doors {
+        let code = code_of(&fs::read_to_string(root.join(door)).expect("a door"));
+        assert!(
+            !code.contains("unreachable!"),
+            "{door} has an unreachable! arm"
+        );
+        total += lines_of_code(&code);
+    }
+    assert!(total <= 500, "the doors hold {total} lines of code");
+    // The counting itself: comments, blank lines and unit tests are not code.
+    let sample = "/// doc\nfn a() {}\n\n// note\nfn b() {} // why\n#[cfg(test)]\nmod tests {\nfn c() {}\n}\n";
+    assert_eq!(lines_of_code(sample), 2);
+}

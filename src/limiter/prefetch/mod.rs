@@ -1,0 +1,320 @@
+//! [`Prefetched`]: the units an instance took ahead for hot identities ([`PolicyBuilder::prefetch`]),
+//! spent without asking the store.
+//!
+//! A request that finds enough units here is admitted at once. Otherwise it asks the store for
+//! its cost plus some units ahead; what it takes is charged in the shared counters, all or
+//! nothing, as a check of that cost would be, so the shared limit is never passed. How many
+//! units ahead grows with the identity's pace: doubling while this instance asks the store for
+//! it again within [`HOT`], back to none once it asks less often. Once a hot identity has spent
+//! three quarters of its last take, the request that finds it so takes the next one in the
+//! background (doubled if the last went within [`HOT`]), so that its next requests still find
+//! units in hand: only one take per identity is in flight that way. Units held for an identity
+//! (in hand and asked for) never exceed the policy's `prefetch`. They are valid until the
+//! earliest window of the policy that charged them ends (spent later, they would count in a
+//! window that didn't charge them): the caller says when.
+//!
+//! [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
+
+mod table;
+#[cfg(test)]
+mod tests;
+
+use table::TakeAnswer;
+pub(crate) use table::{Expired, IDLE, Prefetched, Spend, WAIT_AT_MOST};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::futures::OwnedNotified;
+// Tokio's clock, which tests can pause and move with the stores' clocks.
+use tokio::time::Instant;
+
+use super::{Admission, Charged, Checked, Limiter};
+use crate::decision::Decision;
+use crate::limiter::telemetry::Outcome;
+use crate::policy::quota::QuotaLookup;
+use crate::policy::{Algorithm, StorageKey};
+use crate::response::LimitHeaders;
+use crate::store::{ResetListener, StoreError};
+
+/// What a request of a prefetching policy does before asking the store.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned at once, never stored: boxing the admission would allocate per request"
+)]
+pub(crate) enum Spent {
+    /// Admitted from units in hand (its charge still to be made: of the request's key and
+    /// quota, answered by the take that charged its units).
+    Admit(Admission, Charged),
+    /// Wait for a take in flight (for certain it lands, or at most [`WAIT_AT_MOST`]), then
+    /// spend again.
+    Wait(OwnedNotified, bool),
+    /// Ask the store for its cost and this many units ahead (0 under a policy that doesn't
+    /// prefetch).
+    Ask(u64),
+}
+
+impl Limiter {
+    /// Admits a request of `cost` for `key` from units in hand, or says to wait for a take in
+    /// flight (if `may_wait`), or how many units to ask for ahead.
+    pub(super) fn spend_prefetched(
+        self: &Arc<Self>,
+        key: &StorageKey,
+        cost: u64,
+        quota: Option<&QuotaLookup>,
+        may_wait: bool,
+    ) -> Spent {
+        let Some(prefetched) = &self.prefetched else {
+            return Spent::Ask(0);
+        };
+        let may_take_ahead = prefetched.may_take_ahead(self.store());
+        match prefetched.spend(key.as_str(), cost, Instant::now(), may_wait, may_take_ahead) {
+            Spend::Local {
+                decision,
+                charged,
+                take_ahead,
+            } => {
+                if take_ahead > 0 {
+                    self.take_ahead(prefetched, key, quota, take_ahead);
+                }
+                let metrics = self.metrics();
+                metrics.request(Outcome::Allowed);
+                metrics.prefetch("spent", cost);
+                metrics.admitted(&decision);
+                let headers =
+                    LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+                let admission = Admission {
+                    headers: Some(headers),
+                    lease: None,
+                    decision: Some(decision),
+                    charge: None,
+                };
+                let charged = charged.map_or(Charged::Unknown, |(take, after)| {
+                    Charged::Taken(take, after)
+                });
+                Spent::Admit(admission, charged)
+            }
+            Spend::Wait {
+                landed,
+                certain,
+                expired,
+            } => {
+                self.expired(key, expired, quota);
+                Spent::Wait(landed, certain)
+            }
+            Spend::Ask { extra, expired } => {
+                self.expired(key, expired, quota);
+                Spent::Ask(extra)
+            }
+        }
+    }
+
+    /// Forgets the units `checked` would have asked for ahead: it won't ask (answered from the
+    /// refusal cache).
+    pub(super) fn untake(&self, checked: &Checked) {
+        if let Some(prefetched) = &self.prefetched
+            && checked.extra > 0
+        {
+            prefetched.untook(checked.key.as_str(), checked.cost, checked.extra);
+        }
+    }
+
+    /// Units that sat in hand past their end: counted; a token bucket's are given back, as far
+    /// as time has not repaid them already (its window never ends, so they would be lost for
+    /// every instance), the others' window ended and took them along.
+    fn expired(self: &Arc<Self>, key: &StorageKey, expired: Expired, quota: Option<&QuotaLookup>) {
+        if expired.units == 0 {
+            return;
+        }
+        self.metrics().prefetch("expired", expired.units);
+        if self.policy.algorithm() == Algorithm::TokenBucket {
+            for (charged, units) in &expired.receipts {
+                self.give_back(key, *units, quota, charged);
+            }
+        }
+    }
+
+    /// Gives `units` of `key` back to the store, where the take answered `charged` charged
+    /// them, in the background.
+    fn give_back(
+        self: &Arc<Self>,
+        key: &StorageKey,
+        units: u64,
+        quota: Option<&QuotaLookup>,
+        charged: &Decision,
+    ) {
+        let request = self.store_request(key, quota).cost(units);
+        let mut refund = self.store().give_back(&request, charged);
+        if refund.take_ready().is_none()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                // A failure leaves the units counted: on the safe side.
+                let _ = refund.await;
+            });
+        }
+    }
+
+    /// Takes `units` of `key` ahead in the background: in hand once the store admits them, else
+    /// forgotten (near the limit, the next request asks for its cost alone).
+    fn take_ahead(
+        self: &Arc<Self>,
+        prefetched: &Arc<Prefetched>,
+        key: &StorageKey,
+        quota: Option<&QuotaLookup>,
+        units: u64,
+    ) {
+        let request = self.store_request(key, quota).cost(units);
+        let started = Instant::now();
+        let mut check = self.store().check(&request);
+        let (limiter, held) = (self.clone(), prefetched.clone());
+        let (charged_key, quota) = (key.clone(), quota.cloned());
+        let land = move |result: Result<Decision, StoreError>| {
+            limiter
+                .metrics()
+                .store_call(started.elapsed(), result.as_ref().map(|_| ()));
+            match result {
+                Ok(decision) if decision.allowed => {
+                    let charged = (&charged_key, quota.as_ref());
+                    let decision = Arc::new(decision);
+                    limiter.landed(&held, charged, (0, units), &decision, started);
+                }
+                // Refused: nothing in hand; failed: the units may be charged, on the safe side.
+                _ => held.untook(charged_key.as_str(), 0, units),
+            }
+        };
+        if let Some(result) = check.take_ready() {
+            land(result);
+        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { land(check.await) });
+        } else {
+            prefetched.untook(key.as_str(), 0, units);
+        }
+    }
+
+    /// `extra` units (beyond a request's `cost`) taken with `decision`, asked for at `started`,
+    /// are in hand: until the earliest window that charged them ends. Returns the decision as
+    /// the requester tells it.
+    fn landed(
+        &self,
+        prefetched: &Prefetched,
+        charged: (&StorageKey, Option<&QuotaLookup>),
+        (cost, extra): (u64, u64),
+        decision: &Arc<Decision>,
+        started: Instant,
+    ) -> Decision {
+        let now = Instant::now();
+        let until = started + self.units_last(decision, charged.1);
+        self.metrics().prefetch("taken", extra);
+        prefetched.took(charged, cost, extra, decision, until, now)
+    }
+
+    /// Settles a check's answer for units taken ahead: `None` when a take was refused (the
+    /// request then asks for its cost alone), else the answer the request goes on with, the
+    /// units in hand counted in what it tells, and the store's answer to the take (what the
+    /// request's own charge was answered, when it differs from what it tells).
+    pub(super) fn settle_take(
+        &self,
+        result: Result<Decision, StoreError>,
+        checked: &Checked,
+    ) -> Option<TakeAnswer> {
+        let Some(prefetched) = self.prefetched.as_ref().filter(|_| checked.extra > 0) else {
+            return Some((result, None));
+        };
+        let (key, cost, extra) = (checked.key.as_str(), checked.cost, checked.extra);
+        match result {
+            Ok(decision) if decision.allowed => {
+                let charged = (&checked.key, checked.quota.as_ref());
+                let started = tokio_instant(checked.started);
+                let taken = Arc::new(decision);
+                let told = self.landed(prefetched, charged, (cost, extra), &taken, started);
+                // The request's own units are the take's first: `extra` come after them.
+                Some((Ok(told), Some((taken, extra))))
+            }
+            Ok(_) => {
+                prefetched.untook(key, cost, extra);
+                None
+            }
+            Err(error) => {
+                prefetched.untook(key, cost, extra);
+                Some((Err(error), None))
+            }
+        }
+    }
+
+    /// How long units taken with `decision` may be spent, from when they were asked for: until
+    /// the earliest window that charged them ends, in the store's time (counted from the ask,
+    /// which is no later than the store's reading: never past the end). A token bucket's units
+    /// stay valid until time has repaid the take (its full time), and at most [`IDLE`].
+    fn units_last(&self, decision: &Decision, quota: Option<&QuotaLookup>) -> Duration {
+        let now = decision.now_unix_ms;
+        let policy = &self.policy;
+        if policy.algorithm() == Algorithm::TokenBucket {
+            // Until the take's full time, when time has repaid it: the bucket may then be full
+            // again, having forgotten the charge of the units still in hand (spent later, they
+            // would pass the burst). Its store time is read to the millisecond, so a
+            // millisecond less. And at most IDLE, unused.
+            let now_us = now.saturating_mul(1_000).saturating_add(999);
+            let until_full = decision
+                .rules
+                .iter()
+                .filter_map(|state| state.bucket_full_at_us)
+                .map(|full_at| full_at.saturating_sub(now_us))
+                .min()
+                .unwrap_or(0);
+            return IDLE.min(Duration::from_micros(until_full));
+        }
+        let window_left = |period: u64| {
+            let period = period.max(1);
+            period - now % period
+        };
+        let rules = policy
+            .rules()
+            .iter()
+            .map(|rule| window_left(rule.period_ms()));
+        let day = policy.quota().zip(quota).map(|(quota, _)| {
+            let day = quota.day_ms().max(1);
+            let start = now - (now + day - quota.day_start_offset_ms() % day) % day;
+            start + day - now
+        });
+        Duration::from_millis(rules.chain(day).min().unwrap_or(0))
+    }
+}
+
+impl Limiter {
+    /// Drops the units this limiter (and its overrides') holds ahead for `key`: it was reset.
+    pub(crate) fn forget_units(&self, key: &str) {
+        let overriding = self.overriding.get().into_iter().flatten().flatten();
+        let limiters = std::iter::once(self).chain(overriding.map(|own| &**own));
+        for limiter in limiters {
+            if let Some(prefetched) = &limiter.prefetched {
+                prefetched.key_reset(key);
+            }
+        }
+    }
+
+    /// Gives back every unit this limiter (and its overrides') took ahead and didn't spend, and
+    /// waits for the store: for an instance shutting down. A fixed window's or sliding counter's
+    /// units come back only while their window lasts; a failure leaves them counted.
+    pub(crate) async fn give_back_prefetched(&self) {
+        let overriding = self.overriding.get().into_iter().flatten().flatten();
+        let limiters = std::iter::once(self).chain(overriding.map(|own| &**own));
+        for limiter in limiters {
+            let Some(prefetched) = &limiter.prefetched else {
+                continue;
+            };
+            for (key, quota, receipts) in prefetched.drain() {
+                for (charged, units) in receipts {
+                    let request = limiter.store_request(&key, quota.as_ref()).cost(units);
+                    let _ = limiter.store().give_back(&request, &charged).await;
+                }
+            }
+        }
+    }
+}
+
+/// `started` (a wall-clock instant) on tokio's clock, which tests may pause.
+fn tokio_instant(started: std::time::Instant) -> Instant {
+    let now = Instant::now();
+    now.checked_sub(started.elapsed()).unwrap_or(now)
+}
