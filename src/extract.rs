@@ -100,19 +100,14 @@ impl LimitStore {
     /// The `n` identities the policy `P` refused most recently, as
     /// [`RateLimitLayer::top_refused`](crate::RateLimitLayer::top_refused) counts them.
     pub fn top_refused<P: LimitPolicy>(&self, n: usize) -> Vec<HeavyHitter> {
-        self.limiter::<P>().map_or_else(
-            |_| Vec::new(),
-            |limiter| limiter.top_refused.top(n, tokio::time::Instant::now()),
-        )
+        self.limiter::<P>()
+            .map_or_else(|_| Vec::new(), |limiter| limiter.top_refused(n))
     }
 
     /// How many requests the policy `P` let through in shadow mode that it would have refused.
     pub fn shadow_refusals<P: LimitPolicy>(&self) -> u64 {
-        self.limiter::<P>().map_or(0, |limiter| {
-            limiter
-                .shadow_refusals
-                .load(std::sync::atomic::Ordering::Relaxed)
-        })
+        self.limiter::<P>()
+            .map_or(0, |limiter| limiter.shadow_refusals())
     }
 
     /// Builds `P`'s policy now, as the first request through `Limited<P>` would, and says whether

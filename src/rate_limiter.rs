@@ -98,7 +98,7 @@ impl RateLimiter {
 
     /// The policy.
     pub fn policy(&self) -> &Policy {
-        &self.limiter.policy
+        self.limiter.policy()
     }
 
     /// Checks one unit for `identity`: [`RateLimiter::check_n`] of 1.
@@ -204,7 +204,7 @@ impl RateLimiter {
         if identity.is_empty() {
             return Err(OperatorError::BadIdentity(String::new()));
         }
-        let key = self.limiter.policy.named_key(identity);
+        let key = self.limiter.policy().named_key(identity);
         self.limiter.reset_key(&key).await
     }
 }
@@ -212,7 +212,7 @@ impl RateLimiter {
 impl fmt::Debug for RateLimiter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("policy", &self.limiter.policy.name())
+            .field("policy", &self.limiter.policy().name())
             .finish_non_exhaustive()
     }
 }
@@ -371,7 +371,7 @@ impl IntoResponse for Refused {
 impl fmt::Debug for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Refused")
-            .field("policy", &self.limiter.policy.name())
+            .field("policy", &self.limiter.policy().name())
             .field("refusal", &self.refusal)
             .finish()
     }
@@ -379,7 +379,7 @@ impl fmt::Debug for Refused {
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.refusal.describe(self.limiter.policy.name(), f)
+        self.refusal.describe(self.limiter.policy().name(), f)
     }
 }
 

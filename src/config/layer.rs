@@ -346,7 +346,7 @@ impl RouteTable {
                 old => {
                     if let Some(old) = old {
                         summary.changed += 1;
-                        if !counts_carry_over(&old.limiter.policy, &route.policy) {
+                        if !counts_carry_over(old.limiter.policy(), &route.policy) {
                             summary.reset_paths.push(route.path.clone());
                         }
                     } else {
@@ -357,8 +357,8 @@ impl RouteTable {
                         .map_err(|error| {
                             ConfigError::new(format!("routes[{index}]"), error.to_string())
                         })?;
-                    limiter.legacy_headers = config.legacy_headers;
-                    limiter.on_rejected = on_rejected.cloned();
+                    limiter.set_legacy_headers(config.legacy_headers);
+                    limiter.set_on_rejected(on_rejected.cloned());
                     Arc::new(limiter)
                 }
             };

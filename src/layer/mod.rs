@@ -15,9 +15,7 @@ use std::sync::Arc;
 use axum::response::IntoResponse;
 use tower::Layer;
 
-use crate::limiter::Limiter;
-use crate::limiter::refusals::Refusals;
-use crate::limiter::top_refused::{DEFAULT_TOP_REFUSED_GENERATION, TopRefused};
+use crate::limiter::{Limiter, RejectHandler};
 use crate::operate::HeavyHitter;
 use crate::operate::{OperatorError, RuleUsage};
 use crate::policy::{Policy, PolicyError};
@@ -82,15 +80,13 @@ impl RateLimitLayer {
     /// The limiter, to change a setting: this layer's own copy once others share it, with its
     /// override limiters to be made anew from the changed settings.
     fn limiter_mut(&mut self) -> &mut Limiter {
-        let limiter = Arc::make_mut(&mut self.limiter);
-        limiter.settings_changed();
-        limiter
+        Arc::make_mut(&mut self.limiter)
     }
 
     /// Also sends `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` (the Unix
     /// time of the reset, in seconds) for the rule closest to running out, as GitHub does.
     pub fn legacy_headers(mut self, enabled: bool) -> Self {
-        self.limiter_mut().legacy_headers = enabled;
+        self.limiter_mut().set_legacy_headers(enabled);
         self
     }
 
@@ -117,8 +113,8 @@ impl RateLimitLayer {
         F: Fn(&TooManyRequests) -> R + Send + Sync + 'static,
         R: IntoResponse,
     {
-        self.limiter_mut().on_rejected =
-            Some(Arc::new(move |rejected| respond(rejected).into_response()));
+        let handler: RejectHandler = Arc::new(move |rejected| respond(rejected).into_response());
+        self.limiter_mut().set_on_rejected(Some(handler));
         self
     }
 
@@ -132,15 +128,14 @@ impl RateLimitLayer {
     /// costs no store calls, and logs one line per identity and window; the rest are counted in
     /// the next line's `unlogged_refusals`.
     pub fn refusal_cache(mut self, capacity: usize) -> Self {
-        self.limiter_mut().refusals = Arc::new(Refusals::new(capacity));
+        self.limiter_mut().set_refusal_cache(capacity);
         self
     }
 
     /// How many identities [`RateLimitLayer::top_refused`] tracks (default 64; 0 turns it off).
     /// Memory is fixed by it: about 100 bytes per identity plus the identity itself.
     pub fn top_refused_capacity(mut self, capacity: usize) -> Self {
-        self.limiter_mut().top_refused =
-            Arc::new(TopRefused::new(capacity, DEFAULT_TOP_REFUSED_GENERATION));
+        self.limiter_mut().set_top_refused_capacity(capacity);
         self
     }
 
@@ -171,7 +166,7 @@ impl RateLimitLayer {
     /// # }
     /// ```
     pub fn top_refused(&self, n: usize) -> Vec<HeavyHitter> {
-        self.limiter.top_refused.top(n, tokio::time::Instant::now())
+        self.limiter.top_refused(n)
     }
 
     /// Forgets what `identity` (as the logs and [`top_refused`](Self::top_refused) show it,
@@ -217,14 +212,12 @@ impl RateLimitLayer {
     /// [`Mode::Shadow`](crate::Mode::Shadow) (zero in other modes). Clones of the layer share the
     /// count.
     pub fn shadow_refusals(&self) -> u64 {
-        self.limiter
-            .shadow_refusals
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.limiter.shadow_refusals()
     }
 
     /// The policy this layer applies.
     pub fn policy(&self) -> &Policy {
-        &self.limiter.policy
+        self.limiter.policy()
     }
 }
 

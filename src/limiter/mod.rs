@@ -13,6 +13,7 @@ mod operate;
 mod prefetch;
 mod prepare;
 pub(crate) mod refusals;
+mod settings;
 mod settle;
 pub(crate) mod slots;
 pub(crate) mod store_error_log;
@@ -51,18 +52,18 @@ pub(crate) type RejectHandler = Arc<dyn Fn(&TooManyRequests) -> Response<Body> +
 /// Everything a layer decides with, shared by all its services.
 #[derive(Clone)]
 pub(crate) struct Limiter {
-    pub(crate) policy: Policy,
+    policy: Policy,
     store: Arc<dyn Store>,
-    pub(crate) legacy_headers: bool,
-    pub(crate) on_rejected: Option<RejectHandler>,
+    legacy_headers: bool,
+    on_rejected: Option<RejectHandler>,
     /// The wire side's parts of every answer, prepared once from the policy.
     answers: AnswerPlan,
     /// Requests a shadow-mode policy would have refused; shared by the clones of a layer.
-    pub(crate) shadow_refusals: Arc<AtomicU64>,
+    shadow_refusals: Arc<AtomicU64>,
     /// Refused identities answered without the store, and the refusal log's budget.
-    pub(crate) refusals: Arc<Refusals>,
+    refusals: Arc<Refusals>,
     /// The most refused identities, recently.
-    pub(crate) top_refused: Arc<TopRefused>,
+    top_refused: Arc<TopRefused>,
     /// The store-failure log and its budget per kind (shared with the override limiters: they
     /// are the same policy).
     store_errors: Arc<StoreErrorLog>,
@@ -237,13 +238,12 @@ impl Limiter {
     #[cfg(feature = "config")]
     pub(crate) fn answering_with(&self, handler: RejectHandler) -> Limiter {
         let mut limiter = self.clone();
-        limiter.on_rejected = Some(handler);
-        limiter.settings_changed();
+        limiter.set_on_rejected(Some(handler));
         limiter
     }
 
     /// Forgets the override limiters made from the settings before a change.
-    pub(crate) fn settings_changed(&mut self) {
+    fn settings_changed(&mut self) {
         self.overriding = OnceLock::new();
     }
 

@@ -42,23 +42,8 @@ impl Limiter {
         // The refusal log and the alerts below belong to the check's span.
         let span = checked.span.clone();
         let _entered = span.enter();
-        let expected_states = self.policy.rules().len()
-            + usize::from(checked.quota.is_some())
-            + usize::from(self.policy.concurrency().is_some());
-        // A store must answer for every rule; anything else is a broken store, not a decision.
-        let result = result.and_then(|decision| {
-            if decision.rules.len() == expected_states {
-                Ok(decision)
-            } else {
-                Err(StoreError::Protocol(format!(
-                    "{} rule states for a policy of {} rules",
-                    decision.rules.len(),
-                    expected_states
-                )))
-            }
-        });
-        let metrics = self.metrics();
-        metrics.store_call(took, result.as_ref().map(|_| ()));
+        let result = self.whole(result, checked);
+        self.metrics().store_call(took, result.as_ref().map(|_| ()));
         span.record("store_latency_us", took.as_micros() as u64);
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
@@ -67,142 +52,180 @@ impl Limiter {
             Some((result, None)) => (result, Charged::Told),
             None => return Verdict::Retake,
         };
-        let key = &checked.key;
-        let outcome = |outcome: Outcome| {
-            span.record("outcome", outcome.label());
-            outcome
+        let decision = match result {
+            Ok(decision) => decision,
+            Err(error) => return self.store_failed(&error, checked),
         };
-        match result {
-            Ok(decision) => {
-                if !decision.quota_alerts.is_empty()
-                    && let (Some(quota), Some(lookup), Some(state)) = (
-                        self.policy.quota(),
-                        checked.quota.as_ref(),
-                        decision.rules.last(),
-                    )
-                {
-                    quota.alert(
-                        lookup,
-                        &decision.quota_alerts,
-                        state.remaining,
-                        decision.now_unix_ms,
-                        crate::limiter::telemetry::quota_alert,
-                    );
-                }
-                if decision.allowed {
-                    // An admission (of another cost) used quota: a refusal cached before it may
-                    // now have to wait longer.
-                    self.refusals.forget(checked.asking());
-                    metrics.admitted(&decision);
-                    let headers = LimitHeaders::new(
-                        &self.answers,
-                        &self.policy,
-                        &decision,
-                        self.legacy_headers,
-                    );
-                    let waiting = self.may_wait_for_slots().then(|| self.slot_queues.clone());
-                    let lease = decision.lease.map(|id| {
-                        let (store, policy) = (self.store.clone(), self.policy.clone());
-                        let errors = self.store_errors.clone();
-                        Lease::new(store, policy, key.clone(), id, waiting, errors)
-                    });
-                    if !(decision.delay + waited).is_zero() {
-                        metrics.request(outcome(Outcome::Delayed));
-                        metrics.delay(decision.delay + waited);
-                    } else {
-                        metrics.request(outcome(Outcome::Allowed));
-                    }
-                    // Given back by the caller (a handle's), or under count_only if the response
-                    // doesn't count (a shadow pass or a store failure charged nothing).
-                    let charge = Some(checked.take_charge(self.clone(), charged));
-                    let admission = Admission {
-                        headers: Some(headers),
-                        lease,
-                        decision: None,
-                        charge,
-                    };
-                    if !decision.delay.is_zero() {
-                        let delay = decision.delay;
-                        return Verdict::Delay(
-                            delay,
-                            Admission {
-                                decision: Some(decision),
-                                ..admission
-                            },
-                        );
-                    }
-                    return Verdict::Admit(Admission {
-                        decision: Some(decision),
-                        ..admission
-                    });
-                }
-                if !budget.is_zero() && self.only_slot_missing(&decision, budget) {
-                    return Verdict::AwaitSlot;
-                }
-                if self.policy.mode() == Mode::Shadow {
-                    self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
-                    self.count_refusal(outcome(Outcome::ShadowRefused), key, decision.violated());
-                    let headers = LimitHeaders::new(
-                        &self.answers,
-                        &self.policy,
-                        &decision,
-                        self.legacy_headers,
-                    );
-                    let rejected = TooManyRequests::new(
-                        self.policy.clone(),
-                        decision.clone(),
-                        self.answers.clone(),
-                    );
-                    self.log_rejection(
-                        &rejected,
-                        key,
-                        "request would be rate limited (shadow mode)",
-                    );
-                    return Verdict::Admit(Admission {
-                        headers: Some(headers),
-                        decision: Some(decision),
-                        ..Admission::unchecked()
-                    });
-                }
-                // A penalty block's refusals are not cached: the property test shows the store's
-                // later answers under a block may wait longer than a cached one would say. Nor
-                // are refusals for want of a concurrency slot: one frees when a request ends,
-                // long before the lease's expiry that a cached refusal would wait for.
-                let slot_refused = self.policy.concurrency().is_some()
-                    && decision.rules.last().is_some_and(RuleState::refused);
-                if self.policy.block_for().is_none() && !slot_refused {
-                    let max_delay = self.policy.mode().max_delay();
-                    self.refusals
-                        .remember(checked.asking(), &decision, max_delay);
-                }
-                self.count_refusal(outcome(Outcome::Refused), key, decision.violated());
-                if self.refusals.may_log() {
-                    let rejected = TooManyRequests::new(
-                        self.policy.clone(),
-                        decision.clone(),
-                        self.answers.clone(),
-                    );
-                    self.log_rejection(&rejected, key, "request rate limited");
-                }
-                Verdict::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol))
-            }
-            Err(error) => match self.policy.on_store_error() {
-                OnStoreError::Allow => {
-                    metrics.request(outcome(Outcome::StoreErrorAllowed));
-                    self.store_errors.log(
-                        self.policy.name(),
-                        &error,
-                        "letting the request through",
-                    );
-                    Verdict::Admit(Admission::unchecked())
-                }
-                OnStoreError::Deny => {
-                    metrics.request(outcome(Outcome::StoreErrorDenied));
-                    self.store_errors
-                        .log(self.policy.name(), &error, "refusing the request");
-                    Verdict::Respond(Answer::new(Refusal::StoreUnavailable, &checked.protocol))
-                }
-            },
+        self.alert_quota(&decision, checked);
+        if decision.allowed {
+            return self.admitted(decision, checked, charged, waited);
         }
+        if !budget.is_zero() && self.only_slot_missing(&decision, budget) {
+            return Verdict::AwaitSlot;
+        }
+        if self.policy.mode() == Mode::Shadow {
+            return self.shadow_pass(decision, checked);
+        }
+        self.refused(decision, checked)
+    }
+
+    /// The store's answer, if it answered for every rule (and the quota and the slot): anything
+    /// else is a broken store, not a decision.
+    fn whole(
+        &self,
+        result: Result<Decision, StoreError>,
+        checked: &Checked,
+    ) -> Result<Decision, StoreError> {
+        let expected = self.policy.rules().len()
+            + usize::from(checked.quota.is_some())
+            + usize::from(self.policy.concurrency().is_some());
+        result.and_then(|decision| {
+            if decision.rules.len() == expected {
+                Ok(decision)
+            } else {
+                Err(StoreError::Protocol(format!(
+                    "{} rule states for a policy of {} rules",
+                    decision.rules.len(),
+                    expected
+                )))
+            }
+        })
+    }
+
+    /// Sends the quota alerts the store says are due.
+    fn alert_quota(&self, decision: &Decision, checked: &Checked) {
+        if !decision.quota_alerts.is_empty()
+            && let (Some(quota), Some(lookup), Some(state)) = (
+                self.policy.quota(),
+                checked.quota.as_ref(),
+                decision.rules.last(),
+            )
+        {
+            quota.alert(
+                lookup,
+                &decision.quota_alerts,
+                state.remaining,
+                decision.now_unix_ms,
+                crate::limiter::telemetry::quota_alert,
+            );
+        }
+    }
+
+    /// An admission (after `waited` for a slot): its headers, its slot's lease and its charge,
+    /// now or after the delay the store reserved.
+    fn admitted(
+        self: &Arc<Self>,
+        decision: Decision,
+        checked: &mut Checked,
+        charged: Charged,
+        waited: Duration,
+    ) -> Verdict {
+        let metrics = self.metrics();
+        // An admission (of another cost) used quota: a refusal cached before it may now have to
+        // wait longer.
+        self.refusals.forget(checked.asking());
+        metrics.admitted(&decision);
+        let headers =
+            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+        let waiting = self.may_wait_for_slots().then(|| self.slot_queues.clone());
+        let lease = decision.lease.map(|id| {
+            let (store, policy) = (self.store.clone(), self.policy.clone());
+            let errors = self.store_errors.clone();
+            Lease::new(store, policy, checked.key.clone(), id, waiting, errors)
+        });
+        let outcome = if (decision.delay + waited).is_zero() {
+            Outcome::Allowed
+        } else {
+            metrics.delay(decision.delay + waited);
+            Outcome::Delayed
+        };
+        metrics.request(self.outcome(checked, outcome));
+        // Given back by the caller (a handle's), or under count_only if the response doesn't
+        // count (a shadow pass or a store failure charged nothing).
+        let charge = Some(checked.take_charge(self.clone(), charged));
+        let delay = decision.delay;
+        let admission = Admission {
+            headers: Some(headers),
+            lease,
+            decision: Some(decision),
+            charge,
+        };
+        if delay.is_zero() {
+            Verdict::Admit(admission)
+        } else {
+            Verdict::Delay(delay, admission)
+        }
+    }
+
+    /// A refusal in shadow mode: let through, with the headers, counted and logged as what it
+    /// would have been.
+    fn shadow_pass(&self, decision: Decision, checked: &Checked) -> Verdict {
+        self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
+        let outcome = self.outcome(checked, Outcome::ShadowRefused);
+        self.count_refusal(outcome, &checked.key, decision.violated());
+        let headers =
+            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+        let rejected =
+            TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
+        self.log_rejection(
+            &rejected,
+            &checked.key,
+            "request would be rate limited (shadow mode)",
+        );
+        Verdict::Admit(Admission {
+            headers: Some(headers),
+            decision: Some(decision),
+            ..Admission::unchecked()
+        })
+    }
+
+    /// A refusal: cached (when a cached answer would be right), counted, logged within the
+    /// log's budget, answered.
+    fn refused(&self, decision: Decision, checked: &Checked) -> Verdict {
+        // A penalty block's refusals are not cached: the property test shows the store's later
+        // answers under a block may wait longer than a cached one would say. Nor are refusals for
+        // want of a concurrency slot: one frees when a request ends, long before the lease's
+        // expiry that a cached refusal would wait for.
+        let slot_refused = self.policy.concurrency().is_some()
+            && decision.rules.last().is_some_and(RuleState::refused);
+        if self.policy.block_for().is_none() && !slot_refused {
+            let max_delay = self.policy.mode().max_delay();
+            self.refusals
+                .remember(checked.asking(), &decision, max_delay);
+        }
+        let outcome = self.outcome(checked, Outcome::Refused);
+        self.count_refusal(outcome, &checked.key, decision.violated());
+        if self.refusals.may_log() {
+            let rejected =
+                TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
+            self.log_rejection(&rejected, &checked.key, "request rate limited");
+        }
+        Verdict::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol))
+    }
+
+    /// A store failure, answered as the policy says: let through unchecked, or refused with 503.
+    fn store_failed(&self, error: &StoreError, checked: &Checked) -> Verdict {
+        let name = self.policy.name();
+        match self.policy.on_store_error() {
+            OnStoreError::Allow => {
+                self.metrics()
+                    .request(self.outcome(checked, Outcome::StoreErrorAllowed));
+                self.store_errors
+                    .log(name, error, "letting the request through");
+                Verdict::Admit(Admission::unchecked())
+            }
+            OnStoreError::Deny => {
+                self.metrics()
+                    .request(self.outcome(checked, Outcome::StoreErrorDenied));
+                self.store_errors.log(name, error, "refusing the request");
+                Verdict::Respond(Answer::new(Refusal::StoreUnavailable, &checked.protocol))
+            }
+        }
+    }
+
+    /// `outcome`, recorded on the check's span too.
+    fn outcome(&self, checked: &Checked, outcome: Outcome) -> Outcome {
+        checked.span.record("outcome", outcome.label());
+        outcome
     }
 }
