@@ -28,7 +28,8 @@ pub(crate) struct Admission {
     pub(super) decision: Option<Decision>,
     /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
     /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
-    /// charged (unlimited, a shadow pass, a store failure let through).
+    /// charged (unlimited, a shadow pass, a store failure let through), or when nothing would give
+    /// it back (the layer without `count_only`, the extractor).
     pub(super) charge: Option<Charge>,
 }
 

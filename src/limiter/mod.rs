@@ -93,6 +93,9 @@ pub(crate) struct Checked {
     started: Instant,
     /// Units asked for ahead, beyond the cost (a prefetching policy's hot identity).
     extra: u64,
+    /// Whether an admission keeps its charge (its receipt): for a handle's caller, and under
+    /// `count_only` for the response; otherwise nothing gives it back, so none is made.
+    receipt: bool,
 }
 
 impl Checked {

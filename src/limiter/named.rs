@@ -52,7 +52,8 @@ impl Limiter {
             }
         }
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
-        self.prepare_found(key, cost, quota, protocol)
+        // A handle's caller may give an admission back by its receipt.
+        self.prepare_found(key, cost, quota, protocol, true)
     }
 
     /// The limiter that counts `identity`: a `rules` override's, or this one.

@@ -71,7 +71,9 @@ impl Limiter {
         let quota = policy
             .quota()
             .and_then(|quota| quota.lookup(parts, policy.client_ip()));
-        self.prepare_found(key, cost, quota, protocol)
+        // The layer gives a charge back only under count_only (the extractor never).
+        let receipt = policy.counts_only_some();
+        self.prepare_found(key, cost, quota, protocol, receipt)
     }
 
     /// What an override found for `key` makes of the request, if anything: let through, denied,
@@ -140,6 +142,7 @@ impl Limiter {
         cost: u64,
         quota: Option<QuotaLookup>,
         protocol: Protocol,
+        receipt: bool,
     ) -> Prepared {
         let policy = &self.policy;
         // A request no rule (nor the day's quota) could ever admit: waiting won't help.
@@ -180,10 +183,11 @@ impl Limiter {
         }
         // Units in hand admit at once: no store call, no span.
         match self.spend_prefetched(&key, cost, quota.as_ref(), true) {
+            Spent::Admit(admission, _) if !receipt => Prepared::Admit(admission),
             Spent::Admit(admission, charged) => {
                 Prepared::Admit(admission.charging(self.clone(), key, cost, quota, charged))
             }
-            Spent::Ask(extra) => self.prepare_ask(key, cost, quota, protocol, extra),
+            Spent::Ask(extra) => self.prepare_ask(key, cost, quota, protocol, extra, receipt),
             Spent::Wait(landed, certain) => {
                 let limiter = self.clone();
                 let deadline = tokio::time::Instant::now() + prefetch::WAIT_AT_MOST;
@@ -200,6 +204,9 @@ impl Limiter {
                         }
                         let may_wait = tokio::time::Instant::now() < deadline;
                         match limiter.spend_prefetched(&key, cost, quota.as_ref(), may_wait) {
+                            Spent::Admit(admission, _) if !receipt => {
+                                return Prepared::Admit(admission);
+                            }
                             Spent::Admit(admission, charged) => {
                                 let own = limiter.clone();
                                 let admission = admission.charging(own, key, cost, quota, charged);
@@ -210,7 +217,7 @@ impl Limiter {
                         }
                     };
                     // Told as this limiter's, which may be an override's.
-                    match limiter.prepare_ask(key, cost, quota, protocol, extra) {
+                    match limiter.prepare_ask(key, cost, quota, protocol, extra, receipt) {
                         Prepared::Check(checked) => Prepared::CheckBy(limiter, checked),
                         Prepared::Respond(answer) => Prepared::RespondBy(limiter, answer),
                         other => other,
@@ -229,6 +236,7 @@ impl Limiter {
         quota: Option<QuotaLookup>,
         protocol: Protocol,
         extra: u64,
+        receipt: bool,
     ) -> Prepared {
         let policy = &self.policy;
         let span = tracing::debug_span!(
@@ -246,6 +254,7 @@ impl Limiter {
             span,
             started: Instant::now(),
             extra,
+            receipt,
         };
         // Shadow mode asks the store every time: it counts what it lets through.
         if policy.mode() != Mode::Shadow

@@ -141,8 +141,10 @@ impl Limiter {
         };
         metrics.request(self.outcome(checked, outcome));
         // Given back by the caller (a handle's), or under count_only if the response doesn't
-        // count (a shadow pass or a store failure charged nothing).
-        let charge = Some(checked.take_charge(self.clone(), charged));
+        // count (a shadow pass or a store failure charged nothing); made only for them.
+        let charge = checked
+            .receipt
+            .then(|| checked.take_charge(self.clone(), charged));
         let delay = decision.delay;
         let admission = Admission {
             headers: Some(headers),
