@@ -29,7 +29,7 @@ pub(crate) struct Admission {
     /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
     /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
     /// charged (unlimited, a shadow pass, a store failure let through), or when nothing would give
-    /// it back (the layer without `count_only`, the extractor).
+    /// it back (a request's admission without `count_only`).
     pub(super) charge: Option<Charge>,
 }
 

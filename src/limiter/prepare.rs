@@ -71,7 +71,8 @@ impl Limiter {
         let quota = policy
             .quota()
             .and_then(|quota| quota.lookup(parts, policy.client_ip()));
-        // The layer gives a charge back only under count_only (the extractor never).
+        // From a request, a charge goes back only under count_only, when the response doesn't
+        // count (the layer's; the extractor, which never sees the response, drops it).
         let receipt = policy.counts_only_some();
         self.prepare_found(key, cost, quota, protocol, receipt)
     }

@@ -133,13 +133,12 @@ impl Limiter {
             let errors = self.store_errors.clone();
             Lease::new(store, policy, checked.key.clone(), id, waiting, errors)
         });
-        let outcome = if (decision.delay + waited).is_zero() {
-            Outcome::Allowed
+        if (decision.delay + waited).is_zero() {
+            metrics.request(self.outcome(checked, Outcome::Allowed));
         } else {
+            metrics.request(self.outcome(checked, Outcome::Delayed));
             metrics.delay(decision.delay + waited);
-            Outcome::Delayed
-        };
-        metrics.request(self.outcome(checked, outcome));
+        }
         // Given back by the caller (a handle's), or under count_only if the response doesn't
         // count (a shadow pass or a store failure charged nothing); made only for them.
         let charge = checked

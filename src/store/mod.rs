@@ -192,18 +192,21 @@ impl<'a> CheckRequest<'a> {
 
     /// This request as a peek: decided as a check, recorded nowhere.
     pub(crate) fn peeking(mut self) -> Self {
+        debug_assert_eq!(self.call, Call::Check, "a store call is one thing");
         self.call = Call::Peek;
         self
     }
 
     /// This request as a refund of its cost.
     pub(crate) fn refunding(mut self) -> Self {
+        debug_assert_eq!(self.call, Call::Check, "a store call is one thing");
         self.call = Call::Refund;
         self
     }
 
     /// This request as a give-back of its cost to where the admission `charged` was charged.
     pub(crate) fn giving_back(mut self, charged: &'a Decision) -> Self {
+        debug_assert_eq!(self.call, Call::Check, "a store call is one thing");
         self.call = Call::GiveBack(charged);
         self
     }

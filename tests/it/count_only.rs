@@ -14,7 +14,7 @@ use common::redis_server::{TestRedis, unique_prefix};
 use common::{request_from, send};
 use http::StatusCode;
 use tower_redis_ratelimit::{
-    Key, MemoryStore, Policy, RateLimitLayer, RateLimiter, RedisStore, Rule, Store,
+    Algorithm, Key, MemoryStore, Policy, RateLimitLayer, RateLimiter, RedisStore, Rule, Store,
 };
 
 fn failures(prefix: &str) -> Policy {
@@ -170,4 +170,57 @@ async fn a_config_route_counts_only_the_statuses_it_lists() {
     }
     // 200 and 403 don't count; 401 and 503 use the two units; then everything is refused.
     assert_eq!(answered, [200, 403, 200, 401, 503, 429, 429]);
+}
+
+/// `count_only` with units taken ahead: the requests admitted from units in hand give their
+/// charges back by the take's receipt when their responses don't count, so successes never use
+/// the limit up, and failures use exactly the limit. (Requests follow each other at once: the
+/// identity is hot, and its units are taken ahead.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn count_only_gives_back_units_taken_ahead_in_memory() {
+    let policy = Policy::builder("login-failures-prefetched")
+        .key(Key::global())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_hour(50))
+        .prefetch(16)
+        .count_only(|status| status == StatusCode::UNAUTHORIZED)
+        .build()
+        .unwrap();
+    // One layer (one instance): its units in hand serve both phases.
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let (failing, failed) = (failing.clone(), failed.clone());
+        Router::new()
+            .route(
+                "/login",
+                get(move || {
+                    let fails = failing.load(Ordering::SeqCst);
+                    if fails {
+                        failed.fetch_add(1, Ordering::SeqCst);
+                    }
+                    async move {
+                        if fails {
+                            StatusCode::UNAUTHORIZED
+                        } else {
+                            StatusCode::OK
+                        }
+                    }
+                }),
+            )
+            .layer(RateLimitLayer::new(policy, MemoryStore::new()))
+    };
+    for round in 0..200 {
+        let response = send(&app, request_from("203.0.113.9:1000", "/login")).await;
+        assert_eq!(response.status(), StatusCode::OK, "success {round}");
+    }
+    failing.store(true, Ordering::SeqCst);
+    for _ in 0..60 {
+        send(&app, request_from("203.0.113.9:1000", "/login")).await;
+    }
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        50,
+        "failures use exactly the limit"
+    );
 }

@@ -342,7 +342,38 @@ impl RedisStore {
 /// A release build's test hooks: none, at no cost (see `test_hooks.rs`).
 #[cfg(not(any(debug_assertions, feature = "test-hooks")))]
 #[derive(Default)]
-struct TestHooks;
+struct TestHooks {}
+
+/// A release build's hooks for the tests: each says how to get the real ones, loudly.
+#[cfg(not(any(debug_assertions, feature = "test-hooks")))]
+#[allow(missing_docs, clippy::unused_async)]
+impl RedisStore {
+    #[doc(hidden)]
+    pub fn fix_time_for_tests(&self, _: Option<u64>) {
+        no_test_hooks()
+    }
+
+    #[doc(hidden)]
+    pub fn generic_checks_for_tests(&self, _: bool) {
+        no_test_hooks()
+    }
+
+    #[doc(hidden)]
+    pub async fn check_batch_for_tests(
+        &self,
+        _: &[CheckRequest<'_>],
+    ) -> Vec<Result<Decision, StoreError>> {
+        no_test_hooks()
+    }
+}
+
+#[cfg(not(any(debug_assertions, feature = "test-hooks")))]
+fn no_test_hooks() -> ! {
+    panic!(
+        "the Redis store's test hooks are in debug builds and with the `test-hooks` feature: \
+         run release-built tests with `--features test-hooks` (or `--all-features`)"
+    )
+}
 
 #[cfg(not(any(debug_assertions, feature = "test-hooks")))]
 impl TestHooks {
