@@ -51,11 +51,14 @@ local shape_of = remembered(function(piece)
     error('malformed shape ' .. piece)
   end
   local shape = {code = code, keys = keys, args = args}
-  -- Without options every key is a counted rule's, and its limit and period follow the cost.
+  -- Without options every key is a counted rule's, and its limit and period follow the cost (its
+  -- cost per rule is read once here).
   if fast[code] and args[2] == '' then
-    shape.lean, shape.cost, shape.rules = fast[code], tonumber(args[1]), keys
-    shape.limits, shape.periods = {}, {}
+    shape.lean, shape.rules = fast[code], keys
+    shape.costs, shape.limits, shape.periods = {}, {}, {}
+    local costs = costs_of(args[1])
     for i = 1, keys do
+      shape.costs[i] = costs[i]
       shape.limits[i], shape.periods[i] = tonumber(args[1 + 2 * i]), tonumber(args[2 + 2 * i])
     end
   end

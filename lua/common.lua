@@ -45,6 +45,28 @@ local text_of = remembered(function(integer)
   return string.format('%d', integer)
 end)
 
+-- A request's costs, from its text (ARGV[1] of lua/head.lua): `<cost>`, or, when a rule or the
+-- quota counts metered units, `<cost>:<units>:<flags>`, with one flag per counted rule and then
+-- one for the quota: `m` (it counts the units) or `r` (it counts the cost). Returns a table of
+-- each counted rule's cost, the quota's last (at rules + 1), remembered.
+local costs_of = remembered(function(text)
+  local cost = tonumber(text)
+  local costs = {}
+  if cost then
+    -- (Indexes past the rules' read the cost too.)
+    return setmetatable(costs, {__index = function() return cost end})
+  end
+  local request, units, flags = string.match(text, '^(%d+):(%d+):([mr]+)$')
+  if request == nil then
+    error('malformed cost ' .. text)
+  end
+  request, units = tonumber(request), tonumber(units)
+  for i = 1, #flags do
+    costs[i] = string.byte(flags, i) == 109 and units or request
+  end
+  return setmetatable(costs, {__index = function() return request end})
+end)
+
 -- floor(a / b) for integers, exact even where the quotient of two doubles rounds up.
 local function div(a, b)
   local q = floor(a / b)

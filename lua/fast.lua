@@ -7,7 +7,7 @@
 -- as the check's own commands.
 --
 -- fast.<code>(KEYS, key_at, shape, now, out, n): the check's keys are
--- KEYS[key_at + 1 .. key_at + shape.rules]; `shape` holds its cost and, per rule i, limits[i] and
+-- KEYS[key_at + 1 .. key_at + shape.rules]; `shape` holds, per rule i, costs[i], limits[i] and
 -- periods[i] (see lua/batch.lua); `now` is the batch's time (ms). It writes the check's entry into
 -- `out` after item n (see lua/batch.lua: an admission's short form, or the full reply) and returns
 -- the index of its last item. It writes only after its last Redis command, so a check that fails
@@ -35,8 +35,9 @@ end
 -- Fixed window (lua/fixed_window.lua): charge every rule with HINCRBY; if one refuses, take every
 -- charge back. One rule, the most common policy, takes a path without tables.
 fast.fw = function(KEYS, key_at, shape, now, out, n)
-  local cost, rules = shape.cost, shape.rules
+  local rules = shape.rules
   if rules == 1 then
+    local cost = shape.costs[1]
     local key = KEYS[key_at + 1]
     local limit, period = shape.limits[1], shape.periods[1]
     local start = now - now % period
@@ -71,6 +72,7 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
     local key = KEYS[key_at + i]
     local period = shape.periods[i]
     local start = now - now % period
+    local cost = shape.costs[i]
     local count = call('HINCRBY', key, text_of(start), text_of(cost))
     if count == cost then
       window_opened(key, start, period)
@@ -90,13 +92,13 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
   end
   for i = 1, rules do
     local period = shape.periods[i]
-    call('HINCRBY', KEYS[key_at + i], text_of(now - now % period), text_of(0 - cost))
+    call('HINCRBY', KEYS[key_at + i], text_of(now - now % period), text_of(0 - shape.costs[i]))
   end
   n = reply_head(out, n, rules, 0)
   for i = 1, rules do
     local limit, period = shape.limits[i], shape.periods[i]
     local ends = now - now % period + period
-    local count = counts[i]
+    local count, cost = counts[i], shape.costs[i]
     local retry = -1
     if count > limit then
       retry = ends - now
@@ -113,7 +115,7 @@ end
 
 -- Sliding log (lua/sliding_log.lua): count every rule's window; record in all if all admit.
 fast.sl = function(KEYS, key_at, shape, now, out, n)
-  local cost, rules = shape.cost, shape.rules
+  local costs, rules = shape.costs, shape.rules
   local logs = {}
   local allowed = 1
   for i = 1, rules do
@@ -121,7 +123,7 @@ fast.sl = function(KEYS, key_at, shape, now, out, n)
     call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - shape.periods[i]))
     local log = log_read(key)
     logs[i] = log
-    if log.count + cost > shape.limits[i] then
+    if log.count + costs[i] > shape.limits[i] then
       allowed = 0
     end
   end
@@ -130,7 +132,7 @@ fast.sl = function(KEYS, key_at, shape, now, out, n)
   for i = 1, rules do
     local key = KEYS[key_at + i]
     local limit, period = shape.limits[i], shape.periods[i]
-    local log = logs[i]
+    local log, cost = logs[i], costs[i]
     local retry = -1
     if allowed == 1 then
       log_admit(key, now, log, cost, period)

@@ -17,14 +17,16 @@
 --   was last reset (lua/reset.lua)
 --                All keys of one identity share a hash tag, so the script runs on Redis Cluster
 --                (a quota keyed like its policy shares it too).
--- ARGV[1]        the request's cost (units)
+-- ARGV[1]        the request's cost (units), or `<cost>:<units>:<flags>` when a rule or the quota
+--                counts metered units (see costs_of, lua/common.lua)
 -- ARGV[2]        the options, comma-separated, or empty when there are none (the common case: every
 --                argument costs Redis about as much as a command, so they are packed):
 --                max delay (ms; 0: refuse what doesn't fit now), duplicate guard window (ms; 0:
 --                none), penalty block (ms; 0: none), quota limit (0: no quota), quota day length
 --                (ms), where quota days start after epoch-aligned ones (ms), most requests in
 --                flight at once (0: no concurrency limit), a lease's length (ms), what this is (0: a
---                check, 1: a peek, 2: a refund, 3: a give-back), then per alert threshold:
+--                check, 1: a peek, 2: a refund, 3: a give-back, 4: an overdraw), then per alert
+--                threshold:
 --                percent, count that reaches it
 -- then per counted rule, from ARGV[3]: limit, period (ms), and for the token bucket its burst
 --
@@ -37,7 +39,14 @@
 -- is the batch's, which lua/batch.lua replies once. Every number is an integer below 2^53, so
 -- Lua's doubles hold it exactly.
 local now = floor(now_us / 1000)
-local cost = tonumber(ARGV[1])
+-- Each counted rule's cost, and the quota's (at rules + 1); `cost` is the one being counted,
+-- which cost_for sets (the algorithm's part reads it).
+local costs = costs_of(ARGV[1])
+local cost = costs[1]
+local function cost_for(i)
+  cost = costs[i]
+  return cost
+end
 local options = {}
 if ARGV[2] ~= '' then
   for number in string.gmatch(ARGV[2], '%d+') do
@@ -62,7 +71,10 @@ if giving_back and receipt == nil then
   error('a give-back without its receipt')
 end
 local refunding = options[9] == 2 or giving_back
-local peek = options[9] == 1 or refunding
+-- An overdraw (a settle's units used beyond its reservation) charges them past the limits if it
+-- must (lua/tail.lua), then answers as a peek of one unit.
+local overdrawing = options[9] == 4
+local peek = options[9] == 1 or refunding or overdrawing
 local thresholds = math.max(floor((#options - 9) / 2), 0)
 -- Arguments per counted rule: limit and period; the token bucket's part sets 3 (and a burst).
 local rule_arity = 2

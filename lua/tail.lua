@@ -5,6 +5,7 @@
 if refunding then
   if rules_give_back then
     for i = 1, rules do
+      cost_for(i)
       give_back(i, rule_args(i))
     end
   end
@@ -13,10 +14,50 @@ if refunding then
     local start = quota_day_start()
     local count = tonumber(call('HGET', quota_key, start)) or 0
     if count > 0 then
-      call('HINCRBY', quota_key, start, text_of(0 - math.min(cost, count)))
+      call('HINCRBY', quota_key, start, text_of(0 - math.min(cost_for(rules + 1), count)))
     end
   end
-  cost = 1
+  costs = costs_of('1')
+end
+-- The quota's alerts an admission (or an overdraw) fired.
+local fired = {}
+-- Adds `units` to the day's quota count; fires the alerts whose threshold it reached first.
+local function quota_charge(quota, units)
+  local before = quota.count
+  quota.count = call('HINCRBY', quota_key, quota.start, units)
+  expire_at_least(quota_key, quota.start + quota_day)
+  -- An alert fires when this request reaches its threshold first, once per key, threshold and
+  -- day: the flag holds the day it fired for and lives 30 hours (SET NX semantics, kept per day).
+  for j = 1, thresholds do
+    local percent, used = threshold(j)
+    local flag_key = KEYS[flags_from + j - 1]
+    if before < used and quota.count >= used
+        and tonumber(call('GET', flag_key)) ~= quota.start then
+      call('SET', flag_key, quota.start, 'PX', 30 * 3600 * 1000)
+      fired[#fired + 1] = percent
+    end
+  end
+end
+-- An overdraw charges every counted rule and the quota in their current windows without a
+-- check, each by at most its limit (a token bucket's burst), then answers as a peek.
+if overdrawing then
+  peek = false
+  for i = 1, rules do
+    local limit, period, burst = rule_args(i)
+    cost = math.min(cost_for(i), burst)
+    if cost > 0 then
+      commit(inspect(i, limit, period, burst), now, now_us)
+    end
+  end
+  if quota_key then
+    local start = quota_day_start()
+    local units = math.min(cost_for(rules + 1), quota_limit)
+    if units > 0 then
+      quota_charge({start = start, count = tonumber(call('HGET', quota_key, start)) or 0}, units)
+    end
+  end
+  peek = true
+  costs = costs_of('1')
 end
 local states = {}
 local allowed = 1
@@ -27,6 +68,7 @@ local refused_by_rules = false
 -- The wait until every refusing rule admits the request; nil when one never will.
 local longest_wait = 0
 for i = 1, rules do
+  cost_for(i)
   local state = inspect(i, rule_args(i))
   states[i] = state
   if not state.fits then
@@ -46,7 +88,7 @@ local quota = nil
 if quota_key then
   local start = quota_day_start()
   local count = tonumber(call('HGET', quota_key, start)) or 0
-  quota = {start = start, count = count, fits = count + cost <= quota_limit}
+  quota = {start = start, count = count, fits = count + cost_for(rules + 1) <= quota_limit}
   if not quota.fits then
     allowed = 0
   end
@@ -72,7 +114,7 @@ end
 -- When a refused quota admits the request: at the end of its day, or (a cost above its limit,
 -- which no day admits) a day from now.
 local function quota_wait()
-  if cost > quota_limit then
+  if cost_for(rules + 1) > quota_limit then
     return quota_day
   end
   return quota.start + quota_day - now
@@ -106,6 +148,7 @@ if blocked_for > 0 then
     reply[#reply + 1] = until_free
   end
   for i = 1, rules do
+    cost_for(i)
     local state = states[i]
     local own_wait = 0
     if not state.fits then
@@ -140,10 +183,10 @@ if allowed == 0 and not peek and not guard_stamp and not quota_refused and not s
 end
 
 local block_until = 0
-local fired = {}
 local lease_id = 0
 if peek then
   for i = 1, rules do
+    cost_for(i)
     undo(states[i])
   end
 elseif allowed == 1 then
@@ -160,6 +203,7 @@ elseif allowed == 1 then
     expire_at_least(in_flight_key, expires)
   end
   for i = 1, rules do
+    cost_for(i)
     commit(states[i], now + delay, now_us + delay * 1000)
   end
   if guard_window > 0 then
@@ -167,23 +211,11 @@ elseif allowed == 1 then
     call('SET', guard_key, guard_stamp, 'PXAT', guard_stamp + guard_window)
   end
   if quota then
-    local before = quota.count
-    quota.count = call('HINCRBY', quota_key, quota.start, cost)
-    expire_at_least(quota_key, quota.start + quota_day)
-    -- An alert fires when this request reaches its threshold first, once per key, threshold and
-    -- day: the flag holds the day it fired for and lives 30 hours (SET NX semantics, kept per day).
-    for j = 1, thresholds do
-      local percent, used = threshold(j)
-      local flag_key = KEYS[flags_from + j - 1]
-      if before < used and quota.count >= used
-          and tonumber(call('GET', flag_key)) ~= quota.start then
-        call('SET', flag_key, quota.start, 'PX', 30 * 3600 * 1000)
-        fired[#fired + 1] = percent
-      end
-    end
+    quota_charge(quota, cost_for(rules + 1))
   end
 else
   for i = 1, rules do
+    cost_for(i)
     undo(states[i])
   end
   if block > 0 and (refused_by_rules or quota_refused) then
@@ -202,6 +234,7 @@ end
 
 local reply = {allowed, delay}
 for i = 1, rules do
+  cost_for(i)
   local state = states[i]
   local retry = -1
   if allowed == 0 and not state.fits then

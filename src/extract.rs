@@ -213,12 +213,16 @@ where
                 return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
             }
         };
-        // (The extractor can't see the response: a count_only charge stays.)
+        // (The extractor can't see the response: a count_only charge stays, and a meter's
+        // reservation settles once the request's `Usage` is gone.)
         match limiter.decide(parts).outcome().await {
-            Settled::Admitted(admission) => Ok(Limited {
-                admission,
-                policy: PhantomData,
-            }),
+            Settled::Admitted(mut admission) => {
+                admission.meter_into(&mut parts.extensions);
+                Ok(Limited {
+                    admission,
+                    policy: PhantomData,
+                })
+            }
             Settled::Answered(answered) => Err(answered.response()),
         }
     }

@@ -108,6 +108,7 @@ pub mod headers;
 pub mod key;
 pub mod layer;
 mod limiter;
+pub mod meter;
 pub mod operate;
 pub mod outbound;
 pub mod policy;

@@ -38,7 +38,8 @@ use axum::response::{IntoResponse, IntoResponseParts, ResponseParts};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::limiter::{Admission, Limiter, Refusal, Settled};
+use crate::limiter::{Admission, Limiter, Price, Refusal, Settled};
+use crate::meter::Reservation;
 use crate::operate::OperatorError;
 use crate::policy::{Policy, PolicyError};
 use crate::response::Protocol;
@@ -120,14 +121,57 @@ impl RateLimiter {
     /// override (403), the store failed under a fail-closed policy (503), an empty identity (400)
     /// or a cost of 0 (500: it counts nothing, which is the app's mistake).
     pub async fn check_n(&self, identity: &str, cost: u64) -> Result<Admitted, Refused> {
-        match self.limiter.decide_named(identity, cost).outcome().await {
-            // (A handle can't see the response: its caller refunds what doesn't count.)
-            Settled::Admitted(admission) => Ok(Admitted { admission }),
+        // (A handle can't see the response: its caller refunds what doesn't count.)
+        let admission = self.decide(identity, Price { cost, units: 1 }).await?;
+        Ok(Admitted { admission })
+    }
+
+    /// The limiter's decision for `identity` at `price`.
+    async fn decide(&self, identity: &str, price: Price) -> Result<Admission, Refused> {
+        match self.limiter.decide_named(identity, price).outcome().await {
+            Settled::Admitted(admission) => Ok(admission),
             Settled::Answered(answered) => {
                 let (limiter, refusal) = answered.into_refusal();
                 Err(Refused { limiter, refusal })
             }
         }
+    }
+
+    /// Reserves `estimate` metered units for `identity` ([`Meter`](crate::meter::Meter)), with a
+    /// check of cost 1 against the rules that count requests: every rule admits, and all are
+    /// charged, or nothing is. Settle the reservation with what the work really used
+    /// ([`Reservation::settle`]); one dropped without settling stands. An estimate above what a
+    /// metered rule holds reserves that much. Under a policy without a meter it is a check whose
+    /// settle changes nothing.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::meter::Meter;
+    /// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimiter, Rule};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let policy = Policy::builder("llm-jobs")
+    ///     .rule(Rule::per_hour(10_000).metered())
+    ///     .meter(Meter::new("tokens"))
+    ///     .build()
+    ///     .unwrap();
+    /// let limiter = RateLimiter::new(policy, MemoryStore::new());
+    /// let reservation = limiter.reserve("tenant-7", 500).await.unwrap();
+    /// // The job ran and used 120 tokens: 380 go back.
+    /// let after = reservation.settle(120).await.unwrap();
+    /// assert_eq!(after.rules[0].remaining, 9_880);
+    /// # });
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RateLimiter::check_n`].
+    pub async fn reserve(&self, identity: &str, estimate: u64) -> Result<Reservation, Refused> {
+        let price = Price {
+            cost: 1,
+            units: estimate,
+        };
+        let admission = self.decide(identity, price).await?;
+        Ok(Reservation::new(admission))
     }
 
     /// Takes one of the policy's concurrency slots for `identity` ([`PolicyBuilder::max_in_flight`]),

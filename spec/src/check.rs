@@ -36,6 +36,13 @@ pub struct PolicyParts<'a> {
     pub count_only: bool,
     /// The most units an instance takes ahead for one identity (`prefetch`).
     pub prefetch: Option<u64>,
+    /// The unit the policy's meter counts (`meter`), if it has one: metered rules and a metered
+    /// quota count it.
+    pub meter_unit: Option<&'a str>,
+    /// The meter's bound on one report of units used (`max_usage`), if set.
+    pub max_usage: Option<u64>,
+    /// Whether the daily quota counts metered units rather than requests.
+    pub quota_metered: bool,
 }
 
 /// A policy's parts that passed: its rules with the duplicate guard last, their names, and the
@@ -69,6 +76,9 @@ impl<'a> PolicyParts<'a> {
             quota_name: None,
             count_only: false,
             prefetch: None,
+            meter_unit: None,
+            max_usage: None,
+            quota_metered: false,
         }
     }
 
@@ -163,6 +173,7 @@ impl<'a> PolicyParts<'a> {
                  whatever their responses",
             ));
         }
+        check_meter(&self).map_err(|(name, reason)| option(name, reason))?;
         if let Some(units) = self.prefetch {
             check_prefetch(&self, units).map_err(|reason| option("prefetch", reason))?;
         }
@@ -219,10 +230,11 @@ impl<'a> PolicyParts<'a> {
                     reason,
                 });
             }
-            if let Some(first) = rules[..index]
-                .iter()
-                .position(|earlier| earlier.limit == rule.limit && earlier.period == rule.period)
-            {
+            if let Some(first) = rules[..index].iter().position(|earlier| {
+                earlier.limit == rule.limit
+                    && earlier.period == rule.period
+                    && earlier.metered == rule.metered
+            }) {
                 return Err(PolicyError::DuplicateRule {
                     policy: policy(),
                     index,
@@ -230,7 +242,7 @@ impl<'a> PolicyParts<'a> {
                     rule: text(),
                 });
             }
-            let name = rule.name();
+            let name = rule.name_counting(self.meter_unit);
             if let Some(first) = rule_names.iter().position(|earlier| **earlier == *name) {
                 return Err(PolicyError::DuplicateRuleName {
                     policy: policy(),
@@ -278,6 +290,54 @@ fn check_duration(duration: Duration) -> Result<(), &'static str> {
     } else {
         Ok(())
     }
+}
+
+/// Whether the policy's meter and its metered rules go together: a meter counts in a metered
+/// rule or quota, a metered rule or quota needs a meter, its unit is a word clients can read, and
+/// its bound on one report can be stored.
+fn check_meter(parts: &PolicyParts<'_>) -> Result<(), (&'static str, &'static str)> {
+    let metered_rules = parts.rules.iter().any(|rule| rule.metered);
+    let Some(unit) = parts.meter_unit else {
+        if metered_rules || parts.quota_metered {
+            return Err((
+                "meter",
+                "is required by a metered rule or quota: it says what they count (Meter::new(\"tokens\"))",
+            ));
+        }
+        return Ok(());
+    };
+    if !metered_rules && !parts.quota_metered {
+        return Err((
+            "meter",
+            "counts in no rule or quota: mark the rules that count its units with Rule::metered()",
+        ));
+    }
+    if unit.is_empty()
+        || !unit
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
+    {
+        return Err((
+            "meter",
+            "its unit must be a word of ASCII letters, digits and '_' (such as \"tokens\"): \
+             rule names and headers carry it",
+        ));
+    }
+    match parts.max_usage {
+        Some(0) => return Err(("max_usage", "must be at least 1")),
+        Some(max) if max > MAX_LIMIT => {
+            return Err(("max_usage", "is larger than any rule may be"));
+        }
+        _ => {}
+    }
+    if parts.prefetch.is_some_and(|units| units > 1) {
+        return Err((
+            "prefetch",
+            "can't go with a meter: units taken ahead are whole requests', and a metered \
+             request's units are known only once its response ends",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether units can be taken ahead (`prefetch = units`) under `parts`: only where units an

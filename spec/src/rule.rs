@@ -54,6 +54,7 @@ pub struct Rule {
     pub(crate) name: Option<Cow<'static, str>>,
     pub(crate) burst: Option<u64>,
     pub(crate) duplicate_guard: bool,
+    pub(crate) metered: bool,
 }
 
 impl Rule {
@@ -67,6 +68,7 @@ impl Rule {
             name: None,
             burst: None,
             duplicate_guard: false,
+            metered: false,
         }
     }
 
@@ -111,6 +113,29 @@ impl Rule {
     pub const fn burst(mut self, burst: u64) -> Self {
         self.burst = Some(burst);
         self
+    }
+
+    /// This rule counts the policy's metered units (its meter's: tokens, bytes, money) rather
+    /// than requests. A request is admitted only if every metered rule has room for its estimate;
+    /// what it really used is settled after its response. The policy's other rules count
+    /// requests, checked with the metered ones in one store call, all or nothing.
+    ///
+    /// ```
+    /// use tower_redis_ratelimit_spec::Rule;
+    ///
+    /// let tokens = Rule::per_minute(40_000).metered();
+    /// assert!(tokens.is_metered());
+    /// assert!(!Rule::per_minute(60).is_metered());
+    /// assert_eq!(tokens.name_counting(Some("tokens")), "40000-tokens-per-60s");
+    /// ```
+    pub const fn metered(mut self) -> Self {
+        self.metered = true;
+        self
+    }
+
+    /// Whether this rule counts metered units ([`Rule::metered`]).
+    pub fn is_metered(&self) -> bool {
+        self.metered
     }
 
     /// The same rule over a period longer by `margin` (the outbound layer's safety margin).
@@ -158,9 +183,29 @@ impl Rule {
     }
 }
 
+impl Rule {
+    /// The name clients see in a policy whose meter counts `unit`: [`Rule::name`], except that a
+    /// metered rule's default name says its unit, `<limit>-<unit>-per-<period>` (so "1 000
+    /// requests a minute" and "1 000 tokens a minute" are told apart).
+    pub fn name_counting(&self, unit: Option<&str>) -> Cow<'_, str> {
+        match (&self.name, unit) {
+            (None, Some(unit)) if self.metered => Cow::Owned(format!(
+                "{}-{unit}-per-{}",
+                self.limit,
+                PeriodText(self.period)
+            )),
+            _ => self.name(),
+        }
+    }
+}
+
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} per {}", self.limit, PeriodText(self.period))
+        write!(f, "{} per {}", self.limit, PeriodText(self.period))?;
+        if self.metered {
+            f.write_str(" (metered)")?;
+        }
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
-use crate::limiter::{Admission, Deciding, OnResponse, Settled};
+use crate::limiter::{Deciding, OnResponse, Settled};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::layer::RateLimit).
@@ -54,11 +54,11 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn inner(future: S::Future, admission: Admission) -> Self {
+    pub(crate) fn inner(future: S::Future, on_response: OnResponse) -> Self {
         ResponseFuture {
             state: State::Inner {
                 future,
-                on_response: Some(admission.on_response()),
+                on_response: Some(on_response),
             },
         }
     }
@@ -95,13 +95,13 @@ where
             match state.as_mut().project() {
                 StateProj::Deciding { deciding, waiting } => {
                     let settled = ready!(Pin::new(deciding).poll(cx));
-                    let (mut service, request) = waiting
+                    let (mut service, mut request) = waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
                     state.set(match settled {
                         Settled::Admitted(admission) => State::Inner {
+                            on_response: Some(admission.on_call(request.extensions_mut())),
                             future: service.call(request),
-                            on_response: Some(admission.on_response()),
                         },
                         Settled::Answered(answered) => State::Done {
                             response: Some(answered.response()),

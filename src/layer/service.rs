@@ -88,12 +88,13 @@ where
 {
     let (parts, body) = request.into_parts();
     let decided = limiter.decide(&parts);
-    let request = Request::from_parts(parts, body);
+    let mut request = Request::from_parts(parts, body);
     // Decided at once (an in-process store, units in hand, an answer): no clone of the inner
     // service, no state to wait in.
     match decided {
         Decided::Now(Settled::Admitted(admission)) => {
-            ResponseFuture::inner(inner.call(request), admission)
+            let on_response = admission.on_call(request.extensions_mut());
+            ResponseFuture::inner(inner.call(request), on_response)
         }
         Decided::Now(Settled::Answered(answered)) => ResponseFuture::respond(answered.response()),
         Decided::Later(deciding) => {

@@ -10,9 +10,11 @@ use bytes::Bytes;
 use http::{HeaderMap, Response};
 use tower::BoxError;
 
-use super::{Charge, Charged, Limiter};
+use super::{Charge, Charged, Limiter, Price};
 use crate::decision::Decision;
-use crate::limiter::slots::{Lease, LeasedBody};
+use crate::limiter::holding_body::HoldingBody;
+use crate::limiter::metered::{Tab, Usage};
+use crate::limiter::slots::Lease;
 use crate::policy::StorageKey;
 use crate::policy::quota::QuotaLookup;
 use crate::response::LimitHeaders;
@@ -44,17 +46,17 @@ impl Admission {
         }
     }
 
-    /// This admission with its charge: `cost` units of `key` (and `quota`) by `limiter`,
-    /// answered `charged`.
+    /// This admission with its charge: `price` to `key` (and `quota`) by `limiter`, answered
+    /// `charged`.
     pub(super) fn charging(
         mut self,
         limiter: Arc<Limiter>,
         key: StorageKey,
-        cost: u64,
+        price: Price,
         quota: Option<QuotaLookup>,
         charged: Charged,
     ) -> Self {
-        self.charge = Some(Charge::new(limiter, key, cost, quota, charged));
+        self.charge = Some(Charge::new(limiter, key, price, quota, charged));
         self
     }
 
@@ -86,6 +88,16 @@ impl Admission {
         charge.refund().await
     }
 
+    /// Settles a reservation of metered units at `used`, and waits for the store: what it then
+    /// finds for the key. One that charged nothing finds nothing to settle.
+    pub(crate) async fn settle_usage(mut self, used: u64) -> Result<Decision, StoreError> {
+        let Some(mut charge) = self.charge.take() else {
+            return Ok(nothing_charged());
+        };
+        charge.answered(self.decision.take());
+        super::metered::settle_now(charge, used).await
+    }
+
     /// Puts the rate-limit headers on a response's `headers`; the slot is held as long as the
     /// admission lives.
     pub(crate) fn apply_headers(&mut self, headers: &mut HeaderMap) {
@@ -94,9 +106,30 @@ impl Admission {
         }
     }
 
-    /// What the response waits for: its headers, the slot its body holds, and under `count_only`
-    /// the charge its status settles (boxed: only such policies pay for its size).
-    pub(crate) fn on_response(self) -> OnResponse {
+    /// Under a meter, moves the charge into a reservation the request's [`Usage`] (put in its
+    /// `extensions`) holds, and this admission too: it settles once both are gone. Returns the
+    /// reservation.
+    pub(crate) fn meter_into(&mut self, extensions: &mut http::Extensions) -> Option<Arc<Tab>> {
+        let mut charge = self.charge.take_if(|charge| charge.is_metered())?;
+        charge.answered(self.decision.clone());
+        let unit = charge
+            .limiter()
+            .policy()
+            .metering()?
+            .meter
+            .unit_arc()
+            .clone();
+        let tab = Arc::new(Tab::new(charge, unit));
+        Usage::of(extensions).hold(tab.clone());
+        Some(tab)
+    }
+
+    /// What the response of a request about to be called with `extensions` waits for: its
+    /// headers, what its body holds (a slot, a meter's reservation), and under `count_only` the
+    /// charge its status settles (boxed: only such policies pay for its size). Under a meter the
+    /// request's [`Usage`] goes into its extensions.
+    pub(crate) fn on_call(mut self, extensions: &mut http::Extensions) -> OnResponse {
+        let tab = self.meter_into(extensions);
         let charge = self
             .charge
             .filter(Charge::settles_after_response)
@@ -108,6 +141,7 @@ impl Admission {
             headers: self.headers,
             lease: self.lease,
             charge,
+            tab,
         }
     }
 }
@@ -117,9 +151,23 @@ pub(crate) struct OnResponse {
     headers: Option<LimitHeaders>,
     lease: Option<Lease>,
     charge: Option<Box<Charge>>,
+    /// A meter's reservation, settled once the body has ended and the request's `Usage` is
+    /// gone.
+    tab: Option<Arc<Tab>>,
 }
 
 impl OnResponse {
+    /// What the response of a request the limiter didn't check gets: nothing.
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn nothing() -> Self {
+        OnResponse {
+            headers: None,
+            lease: None,
+            charge: None,
+            tab: None,
+        }
+    }
+
     /// The service's response, answered: a `count_only` charge settled by its status, the slot
     /// held until its body ends, the rate-limit headers on it.
     pub(crate) fn apply<B>(self, response: Response<B>) -> Response<Body>
@@ -130,9 +178,12 @@ impl OnResponse {
         if let Some(charge) = self.charge {
             charge.settle(response.status());
         }
-        let mut response = match self.lease {
-            Some(lease) => response.map(|body| Body::new(LeasedBody::new(body, lease))),
-            None => response.map(Body::new),
+        if let Some(tab) = &self.tab {
+            tab.answered(&response);
+        }
+        let mut response = match (self.lease, self.tab) {
+            (None, None) => response.map(Body::new),
+            held => response.map(|body| Body::new(HoldingBody::new(body, held))),
         };
         if let Some(headers) = self.headers {
             headers.apply(response.headers_mut());

@@ -2,11 +2,14 @@
 //! windows that were charged and nowhere else: under a `count_only` policy when its response
 //! turns out not to count, and by [`Admitted::refund`](crate::Admitted::refund).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use http::StatusCode;
 
-use super::Limiter;
+use super::{Limiter, Price};
 use crate::decision::Decision;
 use crate::policy::StorageKey;
 use crate::policy::quota::QuotaLookup;
@@ -19,7 +22,8 @@ use crate::store::{CheckFuture, StoreError};
 pub(crate) struct Charge {
     limiter: Arc<Limiter>,
     key: StorageKey,
-    cost: u64,
+    /// Its cost in requests, and the units it reserved in the metered rules and quota.
+    price: Price,
     quota: Option<QuotaLookup>,
     /// The store's answer to the charge.
     charged: Charged,
@@ -52,18 +56,18 @@ impl Charged {
 }
 
 impl Charge {
-    /// The charge of `cost` units to `key` (and `quota`), answered `charged` by the store.
+    /// The charge of `price` to `key` (and `quota`), answered `charged` by the store.
     pub(crate) fn new(
         limiter: Arc<Limiter>,
         key: StorageKey,
-        cost: u64,
+        price: Price,
         quota: Option<QuotaLookup>,
         charged: Charged,
     ) -> Self {
         Charge {
             limiter,
             key,
-            cost,
+            price,
             quota,
             charged,
         }
@@ -72,6 +76,16 @@ impl Charge {
     /// Whether the policy settles this charge after the response (`count_only`).
     pub(crate) fn settles_after_response(&self) -> bool {
         self.limiter.policy.counts_only_some()
+    }
+
+    /// Whether the charge reserved metered units, which its usage settles.
+    pub(crate) fn is_metered(&self) -> bool {
+        self.limiter.policy.metering().is_some()
+    }
+
+    /// Forgets a refusal cached for the charge's key: its units moved.
+    pub(super) fn forget_refusal(&self) {
+        self.limiter.refusals.forget_key(self.key.as_str());
     }
 
     /// The admission's own decision, the store's answer to a charge that was [`Charged::Told`].
@@ -88,37 +102,77 @@ impl Charge {
         if self.limiter.policy.counts(status) {
             return;
         }
-        let mut give_back = self.give_back();
-        match give_back.take_ready() {
-            Some(result) => self.given_back(result.map(|_| ())),
+        let give_back = self.give_back(self.price);
+        self.finish(
+            give_back,
+            "could not give back the charge of a response that doesn't count; it counts",
+        );
+    }
+
+    /// Waits for the store's `call` on this charge, at once with an in-process store, in a task
+    /// of its own with a networked one (the response doesn't wait); then forgets a refusal
+    /// cached for the key, or logs what failed (`failed`).
+    pub(super) fn finish(self, mut call: CheckFuture, failed: &'static str) {
+        // Polled once here, so a networked store sends it now, ahead of the requests after it.
+        let ready = match call.take_ready() {
+            Some(result) => Some(result),
+            None => match Pin::new(&mut call).poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(result) => Some(result),
+                Poll::Pending => None,
+            },
+        };
+        match ready {
+            Some(result) => self.given_back(result.map(|_| ()), failed),
             None => {
                 // Without a runtime (a test's teardown) the units just count.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
-                        let result = give_back.await.map(|_| ());
-                        self.given_back(result);
+                        let result = call.await.map(|_| ());
+                        self.given_back(result, failed);
                     });
                 }
             }
         }
     }
 
+    /// The limiter that charged.
+    pub(super) fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// What was charged.
+    pub(super) fn price(&self) -> Price {
+        self.price
+    }
+
+    /// The store's overdraw of `units` more to the charge's key (and quota), in their current
+    /// windows: a settle's debt.
+    pub(super) fn overdraw(&self, units: u64) -> CheckFuture {
+        let request = self
+            .limiter
+            .store_request(&self.key, self.quota.as_ref())
+            .cost(0)
+            .units(units);
+        self.limiter.store().overdraw(&request)
+    }
+
     /// Gives the charge back and waits for the store: what it then finds for the key.
     pub(crate) async fn refund(self) -> Result<Decision, StoreError> {
-        let decision = self.give_back().await?;
+        let decision = self.give_back(self.price).await?;
         self.limiter.refusals.forget_key(self.key.as_str());
         Ok(decision)
     }
 
-    /// The store's give-back of the charge; a peek when where it went isn't known (nothing goes
-    /// back).
-    fn give_back(&self) -> CheckFuture {
+    /// The store's give-back of `price` of the charge (all of it, or units a settle didn't
+    /// use); a peek when where it went isn't known (nothing goes back).
+    pub(super) fn give_back(&self, price: Price) -> CheckFuture {
         let limiter = &self.limiter;
         let request = limiter
             .store_request(&self.key, self.quota.as_ref())
-            .cost(self.cost);
+            .cost(price.cost)
+            .units(price.units);
         let Some(charged) = self.charged.decision() else {
-            return limiter.store().peek(&request.cost(1));
+            return limiter.store().peek(&request.cost(1).units(1));
         };
         match &self.charged {
             Charged::Taken(_, after) if *after > 0 => {
@@ -129,16 +183,14 @@ impl Charge {
         }
     }
 
-    fn given_back(&self, result: Result<(), StoreError>) {
+    fn given_back(&self, result: Result<(), StoreError>, failed: &'static str) {
         let limiter = &self.limiter;
         match result {
-            // A refusal cached here may stand no more: the units are back.
+            // A refusal cached here may stand no more: the units moved.
             Ok(()) => limiter.refusals.forget_key(self.key.as_str()),
-            Err(error) => limiter.store_errors.log(
-                limiter.policy.name(),
-                &error,
-                "could not give back the charge of a response that doesn't count; it counts",
-            ),
+            Err(error) => limiter
+                .store_errors
+                .log(limiter.policy.name(), &error, failed),
         }
     }
 }

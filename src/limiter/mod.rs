@@ -6,7 +6,9 @@ mod admission;
 mod answer;
 mod charge;
 mod flow;
+mod holding_body;
 mod log_budget;
+pub(crate) mod metered;
 mod named;
 mod observe;
 mod operate;
@@ -79,11 +81,23 @@ pub(crate) struct Limiter {
     prefetched: Option<Arc<prefetch::Prefetched>>,
 }
 
-/// A request ready for the store: its key, cost and daily quota.
+/// What a request costs: requests in the rules that count them, units in the metered ones.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Price {
+    /// The request's cost ([`Policy::cost`](crate::Policy::cost)).
+    pub(crate) cost: u64,
+    /// Its meter's estimate, what it reserves in the metered rules and quota (1 without a
+    /// meter: nothing reads it then).
+    pub(crate) units: u64,
+}
+
+/// A request ready for the store: its key, cost, units and daily quota.
 #[derive(Debug, Clone)]
 pub(crate) struct Checked {
     pub(crate) key: StorageKey,
     pub(crate) cost: u64,
+    /// The units it reserves in the metered rules and quota.
+    pub(crate) units: u64,
     pub(crate) quota: Option<QuotaLookup>,
     /// How the limiter's own answers reach the client: HTTP or gRPC.
     protocol: Protocol,
@@ -103,7 +117,11 @@ impl Checked {
     /// (the request is settled, and asks nothing more).
     fn take_charge(&mut self, limiter: Arc<Limiter>, charged: Charged) -> Charge {
         let key = std::mem::take(&mut self.key);
-        Charge::new(limiter, key, self.cost, self.quota.take(), charged)
+        let price = Price {
+            cost: self.cost,
+            units: self.units,
+        };
+        Charge::new(limiter, key, price, self.quota.take(), charged)
     }
 
     /// This request asking for its cost alone, after a take of units ahead was refused.
@@ -117,6 +135,7 @@ impl Checked {
         Asking {
             key: self.key.as_str(),
             cost: self.cost,
+            units: self.units,
             quota: self.quota.as_ref().map(|quota| (quota.tier, quota.limit)),
         }
     }
@@ -280,6 +299,7 @@ impl Limiter {
         let request = self
             .store_request(&checked.key, checked.quota.as_ref())
             .cost(checked.cost + checked.extra)
+            .units(checked.units)
             .max_delay(max_delay);
         self.store.check(&request)
     }
@@ -301,6 +321,7 @@ impl Limiter {
                 quota.thresholds(lookup.tier),
             )
             .identity(lookup.key.identity())
+            .metered(quota.is_metered())
         });
         CheckRequest::new(key.as_str(), policy.rules(), policy.algorithm())
             .identity(key.identity())

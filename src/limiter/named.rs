@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::{Answer, Decided, Limiter, Prepared, Refusal};
+use super::{Answer, Decided, Limiter, Prepared, Price, Refusal};
 use crate::decision::Decision;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
@@ -15,17 +15,18 @@ use crate::store::StoreError;
 
 impl Limiter {
     /// [`Limiter::decide`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
-    /// check of `cost` units).
-    pub(crate) fn decide_named(self: &Arc<Self>, identity: &str, cost: u64) -> Decided {
-        super::flow::start(self, self.prepare_identity(identity, cost))
+    /// check of `price.cost` requests, reserving `price.units` in the metered rules).
+    pub(crate) fn decide_named(self: &Arc<Self>, identity: &str, price: Price) -> Decided {
+        super::flow::start(self, self.prepare_identity(identity, price))
     }
 
     /// [`Limiter::prepare`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
     /// check): its key is the identity under the policy's prefix and name, whatever the policy's
     /// `Key` and scope; an override applies by that identity, a quota by it too, in its default
     /// tier.
-    fn prepare_identity(self: &Arc<Self>, identity: &str, cost: u64) -> Prepared {
+    fn prepare_identity(self: &Arc<Self>, identity: &str, price: Price) -> Prepared {
         let policy = &self.policy;
+        let cost = price.cost;
         let protocol = Protocol::Http;
         if identity.is_empty() {
             self.metrics().request(Outcome::NoKey);
@@ -45,7 +46,7 @@ impl Limiter {
             && let Some(found) = overrides.find_identity(key.identity())
         {
             let by_override = self.prepare_overridden(found, &key, &protocol, |own| {
-                own.prepare_identity(identity, cost)
+                own.prepare_identity(identity, price)
             });
             if let Some(prepared) = by_override {
                 return prepared;
@@ -53,7 +54,13 @@ impl Limiter {
         }
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
         // A handle's caller may give an admission back by its receipt.
-        self.prepare_found(key, cost, quota, protocol, true)
+        let price = Price {
+            units: policy.metering().map_or(price.units, |metering| {
+                price.units.min(metering.max_estimate)
+            }),
+            ..price
+        };
+        self.prepare_found(key, price, quota, protocol, true)
     }
 
     /// The limiter that counts `identity`: a `rules` override's, or this one.

@@ -1,7 +1,7 @@
 //! Preparing a request: its key, an override, a cost no rule admits, units in hand, a cached
 //! refusal; what [`flow`](super::flow) starts from.
 
-use super::{Answer, Checked, Decided, Limiter, Prepared, Refusal, Spent, flow, prefetch};
+use super::{Answer, Checked, Decided, Limiter, Prepared, Price, Refusal, Spent, flow, prefetch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -67,14 +67,18 @@ impl Limiter {
                 return prepared;
             }
         }
-        let cost = policy.cost(parts);
+        let price = Price {
+            cost: policy.cost(parts),
+            units: policy.estimate(parts),
+        };
         let quota = policy
             .quota()
             .and_then(|quota| quota.lookup(parts, policy.client_ip()));
         // From a request, a charge goes back only under count_only, when the response doesn't
-        // count (the layer's; the extractor, which never sees the response, drops it).
-        let receipt = policy.counts_only_some();
-        self.prepare_found(key, cost, quota, protocol, receipt)
+        // count (the layer's; the extractor, which never sees the response, drops it), and
+        // under a meter, when its usage settles.
+        let receipt = policy.counts_only_some() || policy.metering().is_some();
+        self.prepare_found(key, price, quota, protocol, receipt)
     }
 
     /// What an override found for `key` makes of the request, if anything: let through, denied,
@@ -140,12 +144,13 @@ impl Limiter {
     pub(super) fn prepare_found(
         self: &Arc<Self>,
         key: StorageKey,
-        cost: u64,
+        price: Price,
         quota: Option<QuotaLookup>,
         protocol: Protocol,
         receipt: bool,
     ) -> Prepared {
         let policy = &self.policy;
+        let cost = price.cost;
         // A request no rule (nor the day's quota) could ever admit: waiting won't help.
         let too_costly = match (policy.too_costly(cost), &quota) {
             (Some(rule), _) => Some((rule, &*policy.rule_names()[rule], policy.max_cost())),
@@ -186,9 +191,9 @@ impl Limiter {
         match self.spend_prefetched(&key, cost, quota.as_ref(), true) {
             Spent::Admit(admission, _) if !receipt => Prepared::Admit(admission),
             Spent::Admit(admission, charged) => {
-                Prepared::Admit(admission.charging(self.clone(), key, cost, quota, charged))
+                Prepared::Admit(admission.charging(self.clone(), key, price, quota, charged))
             }
-            Spent::Ask(extra) => self.prepare_ask(key, cost, quota, protocol, extra, receipt),
+            Spent::Ask(extra) => self.prepare_ask(key, price, quota, protocol, extra, receipt),
             Spent::Wait(landed, certain) => {
                 let limiter = self.clone();
                 let deadline = tokio::time::Instant::now() + prefetch::WAIT_AT_MOST;
@@ -210,7 +215,7 @@ impl Limiter {
                             }
                             Spent::Admit(admission, charged) => {
                                 let own = limiter.clone();
-                                let admission = admission.charging(own, key, cost, quota, charged);
+                                let admission = admission.charging(own, key, price, quota, charged);
                                 return Prepared::Admit(admission);
                             }
                             Spent::Wait(next, sure) => (landed, certain) = (next, sure),
@@ -218,7 +223,7 @@ impl Limiter {
                         }
                     };
                     // Told as this limiter's, which may be an override's.
-                    match limiter.prepare_ask(key, cost, quota, protocol, extra, receipt) {
+                    match limiter.prepare_ask(key, price, quota, protocol, extra, receipt) {
                         Prepared::Check(checked) => Prepared::CheckBy(limiter, checked),
                         Prepared::Respond(answer) => Prepared::RespondBy(limiter, answer),
                         other => other,
@@ -233,7 +238,7 @@ impl Limiter {
     pub(super) fn prepare_ask(
         self: &Arc<Self>,
         key: StorageKey,
-        cost: u64,
+        price: Price,
         quota: Option<QuotaLookup>,
         protocol: Protocol,
         extra: u64,
@@ -249,7 +254,8 @@ impl Limiter {
         );
         let checked = Checked {
             key,
-            cost,
+            cost: price.cost,
+            units: price.units,
             quota,
             protocol,
             span,

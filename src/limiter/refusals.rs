@@ -56,12 +56,14 @@ pub(crate) struct Refusals {
     log: LogBudget,
 }
 
-/// A request as the cache knows it: its identity's store key, its cost and its quota tier and
-/// limit. A cached refusal answers only a request of the same cost and tier.
+/// A request as the cache knows it: its identity's store key, its cost, its metered units and
+/// its quota tier and limit. A cached refusal answers only a request of the same cost, units
+/// and tier.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Asking<'a> {
     pub(crate) key: &'a str,
     pub(crate) cost: u64,
+    pub(crate) units: u64,
     pub(crate) quota: Option<(usize, u64)>,
 }
 
@@ -69,8 +71,9 @@ pub(crate) struct Asking<'a> {
 struct Entry {
     /// The store's refusal.
     decision: Decision,
-    /// Its cost: only a request of the same cost gets the same answer.
+    /// Its cost and units: only a request of the same cost and units gets the same answer.
     cost: u64,
+    units: u64,
     /// Its quota tier and limit: another tier may admit sooner.
     quota: Option<(usize, u64)>,
     /// When the store answered, and until when the refusal stands for sure.
@@ -120,6 +123,7 @@ impl Refusals {
         let entry = Entry {
             decision: decision.clone(),
             cost: asking.cost,
+            units: asking.units,
             quota: asking.quota,
             at,
             until: at + stands_for,
@@ -170,7 +174,11 @@ impl Refusals {
             return None;
         }
         let entry = cache.get(asking.key)?;
-        if now >= entry.until || asking.cost != entry.cost || asking.quota != entry.quota {
+        if now >= entry.until
+            || asking.cost != entry.cost
+            || asking.units != entry.units
+            || asking.quota != entry.quota
+        {
             return None;
         }
         let elapsed = now - entry.at;

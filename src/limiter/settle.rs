@@ -125,6 +125,9 @@ impl Limiter {
         // wait longer.
         self.refusals.forget(checked.asking());
         metrics.admitted(&decision);
+        if self.policy.metering().is_some() {
+            metrics.metered("reserved", checked.units);
+        }
         let headers =
             LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
         let waiting = self.may_wait_for_slots().then(|| self.slot_queues.clone());
@@ -139,8 +142,9 @@ impl Limiter {
             metrics.request(self.outcome(checked, Outcome::Delayed));
             metrics.delay(decision.delay + waited);
         }
-        // Given back by the caller (a handle's), or under count_only if the response doesn't
-        // count (a shadow pass or a store failure charged nothing); made only for them.
+        // Given back by the caller (a handle's), under count_only if the response doesn't count,
+        // or settled by a meter (a shadow pass or a store failure charged nothing); made only
+        // for them.
         let charge = checked
             .receipt
             .then(|| checked.take_charge(self.clone(), charged));

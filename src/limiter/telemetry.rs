@@ -98,6 +98,12 @@ pub(crate) fn near_limit(remaining: u64, limit: u64) -> bool {
     u128::from(remaining) * 100 < u128::from(limit) * u128::from(NEAR_LIMIT_PERCENT)
 }
 
+/// What becomes of metered units (`ratelimit_metered_units_total`'s `event`): reserved at an
+/// admission, used as reported, given back (reserved and not used), and charged past the
+/// reservation (`overdrawn`: used beyond it, past the limit if need be).
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+const METERED_EVENTS: [&str; 4] = ["reserved", "used", "given_back", "overdrawn"];
+
 /// What becomes of units taken ahead (`ratelimit_prefetch_units_total`'s `event`).
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 const PREFETCH_EVENTS: [&str; 3] = ["taken", "spent", "expired"];
@@ -121,6 +127,8 @@ mod handles {
         /// Under a policy that prefetches: units taken ahead, spent from hand, and dropped
         /// unused.
         prefetch_units: Option<[Counter; 3]>,
+        /// Under a meter: its units reserved, used, given back and overdrawn.
+        metered_units: Option<[Counter; 4]>,
     }
 
     impl PolicyMetrics {
@@ -155,6 +163,17 @@ mod handles {
                         counter!("ratelimit_prefetch_units_total", "policy" => name.clone(), "event" => event)
                     })
                 }),
+                metered_units: policy.meter().map(|meter| {
+                    let unit = meter.unit().to_owned();
+                    METERED_EVENTS.map(|event| {
+                        counter!(
+                            "ratelimit_metered_units_total",
+                            "policy" => name.clone(),
+                            "unit" => unit.clone(),
+                            "event" => event
+                        )
+                    })
+                }),
             }
         }
 
@@ -163,6 +182,15 @@ mod handles {
         pub(crate) fn prefetch(&self, event: &'static str, units: u64) {
             if let Some(counters) = &self.prefetch_units
                 && let Some(index) = PREFETCH_EVENTS.iter().position(|known| *known == event)
+            {
+                counters[index].increment(units);
+            }
+        }
+
+        /// Counts `units` metered units `reserved`, `used`, `given_back` or `overdrawn`.
+        pub(crate) fn metered(&self, event: &'static str, units: u64) {
+            if let Some(counters) = &self.metered_units
+                && let Some(index) = METERED_EVENTS.iter().position(|known| *known == event)
             {
                 counters[index].increment(units);
             }
@@ -242,6 +270,7 @@ mod handles {
         pub(crate) fn delay(&self, _delay: Duration) {}
         pub(crate) fn store_call(&self, _took: Duration, _result: Result<(), &StoreError>) {}
         pub(crate) fn prefetch(&self, _event: &'static str, _units: u64) {}
+        pub(crate) fn metered(&self, _event: &'static str, _units: u64) {}
     }
 
     pub(crate) fn quota_alert(_quota: &str, _percent: u8, _outcome: &'static str) {}

@@ -12,6 +12,7 @@ use crate::key::Key;
 
 use tower_redis_ratelimit_spec::{CheckedParts, PolicyParts, StatusSet};
 
+use super::meter::Meter;
 use super::overrides::{Override, Overrides};
 use super::quota::Quota;
 use super::{
@@ -43,6 +44,7 @@ pub struct PolicyBuilder {
     max_in_flight: Option<u64>,
     lease: Option<Duration>,
     overrides: Vec<Override>,
+    meter: Option<Meter>,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -80,7 +82,16 @@ impl PolicyBuilder {
             max_in_flight: None,
             lease: None,
             overrides: Vec::new(),
+            meter: None,
         }
+    }
+
+    /// What the policy's metered rules ([`Rule::metered`]) and a metered quota count, how much a
+    /// request reserves, and where its response reports what it used: see [`Meter`]. A policy
+    /// with a meter needs a metered rule or quota, and one with those needs a meter.
+    pub fn meter(mut self, meter: Meter) -> Self {
+        self.meter = Some(meter);
+        self
     }
 
     /// What to key the limit by (default: the client IP).
@@ -379,6 +390,17 @@ impl PolicyBuilder {
                 name: name.to_owned(),
             });
         }
+        if let Some(name) = self.meter.as_ref().and_then(Meter::invalid_usage_header) {
+            return Err(PolicyError::InvalidOption {
+                policy: self.name.clone(),
+                option: "usage_header",
+                reason: if name.is_empty() {
+                    "is empty: name the response header that reports the units used"
+                } else {
+                    "is not a valid header name"
+                },
+            });
+        }
         let overrides = std::mem::take(&mut self.overrides);
         // What a `rules` override's policy is built from: this one, but for its rules.
         let base = (!overrides.is_empty()).then(|| self.clone());
@@ -400,6 +422,9 @@ impl PolicyBuilder {
             quota_name: self.quota.as_ref().map(Quota::name),
             count_only: self.counts.is_some(),
             prefetch: self.prefetch,
+            meter_unit: self.meter.as_ref().map(Meter::unit),
+            max_usage: self.meter.as_ref().and_then(Meter::max_usage_given),
+            quota_metered: self.quota.as_ref().is_some_and(Quota::is_metered),
         }
         .check()?;
         self.rules = rules;
@@ -409,12 +434,29 @@ impl PolicyBuilder {
             (limit, limit.name().into_boxed_str())
         });
         let key_base = format!("{}:{}:", self.prefix, self.name);
-        let max_cost = self.rules[..counted_rules]
-            .iter()
-            .enumerate()
-            .map(|(index, rule)| (self.capacity(rule), index))
-            .min()
-            .unwrap_or((u64::MAX, 0));
+        // What one request may cost the rules of requests, and reserve in the metered ones.
+        let capacity = |metered: bool| {
+            self.rules[..counted_rules]
+                .iter()
+                .enumerate()
+                .filter(|(_, rule)| rule.is_metered() == metered)
+                .map(|(index, rule)| (self.capacity(rule), index))
+                .min()
+        };
+        let max_cost = capacity(false).unwrap_or((u64::MAX, 0));
+        let max_estimate = capacity(true).map_or(u64::MAX, |(units, _)| units);
+        // By default a report counts at most the largest metered limit.
+        let max_usage = self.meter.as_ref().map(|meter| {
+            meter.max_usage_given().unwrap_or_else(|| {
+                let rules = self.rules.iter().filter(|rule| rule.is_metered());
+                let quota = self
+                    .quota
+                    .as_ref()
+                    .filter(|quota| quota.is_metered())
+                    .map(Quota::largest_limit);
+                rules.map(Rule::limit).chain(quota).max().unwrap_or(1)
+            })
+        });
         let overrides = match base {
             None => Overrides::default(),
             Some(base) => Overrides::build(&overrides, &self.key, |_, rules| {
@@ -448,6 +490,16 @@ impl PolicyBuilder {
             quota: self.quota,
             concurrency,
             max_cost,
+            metering: self
+                .meter
+                .zip(max_usage)
+                .map(|(meter, max_usage)| super::Metering {
+                    meter,
+                    max_estimate,
+                    max_usage,
+                    warned_max_usage: Default::default(),
+                    warned_header: Default::default(),
+                }),
             key_base,
             overrides,
             fell_back: std::sync::atomic::AtomicBool::new(false),

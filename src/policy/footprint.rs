@@ -1,7 +1,8 @@
 //! How much Redis memory a policy's sliding logs may take per identity, and the warning
 //! [`PolicyBuilder::build`](super::PolicyBuilder::build) logs when that is a lot.
 //!
-//! A sliding log keeps one entry per admitted request in its window, up to its rule's limit; the
+//! A sliding log keeps one entry per admitted request in its window, up to its rule's limit (a
+//! metered rule's entries count admissions, not units); the
 //! other algorithms keep one small value per rule whatever the limit (under 200 bytes per rule in
 //! Redis). The constants are measured by `cargo bench --bench redis_memory` (Redis 7.0, keys as
 //! the layer builds them, `used_memory` growth per identity; the README has its tables). Redis
@@ -50,16 +51,38 @@ pub(super) fn sliding_log_bytes_per_identity(policy: &Policy) -> Option<(u64, u6
     if policy.algorithm() != Algorithm::SlidingLog {
         return None;
     }
-    policy
-        .rules()
+    let rules = policy.rules();
+    rules
         .iter()
-        .map(|rule| (rule.limit(), log_bytes(rule.limit())))
+        .map(|rule| {
+            let entries = if rule.is_metered() {
+                metered_entries(rule, rules)
+            } else {
+                rule.limit()
+            };
+            (entries, log_bytes(entries))
+        })
         .reduce(|(entries, bytes), (more, more_bytes)| {
             (
                 entries.saturating_add(more),
                 bytes.saturating_add(more_bytes),
             )
         })
+}
+
+/// The most entries a metered rule's log holds: one per admission whatever its units, so at
+/// most the requests the policy's rules of requests admit in its period (each scaled to it),
+/// and never more than its limit.
+fn metered_entries(metered: &super::Rule, rules: &[super::Rule]) -> u64 {
+    let period = metered.period_ms().max(1);
+    rules
+        .iter()
+        .filter(|rule| !rule.is_metered())
+        .map(|rule| {
+            let windows = period.div_ceil(rule.period_ms().max(1));
+            rule.limit().saturating_mul(windows)
+        })
+        .fold(metered.limit(), u64::min)
 }
 
 /// What [`warn_if_large`] warns of: the entries and bytes per identity when over the threshold.

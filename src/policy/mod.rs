@@ -14,6 +14,7 @@
 mod builder;
 pub(crate) mod concurrency_limit;
 mod footprint;
+pub(crate) mod meter;
 mod options;
 mod overrides;
 pub(crate) mod quota;
@@ -48,6 +49,7 @@ use http::request::Parts;
 
 use crate::client_ip::ClientIp;
 use crate::key::Key;
+use meter::Meter;
 use quota::Quota;
 
 /// A rate-limit policy: build one with [`Policy::builder`]. Cheap to clone.
@@ -97,6 +99,8 @@ pub(super) struct Inner {
     /// The most a request may cost: the smallest capacity (limit, or burst for a token bucket) of
     /// the counted rules, and the rule that has it.
     pub(super) max_cost: (u64, usize),
+    /// The meter, under a policy with metered rules or a metered quota.
+    pub(super) metering: Option<Metering>,
     /// `prefix:name:`, the start of every store key of this policy, built once.
     pub(super) key_base: String,
     /// Identities and networks treated apart.
@@ -104,6 +108,20 @@ pub(super) struct Inner {
     /// Whether a request without its key has been counted by client IP yet: said once, at WARN
     /// (the limiter often runs before the layer that sets the key).
     pub(super) fell_back: std::sync::atomic::AtomicBool,
+}
+
+/// A policy's meter, with the bounds its build found.
+pub(crate) struct Metering {
+    pub(crate) meter: Meter,
+    /// The most a request may reserve: the smallest capacity of the metered rules (`u64::MAX`
+    /// with none: a metered quota alone).
+    pub(crate) max_estimate: u64,
+    /// The most one report counts.
+    pub(crate) max_usage: u64,
+    /// Whether a report above `max_usage` was said yet (once, at WARN).
+    pub(crate) warned_max_usage: std::sync::atomic::AtomicBool,
+    /// Whether a usage header that isn't a number was said yet (once, at WARN).
+    pub(crate) warned_header: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Policy {
@@ -249,6 +267,25 @@ impl Policy {
     /// The most a request of this policy may cost.
     pub fn max_cost(&self) -> u64 {
         self.0.max_cost.0
+    }
+
+    /// The policy's meter, if it has metered rules or a metered quota
+    /// ([`PolicyBuilder::meter`]).
+    pub fn meter(&self) -> Option<&Meter> {
+        self.0.metering.as_ref().map(|metering| &metering.meter)
+    }
+
+    /// The meter and its bounds.
+    pub(crate) fn metering(&self) -> Option<&Metering> {
+        self.0.metering.as_ref()
+    }
+
+    /// The units a request reserves: its meter's estimate, at most what every metered rule
+    /// holds; 1 without a meter (no rule reads it then).
+    pub(crate) fn estimate(&self, parts: &Parts) -> u64 {
+        self.metering().map_or(1, |metering| {
+            metering.meter.estimate_of(parts).min(metering.max_estimate)
+        })
     }
 
     /// The concurrency limit, if the policy has one.

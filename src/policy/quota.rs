@@ -55,6 +55,8 @@ struct Inner {
     thresholds: Vec<Vec<QuotaThreshold>>,
     /// Where alerts go; without a notifier they are only logged.
     alerts: Option<AlertQueue>,
+    /// Whether the quota counts its policy's metered units rather than requests.
+    metered: bool,
 }
 
 impl fmt::Debug for Quota {
@@ -156,6 +158,7 @@ pub struct QuotaBuilder {
     alert_percents: Vec<u16>,
     notifier: Option<Arc<dyn QuotaNotifier>>,
     queue_capacity: usize,
+    metered: bool,
 }
 
 impl fmt::Debug for QuotaBuilder {
@@ -183,6 +186,7 @@ impl Quota {
             alert_percents: DEFAULT_ALERT_PERCENTS.map(u16::from).to_vec(),
             notifier: None,
             queue_capacity: DEFAULT_ALERT_QUEUE,
+            metered: false,
         }
     }
 
@@ -318,6 +322,21 @@ impl Quota {
         &self.0.thresholds[tier]
     }
 
+    /// Whether the quota counts metered units ([`QuotaBuilder::metered`]).
+    pub fn is_metered(&self) -> bool {
+        self.0.metered
+    }
+
+    /// The largest limit of its tiers.
+    pub(crate) fn largest_limit(&self) -> u64 {
+        self.0
+            .tiers
+            .iter()
+            .map(|(_, limit)| *limit)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The name of tier `index`.
     pub(crate) fn tier_name(&self, index: usize) -> &str {
         &self.0.tiers[index].0
@@ -409,6 +428,36 @@ impl QuotaBuilder {
     /// days of this length, aligned like real ones. Keep the default in production.
     pub fn day_length_for_tests(mut self, day: Duration) -> Self {
         self.day = day;
+        self
+    }
+
+    /// The quota counts its policy's metered units ("2 million tokens a day on the pro plan")
+    /// rather than requests: a request reserves its estimate in it, and settles what it used
+    /// after its response, as the policy's metered rules do; alerts fire when a settle reaches
+    /// their thresholds. The policy needs a [`Meter`](crate::meter::Meter).
+    ///
+    /// ```
+    /// use tower_redis_ratelimit::meter::Meter;
+    /// use tower_redis_ratelimit::{Key, Policy, Quota, Rule};
+    ///
+    /// let tokens_a_day = Quota::builder("tokens-daily")
+    ///     .key(Key::user())
+    ///     .tier("free", 100_000)
+    ///     .tier("pro", 2_000_000)
+    ///     .metered()
+    ///     .build()
+    ///     .unwrap();
+    /// let policy = Policy::builder("llm")
+    ///     .key(Key::user())
+    ///     .rule(Rule::per_minute(60))
+    ///     .quota(tokens_a_day)
+    ///     .meter(Meter::new("tokens").estimate(|_| 500))
+    ///     .build()
+    ///     .unwrap();
+    /// assert!(policy.quota().unwrap().is_metered());
+    /// ```
+    pub fn metered(mut self) -> Self {
+        self.metered = true;
         self
     }
 
@@ -517,6 +566,7 @@ impl QuotaBuilder {
             alert_percents,
             thresholds,
             alerts,
+            metered: self.metered,
         })))
     }
 }

@@ -401,6 +401,29 @@ fn sliding_log_memory_is_estimated_from_the_bench() {
         sliding_log_bytes_per_identity(&login),
         Some((111, (161 + 200) + (161 + 2_000) + (161 + 20)))
     );
+    // A metered rule's log holds an entry per admission, whatever its units: at most what the
+    // rules of requests admit in its period (20 a minute: 20 in its minute), else its limit.
+    let metered = Policy::builder("llm")
+        .rules([Rule::per_minute(20), Rule::per_minute(40_000).metered()])
+        .meter(crate::meter::Meter::new("tokens"))
+        .build()
+        .unwrap();
+    assert_eq!(sliding_log_bytes_per_identity(&metered).unwrap().0, 40);
+    let hourly = Policy::builder("llm")
+        .rules([Rule::per_minute(20), Rule::per_hour(40_000).metered()])
+        .meter(crate::meter::Meter::new("tokens"))
+        .build()
+        .unwrap();
+    assert_eq!(
+        sliding_log_bytes_per_identity(&hourly).unwrap().0,
+        20 + 1_200
+    );
+    let alone = Policy::builder("llm")
+        .rule(Rule::per_minute(50).metered())
+        .meter(crate::meter::Meter::new("tokens"))
+        .build()
+        .unwrap();
+    assert_eq!(sliding_log_bytes_per_identity(&alone).unwrap().0, 50);
     // The other algorithms don't grow with the limit.
     for algorithm in [
         Algorithm::FixedWindow,

@@ -10,7 +10,8 @@ use http::HeaderValue;
 use super::refusal_body;
 use crate::decision::ceil_secs;
 use crate::headers::{self, PolicyItem, SfName};
-use crate::policy::{Policy, StateOf};
+use crate::policy::meter::Meter;
+use crate::policy::{Policy, Rule, StateOf};
 
 /// Prepared once per limiter (and rebuilt with it); cheap to clone into a [`TooManyRequests`](super::TooManyRequests).
 #[derive(Debug, Clone)]
@@ -20,8 +21,9 @@ pub(crate) struct AnswerPlan(Arc<Inner>);
 struct Inner {
     /// The rules' names as sf-strings, in rule order.
     rule_names: Box<[SfName]>,
-    /// The daily quota's name as an sf-string, and its window (the day) in whole seconds.
-    quota: Option<(SfName, u64)>,
+    /// The daily quota's name as an sf-string, its window (the day) in whole seconds, and its
+    /// unit when it is metered.
+    quota: Option<(SfName, u64, Option<Box<str>>)>,
     /// The concurrency limit's name as an sf-string and its `RateLimit-Policy` item
     /// (`"1-in-flight";q=1`).
     concurrency: Option<(SfName, Box<str>)>,
@@ -53,7 +55,24 @@ impl AnswerPlan {
                 window_secs: ceil_secs(rule.period()),
             })
             .collect();
-        let rules_policy = headers::policy_header_value(&items);
+        let unit = policy.meter().map(Meter::unit);
+        let rules_policy = match unit {
+            // A metered rule says its unit in the draft's quota-unit parameter.
+            Some(unit) if policy.rules().iter().any(Rule::is_metered) => {
+                let each = items.iter().zip(policy.rules()).map(|(item, rule)| {
+                    let value = headers::policy_header_value(&[*item]);
+                    let mut item = value.to_str().unwrap_or_default().to_owned();
+                    if rule.is_metered() {
+                        with_unit(&mut item, unit);
+                    }
+                    item
+                });
+                let each: Vec<String> = each.collect();
+                HeaderValue::from_str(&each.join(", "))
+                    .unwrap_or_else(|_| headers::policy_header_value(&items))
+            }
+            _ => headers::policy_header_value(&items),
+        };
         let concurrency = policy.concurrency().map(|limit| {
             let name = SfName::of_checked(&limit.name());
             let item = format!("{};q={}", name.as_str(), limit.max_in_flight());
@@ -63,9 +82,14 @@ impl AnswerPlan {
             None => rules_policy.clone(),
             Some((_, item)) => joined(&rules_policy, [&**item]),
         };
-        let quota = policy
-            .quota()
-            .map(|quota| (SfName::of_checked(quota.name()), ceil_secs(quota.day())));
+        let quota = policy.quota().map(|quota| {
+            let unit = unit.filter(|_| quota.is_metered()).map(Box::from);
+            (
+                SfName::of_checked(quota.name()),
+                ceil_secs(quota.day()),
+                unit,
+            )
+        });
         let states = policy.rules().len()
             + usize::from(policy.quota().is_some())
             + usize::from(policy.concurrency().is_some());
@@ -115,7 +139,7 @@ impl AnswerPlan {
                     .quota
                     .as_ref()
                     .filter(|_| with_quota)
-                    .map(|(name, _)| name),
+                    .map(|(name, _, _)| name),
             )
             .chain(self.0.concurrency.as_ref().map(|(name, _)| name))
     }
@@ -128,7 +152,7 @@ impl AnswerPlan {
     /// `RateLimit-Policy` of a request whose quota tier allows `quota_limit` a day: the rules'
     /// items, the quota's, then the concurrency limit's.
     pub(super) fn policy_with_quota(&self, quota_limit: u64) -> HeaderValue {
-        let Some((name, window_secs)) = &self.0.quota else {
+        let Some((name, window_secs, unit)) = &self.0.quota else {
             return self.0.policy.clone();
         };
         let quota = headers::policy_header_value(&[PolicyItem {
@@ -136,13 +160,24 @@ impl AnswerPlan {
             quota: quota_limit,
             window_secs: *window_secs,
         }]);
-        let quota = quota.to_str().unwrap_or_default();
+        let mut quota = quota.to_str().unwrap_or_default().to_owned();
+        if let Some(unit) = unit {
+            with_unit(&mut quota, unit);
+        }
         let concurrency = self.0.concurrency.as_ref().map(|(_, item)| &**item);
         joined(
             &self.0.rules_policy,
-            std::iter::once(quota).chain(concurrency),
+            std::iter::once(&*quota).chain(concurrency),
         )
     }
+}
+
+/// Appends the quota-unit parameter (`qu`) of a metered item: its meter's unit, a word of ASCII
+/// letters, digits and `_` (checked when the policy was built), so a plain sf-string.
+fn with_unit(item: &mut String, unit: &str) {
+    item.push_str(";qu=\"");
+    item.push_str(unit);
+    item.push('"');
 }
 
 /// `list` with `items` appended, as one structured-field list.
@@ -167,6 +202,37 @@ mod tests {
 
     fn plan(policy: &Policy) -> AnswerPlan {
         AnswerPlan::new(policy)
+    }
+
+    #[test]
+    fn a_metered_item_says_its_unit_and_clients_still_read_it() {
+        let tokens_a_day = Quota::builder("tokens-daily")
+            .key(Key::global())
+            .tier("free", 100_000)
+            .metered()
+            .build()
+            .unwrap();
+        let policy = Policy::builder("llm")
+            .key(Key::global())
+            .rule(Rule::per_minute(60))
+            .rule(Rule::per_minute(40_000).metered())
+            .quota(tokens_a_day)
+            .meter(crate::meter::Meter::new("tokens"))
+            .build()
+            .unwrap();
+        let plan = plan(&policy);
+        let rules = "\"60-per-60s\";q=60;w=60, \"40000-tokens-per-60s\";q=40000;w=60;qu=\"tokens\"";
+        assert_eq!(plan.rules_policy(), rules);
+        let with_quota = plan.policy_with_quota(100_000);
+        assert_eq!(
+            with_quota,
+            format!("{rules}, \"tokens-daily\";q=100000;w=86400;qu=\"tokens\"").as_str()
+        );
+        let mut headers = http::HeaderMap::new();
+        headers.insert("ratelimit-policy", with_quota);
+        let parsed = crate::headers::parse(&headers).unwrap();
+        assert_eq!(parsed.policy("40000-tokens-per-60s").unwrap().quota, 40_000);
+        assert_eq!(parsed.policy("tokens-daily").unwrap().quota, 100_000);
     }
 
     #[test]

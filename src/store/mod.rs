@@ -62,6 +62,10 @@ pub struct CheckRequest<'a> {
     /// How many units the request uses in every rule (1 for a plain request). The duplicate guard
     /// ([`Rule::is_duplicate_guard`]) counts requests, so it always charges 1.
     pub cost: u64,
+    /// How many metered units the request uses in every metered rule ([`Rule::is_metered`]) and
+    /// a metered quota ([`QuotaRequest::metered`]): a request's estimate when it is checked, the
+    /// units a settle gives back or charges on top. 1 unless set; no other rule reads it.
+    pub units: u64,
     /// How long the request may wait to be admitted ([`Mode::Delay`](crate::Mode::Delay)): if
     /// the rules would admit it within this time, the store records it at that time and answers
     /// `allowed` with the [`Decision::delay`] to wait. Zero: refuse what doesn't fit now. Only
@@ -98,6 +102,9 @@ pub(crate) enum Call<'a> {
     /// Give back `cost` units to the windows this admission (the store's answer to it) charged,
     /// and nowhere else, then answer as a peek of cost 1 ([`Store::give_back`]).
     GiveBack(&'a Decision),
+    /// Charge `cost` and `units` to the current windows without checking, past the limits if
+    /// need be, then answer as a peek of cost 1 ([`Store::overdraw`]).
+    Overdraw,
 }
 
 impl Call<'_> {
@@ -114,6 +121,7 @@ impl Call<'_> {
             Call::Peek => 1,
             Call::Refund => 2,
             Call::GiveBack(_) => 3,
+            Call::Overdraw => 4,
         }
     }
 }
@@ -138,6 +146,9 @@ pub struct QuotaRequest<'a> {
     /// `used` or more, and no alert of that percent fired this day for this key, it fires (see
     /// [`Decision::quota_alerts`]).
     pub thresholds: &'a [QuotaThreshold],
+    /// Whether the quota counts the request's metered units ([`CheckRequest::units`]) rather
+    /// than its cost.
+    pub metered: bool,
 }
 
 impl<'a> QuotaRequest<'a> {
@@ -157,7 +168,14 @@ impl<'a> QuotaRequest<'a> {
             day_ms,
             day_start_offset_ms,
             thresholds,
+            metered: false,
         }
+    }
+
+    /// Sets whether the quota counts metered units.
+    pub fn metered(mut self, metered: bool) -> Self {
+        self.metered = metered;
+        self
     }
 
     /// Sets the identity at the end of the key.
@@ -182,6 +200,7 @@ impl<'a> CheckRequest<'a> {
             rules,
             algorithm,
             cost: 1,
+            units: 1,
             max_delay: Duration::ZERO,
             block_for: None,
             quota: None,
@@ -211,6 +230,13 @@ impl<'a> CheckRequest<'a> {
         self
     }
 
+    /// This request as an overdraw: its cost and units charged past the limits if need be.
+    pub(crate) fn overdrawing(mut self) -> Self {
+        debug_assert_eq!(self.call, Call::Check, "a store call is one thing");
+        self.call = Call::Overdraw;
+        self
+    }
+
     /// Sets the identity at the end of the key.
     pub fn identity(mut self, identity: &'a str) -> Self {
         self.identity = identity;
@@ -221,6 +247,48 @@ impl<'a> CheckRequest<'a> {
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
         self
+    }
+
+    /// Sets the metered units.
+    pub fn units(mut self, units: u64) -> Self {
+        self.units = units;
+        self
+    }
+
+    /// What the request costs `rule`: 1 in the duplicate guard (it counts requests), its units in
+    /// a metered rule, else its cost.
+    pub(crate) fn cost_in(&self, rule: &Rule) -> u64 {
+        if rule.is_duplicate_guard() {
+            1
+        } else if rule.is_metered() {
+            self.units
+        } else {
+            self.cost
+        }
+    }
+
+    /// What the request costs its daily quota: its units in a metered one, else its cost.
+    pub(crate) fn quota_cost(&self) -> u64 {
+        match self.quota {
+            Some(quota) if quota.metered => self.units,
+            _ => self.cost,
+        }
+    }
+
+    /// Whether a rule or the quota counts metered units.
+    pub(crate) fn is_metered(&self) -> bool {
+        self.rules.iter().any(Rule::is_metered) || self.quota.is_some_and(|quota| quota.metered)
+    }
+
+    /// This request at one unit of every kind: what a refund's, a give-back's or an
+    /// overdraw's answer peeks at.
+    pub(crate) fn one_unit(self) -> Self {
+        CheckRequest {
+            cost: 1,
+            units: 1,
+            call: Call::Peek,
+            ..self
+        }
     }
 
     /// Sets how long the request may wait to be admitted.
@@ -329,6 +397,22 @@ pub trait Store: Send + Sync + 'static {
         let _ = (request, charged);
         CheckFuture::ready(Err(StoreError::Config(format!(
             "the {} store can't give back an admission's units",
+            self.name()
+        ))))
+    }
+
+    /// Charges `request.cost` units to every counted rule counting requests and `request.units`
+    /// to every metered one ([`Rule::is_metered`]) and the day's quota (as it counts), in their
+    /// current windows, without checking: past their limits if need be, each by at most its
+    /// limit (a token bucket's burst). A settle's debt: the units an admitted request used
+    /// beyond its reservation. Later checks are refused, with an honest retry time, until the
+    /// windows have room again. Never the duplicate guard, a block or a slot. Answers what a
+    /// [`Store::peek`] would then find. The stores of this crate can; another store answers
+    /// [`StoreError::Config`] unless it says how.
+    fn overdraw(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        let _ = request;
+        CheckFuture::ready(Err(StoreError::Config(format!(
+            "the {} store can't charge units past a limit",
             self.name()
         ))))
     }
@@ -468,6 +552,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
         (**self).give_back(request, charged)
+    }
+
+    fn overdraw(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        (**self).overdraw(request)
     }
 
     fn keys_share_one_slot(&self) -> bool {

@@ -28,6 +28,8 @@ mod grpc;
 mod layer;
 mod layering;
 mod logging;
+mod metered;
+mod metered_store;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod operate;

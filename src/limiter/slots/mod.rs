@@ -5,5 +5,5 @@ mod lease;
 mod queue;
 mod wait;
 
-pub(crate) use lease::{Lease, LeasedBody};
+pub(crate) use lease::Lease;
 pub(crate) use queue::SlotQueues;

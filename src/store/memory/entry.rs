@@ -9,7 +9,6 @@ use super::clock::millis;
 use super::counter::{ChargedAt, Counter};
 use super::quota::QuotaCounter;
 use crate::decision::{Decision, RuleState};
-use crate::policy::Rule;
 
 /// The counters of one key.
 pub(super) struct Entry {
@@ -109,7 +108,6 @@ impl Entry {
         if self.blocked_until_ms > now {
             return self.blocked(request, now, quota.as_deref());
         }
-        let cost = request.cost;
         let mut allowed = true;
         // The wait until every refusing rule admits the request, if they all ever do.
         let mut wait = Some(0);
@@ -118,7 +116,7 @@ impl Entry {
         let mut counted_refused = false;
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             counter.forget_before(now);
-            let cost = rule_cost(rule, cost);
+            let cost = request.cost_in(rule);
             if !counter.fits(now, cost) {
                 allowed = false;
                 guard_refused |= rule.is_duplicate_guard();
@@ -129,9 +127,10 @@ impl Entry {
             }
         }
         // The quota, a calendar day, can't reserve: when it refuses, the request is refused.
+        let quota_cost = request.quota_cost();
         let quota_refused = quota
             .as_ref()
-            .is_some_and(|(counter, request_quota)| !counter.fits(cost, request_quota.limit));
+            .is_some_and(|(counter, request_quota)| !counter.fits(quota_cost, request_quota.limit));
         if quota_refused {
             allowed = false;
         }
@@ -168,7 +167,7 @@ impl Entry {
         let record = allowed && request.call.records();
         let mut rules = Vec::with_capacity(request.rules.len());
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
-            let cost = rule_cost(rule, cost);
+            let cost = request.cost_in(rule);
             let retry_after = if record {
                 counter.record(now + delay, cost);
                 None
@@ -193,10 +192,10 @@ impl Entry {
         let mut quota_alerts = Vec::new();
         if let Some((counter, request_quota)) = quota {
             let retry_after = if record {
-                quota_alerts = counter.record(cost, request_quota, now);
+                quota_alerts = counter.record(quota_cost, request_quota, now);
                 None
             } else if quota_refused {
-                let wait = counter.admits_after(cost, request_quota, now);
+                let wait = counter.admits_after(quota_cost, request_quota, now);
                 Some(Duration::from_millis(wait.max(block_ms.unwrap_or(0))))
             } else {
                 None
@@ -281,11 +280,37 @@ impl Entry {
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             if !rule.is_duplicate_guard() {
                 counter.forget_before(now);
-                counter.refund(now, request.cost);
+                counter.refund(now, request.cost_in(rule));
             }
         }
         if let Some((counter, _)) = quota {
-            counter.refund(request.cost);
+            counter.refund(request.quota_cost());
+        }
+    }
+
+    /// Charges `request.cost` (and `request.units` to metered rules and quota) to every counted
+    /// rule and the day's quota at `now`, past their limits if need be, each by at most its
+    /// limit: see [`Store::overdraw`](crate::Store::overdraw). Returns the quota's alerts it
+    /// fired.
+    pub(super) fn overdraw(
+        &mut self,
+        request: &CheckRequest<'_>,
+        now: u64,
+        quota: Option<&mut (&mut QuotaCounter, QuotaRequest<'_>)>,
+    ) -> Vec<u8> {
+        for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
+            let cost = request.cost_in(rule).min(rule.burst_size());
+            if !rule.is_duplicate_guard() && cost > 0 {
+                counter.forget_before(now);
+                counter.record(now, cost);
+            }
+        }
+        match quota {
+            Some((counter, quota)) => {
+                let cost = request.quota_cost().min(quota.limit);
+                counter.record(cost, quota, now)
+            }
+            None => Vec::new(),
         }
     }
 
@@ -312,11 +337,11 @@ impl Entry {
                     admitted_ms,
                     bucket_full_at_us: state.bucket_full_at_us,
                 };
-                counter.give_back(now, request.cost, at);
+                counter.give_back(now, request.cost_in(rule), at);
             }
         }
         if let Some((counter, quota)) = quota {
-            counter.give_back(request.cost, quota.day_start(checked_ms));
+            counter.give_back(request.quota_cost(), quota.day_start(checked_ms));
         }
     }
 
@@ -344,7 +369,7 @@ impl Entry {
         let mut rules = Vec::with_capacity(request.rules.len() + 2);
         for (counter, rule) in self.counters.iter_mut().zip(request.rules) {
             counter.forget_before(now);
-            let cost = rule_cost(rule, request.cost);
+            let cost = request.cost_in(rule);
             let own_wait = if counter.fits(now, cost) {
                 0
             } else {
@@ -355,10 +380,11 @@ impl Entry {
             rules.push(state(rule.limit(), own_wait));
         }
         if let Some((counter, quota)) = quota {
-            let own_wait = if counter.fits(request.cost, quota.limit) {
+            let cost = request.quota_cost();
+            let own_wait = if counter.fits(cost, quota.limit) {
                 0
             } else {
-                counter.admits_after(request.cost, quota, now)
+                counter.admits_after(cost, quota, now)
             };
             rules.push(state(quota.limit, own_wait));
         }
@@ -389,9 +415,4 @@ impl Entry {
             .min()
             .unwrap_or(0)
     }
-}
-
-/// What a request costs in `rule`: the duplicate guard counts requests, not units.
-fn rule_cost(rule: &Rule, cost: u64) -> u64 {
-    if rule.is_duplicate_guard() { 1 } else { cost }
 }

@@ -161,40 +161,53 @@ impl MemoryStore {
             Some(_) => shared.next_lease.fetch_add(1, Ordering::Relaxed) + 1,
             None => 0,
         };
+        if request.call == Call::Overdraw
+            && shard
+                .entries
+                .find(hash, |entry| *entry.key == *request.key)
+                .is_none()
+        {
+            // A debt outlives nothing it charges: its entry is made for it.
+            shard.insert(Entry::new(request, hash), now, shared);
+        }
         if let Some(entry) = shard
             .entries
             .find_mut(hash, |entry| *entry.key == *request.key)
         {
             entry.arrange(request);
+            let mut fired = Vec::new();
             match request.call {
                 Call::GiveBack(charged) => entry.give_back(request, charged, now, quota.as_mut()),
                 Call::Refund => entry.refund(request, now, quota.as_mut()),
+                Call::Overdraw => fired = entry.overdraw(request, now, quota.as_mut()),
                 Call::Check | Call::Peek => {
                     return entry.check(request, now, quota.as_mut(), lease_id);
                 }
             }
-            // Units given back, the answer is a peek's of cost 1.
-            return entry.check(&request.cost(1), now, quota.as_mut(), lease_id);
+            // Units given back or charged, the answer is a peek's of one unit.
+            let mut decision = entry.check(&request.one_unit(), now, quota.as_mut(), lease_id);
+            decision.quota_alerts = fired;
+            return decision;
         }
         if let Call::Refund | Call::GiveBack(_) = request.call {
             // Nothing of the rules to give back; the day's quota may have something.
             if let Some((counter, quota)) = quota.as_mut() {
                 match request.call {
-                    Call::GiveBack(charged) => {
-                        counter.give_back(request.cost, quota.day_start(charged.now_unix_ms))
-                    }
-                    _ => counter.refund(request.cost),
+                    Call::GiveBack(charged) => counter
+                        .give_back(request.quota_cost(), quota.day_start(charged.now_unix_ms)),
+                    _ => counter.refund(request.quota_cost()),
                 }
             }
-            let request = request.cost(1);
+            let request = request.one_unit();
             return Entry::new(&request, hash).check(&request, now, quota.as_mut(), lease_id);
         }
         let mut entry = Entry::new(request, hash);
         let decision = entry.check(request, now, quota.as_mut(), lease_id);
         // A refused request leaves nothing behind, except the penalty block it started; nor does a
         // free one (cost 0, no duplicate guard, which counts requests): an operator's inspection.
-        let recorded =
-            request.cost > 0 || request.rules.iter().any(|rule| rule.is_duplicate_guard());
+        let recorded = request.cost > 0
+            || (request.units > 0 && request.is_metered())
+            || request.rules.iter().any(|rule| rule.is_duplicate_guard());
         if request.call.records() && (decision.allowed && (recorded || decision.lease.is_some()))
             || entry.blocked_until_ms > now
         {
@@ -234,6 +247,10 @@ impl Store for MemoryStore {
 
     fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
         CheckFuture::ready(Ok(self.check_now(&request.giving_back(charged))))
+    }
+
+    fn overdraw(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        CheckFuture::ready(Ok(self.check_now(&request.overdrawing())))
     }
 
     fn name(&self) -> &'static str {

@@ -153,6 +153,18 @@ impl PackedCheck {
         };
         piece(data, keys as u64);
         piece(data, request.cost);
+        if request.is_metered() {
+            // `<cost>:<units>:<flags>`: a flag per counted rule, then the quota's (lua/head.lua).
+            data.push(':');
+            data.push_str(itoa::Buffer::new().format(request.units));
+            data.push(':');
+            for rule in counted() {
+                data.push(if rule.is_metered() { 'm' } else { 'r' });
+            }
+            if let Some(quota) = quota {
+                data.push(if quota.metered { 'm' } else { 'r' });
+            }
+        }
         // The options are one piece, empty when there are none (the script's lean functions of
         // the common case take checks without options).
         data.push('|');
@@ -177,7 +189,8 @@ impl PackedCheck {
                 concurrency.map_or(0, |limit| {
                     u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
                 }),
-                // 0: a check, 1: a peek, 2: a refund, 3: a give-back (lua/head.lua).
+                // 0: a check, 1: a peek, 2: a refund, 3: a give-back, 4: an overdraw
+                // (lua/head.lua).
                 request.call.code(),
             ];
             for threshold in thresholds {
@@ -323,7 +336,7 @@ pub(super) fn batch_command<'a>(
 /// The key of one counted rule:
 /// `<prefix>:{<identity>}:<policy>:<algorithm>:<period ms>:<limit>`. Every key starts with the
 /// prefix, so `SCAN MATCH <prefix>:*` finds them all; the identity is the hash tag (see
-/// [`write_key`]); a counter per algorithm, period and limit gives every rule of a policy its own
+/// [`write_key`]); a counter per algorithm, period, limit (and `m` for a metered rule) gives every rule of a policy its own
 /// key (a policy can't hold the same rule twice) and keeps rule sets that share a key apart, as in
 /// the memory store. A token bucket's burst is not part of it: its state (the time the bucket is
 /// full again) means the same whatever the burst, so a new burst keeps the count.
@@ -335,7 +348,13 @@ fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
         period.format(rule.period_ms()),
         limit.format(rule.limit()),
     ];
-    write_key(key, request.key, request.identity, &parts);
+    // A metered rule counts apart from a rule of requests of the same limit and period.
+    let parts = if rule.is_metered() {
+        &[parts[0], parts[1], parts[2], "m"][..]
+    } else {
+        &parts[..]
+    };
+    write_key(key, request.key, request.identity, parts);
 }
 
 /// Appends the store key of `parts` under `base` (a policy's or a quota's key,

@@ -186,6 +186,10 @@ impl Store for RedisStore {
         self.check(&request.giving_back(charged))
     }
 
+    fn overdraw(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.check(&request.overdrawing())
+    }
+
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         if self.shared.connector.is_cluster()
             && let Some(quota) = request.quota

@@ -507,6 +507,7 @@ pub mod recording;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod redis_tls;
+pub mod timed;
 
 /// The TOML configs shipped in `examples/`, sorted (at least one).
 pub fn example_configs() -> Vec<std::path::PathBuf> {

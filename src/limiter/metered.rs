@@ -1,0 +1,265 @@
+//! Settling metered units after the response: [`Usage`], what a handler records the units its
+//! request used in, and [`Tab`], one admission's reservation, settled once the response's body
+//! has ended (or been dropped) and the last clone of its `Usage` is gone. Public as
+//! [`crate::meter`].
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::extract::FromRequestParts;
+use http::request::Parts;
+
+use super::{Charge, Price};
+use crate::decision::Decision;
+use crate::store::{CheckFuture, StoreError};
+
+/// The units a request used, recorded by its handler (or by a stream as it ends) and settled
+/// by the layer of each meter on the request: what it used less than it reserved goes back to
+/// the windows its admission charged, what it used more is charged on top, past the limit if
+/// need be. Nothing recorded (and no usage header) means the reservation stands.
+///
+/// An axum extractor that never fails. Clones share one tally: move one into a streamed body and
+/// record as the stream ends; the request settles when its body has ended and the last clone
+/// is dropped. On a route without a meter it records nothing (said once, at WARN).
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use tower_redis_ratelimit::meter::{Meter, Usage};
+/// use tower_redis_ratelimit::{MemoryStore, Policy, RateLimitLayer, Rule};
+///
+/// async fn complete(usage: Usage) -> &'static str {
+///     // ... call the model; it reports 1 234 tokens.
+///     usage.record(1_234);
+///     "done"
+/// }
+///
+/// let policy = Policy::builder("llm")
+///     .rule(Rule::per_minute(40_000).metered())
+///     .meter(Meter::new("tokens").estimate(|_| 500))
+///     .build()
+///     .unwrap();
+/// let app: Router = Router::new()
+///     .route("/v1/complete", post(complete))
+///     .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+/// ```
+#[derive(Clone, Default)]
+pub struct Usage(Arc<Tabs>);
+
+/// The reservations of one request, one per metered layer it passed.
+#[derive(Default)]
+struct Tabs(Mutex<Vec<Arc<Tab>>>);
+
+/// Said once per process: a `Usage` recorded on a route without a meter.
+static UNMETERED_WARNED: AtomicBool = AtomicBool::new(false);
+
+impl Usage {
+    /// Adds `units` used, for every meter on the request (the only one, usually). Clamped at
+    /// each meter's [`max_usage`](crate::meter::Meter::max_usage) when it settles.
+    pub fn record(&self, units: u64) {
+        self.record_where(|_| true, units);
+    }
+
+    /// Adds `units` used for the meters of `unit` on the request: where two policies meter
+    /// two units on one route (input and output tokens), each gets its own.
+    pub fn record_unit(&self, unit: &str, units: u64) {
+        self.record_where(|tab| *tab.unit == *unit, units);
+    }
+
+    fn record_where(&self, meters: impl Fn(&Tab) -> bool, units: u64) {
+        let tabs = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut recorded = false;
+        for tab in tabs.iter().filter(|tab| meters(tab)) {
+            tab.record(units);
+            recorded = true;
+        }
+        if !recorded && !UNMETERED_WARNED.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                units,
+                "usage recorded on a request no meter reserved for (a route without a meter, \
+                 or another unit): it counts nothing"
+            );
+        }
+    }
+
+    /// The request's `Usage`, found in `extensions` or put there.
+    pub(crate) fn of(extensions: &mut http::Extensions) -> &Usage {
+        extensions.get_or_insert_default::<Usage>()
+    }
+
+    /// Adds a meter's reservation to the request's.
+    pub(crate) fn hold(&self, tab: Arc<Tab>) {
+        self.0
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tab);
+    }
+}
+
+impl std::fmt::Debug for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tabs = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut list = f.debug_list();
+        for tab in tabs.iter() {
+            list.entry(&(&*tab.unit, tab.used.load(Ordering::Relaxed)));
+        }
+        list.finish()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Usage {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Infallible> {
+        Ok(parts.extensions.get::<Usage>().cloned().unwrap_or_default())
+    }
+}
+
+/// One admission's reservation of metered units: settled when the last holder (the request's
+/// [`Usage`], the response body) drops it.
+pub(crate) struct Tab {
+    unit: Arc<str>,
+    used: AtomicU64,
+    recorded: AtomicBool,
+    /// The charge, until it settles or a response that doesn't count takes it back whole.
+    charge: Mutex<Option<Charge>>,
+}
+
+impl Tab {
+    /// The reservation `charge` made, of its meter's unit.
+    pub(crate) fn new(charge: Charge, unit: Arc<str>) -> Self {
+        Tab {
+            unit,
+            used: AtomicU64::new(0),
+            recorded: AtomicBool::new(false),
+            charge: Mutex::new(Some(charge)),
+        }
+    }
+
+    /// Adds `units` used.
+    pub(crate) fn record(&self, units: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                Some(used.saturating_add(units))
+            });
+        self.recorded.store(true, Ordering::Release);
+    }
+
+    /// Reads what a response says: under `count_only` whether it counts (one that doesn't gives
+    /// the whole charge back), and the usage it reports in the meter's header, if any (a whole
+    /// number is recorded; anything else is no report, said once at WARN).
+    pub(crate) fn answered<B>(&self, response: &http::Response<B>) {
+        let mut held = self.charge.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(charge) = held.as_ref() else {
+            return;
+        };
+        if !charge.limiter().policy().counts(response.status()) {
+            // Under count_only, a response that doesn't count settles to zero: its whole charge
+            // goes back.
+            if let Some(charge) = held.take() {
+                drop(held);
+                charge.settle(response.status());
+            }
+            return;
+        }
+        let policy = charge.limiter().policy();
+        let Some(metering) = policy.metering() else {
+            return;
+        };
+        let Some(value) = metering
+            .meter
+            .usage_header_name()
+            .and_then(|name| response.headers().get(name))
+        else {
+            return;
+        };
+        match value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+        {
+            Some(units) => self.record(units),
+            None => {
+                if !metering.warned_header.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        policy = policy.name(),
+                        header = ?value,
+                        "a usage header that isn't a whole number is no report (said once)"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Tab {
+    fn drop(&mut self) {
+        let charge = self
+            .charge
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        // Nothing recorded: the reservation stands.
+        if let Some(charge) = charge
+            && *self.recorded.get_mut()
+            && let Some(call) = settle_call(&charge, *self.used.get_mut())
+        {
+            charge.finish(
+                call,
+                "could not settle the metered units a response used; its reservation stands",
+            );
+        }
+    }
+}
+
+/// The store call that settles `charge` at `used` units (clamped at the meter's bound, said
+/// once at WARN): a give-back of what it reserved and didn't use, or an overdraw of what it used
+/// beyond; `None` when it used what it reserved. Counts the units in the policy's metrics.
+pub(super) fn settle_call(charge: &Charge, used: u64) -> Option<CheckFuture> {
+    let limiter = charge.limiter();
+    let policy = limiter.policy();
+    let metering = policy.metering()?;
+    let used = if used > metering.max_usage {
+        if !metering.warned_max_usage.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                policy = policy.name(),
+                unit = metering.meter.unit(),
+                reported = used,
+                max_usage = metering.max_usage,
+                "a usage report above the meter's max_usage counts as max_usage (said once)"
+            );
+        }
+        metering.max_usage
+    } else {
+        used
+    };
+    let reserved = charge.price().units;
+    let metrics = limiter.metrics();
+    metrics.metered("used", used);
+    if used < reserved {
+        metrics.metered("given_back", reserved - used);
+        let unused = Price {
+            cost: 0,
+            units: reserved - used,
+        };
+        Some(charge.give_back(unused))
+    } else if used > reserved {
+        metrics.metered("overdrawn", used - reserved);
+        Some(charge.overdraw(used - reserved))
+    } else {
+        None
+    }
+}
+
+/// Settles `charge` at `used` units and waits for the store: what it then finds for the key
+/// (a handle's [`Reservation::settle`](crate::meter::Reservation::settle)).
+pub(crate) async fn settle_now(charge: Charge, used: u64) -> Result<Decision, StoreError> {
+    let decision = match settle_call(&charge, used) {
+        Some(call) => call.await?,
+        None => charge.give_back(Price { cost: 0, units: 0 }).await?,
+    };
+    charge.forget_refusal();
+    Ok(decision)
+}
