@@ -15,7 +15,12 @@
 //!   handler calls (`check` for the client's address, its headers on the response), not a layer:
 //!   the handle's cost beside the layer's;
 //! - `redis-prefetch`: the layer on Redis with `prefetch(100)`: the hot key's units taken ahead
-//!   (it prints the store calls per request).
+//!   (it prints the store calls per request);
+//! - `metered-memory`, `metered-redis`: the layer with a meter, its one rule metered, each request
+//!   reserving an estimate of 500 and its handler recording nothing (the reservation stands): a
+//!   metered check beside a plain one;
+//! - `settled-memory`, `settled-redis`: the same, the handler recording 120 of the 500 (with
+//!   `Usage`): each request's settle, a give-back to where it was charged, on top.
 //!
 //! `redis` minus `memory` is what a Redis check costs the app beyond a memory check: packing the
 //! check, queueing it, the connection's work shared by a batch, reading the decision, the wake-ups.
@@ -38,6 +43,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use tower::ServiceExt;
+use tower_redis_ratelimit::meter::{Meter, Usage};
 use tower_redis_ratelimit::{
     Admitted, Algorithm, MemoryStore, Policy, RateLimitLayer, RateLimiter, RedisStore, Refused,
     Rule,
@@ -55,14 +61,40 @@ use redis_server::Server;
 const HUGE: u64 = 1_000_000_000;
 
 /// The setups, in the order of the first round.
-const SETUPS: [&str; 6] = [
+const SETUPS: [&str; 10] = [
     "bare",
     "memory",
     "handle-memory",
     "redis",
     "handle-redis",
     "redis-prefetch",
+    "metered-memory",
+    "metered-redis",
+    "settled-memory",
+    "settled-redis",
 ];
+
+/// The metered setups' policy: its one rule metered, 500 reserved per request.
+fn metered_policy(prefix: &str) -> Policy {
+    Policy::builder("cost-metered")
+        .prefix(prefix)
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(HUGE, Duration::from_secs(1)).metered())
+        .meter(Meter::new("tokens").estimate(|_| 500))
+        .build()
+        .expect("a valid policy")
+}
+
+/// The router of the settled setups: the handler records 120 of its 500.
+fn settling() -> Router {
+    Router::new().route(
+        "/",
+        get(|usage: Usage| async move {
+            usage.record(120);
+            "hello"
+        }),
+    )
+}
 
 /// The router of the handle setups: the handler checks the client itself.
 fn handled(limiter: RateLimiter) -> Router {
@@ -110,6 +142,25 @@ fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore
                 .expect("a valid policy");
             let app = router().layer(RateLimitLayer::new(policy, store.clone()));
             (app, Some(store))
+        }
+        "metered-memory" | "settled-memory" => {
+            let router = if setup == "metered-memory" {
+                router()
+            } else {
+                settling()
+            };
+            let layer = RateLimitLayer::new(metered_policy(prefix), MemoryStore::new());
+            (router.layer(layer), None)
+        }
+        "metered-redis" | "settled-redis" => {
+            let store = RedisStore::from_url(redis_url).expect("a Redis URL");
+            let router = if setup == "metered-redis" {
+                router()
+            } else {
+                settling()
+            };
+            let layer = RateLimitLayer::new(metered_policy(prefix), store.clone());
+            (router.layer(layer), Some(store))
         }
         "handle-redis" => {
             let store = RedisStore::from_url(redis_url).expect("a Redis URL");

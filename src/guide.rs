@@ -13,6 +13,7 @@
 //! | [`answers`] | the headers, the 429 body, gRPC's answers, reading headers on the client |
 //! | [`costs`] | costs per request, duplicates, penalty blocks, shadow and delay modes |
 //! | [`quotas`] | daily quotas by plan tier, and alerts |
+//! | [`metered`] | limits on what requests use (tokens, bytes, money): reserve, record, settle; streamed bodies; token quotas by plan |
 //! | [`concurrency`] | requests or jobs at once; limits called from code, for handlers, jobs and workers; limits on outcomes |
 //! | [`outbound`] | calls to a rate-limited API, shared by every instance |
 //! | [`config`] | limits from a TOML file, and reload (feature `config`) |
@@ -58,6 +59,9 @@ pub mod costs {}
 // sets `doc` when it collects doctests too, hence `not(doctest)`).
 #[cfg(any(all(doc, not(doctest)), feature = "webhook"))]
 pub mod quotas {}
+
+#[doc = include_str!("../docs/guide/metered.md")]
+pub mod metered {}
 
 #[doc = include_str!("../docs/guide/concurrency.md")]
 pub mod concurrency {}

@@ -785,7 +785,7 @@ fn toml_errors_name_the_field_line_and_column() {
                 "{ limit = 100, period = \"1h\" }",
                 "{ limit = 100, period = \"1h\", colour = 5 }",
             ),
-            "routes[0].rules[1].colour: unknown field `colour`, expected one of `limit`, `period`, `burst` (line 21, column 71)",
+            "routes[0].rules[1].colour: unknown field `colour`, expected one of `limit`, `period`, `burst`, `metered` (line 21, column 71)",
         ),
         (
             edited("path = \"/api/ping\" ", "# no path "),

@@ -28,6 +28,21 @@ pub(crate) struct RuleArg {
     pub(crate) period: Spanned<Duration>,
     pub(crate) burst: Option<Spanned<u64>>,
     pub(crate) name: Option<Spanned<String>>,
+    /// `metered`: the rule counts the meter's units.
+    pub(crate) metered: bool,
+}
+
+/// `meter(unit = "tokens"[, estimate = 500][, estimate_header = ".."][, usage_header = ".."]
+/// [, max_usage = ..])`.
+#[derive(Debug, Clone)]
+pub(crate) struct MeterArg {
+    /// The whole `meter(...)`.
+    pub(crate) span: Span,
+    pub(crate) unit: Spanned<String>,
+    pub(crate) estimate: Option<Spanned<u64>>,
+    pub(crate) estimate_header: Option<Spanned<String>>,
+    pub(crate) usage_header: Option<Spanned<String>>,
+    pub(crate) max_usage: Option<Spanned<u64>>,
 }
 
 /// Everything `#[rate_limit(...)]` says.
@@ -50,6 +65,7 @@ pub(crate) struct RateLimitArgs {
     pub(crate) prefetch: Option<Spanned<u64>>,
     /// `count_only = [401, "5xx"]`: the statuses, checked, as written.
     pub(crate) count_only: Option<Spanned<Vec<CountedStatus>>>,
+    pub(crate) meter: Option<MeterArg>,
 }
 
 /// One status of `count_only`.
@@ -64,7 +80,7 @@ pub(crate) enum CountedStatus {
 /// The options the attribute takes, as an error lists them.
 const OPTIONS: &str = "name, key, algorithm, message, rule(...), prevent_duplicate, block_for, \
                        mode, max_delay, cost_header, count_only, prefetch, max_in_flight, lease, scope, \
-                       on_store_error";
+                       on_store_error, meter(...)";
 
 impl RateLimitArgs {
     /// Reads every `#[rate_limit(...)]` of the type (options may be split over several), and
@@ -148,6 +164,12 @@ impl RateLimitArgs {
             "on_store_error" => {
                 set_spanned(&mut self.on_store_error, span, parsed(meta, str::parse)?)?;
             }
+            "meter" => {
+                if self.meter.is_some() {
+                    return Err(syn::Error::new(span, "this option is given twice"));
+                }
+                self.meter = Some(meter(meta)?);
+            }
             _ => {
                 return Err(meta.error(format!(
                     "unknown option `{option}`: expected one of {OPTIONS}"
@@ -158,10 +180,20 @@ impl RateLimitArgs {
     }
 }
 
-/// `rule(limit = 10, period = "60s"[, burst = 20][, name = "minute"])`.
+/// `rule(limit = 10, period = "60s"[, burst = 20][, name = "minute"][, metered])`.
 fn rule(meta: &ParseNestedMeta<'_>) -> syn::Result<RuleArg> {
     let (mut limit, mut period, mut burst, mut name) = (None, None, None, None);
+    let mut metered = false;
     meta.parse_nested_meta(|inner| {
+        if inner.path.is_ident("metered") {
+            // `metered`, or `metered = true | false`.
+            metered = if inner.input.peek(syn::Token![=]) {
+                inner.value()?.parse::<syn::LitBool>()?.value
+            } else {
+                true
+            };
+            return Ok(());
+        }
         let span = inner.path.span();
         if inner.path.is_ident("limit") {
             set_spanned(&mut limit, span, integer(&inner)?)
@@ -173,7 +205,8 @@ fn rule(meta: &ParseNestedMeta<'_>) -> syn::Result<RuleArg> {
             let text = string(&inner)?;
             set_spanned(&mut name, span, spanned(text.value(), &text))
         } else {
-            Err(inner.error("unknown option of rule: expected limit, period, burst or name"))
+            Err(inner
+                .error("unknown option of rule: expected limit, period, burst, name or metered"))
         }
     })?;
     let span = meta.path.span();
@@ -186,6 +219,49 @@ fn rule(meta: &ParseNestedMeta<'_>) -> syn::Result<RuleArg> {
         period,
         burst,
         name,
+        metered,
+    })
+}
+
+/// `meter(unit = "tokens"[, estimate = 500][, estimate_header = ".."][, usage_header = ".."]
+/// [, max_usage = ..])`.
+fn meter(meta: &ParseNestedMeta<'_>) -> syn::Result<MeterArg> {
+    let (mut unit, mut estimate, mut estimate_header, mut usage_header, mut max_usage) =
+        (None, None, None, None, None);
+    let header = |inner: &ParseNestedMeta<'_>| {
+        parsed(inner, |text| {
+            parse_header_name(text).map(|name| name.as_str().to_owned())
+        })
+    };
+    meta.parse_nested_meta(|inner| {
+        let span = inner.path.span();
+        if inner.path.is_ident("unit") {
+            let text = string(&inner)?;
+            set_spanned(&mut unit, span, spanned(text.value(), &text))
+        } else if inner.path.is_ident("estimate") {
+            set_spanned(&mut estimate, span, integer(&inner)?)
+        } else if inner.path.is_ident("estimate_header") {
+            set_spanned(&mut estimate_header, span, header(&inner)?)
+        } else if inner.path.is_ident("usage_header") {
+            set_spanned(&mut usage_header, span, header(&inner)?)
+        } else if inner.path.is_ident("max_usage") {
+            set_spanned(&mut max_usage, span, integer(&inner)?)
+        } else {
+            Err(inner.error(
+                "unknown option of meter: expected unit, estimate, estimate_header, \
+                 usage_header or max_usage",
+            ))
+        }
+    })?;
+    let unit =
+        unit.ok_or_else(|| meta.error("meter(...) needs a unit, such as unit = \"tokens\""))?;
+    Ok(MeterArg {
+        span: meta.path.span(),
+        unit,
+        estimate,
+        estimate_header,
+        usage_header,
+        max_usage,
     })
 }
 

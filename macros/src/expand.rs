@@ -12,7 +12,7 @@ use tower_redis_ratelimit_spec::{
     Algorithm, ErrorSite, KeySpec, Mode, OnStoreError, PolicyParts, Rule, RulePart, Scope,
 };
 
-use crate::attribute::{CountedStatus, RateLimitArgs, RuleArg};
+use crate::attribute::{CountedStatus, MeterArg, RateLimitArgs, RuleArg};
 
 /// The key prefix of a derived policy: the builder's default (the attribute doesn't take one).
 const PREFIX: &str = "rl";
@@ -57,6 +57,12 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         lease: args.lease.as_ref().map(|lease| lease.value),
         count_only: args.count_only.is_some(),
         prefetch: args.prefetch.as_ref().map(|units| units.value),
+        meter_unit: args.meter.as_ref().map(|meter| meter.unit.value.as_str()),
+        max_usage: args
+            .meter
+            .as_ref()
+            .and_then(|meter| meter.max_usage.as_ref())
+            .map(|units| units.value),
         ..PolicyParts::new(
             &name,
             PREFIX,
@@ -82,6 +88,9 @@ fn rule_of(arg: &RuleArg) -> Rule {
     }
     if let Some(name) = &arg.name {
         rule = rule.named(name.value.clone());
+    }
+    if arg.metered {
+        rule = rule.metered();
     }
     rule
 }
@@ -116,6 +125,11 @@ fn span_of(site: &ErrorSite, args: &RateLimitArgs, ident: &syn::Ident) -> Option
             "mode" => args.mode.as_ref().map(|arg| arg.span),
             "count_only" => args.count_only.as_ref().map(|arg| arg.span),
             "prefetch" => args.prefetch.as_ref().map(|arg| arg.span),
+            "max_usage" => args
+                .meter
+                .as_ref()
+                .map(|meter| meter.max_usage.as_ref().map_or(meter.span, |arg| arg.span)),
+            "meter" => args.meter.as_ref().map(|meter| meter.span),
             _ => None,
         },
     }
@@ -156,6 +170,9 @@ fn implementation(
         if let Some(name) = &rule.name {
             let name = &name.value;
             tokens = quote!(#tokens.named(#name));
+        }
+        if rule.metered {
+            tokens = quote!(#tokens.metered());
         }
         calls.push(quote!(.rule(#tokens)));
     }
@@ -213,6 +230,9 @@ fn implementation(
         };
         calls.push(quote!(.scope(#krate::policy::Scope::#scope)));
     }
+    if let Some(meter) = &args.meter {
+        calls.push(meter_tokens(meter));
+    }
     if let Some(on_error) = &args.on_store_error {
         let on_error = match on_error.value {
             OnStoreError::Allow => quote!(Allow),
@@ -229,6 +249,36 @@ fn implementation(
             }
         }
     }
+}
+
+/// `.meter(..)` of a `meter(...)` argument: its unit, its estimate (a header's whole number,
+/// else the fixed one, else 1), its usage header and bound.
+fn meter_tokens(meter: &MeterArg) -> TokenStream {
+    let krate = quote!(::tower_redis_ratelimit);
+    let unit = &meter.unit.value;
+    let fixed = meter.estimate.as_ref().map_or(1, |estimate| estimate.value);
+    let mut tokens = match &meter.estimate_header {
+        Some(header) => {
+            let header = &header.value;
+            quote!(#krate::meter::Meter::new(#unit).estimate(move |parts| {
+                parts
+                    .headers
+                    .get(#krate::__private::HeaderName::from_static(#header))
+                    .and_then(|value| value.to_str().ok()?.trim().parse::<u64>().ok())
+                    .unwrap_or(#fixed)
+            }))
+        }
+        None => quote!(#krate::meter::Meter::new(#unit).estimate(|_| #fixed)),
+    };
+    if let Some(header) = &meter.usage_header {
+        let header = &header.value;
+        tokens = quote!(#tokens.usage_header(#krate::__private::HeaderName::from_static(#header)));
+    }
+    if let Some(units) = &meter.max_usage {
+        let units = units.value;
+        tokens = quote!(#tokens.max_usage(#units));
+    }
+    quote!(.meter(#tokens))
 }
 
 fn key_tokens(key: &KeySpec) -> TokenStream {

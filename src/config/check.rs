@@ -7,7 +7,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::file::{
-    ConfigFile, DuplicateConfig, OverrideConfig, QuotaConfig, RouteConfig, RuleConfig, StatusItem,
+    ConfigFile, DuplicateConfig, MeterConfig, OverrideConfig, QuotaConfig, RouteConfig, RuleConfig,
+    StatusItem,
 };
 use super::store::{RedisSettings, StoreSpec, check_store, check_tls};
 use super::{
@@ -15,6 +16,7 @@ use super::{
 };
 use crate::client_ip::{ClientIp, ForwardedHeader};
 use crate::key::Key;
+use crate::policy::meter::Meter;
 use crate::policy::quota::Quota;
 use crate::policy::{
     self, Algorithm, Mode, OnStoreError, Override, Policy, PolicyError, Rule, Scope,
@@ -302,7 +304,13 @@ impl RouteCheck<'_> {
         if let Some(text) = &raw.lease {
             builder = builder.lease(self.duration("lease", text)?);
         }
-        if let Some(quota) = self.quota {
+        if let Some(meter) = &raw.meter {
+            builder = builder.meter(self.meter(meter)?);
+        }
+        // A metered quota counts the routes that meter units.
+        if let Some(quota) = self.quota
+            && (!quota.is_metered() || raw.meter.is_some())
+        {
             builder = builder.quota(quota.clone());
         }
         let policy = builder
@@ -321,6 +329,35 @@ impl RouteCheck<'_> {
         })
     }
 
+    /// The route's `meter`.
+    fn meter(&self, raw: &MeterConfig) -> Result<Meter, ConfigError> {
+        let mut meter = Meter::new(raw.unit.clone());
+        let fixed = raw.estimate.unwrap_or(1);
+        match &raw.estimate_header {
+            Some(name) => {
+                let header = parse_header_name(name)
+                    .map_err(|message| self.error("meter.estimate_header", message))?;
+                meter = meter.estimate(move |parts| {
+                    parts
+                        .headers
+                        .get(&header)
+                        .and_then(|value| value.to_str().ok()?.trim().parse().ok())
+                        .unwrap_or(fixed)
+                });
+            }
+            None => meter = meter.estimate(move |_| fixed),
+        }
+        if let Some(name) = &raw.usage_header {
+            let header = parse_header_name(name)
+                .map_err(|message| self.error("meter.usage_header", message))?;
+            meter = meter.usage_header(header);
+        }
+        if let Some(units) = raw.max_usage {
+            meter = meter.max_usage(units);
+        }
+        Ok(meter)
+    }
+
     /// The rules at `field` (`rules`, `overrides[1].rules`).
     fn rules(&self, field: &str, raw: &[RuleConfig]) -> Result<Vec<Rule>, ConfigError> {
         let mut rules = Vec::with_capacity(raw.len());
@@ -329,6 +366,9 @@ impl RouteCheck<'_> {
             let mut parsed = Rule::new(rule.limit, period);
             if let Some(burst) = rule.burst {
                 parsed = parsed.burst(burst);
+            }
+            if rule.metered {
+                parsed = parsed.metered();
             }
             rules.push(parsed);
         }
@@ -415,6 +455,8 @@ impl RouteCheck<'_> {
                 RulePart::Period => format!("rules[{index}].period"),
                 RulePart::Burst => format!("rules[{index}].burst"),
             },
+            // The meter's options are fields of its table.
+            ErrorSite::Option(option @ ("max_usage" | "usage_header")) => format!("meter.{option}"),
             ErrorSite::Option(option) => option.to_owned(),
             ErrorSite::Override(index) => format!("overrides[{index}]"),
         };
@@ -503,6 +545,9 @@ fn check_quota(raw: &QuotaConfig, prefix: &str) -> Result<Quota, ConfigError> {
         let tier = parts.headers.get(&tier_header)?.to_str().ok()?;
         Some(tier.trim().to_owned())
     });
+    if raw.metered {
+        builder = builder.metered();
+    }
     builder
         .build()
         .map_err(|error| ConfigError::new("quota", error.to_string()))

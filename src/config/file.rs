@@ -166,6 +166,36 @@ pub struct RouteConfig {
     /// own (default none).
     #[serde(default)]
     pub overrides: Vec<OverrideConfig>,
+    /// What the route's `metered = true` rules (and a metered `[quota]`) count, such as
+    /// `{ unit = "tokens", estimate = 500, usage_header = "x-usage-tokens" }` (default none).
+    #[serde(default)]
+    pub meter: Option<MeterConfig>,
+}
+
+/// A route's `meter`: metered units reserved when a request is admitted and settled from what
+/// its response reports.
+#[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MeterConfig {
+    /// The units counted, a word of ASCII letters, digits and `_`: `"tokens"`.
+    #[schemars(regex(pattern = "^[A-Za-z0-9_]+$"), extend("examples" = ["tokens"]))]
+    pub unit: String,
+    /// The units a request reserves when it is admitted (default 1).
+    #[serde(default)]
+    #[schemars(range(min = 0, max = MAX_LIMIT), extend("default" = 1))]
+    pub estimate: Option<u64>,
+    /// A request header whose whole number is the request's estimate (set by a layer you
+    /// trust); without it, or not a number, `estimate` applies.
+    #[serde(default)]
+    pub estimate_header: Option<String>,
+    /// The response header that reports the units used, a whole number (default: the handler
+    /// records them with `Usage`).
+    #[serde(default)]
+    pub usage_header: Option<String>,
+    /// The most one report counts (default: the largest metered limit).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = MAX_LIMIT))]
+    pub max_usage: Option<u64>,
 }
 
 /// An `overrides` entry: `identity` or `cidr`, and exactly one of `rules`, `unlimited = true` or
@@ -244,6 +274,11 @@ pub struct RuleConfig {
     /// `token_bucket` only: the bucket size (default: the limit).
     #[serde(default)]
     pub burst: Option<u64>,
+    /// `true`: the rule counts the route's metered units (its `meter`) rather than requests
+    /// (default `false`).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub metered: bool,
 }
 
 /// `prevent_duplicate`: `true`/`false`, or a table with the window.
@@ -332,6 +367,12 @@ pub struct QuotaConfig {
     #[serde(default)]
     #[schemars(extend("default" = "+00:00"))]
     pub utc_offset: Option<String>,
+    /// `true`: the quota counts metered units ("2 million tokens a day"), on the routes with a
+    /// `meter`; routes without one are not counted by it (default `false`: it counts requests
+    /// on every route).
+    #[serde(default)]
+    #[schemars(extend("default" = false))]
+    pub metered: bool,
 }
 
 /// Leaves a field's default out of its schema: `rules = []` is the serde default, but the

@@ -607,13 +607,14 @@ where
 
 /// Whether `old`'s counts live on under `new`: the same prefix, name, key and algorithm (the
 /// store keys' parts, and what their state means), and no rule of `old` replaced by a rule of
-/// another limit or period (a rule only added starts from nothing, as any new rule; one only
+/// another limit, period or unit (requests or metered; a rule only added starts from nothing, as any new rule; one only
 /// removed takes its counts along; the duplicate guard is a rule here too).
 fn counts_carry_over(old: &Policy, new: &Policy) -> bool {
     let same = |a: &crate::Rule, b: &crate::Rule| {
         a.limit() == b.limit()
             && a.period_ms() == b.period_ms()
             && a.is_duplicate_guard() == b.is_duplicate_guard()
+            && a.is_metered() == b.is_metered()
     };
     let unmatched = |from: &Policy, to: &Policy| {
         from.rules()

@@ -76,8 +76,8 @@ use serde::{Deserialize, Deserializer};
 
 pub use error::ConfigError;
 pub use file::{
-    ConfigFile, DuplicateConfig, DuplicateRule, OverrideConfig, QuotaConfig, RouteConfig,
-    RuleConfig, StatusItem, StoreConfig, StoreTable,
+    ConfigFile, DuplicateConfig, DuplicateRule, MeterConfig, OverrideConfig, QuotaConfig,
+    RouteConfig, RuleConfig, StatusItem, StoreConfig, StoreTable,
 };
 pub use layer::{ReloadSummary, RouteLimits, RouteLimitsLayer};
 pub use store::{StoreSpec, StoreTls};

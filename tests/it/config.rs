@@ -100,8 +100,8 @@ fn bad_route_fields_are_refused_naming_the_field_line_and_column() {
             "algoritm = \"fixed_window\"",
             "routes[0].algoritm: unknown field `algoritm`, expected one of `path`, `paths`, `name`, `key`, \
              `algorithm`, `rules`, `prevent_duplicate`, `block_for`, `mode`, `max_delay`, \
-             `cost_header`, `count_only`, `prefetch`, `max_in_flight`, `lease`, `overrides` (line \
-             6, column 1)",
+             `cost_header`, `count_only`, `prefetch`, `max_in_flight`, `lease`, `overrides`, \
+             `meter` (line 6, column 1)",
         ),
         (
             "algorithm = \"token\"",
@@ -438,7 +438,7 @@ fn each_field_wrong_in_each_way_is_refused_naming_it() {
         (
             "Q",
             "tiers = { free = 10 }\ncolour = 1",
-            "quota.colour: unknown field `colour`, expected one of `key`, `tier_header`, `default_tier`, `tiers`, `alert_at`, `alert_webhook`, `utc_offset` (line 6, column 1)",
+            "quota.colour: unknown field `colour`, expected one of `key`, `tier_header`, `default_tier`, `tiers`, `alert_at`, `alert_webhook`, `utc_offset`, `metered` (line 6, column 1)",
         ),
     ];
     let wrong: Vec<String> = cases
@@ -651,4 +651,134 @@ proptest! {
         );
         let _ = RateLimitConfig::from_toml_str(&text);
     }
+}
+
+/// A route with a meter (issue 48): `metered = true` rules count the units its meter reserves
+/// (a fixed estimate, or a request header's) and settles from the response's usage header; a
+/// metered `[quota]` counts them too, on routes with a meter only.
+#[tokio::test]
+async fn a_metered_route_reserves_and_settles_from_its_usage_header() {
+    let config = RateLimitConfig::from_toml_str(
+        r#"
+        [quota]
+        key = "header:x-api-key"
+        tiers = { free = 100000 }
+        metered = true
+        [[routes]]
+        path = "/v1/complete"
+        key = "header:x-api-key"
+        algorithm = "fixed_window"
+        rules = [{ limit = 60, period = "1m" }, { limit = 1000, period = "1m", metered = true }]
+        meter = { unit = "tokens", estimate = 500, estimate_header = "x-estimated-tokens", usage_header = "x-usage-tokens", max_usage = 1000000 }
+        [[routes]]
+        path = "/plain"
+        key = "header:x-api-key"
+        rules = [{ limit = 5, period = "1m" }]
+        "#,
+    )
+    .unwrap();
+    let [metered, plain] = config.routes() else {
+        panic!("two routes")
+    };
+    let names: Vec<&str> = metered.policy().rule_names().iter().map(|n| &**n).collect();
+    assert_eq!(names, ["60-per-60s", "1000-tokens-per-60s"]);
+    assert_eq!(metered.policy().meter().unwrap().unit(), "tokens");
+    assert!(metered.policy().quota().unwrap().is_metered());
+    // The metered quota leaves the route without a meter alone.
+    assert!(plain.policy().quota().is_none());
+    let router = Router::new().route(
+        "/v1/complete",
+        get(|| async { ([("x-usage-tokens", "120")], "done") }),
+    );
+    let app = config.apply(router).unwrap();
+    let call = |estimate: Option<&str>| {
+        let mut request = Request::get("/v1/complete")
+            .header("x-api-key", "k1")
+            .body(Body::empty())
+            .unwrap();
+        if let Some(estimate) = estimate {
+            request
+                .headers_mut()
+                .insert("x-estimated-tokens", estimate.parse().unwrap());
+        }
+        app.clone().oneshot(request)
+    };
+    let first = call(None).await.unwrap();
+    let headers = common::limits(&first);
+    assert_eq!(
+        headers.status("1000-tokens-per-60s").unwrap().remaining,
+        500
+    );
+    // The day's quota counts the 500 tokens reserved, not the request.
+    assert_eq!(headers.status("daily").unwrap().remaining, 99_500);
+    axum::body::to_bytes(first.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    // 120 settled; the header's estimate of 800 is reserved.
+    let second = call(Some("800")).await.unwrap();
+    let headers = common::limits(&second);
+    assert_eq!(headers.status("1000-tokens-per-60s").unwrap().remaining, 80);
+    assert_eq!(headers.status("60-per-60s").unwrap().remaining, 58);
+    assert_eq!(
+        headers.status("daily").unwrap().remaining,
+        100_000 - 120 - 800
+    );
+    axum::body::to_bytes(second.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    // 240 used: an estimate of 800 doesn't fit, 700 does.
+    let refused = call(Some("800")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(call(Some("700")).await.unwrap().status(), StatusCode::OK);
+}
+
+#[test]
+fn bad_meters_are_refused_naming_the_field() {
+    let rules = "rules = [{ limit = 1000, period = \"1m\", metered = true }]";
+    let case = |route: &str| {
+        let text = format!("[[routes]]\npath = \"/a\"\n{route}\n");
+        RateLimitConfig::from_toml_str(&text)
+            .expect_err("the config should be refused")
+            .field()
+            .to_owned()
+    };
+    assert_eq!(case(rules), "routes[0].meter");
+    assert_eq!(
+        case("rules = [{ limit = 10, period = \"1m\" }]\nmeter = { unit = \"tokens\" }"),
+        "routes[0].meter"
+    );
+    assert_eq!(
+        case(&format!("{rules}\nmeter = {{ unit = \"to kens\" }}")),
+        "routes[0].meter"
+    );
+    assert_eq!(
+        case(&format!(
+            "{rules}\nmeter = {{ unit = \"tokens\", usage_header = \"bad header\" }}"
+        )),
+        "routes[0].meter.usage_header"
+    );
+    assert_eq!(
+        case(&format!(
+            "{rules}\nmeter = {{ unit = \"tokens\", estimate_header = \"bad header\" }}"
+        )),
+        "routes[0].meter.estimate_header"
+    );
+    assert_eq!(
+        case(&format!(
+            "{rules}\nmeter = {{ unit = \"tokens\", max_usage = 0 }}"
+        )),
+        "routes[0].meter.max_usage"
+    );
+    assert_eq!(
+        case(&format!(
+            "{rules}\nmeter = {{ unit = \"tokens\", units = 3 }}"
+        )),
+        "routes[0].meter.units"
+    );
+    assert_eq!(
+        case(&format!(
+            "{rules}\nmeter = {{ unit = \"tokens\" }}\nprefetch = 10\nalgorithm = \"fixed_window\""
+        )),
+        "routes[0].prefetch"
+    );
 }

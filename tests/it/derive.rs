@@ -74,6 +74,69 @@ struct Everyone;
 #[allow(non_camel_case_types)]
 struct r#match;
 
+#[derive(LimitPolicy)]
+#[rate_limit(
+    key = "header:x-api-key",
+    algorithm = "fixed_window",
+    rule(limit = 60, period = "1m"),
+    rule(limit = 40000, period = "1m", metered),
+    meter(
+        unit = "tokens",
+        estimate = 500,
+        estimate_header = "x-estimated-tokens",
+        usage_header = "x-usage-tokens",
+        max_usage = 100000
+    )
+)]
+struct Tokens;
+
+/// A derived meter is the builder's: its rules, names and unit, and its estimate (a header's
+/// whole number, else the fixed one).
+#[test]
+fn a_derived_meter_is_the_meter_the_builder_builds() {
+    let policy = Tokens::policy().unwrap();
+    let names: Vec<&str> = policy.rule_names().iter().map(|name| &**name).collect();
+    assert_eq!(names, ["60-per-60s", "40000-tokens-per-60s"]);
+    assert!(policy.rules()[1].is_metered() && !policy.rules()[0].is_metered());
+    assert_eq!(policy.meter().unwrap().unit(), "tokens");
+    let limiter = tower_redis_ratelimit::RateLimiter::new(policy, MemoryStore::new());
+    // The estimate decides what a request reserves: seen in what the check leaves.
+    let app = Router::new()
+        .route("/", post(|| async { ([("x-usage-tokens", "10")], "ok") }))
+        .layer(tower_redis_ratelimit::RateLimitLayer::new(
+            Tokens::policy().unwrap(),
+            MemoryStore::new(),
+        ));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let request = |estimate: Option<&str>| {
+            let mut request = Request::post("/").header("x-api-key", "k");
+            if let Some(estimate) = estimate {
+                request = request.header("x-estimated-tokens", estimate);
+            }
+            request.body(Body::empty()).unwrap()
+        };
+        let first = app.clone().oneshot(request(None)).await.unwrap();
+        let headers = tower_redis_ratelimit::headers::parse(first.headers()).unwrap();
+        assert_eq!(
+            headers.status("40000-tokens-per-60s").unwrap().remaining,
+            39_500
+        );
+        axum::body::to_bytes(first.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let second = app.clone().oneshot(request(Some("2000"))).await.unwrap();
+        let headers = tower_redis_ratelimit::headers::parse(second.headers()).unwrap();
+        // 10 settled from the first's usage header, then 2 000 reserved.
+        assert_eq!(
+            headers.status("40000-tokens-per-60s").unwrap().remaining,
+            37_990
+        );
+        let reservation = limiter.reserve("k", 100).await.unwrap();
+        assert_eq!(reservation.decision().unwrap().rules[1].remaining, 39_900);
+    });
+}
+
 #[test]
 fn the_default_name_is_the_types_name_without_its_raw_prefix() {
     assert_eq!(r#match::policy().unwrap().name(), "match");
