@@ -110,8 +110,18 @@ impl Admission {
     /// `extensions`) holds, and this admission too: it settles once both are gone. Returns the
     /// reservation.
     pub(crate) fn meter_into(&mut self, extensions: &mut http::Extensions) -> Option<Arc<Tab>> {
+        self.metering(extensions, false)
+    }
+
+    /// [`Admission::meter_into`]; `last` when the admission's decision is needed no more (it
+    /// moves into the charge rather than being copied).
+    fn metering(&mut self, extensions: &mut http::Extensions, last: bool) -> Option<Arc<Tab>> {
         let mut charge = self.charge.take_if(|charge| charge.is_metered())?;
-        charge.answered(self.decision.clone());
+        charge.answered(if last {
+            self.decision.take()
+        } else {
+            self.decision.clone()
+        });
         let unit = charge
             .limiter()
             .policy()
@@ -129,7 +139,7 @@ impl Admission {
     /// charge its status settles (boxed: only such policies pay for its size). Under a meter the
     /// request's [`Usage`] goes into its extensions.
     pub(crate) fn on_call(mut self, extensions: &mut http::Extensions) -> OnResponse {
-        let tab = self.meter_into(extensions);
+        let tab = self.metering(extensions, true);
         let charge = self
             .charge
             .filter(Charge::settles_after_response)

@@ -83,9 +83,26 @@ impl Charge {
         self.limiter.policy.metering().is_some()
     }
 
-    /// Forgets a refusal cached for the charge's key: its units moved.
-    pub(super) fn forget_refusal(&self) {
-        self.limiter.refusals.forget_key(self.key.as_str());
+    /// What follows a store call that moved the charge's units (`decision`, its answer): a
+    /// refusal cached for the key may stand no more, and a settle that took the day's quota
+    /// past a threshold sends its alert.
+    pub(super) fn moved(&self, decision: &Decision) {
+        let limiter = &self.limiter;
+        limiter.refusals.forget_key(self.key.as_str());
+        // The quota's state comes after the rules'.
+        let quota_state = decision.rules.get(limiter.policy.rules().len());
+        if !decision.quota_alerts.is_empty()
+            && let (Some(quota), Some(lookup), Some(state)) =
+                (limiter.policy.quota(), self.quota.as_ref(), quota_state)
+        {
+            quota.alert(
+                lookup,
+                &decision.quota_alerts,
+                state.remaining,
+                decision.now_unix_ms,
+                crate::limiter::telemetry::quota_alert,
+            );
+        }
     }
 
     /// The admission's own decision, the store's answer to a charge that was [`Charged::Told`].
@@ -122,12 +139,12 @@ impl Charge {
             },
         };
         match ready {
-            Some(result) => self.given_back(result.map(|_| ()), failed),
+            Some(result) => self.given_back(result, failed),
             None => {
                 // Without a runtime (a test's teardown) the units just count.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     runtime.spawn(async move {
-                        let result = call.await.map(|_| ());
+                        let result = call.await;
                         self.given_back(result, failed);
                     });
                 }
@@ -183,11 +200,10 @@ impl Charge {
         }
     }
 
-    fn given_back(&self, result: Result<(), StoreError>, failed: &'static str) {
+    fn given_back(&self, result: Result<Decision, StoreError>, failed: &'static str) {
         let limiter = &self.limiter;
         match result {
-            // A refusal cached here may stand no more: the units moved.
-            Ok(()) => limiter.refusals.forget_key(self.key.as_str()),
+            Ok(decision) => self.moved(&decision),
             Err(error) => limiter
                 .store_errors
                 .log(limiter.policy.name(), &error, failed),

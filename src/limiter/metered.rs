@@ -46,9 +46,30 @@ use crate::store::{CheckFuture, StoreError};
 #[derive(Clone, Default)]
 pub struct Usage(Arc<Tabs>);
 
-/// The reservations of one request, one per metered layer it passed.
+/// The reservations of one request, one per metered layer it passed: the first in place (one
+/// meter is the common case: no list to allocate), the others after it.
 #[derive(Default)]
-struct Tabs(Mutex<Vec<Arc<Tab>>>);
+struct Tabs {
+    first: std::sync::OnceLock<Arc<Tab>>,
+    more: Mutex<Vec<Arc<Tab>>>,
+}
+
+impl Tabs {
+    /// Calls `each` on every reservation.
+    fn each(&self, mut each: impl FnMut(&Tab)) {
+        if let Some(first) = self.first.get() {
+            each(first);
+            for tab in self
+                .more
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+            {
+                each(tab);
+            }
+        }
+    }
+}
 
 /// Said once per process: a `Usage` recorded on a route without a meter.
 static UNMETERED_WARNED: AtomicBool = AtomicBool::new(false);
@@ -67,12 +88,13 @@ impl Usage {
     }
 
     fn record_where(&self, meters: impl Fn(&Tab) -> bool, units: u64) {
-        let tabs = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
         let mut recorded = false;
-        for tab in tabs.iter().filter(|tab| meters(tab)) {
-            tab.record(units);
-            recorded = true;
-        }
+        self.0.each(|tab| {
+            if meters(tab) {
+                tab.record(units);
+                recorded = true;
+            }
+        });
         if !recorded && !UNMETERED_WARNED.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 units,
@@ -89,21 +111,22 @@ impl Usage {
 
     /// Adds a meter's reservation to the request's.
     pub(crate) fn hold(&self, tab: Arc<Tab>) {
-        self.0
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(tab);
+        if let Err(tab) = self.0.first.set(tab) {
+            self.0
+                .more
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(tab);
+        }
     }
 }
 
 impl std::fmt::Debug for Usage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tabs = self.0.0.lock().unwrap_or_else(PoisonError::into_inner);
         let mut list = f.debug_list();
-        for tab in tabs.iter() {
+        self.0.each(|tab| {
             list.entry(&(&*tab.unit, tab.used.load(Ordering::Relaxed)));
-        }
+        });
         list.finish()
     }
 }
@@ -260,6 +283,6 @@ pub(crate) async fn settle_now(charge: Charge, used: u64) -> Result<Decision, St
         Some(call) => call.await?,
         None => charge.give_back(Price { cost: 0, units: 0 }).await?,
     };
-    charge.forget_refusal();
+    charge.moved(&decision);
     Ok(decision)
 }

@@ -322,3 +322,51 @@ mod webhook {
         release.notify_waiters();
     }
 }
+
+/// A metered quota's alerts fire when a settle takes the day's units past a threshold, once.
+#[tokio::test]
+async fn a_settle_past_a_threshold_of_a_metered_quota_alerts_once() {
+    use axum::extract::Path;
+    use tower_redis_ratelimit::meter::{Meter, Usage};
+    let recorder = Recorder::default();
+    let quota = Quota::builder("tokens-daily")
+        .key(Key::user())
+        .tier("free", 10_000)
+        .metered()
+        .notifier(recorder.clone())
+        .build()
+        .unwrap();
+    let policy = Policy::builder("llm")
+        .key(Key::user())
+        .rule(Rule::per_minute(100))
+        .quota(quota)
+        .meter(Meter::new("tokens").estimate(|_| 500))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/{used}",
+            get(|Path(used): Path<u64>, usage: Usage| async move {
+                usage.record(used);
+                "ok"
+            }),
+        )
+        .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+    for used in [7_000, 1_200, 100] {
+        let mut request = from_user("ann");
+        *request.uri_mut() = format!("/{used}").parse().unwrap();
+        let response = send(&app, request).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+    }
+    // 7 000, then 8 200 (past 80 %: its reservation took it to 7 500, its settle to 8 200), then
+    // 8 300: one alert, at 80 %.
+    let alerts = recorder.wait_for(1).await;
+    assert_eq!(
+        alerts.iter().map(|alert| alert.percent).collect::<Vec<_>>(),
+        [80]
+    );
+    assert_eq!(alerts[0].used, 8_200);
+}

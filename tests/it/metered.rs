@@ -538,3 +538,156 @@ async fn a_handle_reserves_and_settles() {
         assert_eq!(after.rules[0].remaining, 700, "{}", timed.name);
     }
 }
+
+/// `Usage` is what a streamed body needs to carry.
+#[test]
+fn usage_can_travel_into_a_streamed_body() {
+    fn travels<T: Clone + Send + Sync + 'static>() {}
+    travels::<Usage>();
+}
+
+/// On a route without a meter, `Usage` records nothing, and says so once.
+#[tokio::test]
+async fn usage_on_a_route_without_a_meter_records_nothing_and_says_so() {
+    let captured = Captured::global();
+    let policy = Policy::builder("plain")
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_minute(5))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|usage: Usage| async move {
+                usage.record(1_000);
+                "ok"
+            }),
+        )
+        .layer(RateLimitLayer::new(
+            policy,
+            tower_redis_ratelimit::MemoryStore::new(),
+        ));
+    for remaining in [4, 3] {
+        let response = send(&app, request_from("192.0.2.9:1", "/")).await;
+        assert_eq!(
+            limits(&response).status("5-per-60s").unwrap().remaining,
+            remaining
+        );
+        axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+    }
+    let said = captured.lines_with("usage recorded on a request no meter reserved for");
+    assert_eq!(said.len(), 1, "{said:?}");
+}
+
+/// Delay mode holds a request until its estimate fits; shadow mode counts the units and lets
+/// every request through; an override's rules meter too; a metered quota's tier sets its limit.
+#[tokio::test]
+async fn delay_shadow_overrides_and_tiers_work_for_units_as_for_requests() {
+    use tower_redis_ratelimit::quota::Tier;
+    use tower_redis_ratelimit::{Mode, Quota};
+    let start = a_minute_an_hour_ahead();
+    for (timed, prefix) in both_stores("metered-modes", start) {
+        // Delay: 1 000 tokens a second by token bucket; 800 used, so a 500 waits ~300 ms.
+        let delayed = Policy::builder("delayed")
+            .prefix(&prefix)
+            .algorithm(Algorithm::TokenBucket)
+            .rule(Rule::per_second(1_000).metered())
+            .meter(Meter::new("tokens").estimate(|_| 500))
+            .mode(Mode::Delay {
+                max_delay: Duration::from_secs(2),
+            })
+            .build()
+            .unwrap();
+        let limiter = RateLimiter::new(delayed, timed.store.clone());
+        limiter.reserve("d", 800).await.unwrap();
+        let held = limiter.reserve("d", 500).await.unwrap();
+        let delay = held.decision().unwrap().delay;
+        assert!(
+            delay >= Duration::from_millis(290) && delay <= Duration::from_millis(310),
+            "{} {delay:?}",
+            timed.name
+        );
+        // Shadow: refused by the units, and let through.
+        let shadow = Policy::builder("shadow")
+            .prefix(&prefix)
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::per_minute(1_000).metered())
+            .meter(Meter::new("tokens").estimate(|_| 600))
+            .mode(Mode::Shadow)
+            .build()
+            .unwrap();
+        let app = gateway(shadow, timed.store.clone());
+        for _ in 0..3 {
+            assert_eq!(call(&app, &timed, "/silent").await.status(), StatusCode::OK);
+        }
+        // Overrides: the VIP's own metered rule.
+        let with_override = Policy::builder("vip")
+            .prefix(&prefix)
+            .key(Key::header("x-api-key"))
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::per_minute(1_000).metered())
+            .meter(Meter::new("tokens").estimate(|_| 600))
+            .overrides([tower_redis_ratelimit::policy::Override::identity("vip")
+                .rules([Rule::per_minute(10_000).metered()])])
+            .build()
+            .unwrap();
+        let limiter = RateLimiter::new(with_override, timed.store.clone());
+        assert!(limiter.reserve("anyone", 600).await.is_ok());
+        assert!(limiter.reserve("anyone", 600).await.is_err());
+        for _ in 0..5 {
+            assert!(limiter.reserve("vip", 600).await.is_ok(), "{}", timed.name);
+        }
+        // Tiers: a metered quota of 1 000 tokens a day on free, 5 000 on pro.
+        let quota = Quota::builder("tokens-daily")
+            .prefix(&prefix)
+            .key(Key::header("x-api-key"))
+            .tier("free", 1_000)
+            .tier("pro", 5_000)
+            .metered()
+            .build()
+            .unwrap();
+        let tiered = Policy::builder("tiered")
+            .prefix(&prefix)
+            .key(Key::header("x-api-key"))
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::per_minute(100))
+            .quota(quota)
+            .meter(Meter::new("tokens").estimate(|_| 600))
+            .build()
+            .unwrap();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(tiered, timed.store.clone()));
+        let as_tier = |key: &str, tier: &str| {
+            let mut request = request_from("192.0.2.7:1", "/");
+            request
+                .headers_mut()
+                .insert("x-api-key", key.parse().unwrap());
+            request.extensions_mut().insert(Tier::new(tier.to_owned()));
+            request
+        };
+        assert_eq!(
+            send(&app, as_tier("f", "free")).await.status(),
+            StatusCode::OK
+        );
+        let refused = send(&app, as_tier("f", "free")).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}",
+            timed.name
+        );
+        for _ in 0..8 {
+            assert_eq!(
+                send(&app, as_tier("p", "pro")).await.status(),
+                StatusCode::OK
+            );
+        }
+        assert_eq!(
+            send(&app, as_tier("p", "pro")).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
