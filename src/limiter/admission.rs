@@ -13,7 +13,7 @@ use tower::BoxError;
 use super::{Charge, Charged, Limiter, Price};
 use crate::decision::Decision;
 use crate::limiter::holding_body::HoldingBody;
-use crate::limiter::metered::{Tab, Usage};
+use crate::limiter::metered::{Reserved, Tab, Usage};
 use crate::limiter::slots::Lease;
 use crate::policy::StorageKey;
 use crate::policy::quota::QuotaLookup;
@@ -109,13 +109,13 @@ impl Admission {
     /// Under a meter, moves the charge into a reservation the request's [`Usage`] (put in its
     /// `extensions`) holds, and this admission too: it settles once both are gone. Returns the
     /// reservation.
-    pub(crate) fn meter_into(&mut self, extensions: &mut http::Extensions) -> Option<Arc<Tab>> {
+    pub(crate) fn meter_into(&mut self, extensions: &mut http::Extensions) -> Option<Reserved> {
         self.metering(extensions, false)
     }
 
     /// [`Admission::meter_into`]; `last` when the admission's decision is needed no more (it
     /// moves into the charge rather than being copied).
-    fn metering(&mut self, extensions: &mut http::Extensions, last: bool) -> Option<Arc<Tab>> {
+    fn metering(&mut self, extensions: &mut http::Extensions, last: bool) -> Option<Reserved> {
         let mut charge = self.charge.take_if(|charge| charge.is_metered())?;
         charge.answered(if last {
             self.decision.take()
@@ -129,9 +129,7 @@ impl Admission {
             .meter
             .unit_arc()
             .clone();
-        let tab = Arc::new(Tab::new(charge, unit));
-        Usage::of(extensions).hold(tab.clone());
-        Some(tab)
+        Some(Usage::of(extensions).hold(Tab::new(charge, unit)))
     }
 
     /// What the response of a request about to be called with `extensions` waits for: its
@@ -163,7 +161,7 @@ pub(crate) struct OnResponse {
     charge: Option<Box<Charge>>,
     /// A meter's reservation, settled once the body has ended and the request's `Usage` is
     /// gone.
-    tab: Option<Arc<Tab>>,
+    tab: Option<Reserved>,
 }
 
 impl OnResponse {

@@ -120,7 +120,7 @@ mod tests {
             None,
             Arc::new(StoreErrorLog::default()),
         );
-        let held = (Some(lease), None::<Arc<crate::limiter::metered::Tab>>);
+        let held = (Some(lease), None::<crate::limiter::metered::Reserved>);
         let mut body = std::pin::pin!(HoldingBody::new(MessageThenTrailers(0), held));
         let mut cx = Context::from_waker(Waker::noop());
         let frame = body.as_mut().poll_frame(&mut cx);

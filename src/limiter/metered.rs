@@ -1,6 +1,7 @@
 //! Settling metered units after the response: [`Usage`], what a handler records the units its
 //! request used in, and [`Tab`], one admission's reservation, settled once the response's body
-//! has ended (or been dropped) and the last clone of its `Usage` is gone. Public as
+//! has ended (or been dropped) and the last clone of its `Usage` is gone (`Tabs` holds them, and
+//! settles them when dropped). Public as
 //! [`crate::meter`].
 
 use std::convert::Infallible;
@@ -47,11 +48,12 @@ use crate::store::{CheckFuture, StoreError};
 pub struct Usage(Arc<Tabs>);
 
 /// The reservations of one request, one per metered layer it passed: the first in place (one
-/// meter is the common case: no list to allocate), the others after it.
+/// meter is the common case: nothing more to allocate), the others after it. They settle when
+/// the last holder (a clone of the request's `Usage`, a response body) lets go.
 #[derive(Default)]
 struct Tabs {
-    first: std::sync::OnceLock<Arc<Tab>>,
-    more: Mutex<Vec<Arc<Tab>>>,
+    first: std::sync::OnceLock<Tab>,
+    more: Mutex<Vec<Tab>>,
 }
 
 impl Tabs {
@@ -67,6 +69,31 @@ impl Tabs {
             {
                 each(tab);
             }
+        }
+    }
+
+    /// Calls `on` with reservation `index` (0: the first).
+    fn with(&self, index: usize, on: impl FnOnce(&Tab)) {
+        match index {
+            0 => self.first.get().map(on),
+            _ => self
+                .more
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(index - 1)
+                .map(on),
+        };
+    }
+}
+
+impl Drop for Tabs {
+    fn drop(&mut self) {
+        if let Some(first) = self.first.get_mut() {
+            first.settle();
+        }
+        let more = self.more.get_mut().unwrap_or_else(PoisonError::into_inner);
+        for tab in more.iter_mut() {
+            tab.settle();
         }
     }
 }
@@ -109,14 +136,20 @@ impl Usage {
         extensions.get_or_insert_default::<Usage>()
     }
 
-    /// Adds a meter's reservation to the request's.
-    pub(crate) fn hold(&self, tab: Arc<Tab>) {
-        if let Err(tab) = self.0.first.set(tab) {
-            self.0
-                .more
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(tab);
+    /// Adds a meter's reservation to the request's: what its layer holds to read the
+    /// response's word and keep it until the body ends.
+    pub(crate) fn hold(&self, tab: Tab) -> Reserved {
+        let index = match self.0.first.set(tab) {
+            Ok(()) => 0,
+            Err(tab) => {
+                let mut more = self.0.more.lock().unwrap_or_else(PoisonError::into_inner);
+                more.push(tab);
+                more.len()
+            }
+        };
+        Reserved {
+            usage: self.clone(),
+            index,
         }
     }
 }
@@ -139,8 +172,22 @@ impl<S: Send + Sync> FromRequestParts<S> for Usage {
     }
 }
 
-/// One admission's reservation of metered units: settled when the last holder (the request's
-/// [`Usage`], the response body) drops it.
+/// One layer's reservation on a request, as its layer holds it: the request's reservations (a
+/// clone of its `Usage`, which the response body keeps until it ends) and which is its own.
+pub(crate) struct Reserved {
+    usage: Usage,
+    index: usize,
+}
+
+impl Reserved {
+    /// Reads what the response says of this reservation (see [`Tab::answered`]).
+    pub(crate) fn answered<B>(&self, response: &http::Response<B>) {
+        self.usage.0.with(self.index, |tab| tab.answered(response));
+    }
+}
+
+/// One admission's reservation of metered units: settled when the request's reservations are
+/// let go of (its `Usage` clones, its response body).
 pub(crate) struct Tab {
     unit: Arc<str>,
     used: AtomicU64,
@@ -217,8 +264,9 @@ impl Tab {
     }
 }
 
-impl Drop for Tab {
-    fn drop(&mut self) {
+impl Tab {
+    /// Settles the reservation at what was recorded; nothing recorded, it stands.
+    fn settle(&mut self) {
         let charge = self
             .charge
             .get_mut()
