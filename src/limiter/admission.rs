@@ -116,12 +116,12 @@ impl Admission {
     /// [`Admission::meter_into`]; `last` when the admission's decision is needed no more (it
     /// moves into the charge rather than being copied).
     fn metering(&mut self, extensions: &mut http::Extensions, last: bool) -> Option<Reserved> {
-        let mut charge = self.charge.take_if(|charge| charge.is_metered())?;
-        charge.answered(if last {
+        let charge = self.charge.take_if(|charge| charge.is_metered())?;
+        let decision = if last {
             self.decision.take()
         } else {
             self.decision.clone()
-        });
+        };
         let unit = charge
             .limiter()
             .policy()
@@ -129,7 +129,7 @@ impl Admission {
             .meter
             .unit_arc()
             .clone();
-        Some(Usage::of(extensions).hold(Tab::new(charge, unit)))
+        Some(Usage::of(extensions).hold(Tab::new(charge, decision, unit)))
     }
 
     /// What the response of a request about to be called with `extensions` waits for: its

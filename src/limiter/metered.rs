@@ -192,18 +192,20 @@ pub(crate) struct Tab {
     unit: Arc<str>,
     used: AtomicU64,
     recorded: AtomicBool,
-    /// The charge, until it settles or a response that doesn't count takes it back whole.
-    charge: Mutex<Option<Charge>>,
+    /// The charge and the store's answer to it (the receipt a give-back reads, boxed into the
+    /// charge only when one is made), until it settles or a response that doesn't count takes
+    /// it back whole.
+    charge: Mutex<Option<(Charge, Option<Decision>)>>,
 }
 
 impl Tab {
-    /// The reservation `charge` made, of its meter's unit.
-    pub(crate) fn new(charge: Charge, unit: Arc<str>) -> Self {
+    /// The reservation `charge` made (the store answered it `decision`), of its meter's unit.
+    pub(crate) fn new(charge: Charge, decision: Option<Decision>, unit: Arc<str>) -> Self {
         Tab {
             unit,
             used: AtomicU64::new(0),
             recorded: AtomicBool::new(false),
-            charge: Mutex::new(Some(charge)),
+            charge: Mutex::new(Some((charge, decision))),
         }
     }
 
@@ -222,14 +224,16 @@ impl Tab {
     /// number is recorded; anything else is no report, said once at WARN).
     pub(crate) fn answered<B>(&self, response: &http::Response<B>) {
         let mut held = self.charge.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(charge) = held.as_ref() else {
+        let Some((charge, _)) = held.as_ref() else {
             return;
         };
-        if !charge.limiter().policy().counts(response.status()) {
+        let counts_only_some = charge.limiter().policy().counts_only_some();
+        if counts_only_some && !charge.limiter().policy().counts(response.status()) {
             // Under count_only, a response that doesn't count settles to zero: its whole charge
             // goes back.
-            if let Some(charge) = held.take() {
+            if let Some((mut charge, decision)) = held.take() {
                 drop(held);
+                charge.answered(decision);
                 charge.settle(response.status());
             }
             return;
@@ -273,9 +277,12 @@ impl Tab {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         // Nothing recorded: the reservation stands.
-        if let Some(charge) = charge
+        if let Some((mut charge, decision)) = charge
             && *self.recorded.get_mut()
-            && let Some(call) = settle_call(&charge, *self.used.get_mut())
+            && let Some(call) = {
+                charge.answered(decision);
+                settle_call(&charge, *self.used.get_mut())
+            }
         {
             charge.finish(
                 call,
