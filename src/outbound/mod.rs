@@ -133,6 +133,7 @@ use crate::store::{CheckRequest, Store, StoreError};
 mod middleware;
 mod pause;
 mod retry;
+mod vendor;
 
 use pause::LocalPauses;
 pub use pause::announced_pause;

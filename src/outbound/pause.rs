@@ -64,6 +64,14 @@ const UNIX_MILLIS_FROM: u64 = 100_000_000_000;
 /// - `X-RateLimit-Reset` (Unix seconds, or seconds from now, whole or with a fraction as
 ///   Discord sends them: `2.5`, `1795674424.250`; a value too large for Unix seconds is Unix
 ///   milliseconds) with `X-RateLimit-Remaining: 0`;
+/// - LLM vendors' headers: `retry-after-ms` on a 429 or a 503 (OpenAI, Azure OpenAI);
+///   OpenAI's `x-ratelimit-remaining-{requests,tokens}: 0` with `x-ratelimit-reset-…` (a
+///   duration such as `1s`, `6m0s` or `120ms`); Anthropic's
+///   `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-remaining: 0` with `-reset`
+///   (an RFC 3339 time). Their buckets refill continuously and a reset is the time until full, so
+///   with the bucket's `-limit` sent the wait is the time one unit takes to come back
+///   (`reset / limit`), never more than the reset; every such wait is rounded up to whole
+///   milliseconds;
 /// - a gRPC upstream's trailers-only `RESOURCE_EXHAUSTED` (`grpc-status: 8` in the headers): its
 ///   `grpc-retry-pushback-ms` and, with the `grpc` feature, the `RetryInfo` of its
 ///   `grpc-status-details-bin`. (A status that comes in trailers, after a response has begun, is
@@ -121,6 +129,7 @@ pub fn announced_pause(
     if let Some(wait) = crate::grpc::announced_wait(upstream) {
         longest = longest.max(wait);
     }
+    longest = longest.max(super::vendor::vendor_pause(status, upstream, now));
     (!longest.is_zero()).then_some(longest)
 }
 

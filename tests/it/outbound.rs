@@ -310,6 +310,14 @@ async fn upstream_refusing(
     refused: usize,
     header: (&'static str, String),
 ) -> (String, Arc<Mutex<Vec<(Instant, u16)>>>) {
+    upstream_refusing_with(refused, vec![header]).await
+}
+
+/// [`upstream_refusing`] with several headers on its 429.
+async fn upstream_refusing_with(
+    refused: usize,
+    headers: Vec<(&'static str, String)>,
+) -> (String, Arc<Mutex<Vec<(Instant, u16)>>>) {
     let arrivals = Arc::new(Mutex::new(Vec::new()));
     let noted = arrivals.clone();
     let app = Router::new().route(
@@ -318,15 +326,15 @@ async fn upstream_refusing(
             let mut arrivals = noted.lock().unwrap();
             let refuse = arrivals.len() == refused;
             arrivals.push((Instant::now(), if refuse { 429 } else { 200 }));
-            let header = header.clone();
+            let headers = headers.clone();
             async move {
                 if refuse {
-                    (
-                        http::StatusCode::TOO_MANY_REQUESTS,
-                        [(header.0, header.1)],
-                        "slow down",
-                    )
-                        .into_response()
+                    let mut response =
+                        (http::StatusCode::TOO_MANY_REQUESTS, "slow down").into_response();
+                    for (name, value) in headers {
+                        response.headers_mut().append(name, value.parse().unwrap());
+                    }
+                    response
                 } else {
                     "42".into_response()
                 }
@@ -343,9 +351,17 @@ async fn upstream_refusing(
 /// upstream that first answers 429 with `header`: once the pause is stored, nothing reaches the
 /// upstream until `quiet` after that answer.
 async fn an_announced_pause_holds_both_clients(header: (&'static str, String), quiet: Duration) {
+    a_pause_announced_in_these_holds_both_clients(vec![header], quiet).await;
+}
+
+/// [`an_announced_pause_holds_both_clients`], the 429 carrying `headers`.
+async fn a_pause_announced_in_these_holds_both_clients(
+    headers: Vec<(&'static str, String)>,
+    quiet: Duration,
+) {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("pause");
-    let (url, arrivals) = upstream_refusing_once(header).await;
+    let (url, arrivals) = upstream_refusing_with(0, headers).await;
     let policy = || {
         Policy::builder("paused")
             .prefix(&prefix)
@@ -412,6 +428,38 @@ async fn retry_after_as_an_http_date_pauses_every_client() {
     let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3));
     let quiet = Duration::from_millis(1_800);
     an_announced_pause_holds_both_clients(("retry-after", date), quiet).await;
+}
+
+/// LLM vendors' words (issue 49), with values of their documentation: OpenAI's and Azure's
+/// `retry-after-ms`, OpenAI's remaining requests at 0 with a duration reset, Anthropic's
+/// remaining tokens at 0 with an RFC 3339 reset; each pauses both clients for its time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llm_vendors_headers_pause_every_client() {
+    a_pause_announced_in_these_holds_both_clients(
+        vec![("retry-after-ms", "1500".into())],
+        Duration::from_millis(1_500),
+    )
+    .await;
+    a_pause_announced_in_these_holds_both_clients(
+        vec![
+            ("x-ratelimit-remaining-requests", "0".into()),
+            ("x-ratelimit-reset-requests", "1.5s".into()),
+        ],
+        Duration::from_millis(1_500),
+    )
+    .await;
+    // Two seconds ahead, to the millisecond: from the 429, a little later, at least 1.8 s.
+    let reset =
+        humantime::format_rfc3339_millis(std::time::SystemTime::now() + Duration::from_secs(2))
+            .to_string();
+    a_pause_announced_in_these_holds_both_clients(
+        vec![
+            ("anthropic-ratelimit-tokens-remaining", "0".into()),
+            ("anthropic-ratelimit-tokens-reset", reset),
+        ],
+        Duration::from_millis(1_800),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
