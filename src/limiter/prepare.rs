@@ -151,16 +151,21 @@ impl Limiter {
     ) -> Prepared {
         let policy = &self.policy;
         let cost = price.cost;
-        // A request no rule (nor the day's quota) could ever admit: waiting won't help.
+        // A request no rule (nor the day's quota) could ever admit: waiting won't help. (A
+        // metered quota counts the request's estimate.)
+        let quota_cost = match policy.quota() {
+            Some(quota) if quota.is_metered() => price.units,
+            _ => cost,
+        };
         let too_costly = match (policy.too_costly(cost), &quota) {
-            (Some(rule), _) => Some((rule, &*policy.rule_names()[rule], policy.max_cost())),
+            (Some(rule), _) => Some((rule, &*policy.rule_names()[rule], policy.max_cost(), cost)),
             // The quota's state comes after the rules'.
-            (None, Some(lookup)) if cost > lookup.limit => policy
+            (None, Some(lookup)) if quota_cost > lookup.limit => policy
                 .quota()
-                .map(|quota| (policy.rules().len(), quota.name(), lookup.limit)),
+                .map(|quota| (policy.rules().len(), quota.name(), lookup.limit, quota_cost)),
             _ => None,
         };
-        if let Some((index, rule, at_most)) = too_costly {
+        if let Some((index, rule, at_most, cost)) = too_costly {
             let outcome = if policy.mode() == Mode::Shadow {
                 Outcome::ShadowRefused
             } else {

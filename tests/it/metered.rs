@@ -691,3 +691,34 @@ async fn delay_shadow_overrides_and_tiers_work_for_units_as_for_requests() {
         );
     }
 }
+
+/// An estimate above a whole day of a metered quota could never be admitted: 413 at once, as a
+/// request that costs more than a rule admits, not a wait of a day.
+#[tokio::test]
+async fn an_estimate_above_a_metered_quota_is_too_costly() {
+    use tower_redis_ratelimit::Quota;
+    let quota = Quota::builder("tokens-daily")
+        .key(Key::global())
+        .tier("free", 1_000)
+        .metered()
+        .build()
+        .unwrap();
+    let policy = Policy::builder("llm")
+        .key(Key::global())
+        .rule(Rule::per_minute(60))
+        .quota(quota)
+        .meter(Meter::new("tokens").estimate(|parts| {
+            if parts.uri.path() == "/silent" {
+                5_000
+            } else {
+                100
+            }
+        }))
+        .build()
+        .unwrap();
+    let app = gateway(policy, Arc::new(tower_redis_ratelimit::MemoryStore::new()));
+    let too_big = send(&app, request_from("192.0.2.7:1", "/silent")).await;
+    assert_eq!(too_big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let fits = send(&app, request_from("192.0.2.7:1", "/use/100")).await;
+    assert_eq!(fits.status(), StatusCode::OK);
+}
