@@ -266,9 +266,7 @@ impl Tab {
             }
         }
     }
-}
 
-impl Tab {
     /// Settles the reservation at what was recorded; nothing recorded, it stands.
     fn settle(&mut self) {
         let charge = self

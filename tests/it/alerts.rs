@@ -326,8 +326,7 @@ mod webhook {
 /// A metered quota's alerts fire when a settle takes the day's units past a threshold, once.
 #[tokio::test]
 async fn a_settle_past_a_threshold_of_a_metered_quota_alerts_once() {
-    use axum::extract::Path;
-    use tower_redis_ratelimit::meter::{Meter, Usage};
+    use tower_redis_ratelimit::meter::Meter;
     let recorder = Recorder::default();
     let quota = Quota::builder("tokens-daily")
         .key(Key::user())
@@ -343,19 +342,9 @@ async fn a_settle_past_a_threshold_of_a_metered_quota_alerts_once() {
         .meter(Meter::new("tokens").estimate(|_| 500))
         .build()
         .unwrap();
-    let app = Router::new()
-        .route(
-            "/{used}",
-            get(|Path(used): Path<u64>, usage: Usage| async move {
-                usage.record(used);
-                "ok"
-            }),
-        )
-        .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+    let app = common::recording_usage(policy, MemoryStore::new());
     for used in [7_000, 1_200, 100] {
-        let mut request = from_user("ann");
-        *request.uri_mut() = format!("/{used}").parse().unwrap();
-        let response = send(&app, request).await;
+        let response = send(&app, common::from_user_at("ann", &format!("/{used}"))).await;
         assert_eq!(response.status(), StatusCode::OK);
         axum::body::to_bytes(response.into_body(), usize::MAX)
             .await

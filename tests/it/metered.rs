@@ -21,10 +21,16 @@ use common::timed::{Timed, a_minute_an_hour_ahead, both_stores};
 use common::{limits, request_from, retry_after_secs, send};
 use http::{Response, StatusCode};
 use http_body::{Body as _, Frame};
+use tower_redis_ratelimit::headers::RateLimitHeaders;
 use tower_redis_ratelimit::meter::{Meter, Usage};
 use tower_redis_ratelimit::{Algorithm, Key, Policy, RateLimitLayer, RateLimiter, Rule, Store};
 
 const TOKENS: &str = "10000-tokens-per-3600s";
+
+/// What the rule named `rule` has left, as a response's headers say.
+fn left(headers: &RateLimitHeaders, rule: &str) -> u64 {
+    headers.status(rule).expect("the rule's item").remaining
+}
 
 /// A streamed answer of `chunks` chunks that records `per_chunk` units as each is sent, and
 /// lets its `Usage` go when it ends (or is dropped: the client left).
@@ -194,15 +200,10 @@ async fn a_streamed_body_settles_what_it_recorded_when_it_ends() {
         );
         // 5 chunks of 300: 1 500 used where 500 were reserved.
         let streamed = call(&app, &timed, "/stream/5/300").await;
-        assert_eq!(limits(&streamed).status(TOKENS).unwrap().remaining, 9_500);
+        assert_eq!(left(&limits(&streamed), TOKENS), 9_500);
         let next = call(&app, &timed, "/silent").await;
         // 1 500 settled, and the next request's 500 reserved.
-        assert_eq!(
-            limits(&next).status(TOKENS).unwrap().remaining,
-            8_000,
-            "{}",
-            timed.name
-        );
+        assert_eq!(left(&limits(&next), TOKENS), 8_000, "{}", timed.name);
     }
 }
 
@@ -227,7 +228,7 @@ async fn leaving_early_settles_what_was_recorded_or_else_the_reservation() {
         settled(&timed).await;
         let after = call(&app, &timed, "/silent").await;
         assert_eq!(
-            limits(&after).status(TOKENS).unwrap().remaining,
+            left(&limits(&after), TOKENS),
             10_000 - 80 - 500,
             "{}",
             timed.name
@@ -243,7 +244,7 @@ async fn leaving_early_settles_what_was_recorded_or_else_the_reservation() {
         settled(&timed).await;
         let after = call(&app, &timed, "/silent").await;
         assert_eq!(
-            limits(&after).status(TOKENS).unwrap().remaining,
+            left(&limits(&after), TOKENS),
             10_000 - 80 - 500 - 100 - 500,
             "{}",
             timed.name
@@ -302,16 +303,8 @@ async fn a_refusal_by_the_token_rule_charges_no_request() {
         assert_eq!(small.status(), StatusCode::OK);
         let headers = limits(&small);
         // Two requests admitted (the refused one charged nothing), 900 tokens reserved.
-        assert_eq!(
-            headers.status("5-per-60s").unwrap().remaining,
-            3,
-            "{}",
-            timed.name
-        );
-        assert_eq!(
-            headers.status("1000-tokens-per-60s").unwrap().remaining,
-            100
-        );
+        assert_eq!(left(&headers, "5-per-60s"), 3, "{}", timed.name);
+        assert_eq!(left(&headers, "1000-tokens-per-60s"), 100);
     }
 }
 
@@ -329,14 +322,9 @@ async fn reports_in_a_header_and_bad_reports() {
         call(&app, &timed, "/header/120").await;
         let after = call(&app, &timed, "/header/lots").await;
         // 120 settled; then 500 reserved, and "lots" is no report: they stand.
-        assert_eq!(limits(&after).status(TOKENS).unwrap().remaining, 9_380);
+        assert_eq!(left(&limits(&after), TOKENS), 9_380);
         let next = call(&app, &timed, "/silent").await;
-        assert_eq!(
-            limits(&next).status(TOKENS).unwrap().remaining,
-            8_880,
-            "{}",
-            timed.name
-        );
+        assert_eq!(left(&limits(&next), TOKENS), 8_880, "{}", timed.name);
         // A report of u64::MAX counts as the largest metered limit, 10 000: past the limit,
         // and the next request waits.
         call(&app, &timed, &format!("/use/{}", u64::MAX)).await;
@@ -381,16 +369,8 @@ async fn a_response_that_does_not_count_settles_to_zero() {
         assert_eq!(failed.status(), StatusCode::BAD_GATEWAY);
         let next = call(&app, &timed, "/status/200/0").await;
         let headers = limits(&next);
-        assert_eq!(
-            headers.status("5-per-60s").unwrap().remaining,
-            4,
-            "{}",
-            timed.name
-        );
-        assert_eq!(
-            headers.status("1000-tokens-per-60s").unwrap().remaining,
-            700
-        );
+        assert_eq!(left(&headers, "5-per-60s"), 4, "{}", timed.name);
+        assert_eq!(left(&headers, "1000-tokens-per-60s"), 700);
     }
 }
 
@@ -420,10 +400,7 @@ async fn a_window_roll_during_a_stream() {
         let next = call(&app, &timed, "/silent").await;
         // Nothing went back into the new minute: only this request's 500.
         assert_eq!(
-            limits(&next)
-                .status("1000-tokens-per-60s")
-                .unwrap()
-                .remaining,
+            left(&limits(&next), "1000-tokens-per-60s"),
             500,
             "{}",
             timed.name
@@ -437,10 +414,7 @@ async fn a_window_roll_during_a_stream() {
         settled(&timed).await;
         let next = call(&app, &timed, "/silent").await;
         assert_eq!(
-            limits(&next)
-                .status("1000-tokens-per-60s")
-                .unwrap()
-                .remaining,
+            left(&limits(&next), "1000-tokens-per-60s"),
             1_000 - 400 - 500,
             "{}",
             timed.name
@@ -569,10 +543,7 @@ async fn usage_on_a_route_without_a_meter_records_nothing_and_says_so() {
         ));
     for remaining in [4, 3] {
         let response = send(&app, request_from("192.0.2.9:1", "/")).await;
-        assert_eq!(
-            limits(&response).status("5-per-60s").unwrap().remaining,
-            remaining
-        );
+        assert_eq!(left(&limits(&response), "5-per-60s"), remaining);
         axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();

@@ -382,25 +382,16 @@ async fn units_taken_ahead_are_counted_as_taken_and_spent() {
 /// (reserved and not used) and overdrawn (used beyond the reservation).
 #[tokio::test]
 async fn metered_units_are_counted_reserved_used_given_back_and_overdrawn() {
-    use axum::extract::Path;
-    use tower_redis_ratelimit::meter::{Meter, Usage};
+    use tower_redis_ratelimit::meter::Meter;
     let _ = prometheus();
     let policy = builder("metrics-metered")
         .rule(Rule::per_minute(100_000).metered())
         .meter(Meter::new("tokens").estimate(|_| 500))
         .build()
         .unwrap();
-    let app = Router::new()
-        .route(
-            "/{used}",
-            get(|Path(used): Path<u64>, usage: Usage| async move {
-                usage.record(used);
-                "ok"
-            }),
-        )
-        .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+    let app = common::recording_usage(policy, MemoryStore::new());
     for used in [100, 900, 500] {
-        let response = send(&app, from_user_at("metered", &format!("/{used}"))).await;
+        let response = send(&app, common::from_user_at("metered", &format!("/{used}"))).await;
         axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
@@ -419,13 +410,4 @@ async fn metered_units_are_counted_reserved_used_given_back_and_overdrawn() {
     assert_eq!(units("used"), 1_500.0);
     assert_eq!(units("given_back"), 400.0);
     assert_eq!(units("overdrawn"), 400.0);
-}
-
-/// `GET uri` as the user `user`.
-fn from_user_at(user: &str, uri: &str) -> Request<Body> {
-    let mut request = request_from("192.0.2.1:1", uri);
-    request
-        .extensions_mut()
-        .insert(tower_redis_ratelimit::UserId::new(user));
-    request
 }

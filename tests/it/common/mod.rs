@@ -34,6 +34,29 @@ pub fn from_user(user: &str) -> Request<Body> {
     request
 }
 
+/// `GET uri` from a fixed peer, as the user `user`.
+pub fn from_user_at(user: &str, uri: &str) -> Request<Body> {
+    let mut request = request_from("192.0.2.1:1", uri);
+    request.extensions_mut().insert(UserId::new(user));
+    request
+}
+
+/// A router whose `GET /{used}` records `used` units with `Usage`, limited by `policy` in
+/// `store`: a metered route whose handler reports what it used.
+pub fn recording_usage(policy: Policy, store: impl Store) -> Router {
+    use axum::extract::Path;
+    use tower_redis_ratelimit::meter::Usage;
+    Router::new()
+        .route(
+            "/{used}",
+            get(|Path(used): Path<u64>, usage: Usage| async move {
+                usage.record(used);
+                "ok"
+            }),
+        )
+        .layer(RateLimitLayer::new(policy, store))
+}
+
 /// A store that is down: every check times out.
 #[derive(Clone)]
 pub struct DownStore;
