@@ -5,9 +5,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use http::StatusCode;
+use tokio::sync::Notify;
+use tokio::sync::futures::Notified;
 
 use super::{Limiter, Price};
 use crate::decision::Decision;
@@ -143,8 +146,15 @@ impl Charge {
             None => {
                 // Without a runtime (a test's teardown) the units just count.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    let settling = self.limiter.settling.clone();
+                    if let Some(settling) = &settling {
+                        settling.in_flight.fetch_add(1, Ordering::AcqRel);
+                    }
                     runtime.spawn(async move {
                         let result = call.await;
+                        if let Some(settling) = &settling {
+                            settling.in_flight.fetch_sub(1, Ordering::AcqRel);
+                        }
                         self.given_back(result, failed);
                     });
                 }
@@ -208,6 +218,30 @@ impl Charge {
                 .store_errors
                 .log(limiter.policy.name(), &error, failed),
         }
+        if let Some(settling) = &limiter.settling {
+            settling.landed.notify_waiters();
+        }
+    }
+}
+
+/// The give-backs and settles of a limiter's charges on their way to the store, and a wake-up
+/// as each lands: what an outbound layer's calls waiting for room listen to.
+#[derive(Debug, Default)]
+pub(crate) struct Settling {
+    in_flight: AtomicUsize,
+    landed: Notify,
+}
+
+impl Settling {
+    /// Whether one is on its way.
+    pub(crate) fn any_in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// Ready when the next one lands (`enable` it before asking the store, so that one landing
+    /// meanwhile is not missed).
+    pub(crate) fn landed(&self) -> Notified<'_> {
+        self.landed.notified()
     }
 }
 

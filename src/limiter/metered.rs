@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::FromRequestParts;
 use http::request::Parts;
+use http::{HeaderMap, StatusCode};
 
 use super::{Charge, Price};
 use crate::decision::Decision;
@@ -182,7 +183,19 @@ pub(crate) struct Reserved {
 impl Reserved {
     /// Reads what the response says of this reservation (see [`Tab::answered`]).
     pub(crate) fn answered<B>(&self, response: &http::Response<B>) {
-        self.usage.0.with(self.index, |tab| tab.answered(response));
+        self.answered_with(response.status(), response.headers());
+    }
+
+    /// Reads what a response of `status` with `headers` says of this reservation.
+    pub(crate) fn answered_with(&self, status: StatusCode, headers: &HeaderMap) {
+        self.usage
+            .0
+            .with(self.index, |tab| tab.answered(status, headers));
+    }
+
+    /// Settles this reservation at nothing used, now: the call was refused (an upstream's 429).
+    pub(crate) fn nothing_used(&self) {
+        self.usage.0.with(self.index, Tab::nothing_used);
     }
 }
 
@@ -219,22 +232,22 @@ impl Tab {
         self.recorded.store(true, Ordering::Release);
     }
 
-    /// Reads what a response says: under `count_only` whether it counts (one that doesn't gives
+    /// Reads what a response (`status`, `headers`) says: under `count_only` whether it counts (one that doesn't gives
     /// the whole charge back), and the usage it reports in the meter's header, if any (a whole
     /// number is recorded; anything else is no report, said once at WARN).
-    pub(crate) fn answered<B>(&self, response: &http::Response<B>) {
+    fn answered(&self, status: StatusCode, headers: &HeaderMap) {
         let mut held = self.charge.lock().unwrap_or_else(PoisonError::into_inner);
         let Some((charge, _)) = held.as_ref() else {
             return;
         };
         let counts_only_some = charge.limiter().policy().counts_only_some();
-        if counts_only_some && !charge.limiter().policy().counts(response.status()) {
+        if counts_only_some && !charge.limiter().policy().counts(status) {
             // Under count_only, a response that doesn't count settles to zero: its whole charge
             // goes back.
             if let Some((mut charge, decision)) = held.take() {
                 drop(held);
                 charge.answered(decision);
-                charge.settle(response.status());
+                charge.settle(status);
             }
             return;
         }
@@ -245,7 +258,7 @@ impl Tab {
         let Some(value) = metering
             .meter
             .usage_header_name()
-            .and_then(|name| response.headers().get(name))
+            .and_then(|name| headers.get(name))
         else {
             return;
         };
@@ -275,18 +288,34 @@ impl Tab {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         // Nothing recorded: the reservation stands.
-        if let Some((mut charge, decision)) = charge
+        if let Some(charge) = charge
             && *self.recorded.get_mut()
-            && let Some(call) = {
-                charge.answered(decision);
-                settle_call(&charge, *self.used.get_mut())
-            }
         {
-            charge.finish(
-                call,
-                "could not settle the metered units a response used; its reservation stands",
-            );
+            settle_at(charge, *self.used.get_mut());
         }
+    }
+
+    /// Settles the reservation at nothing used, now, whatever is recorded after.
+    fn nothing_used(&self) {
+        let charge = self
+            .charge
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(charge) = charge {
+            settle_at(charge, 0);
+        }
+    }
+}
+
+/// Settles `charge` (the store answered it `decision`) at `used` units, in the background.
+fn settle_at((mut charge, decision): (Charge, Option<Decision>), used: u64) {
+    charge.answered(decision);
+    if let Some(call) = settle_call(&charge, used) {
+        charge.finish(
+            call,
+            "could not settle the metered units a response used; its reservation stands",
+        );
     }
 }
 

@@ -26,7 +26,7 @@ use prefetch::Spent;
 
 pub(crate) use admission::{Admission, OnResponse};
 pub(crate) use answer::{Answer, Answered, Refusal};
-pub(crate) use charge::{Charge, Charged};
+pub(crate) use charge::{Charge, Charged, Settling};
 pub(crate) use flow::{Decided, Deciding, Settled};
 
 use std::fmt;
@@ -79,6 +79,9 @@ pub(crate) struct Limiter {
     overriding: OnceLock<Box<[Option<Arc<Limiter>>]>>,
     /// Units taken ahead for hot identities, under a policy that prefetches.
     prefetched: Option<Arc<prefetch::Prefetched>>,
+    /// Its give-backs and settles on their way to the store, under an outbound layer (whose
+    /// calls waiting for room listen).
+    settling: Option<Arc<Settling>>,
 }
 
 /// What a request costs: requests in the rules that count them, units in the metered ones.
@@ -229,6 +232,7 @@ impl Limiter {
             slot_queues: Arc::default(),
             overriding: OnceLock::new(),
             prefetched,
+            settling: None,
         }
     }
 
@@ -251,6 +255,7 @@ impl Limiter {
             slot_queues: self.slot_queues.clone(),
             overriding: OnceLock::new(),
             prefetched,
+            settling: self.settling.clone(),
         }
     }
 

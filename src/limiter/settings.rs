@@ -41,6 +41,17 @@ impl Limiter {
         self.settings_changed();
     }
 
+    /// Counts its give-backs and settles on their way to the store in `settling`.
+    pub(crate) fn track_settles(&mut self, settling: Arc<super::Settling>) {
+        self.settling = Some(settling);
+        self.settings_changed();
+    }
+
+    /// Its store-failure log.
+    pub(crate) fn store_errors(&self) -> &super::store_error_log::StoreErrorLog {
+        &self.store_errors
+    }
+
     /// The `n` identities refused most recently.
     pub(crate) fn top_refused(&self, n: usize) -> Vec<HeavyHitter> {
         self.top_refused.top(n, tokio::time::Instant::now())

@@ -8,6 +8,8 @@ use http::{Extensions, Uri};
 use reqwest_middleware::{Error, Middleware, Next};
 
 use super::{ObeyRetryAfter, OutboundError, OutboundLayer};
+use crate::limiter::metered::Usage;
+use crate::meter::Estimate;
 
 /// Limits a `reqwest` client (feature `reqwest-middleware`). A request that is not sent fails
 /// with [`reqwest_middleware::Error::Middleware`] holding an [`OutboundError`] (reach it with
@@ -55,16 +57,37 @@ impl Middleware for OutboundLayer {
         let upstream = shared
             .upstream_of(&uri, request.headers())
             .map_err(Error::middleware)?;
-        shared
-            .wait_for_slot(&upstream)
+        let units = match shared.policy.metering() {
+            Some(_) => shared.estimate(&head_of(&request, uri, extensions)),
+            None => 1,
+        };
+        let reservation = shared
+            .wait_for_slot(&upstream, units)
             .await
             .map_err(Error::middleware)?;
-        let response = next.run(request, extensions).await?;
-        shared
-            .learn(&upstream, response.status(), response.headers())
-            .await;
+        let mut response = next.run(request, extensions).await?;
+        let status = response.status();
+        shared.learn(&upstream, status, response.headers()).await;
+        if let Some(tab) = reservation {
+            let reserved = Usage::of(response.extensions_mut()).hold(tab);
+            super::answered(&reserved, status, response.headers());
+        }
         Ok(response)
     }
+}
+
+/// The head of `request` (at `uri`) as a meter's estimate reads it, with the
+/// [`Estimate`](crate::meter::Estimate) the request was given
+/// (`reqwest_middleware::RequestBuilder::with_extension`), if any.
+fn head_of(request: &reqwest::Request, uri: Uri, extensions: &Extensions) -> http::request::Parts {
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = request.method().clone();
+    parts.uri = uri;
+    parts.headers = request.headers().clone();
+    if let Some(estimate) = extensions.get::<Estimate>() {
+        parts.extensions.insert(*estimate);
+    }
+    parts
 }
 
 /// Retries a `reqwest` request answered 429 or 503 (feature `reqwest-middleware`), as the tower

@@ -125,16 +125,20 @@ use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
-use crate::limiter::store_error_log::StoreErrorLog;
-use crate::policy::{OnStoreError, Policy, PolicyError, Rule, StorageKey, is_storable_identity};
+use crate::limiter::metered::{Reserved, Tab, Usage};
+use crate::limiter::{Limiter, Settling};
+use crate::policy::{OnStoreError, Policy, PolicyError, StorageKey, is_storable_identity};
 use crate::store::{CheckRequest, Store, StoreError};
 
+mod announced;
 #[cfg(feature = "reqwest-middleware")]
 mod middleware;
 mod pause;
 mod retry;
+mod room;
 mod vendor;
 
+use announced::Announced;
 use pause::LocalPauses;
 pub use pause::announced_pause;
 pub use retry::ObeyRetryAfter;
@@ -186,17 +190,22 @@ pub struct OutboundLayer {
 #[derive(Clone)]
 struct Shared {
     policy: Policy,
-    /// The policy's rules, widened by the margin.
-    rules: Vec<Rule>,
     store: Arc<dyn Store>,
+    /// What counts the calls: the policy with its rules widened by the margin, in the store;
+    /// with it the store-failure log (a failing store fails every request), the metrics, and
+    /// what settles a metered call's reservation.
+    limiter: Arc<Limiter>,
     max_wait: Duration,
     pause_cap: Duration,
     key: Option<Arc<KeyFn>>,
-    /// The store-failure log: a failing store fails every request.
-    store_errors: Arc<StoreErrorLog>,
     /// The pauses this instance learnt (shared by the layers built from one, which share the
     /// store too).
     paused: Arc<LocalPauses>,
+    /// What the upstreams' last answers to this instance announced is left.
+    announced: Arc<Announced>,
+    /// The metered calls' settles on their way to the store: calls waiting for room ask again
+    /// as each lands.
+    settling: Arc<Settling>,
 }
 
 impl OutboundLayer {
@@ -227,16 +236,19 @@ impl OutboundLayer {
                          token_bucket algorithm",
             });
         }
+        let store: Arc<dyn Store> = Arc::new(store);
+        let settling = Arc::default();
         Ok(OutboundLayer {
             shared: Arc::new(Shared {
-                rules: widened(&policy, DEFAULT_MARGIN),
+                limiter: counting(&policy, &store, DEFAULT_MARGIN, &settling),
                 policy,
-                store: Arc::new(store),
+                store,
                 max_wait: DEFAULT_MAX_WAIT,
                 pause_cap: DEFAULT_PAUSE_CAP,
                 key: None,
-                store_errors: Arc::default(),
                 paused: Arc::default(),
+                announced: Arc::default(),
+                settling,
             }),
         })
     }
@@ -260,7 +272,7 @@ impl OutboundLayer {
     /// windows. Zero counts exactly the policy's periods.
     pub fn margin(mut self, margin: Duration) -> Self {
         let shared = Arc::make_mut(&mut self.shared);
-        shared.rules = widened(&shared.policy, margin);
+        shared.limiter = counting(&shared.policy, &shared.store, margin, &shared.settling);
         self
     }
 
@@ -344,25 +356,48 @@ where
         let mut inner = std::mem::replace(&mut self.inner, fresh);
         let shared = self.shared.clone();
         let upstream = shared.upstream_of(request.uri(), request.headers());
+        let (parts, body) = request.into_parts();
+        let units = shared.estimate(&parts);
+        let request = Request::from_parts(parts, body);
         Box::pin(async move {
             let upstream = upstream?;
-            shared.wait_for_slot(&upstream).await?;
+            // A metered call's reservation: held until the answer (a call sent without one
+            // keeps it), then handed to the response.
+            let reservation = shared.wait_for_slot(&upstream, units).await?;
             let response = inner.call(request).await.map_err(Into::into)?;
-            shared
-                .learn(&upstream, response.status(), response.headers())
-                .await;
-            Ok(response)
+            let (mut parts, body) = response.into_parts();
+            shared.learn(&upstream, parts.status, &parts.headers).await;
+            if let Some(tab) = reservation {
+                let reserved = Usage::of(&mut parts.extensions).hold(tab);
+                answered(&reserved, parts.status, &parts.headers);
+            }
+            Ok(Response::from_parts(parts, body))
         })
     }
 }
 
-/// The policy's rules over periods longer by `margin`.
-fn widened(policy: &Policy, margin: Duration) -> Vec<Rule> {
-    policy
-        .rules()
-        .iter()
-        .map(|rule| rule.widened(margin))
-        .collect()
+/// What counts an outbound layer's calls: `policy` over periods longer by `margin`, with a block
+/// that makes each check see a pause, in `store`, its settles tracked in `settling`.
+fn counting(
+    policy: &Policy,
+    store: &Arc<dyn Store>,
+    margin: Duration,
+    settling: &Arc<Settling>,
+) -> Arc<Limiter> {
+    let mut limiter = Limiter::new(policy.counted_outbound(margin, SEES_PAUSES), store.clone());
+    limiter.track_settles(settling.clone());
+    Arc::new(limiter)
+}
+
+/// Settles a metered call's reservation by its answer: to nothing on a 429 or a 503 (the upstream
+/// refused it), else by the meter's usage header, if the upstream sent one; the rest is the
+/// caller's, who records what the body says.
+fn answered(reserved: &Reserved, status: StatusCode, headers: &HeaderMap) {
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        reserved.nothing_used();
+    } else {
+        reserved.answered_with(status, headers);
+    }
 }
 
 impl Shared {
@@ -395,35 +430,48 @@ impl Shared {
         self.policy.unscoped_key_of(&format!("upstream:{upstream}"))
     }
 
+    /// A metered call's estimate (1 without a meter: nothing reads it then).
+    fn estimate(&self, parts: &http::request::Parts) -> u64 {
+        self.policy.estimate(parts)
+    }
+
     /// Reserves the next slot of `upstream` and sleeps until it (after a pause, if one is on);
-    /// `Ok` when the request may go.
-    async fn wait_for_slot(&self, upstream: &str) -> Result<(), OutboundError> {
-        let policy = &self.policy;
+    /// `Ok` when the request may go, with a metered call's reservation.
+    async fn wait_for_slot(
+        &self,
+        upstream: &str,
+        units: u64,
+    ) -> Result<Option<Tab>, OutboundError> {
         let key = self.key_of(upstream);
         let deadline = Instant::now() + self.max_wait;
+        if self.policy.metering().is_some() {
+            return self.wait_for_room(upstream, key, units, deadline).await;
+        }
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            // Paused by an answer to this instance: no need to ask the store.
-            if let Some(pause) = self.paused.left(key.as_str()) {
-                self.hold(upstream, pause, left).await?;
+            // Paused by an answer to this instance, or its requests announced used up: no need
+            // to ask the store.
+            if let Some(wait) = self.known_wait(key.as_str(), None) {
+                self.hold(upstream, wait, left).await?;
                 continue;
             }
-            let request = CheckRequest::new(key.as_str(), &self.rules, policy.algorithm())
-                .identity(key.identity())
-                .max_delay(left)
-                .block_for(SEES_PAUSES);
+            let request = self.limiter.store_request(&key, None).max_delay(left);
             match self.store.check(&request).await {
                 Ok(decision) if decision.allowed => {
                     // Not delayed: the check saw every pause, just now.
                     if decision.delay.is_zero() {
-                        return Ok(());
+                        self.announced.sent(key.as_str(), None);
+                        return Ok(None);
                     }
                     tokio::time::sleep(decision.delay).await;
                     // Paused while it waited, here or on another instance: the slot is not used
                     // (it still counts, which only errs on the safe side); wait for the pause's
                     // end, then take a new slot behind every other.
                     match self.pause_left(&request).await? {
-                        None => return Ok(()),
+                        None => {
+                            self.announced.sent(key.as_str(), None);
+                            return Ok(None);
+                        }
                         Some(pause) => {
                             let left = deadline.saturating_duration_since(Instant::now());
                             self.hold(upstream, pause, left).await?;
@@ -435,9 +483,20 @@ impl Shared {
                     let retry_after = decision.retry_after().unwrap_or(self.max_wait);
                     self.hold(upstream, retry_after, left).await?;
                 }
-                Err(error) => return self.store_failed(error),
+                Err(error) => return self.store_failed(error).map(|()| None),
             }
         }
+    }
+
+    /// How long a call to `key` needing `tokens` (a metered call's estimate) waits by what this
+    /// instance knows, without asking the store: a pause it learnt, or an announcement that
+    /// less is left than the call needs (within the pause cap).
+    fn known_wait(&self, key: &str, tokens: Option<u64>) -> Option<Duration> {
+        let announced = self
+            .announced
+            .wait(key, tokens, Instant::now())
+            .map(|wait| wait.min(self.pause_cap));
+        self.paused.left(key).max(announced)
     }
 
     /// Sleeps for `pause` when it ends within `left` of the request's maximum wait; else the
@@ -478,7 +537,7 @@ impl Shared {
     fn store_failed(&self, error: StoreError) -> Result<(), OutboundError> {
         match self.policy.on_store_error() {
             OnStoreError::Allow => {
-                self.store_errors.log(
+                self.limiter.store_errors().log(
                     self.policy.name(),
                     &error,
                     "sending the outbound request anyway",
@@ -489,9 +548,19 @@ impl Shared {
         }
     }
 
-    /// Pauses `upstream` on every instance when its answer announces a pause (at most the cap).
+    /// Pauses `upstream` on every instance when its answer announces a pause (at most the cap),
+    /// and keeps what the answer announces is left, for this instance's next calls.
     async fn learn(&self, upstream: &str, status: StatusCode, headers: &HeaderMap) {
-        if let Some(pause) = announced_pause(status, headers, SystemTime::now()) {
+        let now = SystemTime::now();
+        let announcement = vendor::announcement(headers, now);
+        if announcement != vendor::Announcement::default() {
+            self.announced
+                .compare(&self.policy, upstream, &announcement);
+            let key = self.key_of(upstream);
+            self.announced
+                .learn(key.as_str(), announcement, Instant::now());
+        }
+        if let Some(pause) = announced_pause(status, headers, now) {
             self.pause(upstream, pause.min(self.pause_cap)).await;
         }
     }
@@ -502,9 +571,7 @@ impl Shared {
         let key = self.key_of(upstream);
         // Held here at once, before the store has it (and even if the store fails).
         self.paused.set(key.as_str(), Instant::now() + pause);
-        let request = CheckRequest::new(key.as_str(), &self.rules, self.policy.algorithm())
-            .identity(key.identity())
-            .block_for(SEES_PAUSES);
+        let request = self.limiter.store_request(&key, None);
         match self.store.pause(&request, pause).await {
             Ok(()) => tracing::info!(
                 policy = self.policy.name(),
@@ -512,7 +579,7 @@ impl Shared {
                 pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
                 "the upstream asked for a pause"
             ),
-            Err(error) => self.store_errors.log(
+            Err(error) => self.limiter.store_errors().log(
                 self.policy.name(),
                 &error,
                 format_args!("could not pause the key of upstream {upstream:?}"),

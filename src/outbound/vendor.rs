@@ -28,55 +28,101 @@ pub(super) fn vendor_pause(status: StatusCode, upstream: &HeaderMap, now: System
         longest = longest.max(ms);
     }
     for kind in OPENAI_KINDS {
-        let bucket = Bucket {
-            limit: integer(upstream, &format!("x-ratelimit-limit-{kind}")),
-            remaining: integer(upstream, &format!("x-ratelimit-remaining-{kind}")),
-            reset: text(upstream, &format!("x-ratelimit-reset-{kind}")).and_then(go_duration),
-        };
-        longest = longest.max(bucket.wait_for(1));
+        longest = longest.max(openai_bucket(upstream, kind).wait_for(1, 0));
     }
     for kind in ANTHROPIC_KINDS {
-        let reset = text(upstream, &format!("anthropic-ratelimit-{kind}-reset"))
-            .and_then(|at| humantime::parse_rfc3339(at.trim()).ok())
-            .map(|at| at.duration_since(now).unwrap_or_default());
-        let bucket = Bucket {
-            limit: integer(upstream, &format!("anthropic-ratelimit-{kind}-limit")),
-            remaining: integer(upstream, &format!("anthropic-ratelimit-{kind}-remaining")),
-            reset,
-        };
-        longest = longest.max(bucket.wait_for(1));
+        longest = longest.max(anthropic_bucket(upstream, kind, now).wait_for(1, 0));
     }
     ceil_millis(longest)
 }
 
+/// The requests and tokens a vendor's answer says are left: OpenAI's
+/// `x-ratelimit-*-{requests,tokens}`, else Anthropic's `anthropic-ratelimit-{requests,tokens}-*`
+/// (its `tokens` bucket is the most restrictive of its token limits in effect). A bucket is
+/// there when its remaining and reset are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Announcement {
+    pub(super) requests: Option<Bucket>,
+    pub(super) tokens: Option<Bucket>,
+}
+
+/// What `upstream`'s headers announce is left of its requests and tokens.
+pub(super) fn announcement(upstream: &HeaderMap, now: SystemTime) -> Announcement {
+    let bucket = |kind: &str| {
+        Some(openai_bucket(upstream, kind))
+            .filter(|bucket| bucket.is_announced())
+            .or_else(|| Some(anthropic_bucket(upstream, kind, now)))
+            .filter(|bucket| bucket.is_announced())
+    };
+    Announcement {
+        requests: bucket("requests"),
+        tokens: bucket("tokens"),
+    }
+}
+
+fn openai_bucket(upstream: &HeaderMap, kind: &str) -> Bucket {
+    Bucket {
+        limit: integer(upstream, &format!("x-ratelimit-limit-{kind}")),
+        remaining: integer(upstream, &format!("x-ratelimit-remaining-{kind}")),
+        reset: text(upstream, &format!("x-ratelimit-reset-{kind}")).and_then(go_duration),
+    }
+}
+
+fn anthropic_bucket(upstream: &HeaderMap, kind: &str, now: SystemTime) -> Bucket {
+    let reset = text(upstream, &format!("anthropic-ratelimit-{kind}-reset"))
+        .and_then(|at| humantime::parse_rfc3339(at.trim()).ok())
+        .map(|at| at.duration_since(now).unwrap_or_default());
+    Bucket {
+        limit: integer(upstream, &format!("anthropic-ratelimit-{kind}-limit")),
+        remaining: integer(upstream, &format!("anthropic-ratelimit-{kind}-remaining")),
+        reset,
+    }
+}
+
 /// One vendor bucket as its headers describe it.
-struct Bucket {
-    limit: Option<u64>,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Bucket {
+    pub(super) limit: Option<u64>,
     remaining: Option<u64>,
     /// The time until it is full again.
     reset: Option<Duration>,
 }
 
 impl Bucket {
-    /// How long a call that needs `needed` units waits for them: none while they remain; else
-    /// the time the missing ones take to come back, `reset × missing / limit`, at most the
-    /// reset (all of it without a limit).
-    fn wait_for(&self, needed: u64) -> Duration {
+    /// Whether the headers said what is left and when it is full.
+    fn is_announced(&self) -> bool {
+        self.remaining.is_some() && self.reset.is_some()
+    }
+
+    /// The time from the answer until it is full again.
+    pub(super) fn reset(&self) -> Option<Duration> {
+        self.reset
+    }
+
+    /// How long, from the answer, a call that needs `needed` units waits for them when `sent`
+    /// were taken since: none while they remain; else the time the missing ones take to come
+    /// back. The bucket refills continuously, from what remained to its limit in the reset, so
+    /// that is `reset × missing / (limit − remaining)` (`reset × missing / limit` when nothing
+    /// remained), at most the reset (all of it without a limit). Rounded up to whole
+    /// milliseconds.
+    pub(super) fn wait_for(&self, needed: u64, sent: u64) -> Duration {
         let (Some(remaining), Some(reset)) = (self.remaining, self.reset) else {
             return Duration::ZERO;
         };
-        if remaining >= needed {
+        let left = remaining.saturating_sub(sent);
+        if left >= needed {
             return Duration::ZERO;
         }
-        let missing = needed - remaining;
-        match self.limit.filter(|&limit| limit > 0) {
+        let missing = needed - left;
+        let wait = match self.limit.filter(|&limit| limit > remaining) {
             Some(limit) => {
                 let nanos = reset.as_nanos() * u128::from(missing);
-                let wait = nanos.div_ceil(u128::from(limit));
+                let wait = nanos.div_ceil(u128::from(limit - remaining));
                 Duration::from_nanos(u64::try_from(wait).unwrap_or(u64::MAX)).min(reset)
             }
             None => reset,
-        }
+        };
+        ceil_millis(wait)
     }
 }
 
@@ -332,7 +378,7 @@ mod tests {
 
     proptest! {
         /// Whatever the headers hold, reading them never panics, and a bucket's wait is never
-        /// longer than its reset.
+        /// longer than its reset (rounded up to the millisecond).
         #[test]
         fn any_value_is_read_without_a_panic(
             remaining in "\\PC{0,12}",
@@ -353,9 +399,11 @@ mod tests {
             }
             let now = UNIX_EPOCH + Duration::from_secs(NOW);
             let _ = vendor_pause(StatusCode::TOO_MANY_REQUESTS, &map, now);
+            let _ = announcement(&map, now);
             if let Some(reset) = go_duration(&reset) {
                 let bucket = Bucket { limit: limit.trim().parse().ok(), remaining: Some(0), reset: Some(reset) };
-                prop_assert!(bucket.wait_for(1) <= reset);
+                prop_assert!(bucket.wait_for(1, 0) <= ceil_millis(reset));
+                prop_assert!(bucket.wait_for(u64::MAX, u64::MAX) <= ceil_millis(reset));
             }
         }
     }

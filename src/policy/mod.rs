@@ -275,6 +275,48 @@ impl Policy {
         self.0.metering.as_ref().map(|metering| &metering.meter)
     }
 
+    /// This policy as an outbound layer counts it: its rules alone (no quota, no concurrency
+    /// limit), each over a period longer by `margin`, and a block of `block_for` started by each
+    /// refusal (what makes a check see a pause). Its store keys are this policy's.
+    pub(crate) fn counted_outbound(&self, margin: Duration, block_for: Option<Duration>) -> Policy {
+        let inner = &self.0;
+        Policy(Arc::new(Inner {
+            name: inner.name.clone(),
+            prefix: inner.prefix.clone(),
+            key: inner.key.clone(),
+            rules: inner
+                .rules
+                .iter()
+                .map(|rule| rule.widened(margin))
+                .collect(),
+            rule_names: inner.rule_names.clone(),
+            algorithm: inner.algorithm,
+            message: inner.message.clone(),
+            scope: inner.scope,
+            missing_key: inner.missing_key,
+            on_store_error: inner.on_store_error,
+            client_ip: inner.client_ip.clone(),
+            mode: inner.mode,
+            block_for,
+            cost_fn: inner.cost_fn.clone(),
+            counts: inner.counts.clone(),
+            prefetch: inner.prefetch,
+            quota: None,
+            concurrency: None,
+            max_cost: inner.max_cost,
+            metering: inner.metering.as_ref().map(|metering| Metering {
+                meter: metering.meter.clone(),
+                max_estimate: metering.max_estimate,
+                max_usage: metering.max_usage,
+                warned_max_usage: Default::default(),
+                warned_header: Default::default(),
+            }),
+            key_base: inner.key_base.clone(),
+            overrides: inner.overrides.clone(),
+            fell_back: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
     /// The meter and its bounds.
     pub(crate) fn metering(&self) -> Option<&Metering> {
         self.0.metering.as_ref()

@@ -34,6 +34,7 @@ mod metered_store;
 mod metrics;
 mod operate;
 mod outbound;
+mod outbound_metered;
 mod overrides;
 mod prefetch;
 mod rate_limiter;

@@ -1,0 +1,85 @@
+//! A metered call's wait for room. Its estimate is reserved only when every rule has room for it
+//! now, never ahead: a reservation ahead at the estimate would hold room that the call's settle
+//! may give back. Until then it sleeps the store's `retry_after`, or until a settle on this
+//! instance lands, and asks again, within the maximum wait. One whose room is further away than
+//! that fails at once, unless a settle here is on its way (which may bring room back).
+
+use std::pin::pin;
+
+use tokio::time::Instant;
+
+use super::{OutboundError, Shared};
+use crate::decision::Decision;
+use crate::limiter::metered::Tab;
+use crate::limiter::{Charge, Charged, Price};
+use crate::policy::StorageKey;
+
+impl Shared {
+    /// Reserves `units` of `upstream`'s metered rules (and one request of the others) as soon as
+    /// they have room, before `deadline`; the reservation, which its answer settles. Nothing is
+    /// reserved for a call that is not sent.
+    pub(super) async fn wait_for_room(
+        &self,
+        upstream: &str,
+        key: StorageKey,
+        units: u64,
+        deadline: Instant,
+    ) -> Result<Option<Tab>, OutboundError> {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Paused, or less left than it needs by the upstream's last word to this instance.
+            if let Some(wait) = self.known_wait(key.as_str(), Some(units)) {
+                self.hold(upstream, wait, left).await?;
+                continue;
+            }
+            // Listening before asking, so that a settle between the answer and the sleep is
+            // not missed.
+            let mut settled = pin!(self.settling.landed());
+            settled.as_mut().enable();
+            let answer = {
+                let request = self.limiter.store_request(&key, None).units(units);
+                self.store.check(&request).await
+            };
+            let decision = match answer {
+                Ok(decision) => decision,
+                Err(error) => return self.store_failed(error).map(|()| None),
+            };
+            if decision.allowed {
+                self.announced.sent(key.as_str(), Some(units));
+                return Ok(Some(self.reservation(key, units, decision)));
+            }
+            let retry_after = decision.retry_after().unwrap_or(self.max_wait);
+            let would_wait = || OutboundError::WouldWait {
+                upstream: upstream.to_owned(),
+                retry_after,
+            };
+            if retry_after < left {
+                // Room comes back at the store's time, or sooner when a call here settles.
+                let _ = tokio::time::timeout(retry_after, settled).await;
+            } else if !self.settling.any_in_flight()
+                || tokio::time::timeout(left, settled).await.is_err()
+            {
+                // Too far, and no settle on its way here that could bring room back sooner.
+                return Err(would_wait());
+            }
+        }
+    }
+
+    /// The reservation of `units` to `key` (and one request), which the store answered
+    /// `decision`.
+    fn reservation(&self, key: StorageKey, units: u64, decision: Decision) -> Tab {
+        let unit = self
+            .policy
+            .meter()
+            .map(|meter| meter.unit_arc().clone())
+            .unwrap_or_default();
+        let charge = Charge::new(
+            self.limiter.clone(),
+            key,
+            Price { cost: 1, units },
+            None,
+            Charged::Told,
+        );
+        Tab::new(charge, Some(decision), unit)
+    }
+}
