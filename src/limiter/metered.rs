@@ -296,7 +296,7 @@ impl Tab {
     }
 
     /// Settles the reservation at nothing used, now, whatever is recorded after.
-    fn nothing_used(&self) {
+    pub(crate) fn nothing_used(&self) {
         let charge = self
             .charge
             .lock()

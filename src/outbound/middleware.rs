@@ -65,7 +65,15 @@ impl Middleware for OutboundLayer {
             .wait_for_slot(&upstream, units)
             .await
             .map_err(Error::middleware)?;
-        let mut response = next.run(request, extensions).await?;
+        let mut response = match next.run(request, extensions).await {
+            Ok(response) => response,
+            Err(error) => {
+                let not_sent = matches!(&error, Error::Middleware(inner)
+                    if inner.downcast_ref::<OutboundError>().is_some());
+                super::not_sent_if(reservation, not_sent);
+                return Err(error);
+            }
+        };
         let status = response.status();
         shared.learn(&upstream, status, response.headers()).await;
         if let Some(tab) = reservation {

@@ -364,7 +364,14 @@ where
             // A metered call's reservation: held until the answer (a call sent without one
             // keeps it), then handed to the response.
             let reservation = shared.wait_for_slot(&upstream, units).await?;
-            let response = inner.call(request).await.map_err(Into::into)?;
+            let response = match inner.call(request).await {
+                Ok(response) => response,
+                Err(error) => {
+                    let error = error.into();
+                    not_sent_if(reservation, error.downcast_ref::<OutboundError>().is_some());
+                    return Err(error);
+                }
+            };
             let (mut parts, body) = response.into_parts();
             shared.learn(&upstream, parts.status, &parts.headers).await;
             if let Some(tab) = reservation {
@@ -387,6 +394,16 @@ fn counting(
     let mut limiter = Limiter::new(policy.counted_outbound(margin, SEES_PAUSES), store.clone());
     limiter.track_settles(settling.clone());
     Arc::new(limiter)
+}
+
+/// Gives a metered call's reservation back when the call was `not_sent` (an outbound layer
+/// inside this one held it back); else it stands (a call sent without an answer).
+fn not_sent_if(reservation: Option<Tab>, not_sent: bool) {
+    if let Some(tab) = reservation
+        && not_sent
+    {
+        tab.nothing_used();
+    }
 }
 
 /// Settles a metered call's reservation by its answer: to nothing on a 429 or a 503 (the upstream

@@ -497,3 +497,60 @@ async fn bad_vendor_headers_pause_at_most_the_cap() {
         }
     }
 }
+
+/// Anthropic-style limits on input and output tokens apart: two layers, one per unit, each
+/// reserving its own estimate; the caller records each unit, and each layer settles its own.
+/// A call the inner layer doesn't send gives the outer one's reservation back.
+#[tokio::test]
+async fn input_and_output_tokens_settle_in_their_own_layers() {
+    let store = MemoryStore::new();
+    let layer = |unit: &'static str, estimate: u64| {
+        let policy = Policy::builder(format!("llm-{unit}"))
+            .algorithm(Algorithm::SlidingLog)
+            .rule(Rule::per_minute(1_000).metered())
+            .meter(Meter::new(unit).estimate(move |_| estimate))
+            .build()
+            .unwrap();
+        OutboundLayer::new(policy, store.clone()).max_wait(Duration::from_millis(100))
+    };
+    let upstream = || {
+        service_fn(|_: Request<String>| async { Ok::<_, BoxError>(Response::new(String::new())) })
+    };
+    let mut client = ServiceBuilder::new()
+        .layer(layer("input_tokens", 200))
+        .layer(layer("output_tokens", 300))
+        .service(upstream());
+    let request = || {
+        Request::post("http://llm.example/v1")
+            .body(String::new())
+            .unwrap()
+    };
+    // Each call uses 100 input and 100 output tokens, and needs room for 200 and 300: eight fit.
+    for _ in 0..8 {
+        let response = client.ready().await.unwrap().call(request()).await.unwrap();
+        let usage = response
+            .extensions()
+            .get::<Usage>()
+            .expect("the usage of both layers");
+        usage.record_unit("input_tokens", 100);
+        usage.record_unit("output_tokens", 100);
+    }
+    // 800 output tokens used: the ninth call's 300 don't fit, though its 200 input tokens do.
+    let error = client
+        .ready()
+        .await
+        .unwrap()
+        .call(request())
+        .await
+        .unwrap_err();
+    match error.downcast_ref::<OutboundError>() {
+        Some(OutboundError::WouldWait { upstream, .. }) => assert_eq!(upstream, "llm.example"),
+        other => panic!("{other:?}"),
+    }
+    // Not sent: its 200 input tokens went back, so 200 more still fit (800 + 200).
+    let mut input_only = ServiceBuilder::new()
+        .layer(layer("input_tokens", 200))
+        .service(upstream());
+    let response = input_only.ready().await.unwrap().call(request()).await;
+    assert!(response.is_ok(), "{:?}", response.err());
+}
