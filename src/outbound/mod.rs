@@ -74,6 +74,70 @@
 //! # }
 //! ```
 //!
+//! ## Metered calls: LLM APIs
+//!
+//! An API that limits tokens as well as requests (OpenAI's and Anthropic's do) is mirrored by a
+//! policy with a [metered](crate::Rule::metered) rule and a [`Meter`](crate::meter::Meter). A call
+//! then reserves its estimate (a [`meter::Estimate`](crate::meter::Estimate) in the request's
+//! extensions, else the meter's function) before it is sent, and only when every rule has room for
+//! it now: a call that finds none reserves nothing ahead (a reservation ahead at the estimate would
+//! hold room its settle may give back), but sleeps the store's `retry_after`, or until a call on
+//! this instance settles, and asks again, within the maximum wait. Its answer carries a
+//! [`meter::Usage`](crate::meter::Usage) in its extensions: record the units the body reports, and
+//! the call settles when the response and the last clone of its `Usage` are dropped, as a
+//! [metered route's](crate::meter) does: less than reserved goes back, more is charged on top.
+//! Nothing recorded leaves the estimate standing, as does a call sent without an answer (a
+//! transport error, a timeout). An answer of 429 or 503 settles to nothing, and a call not sent
+//! ([`OutboundError`]) reserved nothing. The meter's
+//! [usage header](crate::meter::Meter::usage_header), if the upstream sends one, is read as the
+//! answer comes.
+//!
+//! The vendors' headers say what is left (OpenAI's `x-ratelimit-remaining-{requests,tokens}`
+//! with their `-reset-` and `-limit-`, Anthropic's `anthropic-ratelimit-{requests,tokens}-*`).
+//! A call that needs more than the last answer to this instance said was left, less what this
+//! instance sent since, waits for the missing units to come back. The buckets refill
+//! continuously, from what was left to the limit in the reset, so that is
+//! `reset × missing / (limit − remaining)` (all of the reset without a limit), never longer than
+//! the reset nor [`pause_cap`](OutboundLayer::pause_cap). A vendor announcing a limit below the
+//! policy's (its rule of the shortest period, metered for tokens) is said once, at WARN.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use tower_redis_ratelimit::meter::{Estimate, Meter, Usage};
+//! use tower_redis_ratelimit::outbound::OutboundLayer;
+//! use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, Rule};
+//!
+//! // The account's limits, as the vendor's console shows them: 500 requests and 30 000 tokens
+//! // a minute.
+//! let policy = Policy::builder("openai")
+//!     .algorithm(Algorithm::SlidingLog)
+//!     .rule(Rule::per_minute(500))
+//!     .rule(Rule::per_minute(30_000).metered())
+//!     .meter(Meter::new("tokens"))
+//!     .build()
+//!     .unwrap();
+//! let api = service_fn(|_request: http::Request<String>| async {
+//!     let body = r#"{"usage":{"prompt_tokens":12,"completion_tokens":230,"total_tokens":242}}"#;
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(body.to_owned()))
+//! });
+//! let mut client = ServiceBuilder::new()
+//!     .layer(OutboundLayer::new(policy, MemoryStore::new()))
+//!     .service(api);
+//! let mut request = http::Request::post("https://api.openai.com/v1/chat/completions")
+//!     .body(r#"{"max_tokens":1000,"messages":[]}"#.to_owned())
+//!     .unwrap();
+//! // Its prompt and every token it may write.
+//! request.extensions_mut().insert(Estimate(12 + 1_000));
+//! let response = client.ready().await.unwrap().call(request).await.unwrap();
+//! let usage = response.extensions().get::<Usage>().unwrap().clone();
+//! let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+//! usage.record(body["usage"]["total_tokens"].as_u64().unwrap());
+//! drop((usage, response)); // settled: 1 012 reserved, 242 used, 770 back
+//! # }
+//! ```
+//!
 //! ## Even spacing or bursts
 //!
 //! The algorithm decides how calls are spread within the limit. A
