@@ -360,6 +360,22 @@ async fn a_pause_announced_in_these_holds_both_clients(
     quiet: Duration,
 ) {
     let redis = TestRedis::shared();
+    let store = || -> Arc<dyn Store> {
+        Arc::new(
+            RedisStore::from_url(&redis.url)
+                .unwrap()
+                .timeout(Duration::from_secs(10)),
+        )
+    };
+    a_pause_in_these_holds_both_clients_of([store(), store()], headers, quiet).await;
+}
+
+/// [`a_pause_announced_in_these_holds_both_clients`], the clients counting in `stores`.
+async fn a_pause_in_these_holds_both_clients_of(
+    stores: [Arc<dyn Store>; 2],
+    headers: Vec<(&'static str, String)>,
+    quiet: Duration,
+) {
     let prefix = unique_prefix("pause");
     let (url, arrivals) = upstream_refusing_with(0, headers).await;
     let policy = || {
@@ -370,15 +386,11 @@ async fn a_pause_announced_in_these_holds_both_clients(
             .build()
             .unwrap()
     };
-    let store = || {
-        RedisStore::from_url(&redis.url)
-            .unwrap()
-            .timeout(Duration::from_secs(10))
-    };
     let run = quiet + Duration::from_secs(1);
+    let [first, second] = stores;
     let clients = [
-        client(policy(), store(), Duration::from_secs(10)),
-        second_client(policy(), store(), Duration::from_secs(10)),
+        client(policy(), first, Duration::from_secs(10)),
+        second_client(policy(), second, Duration::from_secs(10)),
     ];
     let tasks: Vec<_> = clients
         .into_iter()
@@ -432,34 +444,49 @@ async fn retry_after_as_an_http_date_pauses_every_client() {
 
 /// LLM vendors' words (issue 49), with values of their documentation: OpenAI's and Azure's
 /// `retry-after-ms`, OpenAI's remaining requests at 0 with a duration reset, Anthropic's
-/// remaining tokens at 0 with an RFC 3339 reset; each pauses both clients for its time.
+/// remaining tokens at 0 with an RFC 3339 reset; each pauses both clients for its time, on one
+/// Redis and on one memory store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llm_vendors_headers_pause_every_client() {
-    a_pause_announced_in_these_holds_both_clients(
-        vec![("retry-after-ms", "1500".into())],
-        Duration::from_millis(1_500),
-    )
-    .await;
-    a_pause_announced_in_these_holds_both_clients(
-        vec![
-            ("x-ratelimit-remaining-requests", "0".into()),
-            ("x-ratelimit-reset-requests", "1.5s".into()),
-        ],
-        Duration::from_millis(1_500),
-    )
-    .await;
-    // Two seconds ahead, to the millisecond: from the 429, a little later, at least 1.8 s.
-    let reset =
-        humantime::format_rfc3339_millis(std::time::SystemTime::now() + Duration::from_secs(2))
-            .to_string();
-    a_pause_announced_in_these_holds_both_clients(
-        vec![
-            ("anthropic-ratelimit-tokens-remaining", "0".into()),
-            ("anthropic-ratelimit-tokens-reset", reset),
-        ],
-        Duration::from_millis(1_800),
-    )
-    .await;
+    let redis = TestRedis::shared();
+    let redis_store = || -> Arc<dyn Store> {
+        Arc::new(
+            RedisStore::from_url(&redis.url)
+                .unwrap()
+                .timeout(Duration::from_secs(10)),
+        )
+    };
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    for stores in [[redis_store(), redis_store()], [memory.clone(), memory]] {
+        a_pause_in_these_holds_both_clients_of(
+            stores.clone(),
+            vec![("retry-after-ms", "1500".into())],
+            Duration::from_millis(1_500),
+        )
+        .await;
+        a_pause_in_these_holds_both_clients_of(
+            stores.clone(),
+            vec![
+                ("x-ratelimit-remaining-requests", "0".into()),
+                ("x-ratelimit-reset-requests", "1.5s".into()),
+            ],
+            Duration::from_millis(1_500),
+        )
+        .await;
+        // Two seconds ahead, to the millisecond: from the 429, a little later, at least 1.8 s.
+        let reset =
+            humantime::format_rfc3339_millis(std::time::SystemTime::now() + Duration::from_secs(2))
+                .to_string();
+        a_pause_in_these_holds_both_clients_of(
+            stores,
+            vec![
+                ("anthropic-ratelimit-tokens-remaining", "0".into()),
+                ("anthropic-ratelimit-tokens-reset", reset),
+            ],
+            Duration::from_millis(1_800),
+        )
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
