@@ -14,6 +14,11 @@ impl Limiter {
             .get_or_init(|| PolicyMetrics::new(&self.policy, self.store.name()))
     }
 
+    /// Counts `units` reserved by a metered admission made outside the flow (an outbound call).
+    pub(crate) fn count_reserved(&self, units: u64) {
+        self.metrics().metered("reserved", units);
+    }
+
     /// Counts a refusal (or, in shadow mode, what would have been one) of `key` by `rules`.
     pub(super) fn count_refusal(
         &self,

@@ -73,6 +73,7 @@ impl Shared {
             .meter()
             .map(|meter| meter.unit_arc().clone())
             .unwrap_or_default();
+        self.limiter.count_reserved(units);
         let charge = Charge::new(
             self.limiter.clone(),
             key,

@@ -411,3 +411,42 @@ async fn metered_units_are_counted_reserved_used_given_back_and_overdrawn() {
     assert_eq!(units("given_back"), 400.0);
     assert_eq!(units("overdrawn"), 400.0);
 }
+
+/// An outbound layer's metered calls are counted as a route's: 600 reserved, 100 used, 500 back.
+#[tokio::test]
+async fn metered_outbound_calls_are_counted_too() {
+    use tower::{BoxError, Service, ServiceExt, service_fn};
+    use tower_redis_ratelimit::meter::{Meter, Usage};
+    use tower_redis_ratelimit::outbound::OutboundLayer;
+    let _ = prometheus();
+    let policy = builder("metrics-outbound-metered")
+        .algorithm(tower_redis_ratelimit::Algorithm::SlidingLog)
+        .rule(Rule::per_minute(100_000).metered())
+        .meter(Meter::new("tokens").estimate(|_| 600))
+        .build()
+        .unwrap();
+    let mut client = tower::ServiceBuilder::new()
+        .layer(OutboundLayer::new(policy, MemoryStore::new()))
+        .service(service_fn(|_: Request<String>| async {
+            Ok::<_, BoxError>(http::Response::new(String::new()))
+        }));
+    let request = Request::post("http://llm.example/v1")
+        .body(String::new())
+        .unwrap();
+    let response = client.ready().await.unwrap().call(request).await.unwrap();
+    response.extensions().get::<Usage>().unwrap().record(100);
+    drop(response);
+    let units = |event: &str| {
+        value(
+            "ratelimit_metered_units_total",
+            &[
+                ("policy", "metrics-outbound-metered"),
+                ("unit", "tokens"),
+                ("event", event),
+            ],
+        )
+    };
+    assert_eq!(units("reserved"), 600.0);
+    assert_eq!(units("used"), 100.0);
+    assert_eq!(units("given_back"), 500.0);
+}
