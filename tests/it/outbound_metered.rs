@@ -354,47 +354,44 @@ async fn a_call_needing_more_than_the_vendor_has_left_waits_on_each_instance() {
         ("x-ratelimit-remaining-tokens", "100"),
         ("x-ratelimit-reset-tokens", "2s"),
     ];
-    let (url, seen) = stand_in(u64::MAX, Duration::from_secs(60), headers).await;
     let redis = TestRedis::shared();
-    let prefix = unique_prefix("announced");
-    let store = || {
-        RedisStore::from_url(&redis.url)
-            .unwrap()
-            .timeout(Duration::from_secs(10))
-    };
-    let layer = |store| {
-        OutboundLayer::new(
-            metered(&prefix, 1_000_000, Duration::from_secs(60), 400),
-            store,
-        )
-        .max_wait(Duration::from_secs(5))
-    };
-    let clients = [tower_client(layer(store())), second_client(layer(store()))];
-    let mut tasks = Vec::new();
-    // Each instance's calls use their own number of tokens, to tell them apart.
-    for (used, mut client) in (10..).zip(clients) {
-        let url = url.clone();
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..2 {
-                assert_eq!(call(&mut client, &url, used, true).await.unwrap(), 200);
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let seen = seen.lock().unwrap().clone();
-    // Each instance's second call came 667 ms or more after its first (which came before its
-    // answer).
-    for used in [10, 11] {
-        let arrivals: Vec<Instant> = seen
-            .iter()
-            .filter(|(_, of, _)| *of == used)
-            .map(|(at, _, _)| *at)
-            .collect();
-        assert_eq!(arrivals.len(), 2, "{seen:?}");
-        let gap = arrivals[1] - arrivals[0];
-        assert!(gap >= Duration::from_millis(667), "{gap:?}");
+    for (name, [first, second]) in stores(&redis) {
+        let (url, seen) = stand_in(u64::MAX, Duration::from_secs(60), headers.clone()).await;
+        let prefix = unique_prefix("announced");
+        let layer = |store| {
+            OutboundLayer::new(
+                metered(&prefix, 1_000_000, Duration::from_secs(60), 400),
+                store,
+            )
+            .max_wait(Duration::from_secs(5))
+        };
+        let clients = [tower_client(layer(first)), second_client(layer(second))];
+        let mut tasks = Vec::new();
+        // Each instance's calls use their own number of tokens, to tell them apart.
+        for (used, mut client) in (10..).zip(clients) {
+            let url = url.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..2 {
+                    assert_eq!(call(&mut client, &url, used, true).await.unwrap(), 200);
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let seen = seen.lock().unwrap().clone();
+        // Each instance's second call came 667 ms or more after its first (which came before
+        // its answer).
+        for used in [10, 11] {
+            let arrivals: Vec<Instant> = seen
+                .iter()
+                .filter(|(_, of, _)| *of == used)
+                .map(|(at, _, _)| *at)
+                .collect();
+            assert_eq!(arrivals.len(), 2, "{name}: {seen:?}");
+            let gap = arrivals[1] - arrivals[0];
+            assert!(gap >= Duration::from_millis(667), "{name}: {gap:?}");
+        }
     }
 }
 
@@ -553,4 +550,46 @@ async fn input_and_output_tokens_settle_in_their_own_layers() {
         .service(upstream());
     let response = input_only.ready().await.unwrap().call(request()).await;
     assert!(response.is_ok(), "{:?}", response.err());
+}
+
+/// A call that finds no room waits for the store's time or for a settle on this instance,
+/// whichever comes first: a call that settles at 100 of its 600 lets the waiting one go at once,
+/// not when the window of 10 s rolls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_call_goes_when_a_call_here_settles() {
+    let redis = TestRedis::shared();
+    for (name, [store, _]) in stores(&redis) {
+        let policy = metered(&unique_prefix("wakes"), 1_000, Duration::from_secs(10), 600);
+        let layer = OutboundLayer::new(policy, store).max_wait(Duration::from_secs(15));
+        let mut client =
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(service_fn(|_: Request<String>| async {
+                    Ok::<_, BoxError>(Response::new(String::new()))
+                }));
+        let request = || {
+            Request::post("http://llm.example/v1")
+                .body(String::new())
+                .unwrap()
+        };
+        let started = Instant::now();
+        let first = client.ready().await.unwrap().call(request()).await.unwrap();
+        let mut waiting = client.clone();
+        let second = tokio::spawn(async move {
+            waiting
+                .ready()
+                .await
+                .unwrap()
+                .call(request())
+                .await
+                .unwrap();
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!second.is_finished(), "{name}: 600 + 600 fit in 1 000");
+        first.extensions().get::<Usage>().unwrap().record(100);
+        drop(first);
+        let went = second.await.unwrap() - started;
+        assert!(went < Duration::from_secs(5), "{name}: went after {went:?}");
+    }
 }
