@@ -26,7 +26,9 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::meter::{Estimate, Meter, Usage};
 use tower_redis_ratelimit::outbound::OutboundLayer;
-use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, RedisStore, Rule, Store};
+use tower_redis_ratelimit::{
+    Algorithm, MemoryStore, OnStoreError, Policy, RedisStore, Rule, Store,
+};
 
 /// The API's limit, and ours: 1 000 tokens per 2 s.
 const TOKENS: u64 = 1_000;
@@ -45,6 +47,8 @@ fn policy() -> Policy {
         .algorithm(Algorithm::SlidingLog)
         .rule(Rule::new(TOKENS, WINDOW).metered())
         .meter(Meter::new("tokens"))
+        // Without the store, no call: the API would refuse what it can't count.
+        .on_store_error(OnStoreError::Deny)
         .build()
         .expect("a valid policy")
 }

@@ -146,16 +146,13 @@ impl Charge {
             None => {
                 // Without a runtime (a test's teardown) the units just count.
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let settling = self.limiter.settling.clone();
-                    if let Some(settling) = &settling {
-                        settling.in_flight.fetch_add(1, Ordering::AcqRel);
-                    }
+                    let in_flight = self.limiter.settling.clone().map(InFlight::new);
                     runtime.spawn(async move {
                         let result = call.await;
-                        if let Some(settling) = &settling {
-                            settling.in_flight.fetch_sub(1, Ordering::AcqRel);
-                        }
                         self.given_back(result, failed);
+                        // Landed (or, dropped with the task, given up): said after the store's
+                        // answer is applied.
+                        drop(in_flight);
                     });
                 }
             }
@@ -230,6 +227,23 @@ impl Charge {
 pub(crate) struct Settling {
     in_flight: AtomicUsize,
     landed: Notify,
+}
+
+/// One give-back on its way to the store, counted while it lives.
+struct InFlight(Arc<Settling>);
+
+impl InFlight {
+    fn new(settling: Arc<Settling>) -> Self {
+        settling.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(settling)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.landed.notify_waiters();
+    }
 }
 
 impl Settling {

@@ -31,6 +31,8 @@ pub(super) struct Announced {
 struct Snapshot {
     announcement: Announcement,
     seen: Instant,
+    /// The longest wait it makes, from `seen` (the layer's pause cap).
+    cap: Duration,
     /// When every bucket is full again: the snapshot says nothing after it.
     ends: Instant,
     sent_requests: u64,
@@ -38,8 +40,9 @@ struct Snapshot {
 }
 
 impl Announced {
-    /// Keeps what an answer about `key` announced (`now`: when it came), in place of the last.
-    pub(super) fn learn(&self, key: &str, announcement: Announcement, now: Instant) {
+    /// Keeps what an answer about `key` announced (`now`: when it came), in place of the last;
+    /// no wait it makes lasts longer than `cap` from the answer.
+    pub(super) fn learn(&self, key: &str, announcement: Announcement, now: Instant, cap: Duration) {
         let buckets = [announcement.requests, announcement.tokens];
         let Some(longest) = buckets.iter().flatten().filter_map(Bucket::reset).max() else {
             return;
@@ -47,7 +50,8 @@ impl Announced {
         let snapshot = Snapshot {
             announcement,
             seen: now,
-            ends: now + longest,
+            cap,
+            ends: now + longest.min(cap),
             sent_requests: 0,
             sent_tokens: 0,
         };
@@ -80,6 +84,7 @@ impl Announced {
             });
         let from_now = requests
             .max(tokens)
+            .min(kept.cap)
             .saturating_sub(now.saturating_duration_since(kept.seen));
         Some(from_now).filter(|wait| !wait.is_zero())
     }
@@ -103,7 +108,7 @@ impl Announced {
             let Some(vendor) = bucket.and_then(|bucket| bucket.limit) else {
                 continue;
             };
-            let Some(rule) = shortest(policy.rules(), metered) else {
+            let Some(rule) = nearest_a_minute(policy.rules(), metered) else {
                 continue;
             };
             if vendor < rule.limit() && !self.warned_below.swap(true, Ordering::Relaxed) {
@@ -129,13 +134,13 @@ impl Announced {
     }
 }
 
-/// The rule of the shortest period among the metered ones (`metered`) or the others: the one a
-/// vendor's per-minute bucket corresponds to.
-fn shortest(rules: &[Rule], metered: bool) -> Option<&Rule> {
+/// The rule whose period is nearest a minute among the metered ones (`metered`) or the others:
+/// the one a vendor's per-minute limit (RPM, TPM) corresponds to.
+fn nearest_a_minute(rules: &[Rule], metered: bool) -> Option<&Rule> {
     rules
         .iter()
         .filter(|rule| rule.is_metered() == metered && !rule.is_duplicate_guard())
-        .min_by_key(|rule| rule.period_ms())
+        .min_by_key(|rule| rule.period_ms().abs_diff(60_000))
 }
 
 #[cfg(test)]
@@ -170,7 +175,7 @@ mod tests {
         ]);
         let kept = Announced::default();
         let now = Instant::now();
-        kept.learn("openai", announced_tokens, now);
+        kept.learn("openai", announced_tokens, now, Duration::from_secs(600));
         assert_eq!(kept.wait("openai", Some(100_000), now), None);
         assert_eq!(kept.wait("openai", None, now), None, "requests: no word");
         kept.sent("openai", Some(149_800));
@@ -199,7 +204,12 @@ mod tests {
         ]);
         let kept = Announced::default();
         let now = Instant::now();
-        kept.learn("anthropic", announced_requests, now);
+        kept.learn(
+            "anthropic",
+            announced_requests,
+            now,
+            Duration::from_secs(600),
+        );
         assert_eq!(kept.wait("anthropic", None, now), None);
         kept.sent("anthropic", None);
         // 49 came back in 60 s, so one takes 60 / 49 s, rounded up to the millisecond.
@@ -208,19 +218,25 @@ mod tests {
             Some(Duration::from_millis(1_225))
         );
         // A new answer replaces the last, and what was sent before it.
-        kept.learn("anthropic", announced_requests, now);
+        kept.learn(
+            "anthropic",
+            announced_requests,
+            now,
+            Duration::from_secs(600),
+        );
         assert_eq!(kept.wait("anthropic", None, now), None);
     }
 
     #[test]
-    fn a_vendor_limit_below_the_policy_s_is_found_by_the_shortest_rule() {
+    fn a_vendor_limit_is_compared_with_the_rule_nearest_a_minute() {
         let rules = [
             Rule::per_day(1_000_000).metered(),
             Rule::per_minute(40_000).metered(),
-            Rule::per_minute(60),
+            Rule::per_second(10),
+            Rule::per_minute(600),
         ];
-        assert_eq!(shortest(&rules, true).unwrap().limit(), 40_000);
-        assert_eq!(shortest(&rules, false).unwrap().limit(), 60);
-        assert!(shortest(&rules[..2], false).is_none());
+        assert_eq!(nearest_a_minute(&rules, true).unwrap().limit(), 40_000);
+        assert_eq!(nearest_a_minute(&rules, false).unwrap().limit(), 600);
+        assert!(nearest_a_minute(&rules[..2], false).is_none());
     }
 }

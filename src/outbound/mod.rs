@@ -99,7 +99,8 @@
 //! continuously, from what was left to the limit in the reset, so that is
 //! `reset × missing / (limit − remaining)` (all of the reset without a limit), never longer than
 //! the reset nor [`pause_cap`](OutboundLayer::pause_cap). A vendor announcing a limit below the
-//! policy's (its rule of the shortest period, metered for tokens) is said once, at WARN.
+//! policy's (its rule whose period is nearest a minute, metered for tokens) is said once, at
+//! WARN.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -131,10 +132,12 @@
 //! // Its prompt and every token it may write.
 //! request.extensions_mut().insert(Estimate(12 + 1_000));
 //! let response = client.ready().await.unwrap().call(request).await.unwrap();
-//! let usage = response.extensions().get::<Usage>().unwrap().clone();
-//! let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
-//! usage.record(body["usage"]["total_tokens"].as_u64().unwrap());
-//! drop((usage, response)); // settled: 1 012 reserved, 242 used, 770 back
+//! // No `Usage` if nothing was reserved: a store failure under `OnStoreError::Allow`.
+//! if let Some(usage) = response.extensions().get::<Usage>() {
+//!     let body: serde_json::Value = serde_json::from_str(response.body()).unwrap();
+//!     usage.record(body["usage"]["total_tokens"].as_u64().unwrap());
+//! }
+//! drop(response); // settled: 1 012 reserved, 242 used, 770 back
 //! # }
 //! ```
 //!
@@ -573,10 +576,7 @@ impl Shared {
     /// instance knows, without asking the store: a pause it learnt, or an announcement that
     /// less is left than the call needs (within the pause cap).
     fn known_wait(&self, key: &str, tokens: Option<u64>) -> Option<Duration> {
-        let announced = self
-            .announced
-            .wait(key, tokens, Instant::now())
-            .map(|wait| wait.min(self.pause_cap));
+        let announced = self.announced.wait(key, tokens, Instant::now());
         self.paused.left(key).max(announced)
     }
 
@@ -639,7 +639,7 @@ impl Shared {
                 .compare(&self.policy, upstream, &announcement);
             let key = self.key_of(upstream);
             self.announced
-                .learn(key.as_str(), announcement, Instant::now());
+                .learn(key.as_str(), announcement, Instant::now(), self.pause_cap);
         }
         if let Some(pause) = announced_pause(status, headers, now) {
             self.pause(upstream, pause.min(self.pause_cap)).await;

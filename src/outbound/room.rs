@@ -4,7 +4,9 @@
 //! instance lands, and asks again, within the maximum wait. One whose room is further away than
 //! that fails at once, unless a settle here is on its way (which may bring room back).
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::task::{Context, Waker};
 
 use tokio::time::Instant;
 
@@ -56,6 +58,8 @@ impl Shared {
             if retry_after < left {
                 // Room comes back at the store's time, or sooner when a call here settles.
                 let _ = tokio::time::timeout(retry_after, settled).await;
+            } else if has_fired(settled.as_mut()) {
+                // A settle landed since the check: ask again.
             } else if !self.settling.any_in_flight()
                 || tokio::time::timeout(left, settled).await.is_err()
             {
@@ -83,4 +87,11 @@ impl Shared {
         );
         Tab::new(charge, Some(decision), unit)
     }
+}
+
+/// Whether `notified` (enabled) has been woken already.
+fn has_fired(notified: Pin<&mut tokio::sync::futures::Notified<'_>>) -> bool {
+    notified
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_ready()
 }

@@ -5,8 +5,9 @@
 //! with resets as RFC 3339 times.
 //!
 //! Both vendors refill their buckets continuously, and a reset is the time until one is full
-//! again. So a call that needs a unit a bucket lacks waits only as long as that unit takes to come
-//! back, `reset × missing / limit` when the limit is sent, never longer than the reset.
+//! again, from what remained to its limit. So a call that needs units a bucket lacks waits only
+//! as long as they take to come back, `reset × missing / (limit − remaining)` when the limit is
+//! sent (`reset × missing / limit` when nothing remained), never longer than the reset.
 
 use std::time::{Duration, SystemTime};
 

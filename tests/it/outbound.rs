@@ -473,10 +473,12 @@ async fn llm_vendors_headers_pause_every_client() {
             Duration::from_millis(1_500),
         )
         .await;
-        // Two seconds ahead, to the millisecond: from the 429, a little later, at least 1.8 s.
-        let reset =
-            humantime::format_rfc3339_millis(std::time::SystemTime::now() + Duration::from_secs(2))
-                .to_string();
+        // 2.5 s ahead, to the millisecond: from the 429, a little later (the clients' setup),
+        // at least 1.8 s.
+        let reset = humantime::format_rfc3339_millis(
+            std::time::SystemTime::now() + Duration::from_millis(2_500),
+        )
+        .to_string();
         a_pause_in_these_holds_both_clients_of(
             stores,
             vec![
