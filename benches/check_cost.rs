@@ -9,6 +9,8 @@
 //! `redis-server` (from `/proc/<pid>/stat`), interleaved over rounds, then the medians:
 //!
 //! - `bare`: the router alone, the baseline;
+//! - `governor`, `governor-headers`: `tower_governor` (keyed by the peer's IP, as `memory` is),
+//!   without and with its `x-ratelimit-*` headers: the in-process peer;
 //! - `memory`: [`RateLimitLayer`] on a [`MemoryStore`];
 //! - `redis`: [`RateLimitLayer`] on a [`RedisStore`], whose checks group-commit into script calls;
 //! - `handle-memory`, `handle-redis`: the same policy and stores through a [`RateLimiter`] the
@@ -32,6 +34,7 @@
 //! cargo bench --bench check_cost                 # 3 rounds of 3 s, 64 and 1 concurrent
 //! cargo bench --bench check_cost -- 5 5          # 5 rounds of 5 s
 //! cargo bench --bench check_cost -- 1 20 redis-c64   # the setups whose name has `redis-c64`
+//! cargo bench --bench check_cost -- 5 3 'bare-c64|memory-c64'   # either
 //! ```
 
 use std::sync::Arc;
@@ -61,8 +64,10 @@ use redis_server::Server;
 const HUGE: u64 = 1_000_000_000;
 
 /// The setups, in the order of the first round.
-const SETUPS: [&str; 10] = [
+const SETUPS: [&str; 12] = [
     "bare",
+    "governor",
+    "governor-headers",
     "memory",
     "handle-memory",
     "redis",
@@ -118,6 +123,21 @@ fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore
     };
     match setup {
         "bare" => (router(), None),
+        "governor" | "governor-headers" => {
+            // tower_governor, the in-process peer: the same huge limit, keyed by the peer's IP.
+            let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+            config.period(Duration::from_nanos(1)).burst_size(u32::MAX);
+            let router = if setup == "governor-headers" {
+                let config = config.use_headers().finish();
+                router().layer(tower_governor::GovernorLayer::new(
+                    config.expect("a valid governor config"),
+                ))
+            } else {
+                let config = config.finish().expect("a valid governor config");
+                router().layer(tower_governor::GovernorLayer::new(config))
+            };
+            (router, None)
+        }
         "memory" => (
             router().layer(RateLimitLayer::new(policy(), MemoryStore::new())),
             None,
@@ -293,7 +313,8 @@ fn main() {
         .filter(|arg| arg != "--bench")
         .collect();
     let numbers: Vec<u64> = args.iter().filter_map(|arg| arg.parse().ok()).collect();
-    // A word that is not a number picks the setups whose name contains it.
+    // A word that is not a number picks the setups whose name contains it (or one of its
+    // `|`-separated parts: `bare-c64|memory-c64`).
     let only = args
         .iter()
         .find(|arg| arg.parse::<u64>().is_err())
@@ -313,7 +334,10 @@ fn main() {
     let cases: Vec<(&str, usize)> = [64, 1]
         .into_iter()
         .flat_map(|concurrency| SETUPS.map(|setup| (setup, concurrency)))
-        .filter(|(setup, concurrency)| format!("{setup}-c{concurrency}").contains(&only))
+        .filter(|(setup, concurrency)| {
+            let name = format!("{setup}-c{concurrency}");
+            only.split('|').any(|part| name.contains(part))
+        })
         .collect();
     let mut results: Vec<Vec<Run>> = cases.iter().map(|_| Vec::new()).collect();
     println!(
