@@ -34,7 +34,7 @@
 //! cargo bench --bench check_cost                 # 3 rounds of 3 s, 64 and 1 concurrent
 //! cargo bench --bench check_cost -- 5 5          # 5 rounds of 5 s
 //! cargo bench --bench check_cost -- 1 20 redis-c64   # the setups whose name has `redis-c64`
-//! cargo bench --bench check_cost -- 5 3 'bare-c64|memory-c64'   # either
+//! cargo bench --bench check_cost -- 5 3 'bare-c64|=memory-c64'   # either (`=`: exactly)
 //! ```
 
 use std::sync::Arc;
@@ -314,7 +314,7 @@ fn main() {
         .collect();
     let numbers: Vec<u64> = args.iter().filter_map(|arg| arg.parse().ok()).collect();
     // A word that is not a number picks the setups whose name contains it (or one of its
-    // `|`-separated parts: `bare-c64|memory-c64`).
+    // `|`-separated parts: `bare-c64|memory-c64`; `=memory-c64` is that name alone).
     let only = args
         .iter()
         .find(|arg| arg.parse::<u64>().is_err())
@@ -336,7 +336,10 @@ fn main() {
         .flat_map(|concurrency| SETUPS.map(|setup| (setup, concurrency)))
         .filter(|(setup, concurrency)| {
             let name = format!("{setup}-c{concurrency}");
-            only.split('|').any(|part| name.contains(part))
+            only.split('|').any(|part| match part.strip_prefix('=') {
+                Some(exact) => name == exact,
+                None => name.contains(part),
+            })
         })
         .collect();
     let mut results: Vec<Vec<Run>> = cases.iter().map(|_| Vec::new()).collect();

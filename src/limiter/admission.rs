@@ -24,8 +24,9 @@ use crate::store::StoreError;
 pub(crate) struct Admission {
     /// The rate-limit headers (none when nothing was checked, or the store failed open).
     pub(super) headers: Option<LimitHeaders>,
-    /// The concurrency slot, held until the response body is done.
-    pub(super) lease: Option<Lease>,
+    /// The concurrency slot, held until the response body is done (boxed: only a policy with
+    /// `max_in_flight` has one, and every admission is moved a few times on its way).
+    pub(super) lease: Option<Box<Lease>>,
     /// The store's decision, for a handle's caller.
     pub(super) decision: Option<Decision>,
     /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
@@ -157,7 +158,7 @@ impl Admission {
 /// What an admitted request's response gets once the service answers ([`Admission::on_response`]).
 pub(crate) struct OnResponse {
     headers: Option<LimitHeaders>,
-    lease: Option<Lease>,
+    lease: Option<Box<Lease>>,
     charge: Option<Box<Charge>>,
     /// A meter's reservation, settled once the body has ended and the request's `Usage` is
     /// gone.

@@ -60,8 +60,8 @@ pub(crate) struct Answered {
 
 impl Answered {
     /// The response, in the request's protocol.
-    pub(crate) fn response(&self) -> Response<Body> {
-        self.by.respond(&self.answer)
+    pub(crate) fn response(self) -> Response<Body> {
+        self.by.respond(self.answer)
     }
 
     /// The limiter that answers, and why (a handle's [`Refused`](crate::Refused)).
@@ -109,9 +109,12 @@ impl Refusal {
 }
 
 impl Limiter {
-    /// The response to `answer`.
-    pub(crate) fn respond(&self, answer: &Answer) -> Response<Body> {
-        self.respond_in(&answer.refusal, &answer.protocol)
+    /// The response to `answer` (its decision moves into the 429: nothing copied).
+    pub(crate) fn respond(&self, answer: Answer) -> Response<Body> {
+        match answer.refusal {
+            Refusal::Limited(decision) => self.refusal(decision, &answer.protocol),
+            other => self.respond_in(&other, &answer.protocol),
+        }
     }
 
     /// The response to `refusal` in `protocol`.

@@ -134,7 +134,14 @@ impl Limiter {
         let lease = decision.lease.map(|id| {
             let (store, policy) = (self.store.clone(), self.policy.clone());
             let errors = self.store_errors.clone();
-            Lease::new(store, policy, checked.key.clone(), id, waiting, errors)
+            Box::new(Lease::new(
+                store,
+                policy,
+                checked.key.clone(),
+                id,
+                waiting,
+                errors,
+            ))
         });
         if (decision.delay + waited).is_zero() {
             metrics.request(self.outcome(checked, Outcome::Allowed));

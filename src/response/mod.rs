@@ -9,6 +9,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde::Serialize;
 
+mod interned;
 mod limit_headers;
 mod plan;
 
@@ -320,6 +321,12 @@ pub(crate) fn too_costly(
     response
 }
 
+/// `n` as a header value, in one allocation (`HeaderValue::from(u64)` takes two).
+pub(crate) fn decimal(n: u64) -> HeaderValue {
+    let mut digits = itoa::Buffer::new();
+    HeaderValue::from_bytes(digits.format(n).as_bytes()).unwrap_or_else(|_| HeaderValue::from(n))
+}
+
 /// Finishes a refusal: the chosen response plus `Retry-After` and the rate-limit headers.
 pub(crate) fn finish_rejection(
     mut response: Response<Body>,
@@ -327,7 +334,7 @@ pub(crate) fn finish_rejection(
     headers: LimitHeaders,
 ) -> Response<Body> {
     let map = response.headers_mut();
-    map.insert(RETRY_AFTER, HeaderValue::from(rejected.retry_after_secs()));
+    map.insert(RETRY_AFTER, decimal(rejected.retry_after_secs()));
     headers.apply(map);
     response
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderValue;
 
+use super::interned::{static_bytes, static_header};
 use super::refusal_body;
 use crate::decision::ceil_secs;
 use crate::headers::{self, PolicyItem, SfName};
@@ -95,14 +96,14 @@ impl AnswerPlan {
             + usize::from(policy.concurrency().is_some());
         let bodies = (0..states)
             .filter_map(|index| policy.state_name(index, states))
-            .map(|name| refusal_body(policy.message(), &[name]))
+            .map(|name| static_bytes(refusal_body(policy.message(), &[name])))
             .collect();
         AnswerPlan(Arc::new(Inner {
             rule_names,
             quota,
             concurrency,
-            rules_policy,
-            policy: policy_value,
+            rules_policy: static_header(&rules_policy),
+            policy: static_header(&policy_value),
             bodies,
         }))
     }
