@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Loopback load run of this crate next to its peers, interleaved in one run (benches/load_server):
-# bare axum, tower_governor (in memory), a naive Redis middleware (one EVALSHA of INCR + PEXPIRE on
+# bare axum, tower_governor (in memory; and with its x-ratelimit-* headers, `governor-headers`, like
+# for like with this crate's), a naive Redis middleware (one EVALSHA of INCR + PEXPIRE on
 # a shared ConnectionManager), the two published Redis-backed tower limiters (trl-redis:
 # tower-rate-limit-redis, GCRA in one EVALSHA with TIME on a redis-rs MultiplexedConnection;
 # trl-fred: tower-rate-limit-fred, the same script through a Fred pool of 4; both keyed per
@@ -57,15 +58,15 @@ setup() {
 
 setups=()
 for connections in 64 1; do
-  for mode in bare governor memory naive trl-redis trl-fred redis redis-prefetch; do
+  for mode in bare governor governor-headers memory naive trl-redis trl-fred redis redis-prefetch; do
     setups+=("$mode-c$connections|$mode|$connections|")
   done
 done
-for mode in governor memory naive trl-redis trl-fred redis; do
+for mode in governor governor-headers memory naive trl-redis trl-fred redis; do
   setups+=("$mode-flood|$mode|64|--refuse")
 done
 # Many identities: 10 000 at random in x-user-id, every server keyed by it, at 64 connections.
-for mode in bare governor memory naive trl-redis trl-fred redis redis-prefetch; do
+for mode in bare governor governor-headers memory naive trl-redis trl-fred redis redis-prefetch; do
   setups+=("$mode-users|$mode|64|--by-user")
 done
 selected=()

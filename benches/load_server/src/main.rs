@@ -88,8 +88,8 @@ struct Naive {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis|\
-                 redis-prefetch> <listen> [--redis URL] [--refuse] [--by-user]";
+    let usage = "usage: load_server <bare|governor|governor-headers|naive|trl-redis|trl-fred|\
+                 memory|redis|redis-prefetch> <listen> [--redis URL] [--refuse] [--by-user]";
     let (Some(mode), Some(listen)) = (args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -116,6 +116,21 @@ async fn main() {
     let ping = Router::new().route("/api/ping", get(|| async { "PONG" }));
     let ping = match mode.as_str() {
         "bare" => ping,
+        "governor-headers" => {
+            // With its x-ratelimit-* headers, as this crate sends its own: like for like.
+            let mut config = GovernorConfigBuilder::default();
+            config
+                .period(period / u32::try_from(limit.min(u64::from(u32::MAX))).unwrap())
+                .burst_size(u32::try_from(limit).unwrap_or(u32::MAX));
+            let mut config = config.use_headers();
+            if by_user {
+                let config = config.key_extractor(UserHeader).finish();
+                ping.layer(GovernorLayer::new(config.expect("a valid governor config")))
+            } else {
+                let config = config.finish().expect("a valid governor config");
+                ping.layer(GovernorLayer::new(config))
+            }
+        }
         "governor" => {
             let mut config = GovernorConfigBuilder::default();
             config
