@@ -370,30 +370,32 @@ impl Policy {
     /// policy's proxy settings, so both see the same client).
     pub(crate) fn storage_key_behind(&self, parts: &Parts, client_ip: &ClientIp) -> KeyLookup {
         let inner = &self.0;
-        let mut key = String::with_capacity(inner.key_base.len() + 64);
-        key.push_str(&inner.key_base);
-        if inner.scope == Scope::Route {
-            push_route(&mut key, parts);
-            key.push(':');
-        }
-        let identity_at = key.len();
-        let kind = if inner.key.push_identity(parts, client_ip, &mut key) {
-            inner.key.kind()
-        } else {
-            match inner.missing_key {
-                MissingKey::Allow => return KeyLookup::Unlimited,
-                MissingKey::Reject(status) => return KeyLookup::Refuse(status),
-                MissingKey::ClientIp => {
-                    // The client IP is the fallback, so an IP key has nothing to fall back to.
-                    if inner.key.is_ip() || !Key::ip().push_identity(parts, client_ip, &mut key) {
-                        return KeyLookup::NoClientIp;
-                    }
-                    self.warn_of_fallback();
-                    "ip"
-                }
+        // Written in a reused buffer, then kept in the key itself when short: no allocation.
+        storage_key::in_scratch(|key| {
+            key.push_str(&inner.key_base);
+            if inner.scope == Scope::Route {
+                push_route(key, parts);
+                key.push(':');
             }
-        };
-        KeyLookup::Found(StorageKey::new(key, identity_at, kind))
+            let identity_at = key.len();
+            let kind = if inner.key.push_identity(parts, client_ip, key) {
+                inner.key.kind()
+            } else {
+                match inner.missing_key {
+                    MissingKey::Allow => return KeyLookup::Unlimited,
+                    MissingKey::Reject(status) => return KeyLookup::Refuse(status),
+                    MissingKey::ClientIp => {
+                        // The client IP is the fallback, so an IP key has nothing to fall back to.
+                        if inner.key.is_ip() || !Key::ip().push_identity(parts, client_ip, key) {
+                            return KeyLookup::NoClientIp;
+                        }
+                        self.warn_of_fallback();
+                        "ip"
+                    }
+                }
+            };
+            KeyLookup::Found(StorageKey::new(key, identity_at, kind))
+        })
     }
 
     /// Says, once, that a request without this policy's key was counted by client IP: with a
@@ -433,10 +435,11 @@ impl Policy {
     pub(crate) fn named_key(&self, identity: &str) -> StorageKey {
         let inner = &self.0;
         // Room for any stored form: `user:` and 64 bytes, a hash, an IPv6 network.
-        let mut key = String::with_capacity(inner.key_base.len() + 72);
-        key.push_str(&inner.key_base);
-        let kind = inner.key.push_named(identity, &inner.client_ip, &mut key);
-        StorageKey::new(key, inner.key_base.len(), kind)
+        storage_key::in_scratch(|key| {
+            key.push_str(&inner.key_base);
+            let kind = inner.key.push_named(identity, &inner.client_ip, key);
+            StorageKey::new(key, inner.key_base.len(), kind)
+        })
     }
 
     /// The store key of `identity` under this policy, whatever its scope: `prefix:policy:identity`.
@@ -446,10 +449,10 @@ impl Policy {
             Some(("ip", _)) => "ip",
             _ => inner.key.kind(),
         };
-        StorageKey::new(
-            format!("{}{identity}", inner.key_base),
-            inner.key_base.len(),
-            kind,
-        )
+        storage_key::in_scratch(|key| {
+            key.push_str(&inner.key_base);
+            key.push_str(identity);
+            StorageKey::new(key, inner.key_base.len(), kind)
+        })
     }
 }

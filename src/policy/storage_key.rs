@@ -5,19 +5,103 @@ use http::{Method, StatusCode};
 
 use crate::key;
 
+/// Keys up to this many bytes live inside their [`StorageKey`], without an allocation: a
+/// policy's `prefix:name:` with a client address, a user id or a hashed API key, as most are.
+const INLINE: usize = 46;
+
 /// The store key of one request and who it belongs to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub(crate) struct StorageKey {
-    key: String,
+    key: KeyText,
     identity_at: usize,
     kind: &'static str,
 }
 
+/// A key's text: in place when short, else on the heap.
+#[derive(Clone)]
+enum KeyText {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<str>),
+}
+
+impl KeyText {
+    fn of(text: &str) -> Self {
+        match u8::try_from(text.len()) {
+            Ok(len) if text.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
+                bytes[..text.len()].copy_from_slice(text.as_bytes());
+                KeyText::Inline { len, bytes }
+            }
+            _ => KeyText::Heap(text.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Only ever copied whole from a `&str` (`KeyText::of`): valid UTF-8.
+            KeyText::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            KeyText::Heap(text) => text,
+        }
+    }
+}
+
+impl Default for KeyText {
+    fn default() -> Self {
+        KeyText::Inline {
+            len: 0,
+            bytes: [0; INLINE],
+        }
+    }
+}
+
+impl PartialEq for KeyText {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for KeyText {}
+
+impl std::fmt::Debug for StorageKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StorageKey")
+            .field("key", &self.as_str())
+            .field("identity_at", &self.identity_at)
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+thread_local! {
+    /// Where a request's key is written before it is copied into its `StorageKey`: its capacity
+    /// stays, so writing a key allocates nothing.
+    static SCRATCH: std::cell::RefCell<String> = std::cell::RefCell::new(String::with_capacity(128));
+}
+
+/// Calls `write` with an empty buffer to write a key in: this thread's scratch buffer (or a new
+/// one, if a key is written while another is, as a key closure that builds a key could).
+pub(super) fn in_scratch<R>(write: impl FnOnce(&mut String) -> R) -> R {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buffer) => {
+            buffer.clear();
+            let written = write(&mut buffer);
+            // A key past the usual size doesn't keep its memory for the thread's lifetime.
+            if buffer.capacity() > 1024 {
+                *buffer = String::with_capacity(128);
+            }
+            written
+        }
+        Err(_) => write(&mut String::new()),
+    })
+}
+
 impl StorageKey {
     /// The key `key`, whose identity starts at byte `identity_at`, of a key of `kind`.
-    pub(super) fn new(key: String, identity_at: usize, kind: &'static str) -> Self {
+    pub(super) fn new(key: &str, identity_at: usize, kind: &'static str) -> Self {
         StorageKey {
-            key,
+            key: KeyText::of(key),
             identity_at,
             kind,
         }
@@ -26,12 +110,12 @@ impl StorageKey {
     /// The whole key: `prefix:policy:identity`, or `prefix:policy:route:identity` for a route-scoped
     /// policy. It contains no braces, so a store may wrap it in a hash tag.
     pub(crate) fn as_str(&self) -> &str {
-        &self.key
+        self.key.as_str()
     }
 
     /// The identity part, safe to log.
     pub(crate) fn identity(&self) -> &str {
-        &self.key[self.identity_at..]
+        self.as_str().get(self.identity_at..).unwrap_or_default()
     }
 
     /// The kind of key that produced it (`ip`, `user`, …): the policy's, or `ip` after a fallback.
@@ -91,4 +175,38 @@ pub(super) fn push_route(key: &mut String, parts: &Parts) {
     route.push_str(method);
     route.push_str(path);
     key::push_component(key, &route);
+}
+
+#[cfg(test)]
+mod key_text_tests {
+    use super::*;
+
+    /// A key is read back whole whether it lives in place or on the heap, and a key written
+    /// while another is (a key closure building a key) gets a buffer of its own.
+    #[test]
+    fn keys_read_back_whole_inline_or_not_and_scratch_nests() {
+        for len in [0, 1, INLINE - 1, INLINE, INLINE + 1, 300] {
+            let text: String = "k".repeat(len);
+            let key = StorageKey::new(&text, len.min(3), "ip");
+            assert_eq!(key.as_str(), text);
+            assert_eq!(key.identity(), &text[len.min(3)..]);
+            assert_eq!(key.clone(), key);
+            assert_eq!(key.kind(), "ip");
+        }
+        let outer = in_scratch(|buffer| {
+            buffer.push_str("rl:outer:");
+            let inner = in_scratch(|nested| {
+                nested.push_str("rl:inner:x");
+                StorageKey::new(nested, 9, "user")
+            });
+            buffer.push_str("ip:1");
+            (StorageKey::new(buffer, 9, "ip"), inner)
+        });
+        assert_eq!(outer.0.as_str(), "rl:outer:ip:1");
+        assert_eq!(outer.1.as_str(), "rl:inner:x");
+        assert_eq!(outer.1.identity(), "x");
+        // A non-ASCII identity survives the copy.
+        let key = StorageKey::new("rl:p:user:zoë", 5, "user");
+        assert_eq!(key.identity(), "user:zoë");
+    }
 }
