@@ -37,15 +37,16 @@ async fn upstream() -> (String, Arc<Mutex<Vec<Instant>>>) {
     (url, arrivals)
 }
 
-type Client = BoxCloneSyncService<Request<String>, Response<String>, BoxError>;
+pub(crate) type Client = BoxCloneSyncService<Request<String>, Response<String>, BoxError>;
 
 /// A reqwest client as a tower service, limited by `policy` in `store`.
 fn client(policy: Policy, store: impl Store, max_wait: Duration) -> Client {
     client_of(OutboundLayer::new(policy, store).max_wait(max_wait))
 }
 
-/// A reqwest client as a tower service, limited by `layer`.
-fn client_of(layer: OutboundLayer) -> Client {
+/// A reqwest client as a tower service, limited by `layer` (the response keeps the extensions
+/// the layer gives it: a metered call's `Usage`).
+pub(crate) fn client_of(layer: OutboundLayer) -> Client {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let send = service_fn(move |request: Request<String>| {
         let http = http.clone();
@@ -69,8 +70,9 @@ fn second_client(policy: Policy, store: impl Store, max_wait: Duration) -> Clien
     second_client_of(OutboundLayer::new(policy, store).max_wait(max_wait))
 }
 
-/// [`second_client`] limited by `layer`.
-fn second_client_of(layer: OutboundLayer) -> Client {
+/// [`second_client`] limited by `layer`; a metered call's `Usage` (in the `reqwest::Response`'s
+/// extensions) is handed on with the body.
+pub(crate) fn second_client_of(layer: OutboundLayer) -> Client {
     #[cfg(feature = "reqwest-middleware")]
     {
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -84,11 +86,15 @@ fn second_client_of(layer: OutboundLayer) -> Client {
                     .execute(reqwest::Request::try_from(request)?)
                     .await?;
                 let status = response.status();
-                Ok::<_, BoxError>(
-                    Response::builder()
-                        .status(status)
-                        .body(response.text().await?)?,
-                )
+                let usage = response
+                    .extensions()
+                    .get::<tower_redis_ratelimit::meter::Usage>()
+                    .cloned();
+                let mut answer = Response::builder().status(status);
+                if let Some(usage) = usage {
+                    answer = answer.extension(usage);
+                }
+                Ok::<_, BoxError>(answer.body(response.text().await?)?)
             }
         }))
     }

@@ -4,6 +4,7 @@
 //! has left.
 
 use crate::common;
+use crate::outbound::{Client, client_of as tower_client, second_client_of as second_client};
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -15,13 +16,10 @@ use common::capture::Captured;
 use common::redis_server::{TestRedis, unique_prefix};
 use http::{Request, Response, StatusCode};
 use tokio::net::TcpListener;
-use tower::util::BoxCloneSyncService;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::meter::{Estimate, Meter, Usage};
 use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer};
 use tower_redis_ratelimit::{Algorithm, MemoryStore, Policy, RedisStore, Rule, Store};
-
-type Client = BoxCloneSyncService<Request<String>, Response<String>, BoxError>;
 
 /// A scripted upstream's answer: a response, or none (a transport error).
 type Answer = Result<Response<String>, ()>;
@@ -93,52 +91,6 @@ fn metered(prefix: &str, limit: u64, period: Duration, estimate: u64) -> Policy 
         .meter(Meter::new("tokens").estimate(move |_| estimate))
         .build()
         .unwrap()
-}
-
-/// A reqwest client as a tower service under `layer`; the response keeps its extensions.
-fn tower_client(layer: OutboundLayer) -> Client {
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let send = service_fn(move |request: Request<String>| {
-        let http = http.clone();
-        async move {
-            let response = http.execute(reqwest::Request::try_from(request)?).await?;
-            let mut answer = Response::builder().status(response.status().as_u16());
-            for (name, value) in response.headers() {
-                answer = answer.header(name.as_str(), value.as_bytes());
-            }
-            Ok::<_, BoxError>(answer.body(response.text().await?)?)
-        }
-    });
-    BoxCloneSyncService::new(ServiceBuilder::new().layer(layer).service(send))
-}
-
-/// The second instance: with `reqwest-middleware`, a `reqwest_middleware` client under `layer`,
-/// its `reqwest::Response`'s `Usage` handed on with the body; else another tower client.
-fn second_client(layer: OutboundLayer) -> Client {
-    #[cfg(feature = "reqwest-middleware")]
-    {
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let limited = reqwest_middleware::ClientBuilder::new(http)
-            .with(layer)
-            .build();
-        BoxCloneSyncService::new(service_fn(move |request: Request<String>| {
-            let limited = limited.clone();
-            async move {
-                let response = limited
-                    .execute(reqwest::Request::try_from(request)?)
-                    .await?;
-                let status = response.status();
-                let usage = response.extensions().get::<Usage>().cloned();
-                let mut answer = Response::builder().status(status);
-                if let Some(usage) = usage {
-                    answer = answer.extension(usage);
-                }
-                Ok::<_, BoxError>(answer.body(response.text().await?)?)
-            }
-        }))
-    }
-    #[cfg(not(feature = "reqwest-middleware"))]
-    tower_client(layer)
 }
 
 /// Calls `url` through `client` for a call that uses `used` tokens; records what the answer's
