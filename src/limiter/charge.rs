@@ -92,20 +92,7 @@ impl Charge {
     pub(super) fn moved(&self, decision: &Decision) {
         let limiter = &self.limiter;
         limiter.refusals.forget_key(self.key.as_str());
-        // The quota's state comes after the rules'.
-        let quota_state = decision.rules.get(limiter.policy.rules().len());
-        if !decision.quota_alerts.is_empty()
-            && let (Some(quota), Some(lookup), Some(state)) =
-                (limiter.policy.quota(), self.quota.as_ref(), quota_state)
-        {
-            quota.alert(
-                lookup,
-                &decision.quota_alerts,
-                state.remaining,
-                decision.now_unix_ms,
-                crate::limiter::telemetry::quota_alert,
-            );
-        }
+        limiter.alert_quota(decision, self.quota.as_ref());
     }
 
     /// The admission's own decision, the store's answer to a charge that was [`Charged::Told`].

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::decision::{Decision, RuleState};
 use crate::limiter::slots::Lease;
 use crate::limiter::telemetry::Outcome;
+use crate::policy::quota::QuotaLookup;
 use crate::policy::{Mode, OnStoreError};
 use crate::response::{LimitHeaders, TooManyRequests};
 use crate::store::StoreError;
@@ -56,7 +57,7 @@ impl Limiter {
             Ok(decision) => decision,
             Err(error) => return self.store_failed(&error, checked),
         };
-        self.alert_quota(&decision, checked);
+        self.alert_quota(&decision, checked.quota.as_ref());
         if decision.allowed {
             return self.admitted(decision, checked, charged, waited);
         }
@@ -92,14 +93,14 @@ impl Limiter {
         })
     }
 
-    /// Sends the quota alerts the store says are due.
-    fn alert_quota(&self, decision: &Decision, checked: &Checked) {
+    /// Sends the quota alerts the store says are due for the day's quota `lookup` (a check's, or
+    /// a settle's that took the quota past a threshold).
+    pub(super) fn alert_quota(&self, decision: &Decision, lookup: Option<&QuotaLookup>) {
+        // The quota's state comes after the rules' (and before a concurrency limit's).
+        let quota_state = decision.rules.get(self.policy.rules().len());
         if !decision.quota_alerts.is_empty()
-            && let (Some(quota), Some(lookup), Some(state)) = (
-                self.policy.quota(),
-                checked.quota.as_ref(),
-                decision.rules.last(),
-            )
+            && let (Some(quota), Some(lookup), Some(state)) =
+                (self.policy.quota(), lookup, quota_state)
         {
             quota.alert(
                 lookup,

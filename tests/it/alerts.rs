@@ -359,3 +359,35 @@ async fn a_settle_past_a_threshold_of_a_metered_quota_alerts_once() {
     );
     assert_eq!(alerts[0].used, 8_200);
 }
+
+/// A policy with a concurrency limit beside its quota: the alert reads the quota's state, not
+/// the concurrency limit's (which comes after it in a decision).
+#[tokio::test]
+async fn an_alert_beside_a_concurrency_limit_counts_the_quota() {
+    let recorder = Recorder::default();
+    let policy = Policy::builder("api-slots")
+        .prefix("alerts-slots")
+        .key(Key::user())
+        .rule(Rule::per_second(10_000))
+        .max_in_flight(5)
+        .lease(Duration::from_secs(30))
+        .quota(quota("alerts-slots", recorder.clone()))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+    for _ in 0..80 {
+        let response = send(&app, from_user("erin")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+    }
+    let alerts = recorder.wait_for(1).await;
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(
+        (alerts[0].percent, alerts[0].used, alerts[0].limit),
+        (80, 80, 100)
+    );
+}
