@@ -12,6 +12,8 @@
 //! - `governor`, `governor-headers`: `tower_governor` (keyed by the peer's IP, as `memory` is),
 //!   without and with its `x-ratelimit-*` headers: the in-process peer;
 //! - `memory`: [`RateLimitLayer`] on a [`MemoryStore`];
+//! - `governor-flood`, `memory-flood`: a refusal flood: one request per hour, every request after
+//!   the first refused (`tower_governor` with its headers, and the layer on a `MemoryStore`);
 //! - `redis`: [`RateLimitLayer`] on a [`RedisStore`], whose checks group-commit into script calls;
 //! - `handle-memory`, `handle-redis`: the same policy and stores through a [`RateLimiter`] the
 //!   handler calls (`check` for the client's address, its headers on the response), not a layer:
@@ -64,11 +66,13 @@ use redis_server::Server;
 const HUGE: u64 = 1_000_000_000;
 
 /// The setups, in the order of the first round.
-const SETUPS: [&str; 12] = [
+const SETUPS: [&str; 14] = [
     "bare",
     "governor",
     "governor-headers",
     "memory",
+    "governor-flood",
+    "memory-flood",
     "handle-memory",
     "redis",
     "handle-redis",
@@ -142,6 +146,28 @@ fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore
             router().layer(RateLimitLayer::new(policy(), MemoryStore::new())),
             None,
         ),
+        "governor-flood" => {
+            let mut config = tower_governor::governor::GovernorConfigBuilder::default();
+            config.period(Duration::from_secs(3600)).burst_size(1);
+            let config = config.use_headers().finish();
+            let config = config.expect("a valid governor config");
+            (
+                router().layer(tower_governor::GovernorLayer::new(config)),
+                None,
+            )
+        }
+        "memory-flood" => {
+            let policy = Policy::builder("cost-flood")
+                .prefix(prefix)
+                .algorithm(Algorithm::FixedWindow)
+                .rule(Rule::new(1, Duration::from_secs(3600)))
+                .build()
+                .expect("a valid policy");
+            (
+                router().layer(RateLimitLayer::new(policy, MemoryStore::new())),
+                None,
+            )
+        }
         "handle-memory" => (
             handled(RateLimiter::new(policy(), MemoryStore::new())),
             None,
@@ -218,8 +244,14 @@ struct Run {
     redis_us: Option<f64>,
 }
 
-/// Loads `app` from `concurrency` tasks for `seconds`.
-fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>) -> Run {
+/// Loads `app` from `concurrency` tasks for `seconds`; under a `flood`, every request after the
+/// first is refused.
+fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>, flood: bool) -> Run {
+    let expected = if flood {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -233,7 +265,8 @@ fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>) -
                 .oneshot(request())
                 .await
                 .unwrap_or_else(|never| match never {});
-            assert_eq!(response.status(), StatusCode::OK);
+            let admitted_first = flood && response.status() == StatusCode::OK;
+            assert!(admitted_first || response.status() == expected);
         }
     });
     let done = Arc::new(AtomicU64::new(0));
@@ -252,12 +285,7 @@ fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>) -
                             .oneshot(request())
                             .await
                             .unwrap_or_else(|never| match never {});
-                        assert_eq!(
-                            response.status(),
-                            StatusCode::OK,
-                            "{:?}",
-                            response.headers()
-                        );
+                        assert_eq!(response.status(), expected, "{:?}", response.headers());
                         done.fetch_add(1, Ordering::Relaxed);
                     }
                 })
@@ -358,6 +386,7 @@ fn main() {
                 concurrency,
                 seconds,
                 redis_pid.filter(|_| setup.contains("redis")),
+                setup.ends_with("-flood"),
             );
             let redis = measured
                 .redis_us

@@ -10,7 +10,10 @@
 # connections and at 1, with one hot key (every request from 127.0.0.1); a rejection flood (every
 # request after the first refused; for the trl-* peers, after the first of each connection); and
 # many identities (-users: 10 000 at random in x-user-id, benches/many_users.lua, every server
-# keyed by it, at 64 connections).
+# keyed by it, at 64 connections). The demo (examples/demo.rs, as users run it: a config route over
+# the layer) runs too: `demo-bare` with --no-limiter, `demo` on the memory store (fixed window,
+# one rule, keyed by IP), `demo-flood` refusing all but its first request; its ratio is to
+# demo-bare's req/s.
 #
 #   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
 #
@@ -32,6 +35,8 @@ redis_port=41100
 
 cargo build --release -p load-server -q
 server=target/release/load-server
+cargo build --release --example demo --all-features -q
+demo=target/release/examples/demo
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
@@ -44,8 +49,15 @@ redis_url="redis://127.0.0.1:$redis_port/0"
 setup() {
   local label=$1 mode=$2 connections=$3; shift 3
   redis-cli -p "$redis_port" flushall >/dev/null
-  RUST_LOG=info "$server" "$mode" "127.0.0.1:$port" --redis "$redis_url" "$@" \
-    >/dev/null 2>"$work/$label.log" &
+  if [[ $mode == demo* ]]; then
+    demo_config "$@" >"$work/$label.toml"
+    local bare=()
+    [[ $mode == demo-bare ]] && bare=(--no-limiter)
+    RUST_LOG=info "$demo" --config "$work/$label.toml" "${bare[@]}" >/dev/null 2>"$work/$label.log" &
+  else
+    RUST_LOG=info "$server" "$mode" "127.0.0.1:$port" --redis "$redis_url" "$@" \
+      >/dev/null 2>"$work/$label.log" &
+  fi
   local pid=$!
   wait_for_http "http://127.0.0.1:$port/healthz"
   local redis_pids=()
@@ -54,6 +66,26 @@ setup() {
   if [[ $* == *--by-user* ]]; then export WRK_SCRIPT=benches/many_users.lua; else unset WRK_SCRIPT; fi
   measure "$label" "http://127.0.0.1:$port/api/ping" "$seconds" "$connections" "$pid" "${redis_pids[@]}"
   kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+# The demo's config: one route on the memory store, fixed window, keyed by IP; a limit no run
+# reaches, or with --refuse one request per hour.
+demo_config() {
+  local limit=1000000000 period=1s
+  [[ $* == *--refuse* ]] && limit=1 period=1h
+  cat <<TOML
+listen = "127.0.0.1:$port"
+store = "memory"
+prefix = "peers"
+trusted_proxies = []
+legacy_headers = false
+
+[[routes]]
+path = "/api/ping"
+key = "ip"
+algorithm = "fixed_window"
+rules = [{ limit = $limit, period = "$period" }]
+TOML
 }
 
 setups=()
@@ -65,6 +97,7 @@ done
 for mode in governor governor-headers memory naive trl-redis trl-fred redis; do
   setups+=("$mode-flood|$mode|64|--refuse")
 done
+setups+=("demo-bare-c64|demo-bare|64|" "demo-c64|demo|64|" "demo-flood|demo|64|--refuse")
 # Many identities: 10 000 at random in x-user-id, every server keyed by it, at 64 connections.
 for mode in bare governor governor-headers memory naive trl-redis trl-fred redis redis-prefetch; do
   setups+=("$mode-users|$mode|64|--by-user")
@@ -109,6 +142,7 @@ for entry in "${setups[@]}"; do
   p50=$(column 5 | awk '/ms$/ {sub("ms", ""); print $1 * 1000; next} /us$/ {sub("us", ""); print $1; next} {print $1 * 1e6}' | median)
   bare=$label
   case $label in
+    demo-*) bare=demo-bare-c64 ;;
     *-flood) bare=bare-c64 ;;
     *) bare="bare-${label##*-}" ;;
   esac

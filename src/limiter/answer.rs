@@ -146,14 +146,24 @@ impl Limiter {
     fn refusal(&self, decision: Decision, protocol: &Protocol) -> Response<Body> {
         let headers =
             LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
-        let rejected = TooManyRequests::new(self.policy.clone(), decision, self.answers.clone());
+        let retry_after_secs = response::retry_after_secs(&decision);
         let response = match (protocol, &self.on_rejected) {
-            (Protocol::Grpc(content_type), _) => {
-                crate::grpc::answered_as(rejected.grpc_response(), content_type)
+            // The default answer needs no `TooManyRequests`, nor the two shared counts it takes.
+            (Protocol::Http, None) => {
+                response::refusal_problem(&self.policy, &self.answers, &decision)
             }
-            (Protocol::Http, Some(respond)) => respond(&rejected),
-            (Protocol::Http, None) => rejected.problem_response(),
+            (protocol, on_rejected) => {
+                let (policy, answers) = (self.policy.clone(), self.answers.clone());
+                let rejected = TooManyRequests::new(policy, decision, answers);
+                match (protocol, on_rejected) {
+                    (Protocol::Grpc(content_type), _) => {
+                        crate::grpc::answered_as(rejected.grpc_response(), content_type)
+                    }
+                    (Protocol::Http, Some(respond)) => respond(&rejected),
+                    (Protocol::Http, None) => rejected.problem_response(),
+                }
+            }
         };
-        response::finish_rejection(response, &rejected, headers)
+        response::finish_rejection(response, retry_after_secs, headers)
     }
 }

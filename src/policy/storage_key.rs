@@ -1,5 +1,6 @@
 //! [`StorageKey`]: the store key of one request, and the checks of identities named from outside.
 
+use arrayvec::ArrayString;
 use http::request::Parts;
 use http::{Method, StatusCode};
 
@@ -20,28 +21,21 @@ pub(crate) struct StorageKey {
 /// A key's text: in place when short, else on the heap.
 #[derive(Clone)]
 enum KeyText {
-    Inline { len: u8, bytes: [u8; INLINE] },
+    Inline(ArrayString<INLINE>),
     Heap(Box<str>),
 }
 
 impl KeyText {
     fn of(text: &str) -> Self {
-        match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= INLINE => {
-                let mut bytes = [0; INLINE];
-                bytes[..text.len()].copy_from_slice(text.as_bytes());
-                KeyText::Inline { len, bytes }
-            }
-            _ => KeyText::Heap(text.into()),
+        match ArrayString::from(text) {
+            Ok(inline) => KeyText::Inline(inline),
+            Err(_) => KeyText::Heap(text.into()),
         }
     }
 
     fn as_str(&self) -> &str {
         match self {
-            // Only ever copied whole from a `&str` (`KeyText::of`): valid UTF-8.
-            KeyText::Inline { len, bytes } => {
-                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
+            KeyText::Inline(text) => text,
             KeyText::Heap(text) => text,
         }
     }
@@ -49,10 +43,7 @@ impl KeyText {
 
 impl Default for KeyText {
     fn default() -> Self {
-        KeyText::Inline {
-            len: 0,
-            bytes: [0; INLINE],
-        }
+        KeyText::Inline(ArrayString::new())
     }
 }
 

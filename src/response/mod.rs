@@ -101,27 +101,14 @@ impl TooManyRequests {
 
     /// [`TooManyRequests::retry_after`] in whole seconds as `Retry-After` carries it: rounded up, at least 1.
     pub fn retry_after_secs(&self) -> u64 {
-        ceil_secs(self.retry_after()).max(1)
+        retry_after_secs(&self.decision)
     }
 
     /// The default response: `429 Too Many Requests` with an `application/problem+json` body naming
     /// the policy's message and the violated rules. (The layer adds `Retry-After` and the
     /// rate-limit headers to whatever response is used.)
     pub fn problem_response(&self) -> Response<Body> {
-        // The common refusal, by one rule, has its body ready from when the limiter was built.
-        let mut violated = self.decision.violated();
-        if let (Some(index), None) = (violated.next(), violated.next())
-            && let Some(body) = self
-                .plan
-                .body(&self.policy, index, self.decision.rules.len())
-        {
-            return problem_response(StatusCode::TOO_MANY_REQUESTS, body.clone());
-        }
-        let violated: Vec<&str> = self.violated_rules().collect();
-        problem_response(
-            StatusCode::TOO_MANY_REQUESTS,
-            refusal_body(self.policy.message(), &violated),
-        )
+        refusal_problem(&self.policy, &self.plan, &self.decision)
     }
 
     /// The answer to a refused gRPC call, which the layer gives gRPC calls in place of the 429:
@@ -157,6 +144,36 @@ impl TooManyRequests {
         }
         response
     }
+}
+
+/// `Retry-After` of a refusal: whole seconds until every refusing rule admits, rounded up, at
+/// least 1.
+pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
+    ceil_secs(decision.retry_after().unwrap_or_default()).max(1)
+}
+
+/// [`TooManyRequests::problem_response`] of `decision` by `policy`, whose answers `plan` holds.
+pub(crate) fn refusal_problem(
+    policy: &Policy,
+    plan: &AnswerPlan,
+    decision: &Decision,
+) -> Response<Body> {
+    // The common refusal, by one rule, has its body ready from when the limiter was built.
+    let mut violated = decision.violated();
+    if let (Some(index), None) = (violated.next(), violated.next())
+        && let Some(body) = plan.body(policy, index, decision.rules.len())
+    {
+        return problem_response(StatusCode::TOO_MANY_REQUESTS, body.clone());
+    }
+    let states = decision.rules.len();
+    let violated: Vec<&str> = decision
+        .violated()
+        .filter_map(|index| policy.state_name(index, states))
+        .collect();
+    problem_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        refusal_body(policy.message(), &violated),
+    )
 }
 
 /// The problem body of a refusal by `violated` rules with the policy's `message`.
@@ -330,11 +347,11 @@ pub(crate) fn decimal(n: u64) -> HeaderValue {
 /// Finishes a refusal: the chosen response plus `Retry-After` and the rate-limit headers.
 pub(crate) fn finish_rejection(
     mut response: Response<Body>,
-    rejected: &TooManyRequests,
+    retry_after_secs: u64,
     headers: LimitHeaders,
 ) -> Response<Body> {
     let map = response.headers_mut();
-    map.insert(RETRY_AFTER, decimal(rejected.retry_after_secs()));
+    map.insert(RETRY_AFTER, decimal(retry_after_secs));
     headers.apply(map);
     response
 }

@@ -23,8 +23,8 @@
 //! Counters live in a binary min-heap indexed by a hash table, so a refusal costs `O(log k)` and
 //! allocates nothing when its identity is already tracked.
 
+use foldhash::fast::RandomState;
 use std::cmp::Ordering;
-use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::mem;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -104,7 +104,7 @@ impl TopRefused {
             capacity,
             generation,
             inner: Mutex::new(Generations {
-                hasher: RandomState::new(),
+                hasher: RandomState::default(),
                 started: None,
                 current: Summary::default(),
                 previous: Summary::default(),

@@ -14,7 +14,7 @@
 //! [`sliding_log`], [`sliding_counter`], [`token_bucket`], as `lua/fixed_window.lua` …), and
 //! [`quota`] keeps the daily quotas.
 
-use std::collections::hash_map::RandomState;
+use foldhash::fast::RandomState;
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -372,7 +372,7 @@ impl MemoryStoreBuilder {
         MemoryStore(Arc::new(Shared {
             shards: (0..shards).map(|_| Mutex::default()).collect(),
             quotas: Mutex::default(),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             clock: self.clock.unwrap_or_else(|| Box::new(SystemClock::new())),
             max_keys_per_shard,
             max_keys: self.max_keys.max(1),
