@@ -16,6 +16,7 @@
 # demo-bare's req/s.
 #
 #   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
+#   LOAD_SERVER=/tmp/load-server DEMO=/tmp/demo bash benches/load_peers.sh ...   # binaries built before
 #
 # Prints req/s, p50/p99, and the CPU time per request of the server, of redis-server (a server
 # of the script's own) and of wrk for each run, then medians over the rounds with req/s as a ratio to bare
@@ -33,10 +34,11 @@ only=${3:-.}
 port=38280
 redis_port=41100
 
-cargo build --release -p load-server -q
-server=target/release/load-server
-cargo build --release --example demo --all-features -q
-demo=target/release/examples/demo
+# LOAD_SERVER and DEMO may name binaries built elsewhere (an earlier commit's, to compare).
+server=${LOAD_SERVER:-target/release/load-server}
+demo=${DEMO:-target/release/examples/demo}
+[[ -n ${LOAD_SERVER:-} ]] || cargo build --release -p load-server -q
+[[ -n ${DEMO:-} ]] || cargo build --release --example demo --all-features -q
 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT

@@ -38,8 +38,13 @@ impl LogBudget {
 
     /// Whether an event may be logged now; if not, it is counted for the next line.
     pub(crate) fn may_log(&self) -> bool {
+        self.may_log_at(Instant::now())
+    }
+
+    /// [`LogBudget::may_log`] at `now` (a clock read the caller shares).
+    pub(crate) fn may_log_at(&self, now: Instant) -> bool {
         // Second 0's count starts at 0 like any other's: the state starts as second 0, no line.
-        let second = self.epoch.elapsed().as_secs();
+        let second = now.saturating_duration_since(self.epoch).as_secs();
         let per_second = self.lines_per_second;
         let granted = self
             .state

@@ -32,6 +32,8 @@ pub(crate) use flow::{Decided, Deciding, Settled};
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
+
+use crossbeam_utils::CachePadded;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -52,7 +54,11 @@ use crate::store::{CheckRequest, QuotaRequest, Store};
 pub(crate) type RejectHandler = Arc<dyn Fn(&TooManyRequests) -> Response<Body> + Send + Sync>;
 
 /// Everything a layer decides with, shared by all its services.
+///
+/// Aligned to its own cache lines: every request's clone of the service writes the count of the
+/// `Arc` it lives in, and the fields every request reads must not share that line.
 #[derive(Clone)]
+#[repr(align(128))]
 pub(crate) struct Limiter {
     policy: Policy,
     store: Arc<dyn Store>,
@@ -70,7 +76,9 @@ pub(crate) struct Limiter {
     /// are the same policy).
     store_errors: Arc<StoreErrorLog>,
     /// Metric handles, registered at the first request (see [`crate::limiter::telemetry`]).
-    metrics: Arc<OnceLock<PolicyMetrics>>,
+    /// Padded: every request reads it, and a line shared with a neighbour written by another
+    /// core would miss on each read.
+    metrics: Arc<CachePadded<OnceLock<PolicyMetrics>>>,
     /// Requests waiting for a concurrency slot (delay mode).
     slot_queues: Arc<SlotQueues>,
     /// The limiter of each `rules` override of the policy (by override index), made at the first

@@ -19,18 +19,20 @@ impl Limiter {
         self.metrics().metered("reserved", units);
     }
 
-    /// Counts a refusal (or, in shadow mode, what would have been one) of `key` by `rules`.
+    /// Counts a refusal (or, in shadow mode, what would have been one) of `key` by `rules`; the
+    /// time it read, for the caller to share.
     pub(super) fn count_refusal(
         &self,
         outcome: Outcome,
         key: &StorageKey,
         rules: impl Iterator<Item = usize>,
-    ) {
+    ) -> tokio::time::Instant {
         let metrics = self.metrics();
         metrics.request(outcome);
         metrics.rule_refusals(rules);
-        self.top_refused
-            .record(key.kind(), key.identity(), tokio::time::Instant::now());
+        let now = tokio::time::Instant::now();
+        self.top_refused.record(key.kind(), key.identity(), now);
+        now
     }
 
     /// Logs a refusal at `info`, with the count of refusals not logged since the last line.

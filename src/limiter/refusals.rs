@@ -196,8 +196,8 @@ impl Refusals {
     }
 
     /// Whether a refusal may be logged now; if not, it is counted for the next line.
-    pub(crate) fn may_log(&self) -> bool {
-        self.log.may_log()
+    pub(crate) fn may_log(&self, now: Instant) -> bool {
+        self.log.may_log_at(now)
     }
 
     /// A refusal that is not logged (answered from the cache, or over the budget).

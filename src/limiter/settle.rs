@@ -207,8 +207,8 @@ impl Limiter {
                 .remember(checked.asking(), &decision, max_delay);
         }
         let outcome = self.outcome(checked, Outcome::Refused);
-        self.count_refusal(outcome, &checked.key, decision.violated());
-        if self.refusals.may_log() {
+        let now = self.count_refusal(outcome, &checked.key, decision.violated());
+        if self.refusals.may_log(now) {
             let rejected =
                 TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
             self.log_rejection(&rejected, &checked.key, "request rate limited");

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 
 use self::entry::Entry;
@@ -56,8 +57,13 @@ const SWEEP_INTERVAL_MS: u64 = 1_000;
 #[derive(Clone)]
 pub struct MemoryStore(Arc<Shared>);
 
+/// Aligned to its own cache lines, which every check reads: no neighbour written by another core
+/// shares them.
+#[repr(align(128))]
 struct Shared {
-    shards: Box<[Mutex<Shard>]>,
+    /// Each on cache lines of its own: two cores checking keys of neighbouring shards don't
+    /// take each other's lines.
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
     /// Daily quota counters, by quota key; locked after a shard, never before.
     quotas: Mutex<QuotaTable>,
     hasher: RandomState,
@@ -370,7 +376,7 @@ impl MemoryStoreBuilder {
         let shards = self.shards.clamp(1, 1 << 16);
         let max_keys_per_shard = self.max_keys.div_ceil(shards).max(1);
         MemoryStore(Arc::new(Shared {
-            shards: (0..shards).map(|_| Mutex::default()).collect(),
+            shards: (0..shards).map(|_| CachePadded::default()).collect(),
             quotas: Mutex::default(),
             hasher: RandomState::default(),
             clock: self.clock.unwrap_or_else(|| Box::new(SystemClock::new())),
