@@ -147,21 +147,18 @@ impl Limiter {
         let headers =
             LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
         let retry_after_secs = response::retry_after_secs(&decision);
+        let rejected = |decision| {
+            let (policy, answers) = (self.policy.clone(), self.answers.clone());
+            TooManyRequests::new(policy, decision, answers)
+        };
         let response = match (protocol, &self.on_rejected) {
             // The default answer needs no `TooManyRequests`, nor the two shared counts it takes.
             (Protocol::Http, None) => {
                 response::refusal_problem(&self.policy, &self.answers, &decision)
             }
-            (protocol, on_rejected) => {
-                let (policy, answers) = (self.policy.clone(), self.answers.clone());
-                let rejected = TooManyRequests::new(policy, decision, answers);
-                match (protocol, on_rejected) {
-                    (Protocol::Grpc(content_type), _) => {
-                        crate::grpc::answered_as(rejected.grpc_response(), content_type)
-                    }
-                    (Protocol::Http, Some(respond)) => respond(&rejected),
-                    (Protocol::Http, None) => rejected.problem_response(),
-                }
+            (Protocol::Http, Some(respond)) => respond(&rejected(decision)),
+            (Protocol::Grpc(content_type), _) => {
+                crate::grpc::answered_as(rejected(decision).grpc_response(), content_type)
             }
         };
         response::finish_rejection(response, retry_after_secs, headers)

@@ -32,11 +32,10 @@ pub(crate) use flow::{Decided, Deciding, Settled};
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
-
-use crossbeam_utils::CachePadded;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use crossbeam_utils::CachePadded;
 use http::Response;
 
 use crate::limiter::refusals::{Asking, DEFAULT_REFUSAL_CACHE, Refusals};

@@ -88,10 +88,7 @@ impl TooManyRequests {
 
     /// The names of the rules that refused the request, as in the `RateLimit` header.
     pub fn violated_rules(&self) -> impl Iterator<Item = &str> + '_ {
-        let states = self.decision.rules.len();
-        self.decision
-            .violated()
-            .filter_map(move |index| self.policy.state_name(index, states))
+        violated_names(&self.policy, &self.decision)
     }
 
     /// The exact time until every refusing rule admits the request.
@@ -165,15 +162,20 @@ pub(crate) fn refusal_problem(
     {
         return problem_response(StatusCode::TOO_MANY_REQUESTS, body.clone());
     }
-    let states = decision.rules.len();
-    let violated: Vec<&str> = decision
-        .violated()
-        .filter_map(|index| policy.state_name(index, states))
-        .collect();
+    let violated: Vec<&str> = violated_names(policy, decision).collect();
     problem_response(
         StatusCode::TOO_MANY_REQUESTS,
         refusal_body(policy.message(), &violated),
     )
+}
+
+/// The names of the rules (or quota, or concurrency limit) that refused `decision`, as in the
+/// `RateLimit` header.
+fn violated_names<'a>(policy: &'a Policy, decision: &'a Decision) -> impl Iterator<Item = &'a str> {
+    let states = decision.rules.len();
+    decision
+        .violated()
+        .filter_map(move |index| policy.state_name(index, states))
 }
 
 /// The problem body of a refusal by `violated` rules with the policy's `message`.
