@@ -38,6 +38,19 @@
 //! cargo bench --bench check_cost -- 1 20 redis-c64   # the setups whose name has `redis-c64`
 //! cargo bench --bench check_cost -- 5 3 'bare-c64|=memory-c64'   # either (`=`: exactly)
 //! ```
+//!
+//! Timings on two shared cores move by tens of percent from minute to minute; instructions don't.
+//! `instructions N SETUP` sends N requests of one setup one after another on one thread and
+//! prints nothing else, to be counted under callgrind: the difference of two counts (N = 2 000
+//! and 12 000, say) over 10 000 is the instructions of one request, setup and warm-up cancelled.
+//! With `CHECK_COST_SUBSCRIBER` set, a `tracing` subscriber at `info` is installed first, as a
+//! service (the demo) has one: without one, axum's default `tower-log` feature sends every span
+//! operation through `log`'s checks.
+//!
+//! ```text
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/deps/check_cost-* \
+//!     instructions 2000 memory-flood 2>&1 | grep refs
+//! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -317,6 +330,33 @@ fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>, f
     }
 }
 
+/// `count` requests of an in-process `setup`, one after another on one thread (see the module docs).
+fn one_after_another(setup: &str, count: u64) {
+    if std::env::var_os("CHECK_COST_SUBSCRIBER").is_some() {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(std::io::sink)
+            .init();
+    }
+    let flood = setup.ends_with("-flood");
+    let (app, _) = app(setup, "redis://in-process-setups-only", "instructions");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    runtime.block_on(async {
+        for sent in 0..count {
+            let response = app
+                .clone()
+                .oneshot(request())
+                .await
+                .unwrap_or_else(|never| match never {});
+            let admitted = response.status() == StatusCode::OK;
+            assert!(admitted != (flood && sent > 0), "{:?}", response.status());
+        }
+    });
+}
+
 /// Waits up to 5 s for the Redis at `url` to answer.
 fn wait_for(url: &str) {
     let client = redis::Client::open(url).expect("a Redis URL");
@@ -340,6 +380,12 @@ fn main() {
         .skip(1)
         .filter(|arg| arg != "--bench")
         .collect();
+    if let [mode, count, setup] = args.as_slice()
+        && mode == "instructions"
+    {
+        let count = count.parse().expect("instructions N SETUP: N requests");
+        return one_after_another(setup, count);
+    }
     let numbers: Vec<u64> = args.iter().filter_map(|arg| arg.parse().ok()).collect();
     // A word that is not a number picks the setups whose name contains it (or one of its
     // `|`-separated parts: `bare-c64|memory-c64`; `=memory-c64` is that name alone).

@@ -63,9 +63,19 @@ impl LimitHeaders {
             // Static bytes (see `interned.rs`): a clone writes nothing shared.
             _ => plan.policy().clone(),
         };
+        let status = match decision.allowed {
+            true => headers::ratelimit_header_value(items),
+            // A flood's refusals repeat their value: this thread's last one may be it.
+            false => super::recent::ratelimit_value(
+                plan,
+                with_quota,
+                items.clone().map(|item| (item.remaining, item.reset_secs)),
+                || headers::ratelimit_header_value(items),
+            ),
+        };
         LimitHeaders {
             policy: policy_header,
-            status: headers::ratelimit_header_value(items),
+            status,
             legacy,
         }
     }

@@ -12,6 +12,7 @@ use serde::Serialize;
 mod interned;
 mod limit_headers;
 mod plan;
+mod recent;
 
 pub(crate) use limit_headers::LimitHeaders;
 pub(crate) use plan::AnswerPlan;
@@ -353,7 +354,10 @@ pub(crate) fn finish_rejection(
     headers: LimitHeaders,
 ) -> Response<Body> {
     let map = response.headers_mut();
-    map.insert(RETRY_AFTER, decimal(retry_after_secs));
+    map.insert(
+        RETRY_AFTER,
+        recent::retry_after_value(retry_after_secs, decimal),
+    );
     headers.apply(map);
     response
 }

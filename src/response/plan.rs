@@ -119,6 +119,11 @@ impl AnswerPlan {
         self.0.bodies.get(at)
     }
 
+    /// Whether this is `other` (the same build): the same state names.
+    pub(super) fn same_as(&self, other: &AnswerPlan) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// `RateLimit-Policy` of the rules alone.
     pub(super) fn rules_policy(&self) -> &HeaderValue {
         &self.0.rules_policy
