@@ -401,7 +401,7 @@ impl Refused {
     /// The answer for a gRPC call: as the layer answers one (`RESOURCE_EXHAUSTED` with
     /// `grpc-retry-pushback-ms`, `UNAVAILABLE` for a store failure), trailers-only, in HTTP 200.
     pub fn grpc_response(&self) -> Response<Body> {
-        let grpc = Protocol::Grpc(HeaderValue::from_static("application/grpc"));
+        let grpc = Protocol::Grpc(Box::new(HeaderValue::from_static("application/grpc")));
         self.limiter.respond_in(&self.refusal, &grpc)
     }
 }

@@ -300,7 +300,7 @@ impl Quota {
             .and_then(|name| self.0.tiers.iter().position(|(tier, _)| *tier == *name))
             .unwrap_or(self.0.default_tier);
         Some(QuotaLookup {
-            key,
+            key: Box::new(key),
             tier: index,
             limit: self.0.tiers[index].1,
         })
@@ -311,7 +311,7 @@ impl Quota {
     pub(crate) fn lookup_identity(&self, identity: &str) -> QuotaLookup {
         let index = self.0.default_tier;
         QuotaLookup {
-            key: self.0.keys.named_key(identity),
+            key: Box::new(self.0.keys.named_key(identity)),
             tier: index,
             limit: self.0.tiers[index].1,
         }
@@ -346,7 +346,9 @@ impl Quota {
 /// The quota of one request: its key, tier and limit.
 #[derive(Debug, Clone)]
 pub(crate) struct QuotaLookup {
-    pub(crate) key: StorageKey,
+    /// Boxed: every request's flow carries an `Option<QuotaLookup>` from value to value (its
+    /// check, its admission, its charge), and most policies have no quota.
+    pub(crate) key: Box<StorageKey>,
     pub(crate) tier: usize,
     pub(crate) limit: u64,
 }

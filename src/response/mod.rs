@@ -28,7 +28,8 @@ use crate::policy::Policy;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Protocol {
     Http,
-    Grpc(HeaderValue),
+    /// Boxed: every request's flow carries its protocol from value to value, and most are HTTP.
+    Grpc(Box<HeaderValue>),
 }
 
 impl Protocol {
@@ -36,7 +37,7 @@ impl Protocol {
     pub(crate) fn of(headers: &HeaderMap) -> Self {
         match headers.get(CONTENT_TYPE) {
             Some(content_type) if grpc::is_grpc_content_type(content_type) => {
-                Protocol::Grpc(content_type.clone())
+                Protocol::Grpc(Box::new(content_type.clone()))
             }
             _ => Protocol::Http,
         }
