@@ -13,7 +13,8 @@
 # keyed by it, at 64 connections). The demo (examples/demo.rs, as users run it: a config route over
 # the layer) runs too: `demo-bare` with --no-limiter, `demo` on the memory store (fixed window,
 # one rule, keyed by IP), `demo-flood` refusing all but its first request; its ratio is to
-# demo-bare's req/s.
+# demo-bare's req/s. `static-429-c64` answers every request with the flood's 429, prebuilt, and
+# no limiter: the floor of a flood that answers with it.
 #
 #   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
 #   LOAD_SERVER=/tmp/load-server DEMO=/tmp/demo bash benches/load_peers.sh ...   # binaries built before
@@ -100,6 +101,8 @@ for mode in governor governor-headers memory naive trl-redis trl-fred redis; do
   setups+=("$mode-flood|$mode|64|--refuse")
 done
 setups+=("demo-bare-c64|demo-bare|64|" "demo-c64|demo|64|" "demo-flood|demo|64|--refuse")
+# The flood's 429 with no limiter (prebuilt): what its bytes cost over PONG, any limiter's floor.
+setups+=("static-429-c64|static-429|64|--refuse")
 # Many identities: 10 000 at random in x-user-id, every server keyed by it, at 64 connections.
 for mode in bare governor governor-headers memory naive trl-redis trl-fred redis redis-prefetch; do
   setups+=("$mode-users|$mode|64|--by-user")

@@ -11,10 +11,13 @@
 //!   connections, with the 300 ms command timeout its example advises;
 //! - `memory`, `redis`: this crate's `RateLimitLayer` on its memory or Redis store, keyed by client
 //!   IP, fixed window, one rule;
-//! - `redis-prefetch`: `redis` with `prefetch(100)`: the hot key's units taken ahead.
+//! - `redis-prefetch`: `redis` with `prefetch(100)`: the hot key's units taken ahead;
+//! - `static-429`: no limiter, every request answered with the 429 this crate answers a flood
+//!   with (its status, headers and problem body, prebuilt): what sending that answer costs over
+//!   `PONG`, the floor of any limiter that answers a flood with it.
 //!
 //! ```text
-//! load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis|redis-prefetch> <listen address> [--redis URL] [--refuse] [--by-user]
+//! load_server <bare|governor|naive|trl-redis|trl-fred|memory|redis|redis-prefetch|static-429> <listen address> [--redis URL] [--refuse] [--by-user]
 //! ```
 //!
 //! In the `redis` modes, `GET /batch_stats` (unlimited) tells how many checks went out in how many
@@ -76,6 +79,27 @@ if count > tonumber(ARGV[1]) then return 0 end
 return 1
 ";
 
+/// The 429 of a flood on the memory store, as this crate's layer sends it (`retry-after` and `t`
+/// as they read 50 minutes before the hour).
+fn static_429() -> Response {
+    const BODY: &str = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
+        \"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\"status\":429,\
+        \"detail\":\"Too many requests, please try again later.\",\"violated-policies\":[\"1-per-3600s\"]}";
+    let headers = [
+        ("content-type", "application/problem+json"),
+        ("retry-after", "2951"),
+        ("ratelimit-policy", "\"1-per-3600s\";q=1;w=3600"),
+        ("ratelimit", "\"1-per-3600s\";r=0;t=2951"),
+    ]
+    .map(|(name, value)| {
+        (
+            HeaderName::from_static(name),
+            axum::http::HeaderValue::from_static(value),
+        )
+    });
+    (StatusCode::TOO_MANY_REQUESTS, headers, BODY).into_response()
+}
+
 #[derive(Clone)]
 struct Naive {
     connection: ConnectionManager,
@@ -89,7 +113,7 @@ struct Naive {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: load_server <bare|governor|governor-headers|naive|trl-redis|trl-fred|\
-                 memory|redis|redis-prefetch> <listen> [--redis URL] [--refuse] [--by-user]";
+                 memory|redis|redis-prefetch|static-429> <listen> [--redis URL] [--refuse] [--by-user]";
     let (Some(mode), Some(listen)) = (args.get(1), args.get(2)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -116,6 +140,7 @@ async fn main() {
     let ping = Router::new().route("/api/ping", get(|| async { "PONG" }));
     let ping = match mode.as_str() {
         "bare" => ping,
+        "static-429" => Router::new().route("/api/ping", get(|| async { static_429() })),
         "governor-headers" => {
             // With its x-ratelimit-* headers, as this crate sends its own: like for like.
             let mut config = GovernorConfigBuilder::default();
