@@ -13,7 +13,7 @@
 //!   IP, fixed window, one rule;
 //! - `redis-prefetch`: `redis` with `prefetch(100)`: the hot key's units taken ahead;
 //! - `static-429`: no limiter, every request answered with the 429 this crate answers a flood
-//!   with (its status, headers and problem body, prebuilt): what sending that answer costs over
+//!   with (its status, headers and problem body, taken from the layer once at start): what sending that answer costs over
 //!   `PONG`, the floor of any limiter that answers a flood with it.
 //!
 //! ```text
@@ -46,13 +46,15 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::HeaderName;
 use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use bytes::Bytes;
 use fred::interfaces::ClientLike;
 use redis::aio::ConnectionManager;
+use tower::ServiceExt;
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_redis_ratelimit::store::RedisStore;
@@ -79,25 +81,73 @@ if count > tonumber(ARGV[1]) then return 0 end
 return 1
 ";
 
-/// The 429 of a flood on the memory store, as this crate's layer sends it (`retry-after` and `t`
-/// as they read 50 minutes before the hour).
-fn static_429() -> Response {
-    const BODY: &str = "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
-        \"title\":\"Request cannot be satisfied as assigned quota has been exceeded\",\"status\":429,\
-        \"detail\":\"Too many requests, please try again later.\",\"violated-policies\":[\"1-per-3600s\"]}";
-    let headers = [
-        ("content-type", "application/problem+json"),
-        ("retry-after", "2951"),
-        ("ratelimit-policy", "\"1-per-3600s\";q=1;w=3600"),
-        ("ratelimit", "\"1-per-3600s\";r=0;t=2951"),
-    ]
-    .map(|(name, value)| {
-        (
-            HeaderName::from_static(name),
-            axum::http::HeaderValue::from_static(value),
-        )
-    });
-    (StatusCode::TOO_MANY_REQUESTS, headers, BODY).into_response()
+/// The 429 this crate's layer answers a flood with on the memory store (the `memory` mode's
+/// policy under `--refuse`), taken from the layer itself once, then kept as static bytes: each
+/// answer copies it without formatting or writing a shared count.
+async fn flood_answer() -> (&'static [(HeaderName, HeaderValue)], &'static [u8]) {
+    let policy = ping_policy(1, Duration::from_secs(3600), false, false);
+    let app = Router::new()
+        .route("/api/ping", get(|| async { "PONG" }))
+        .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+    let request = || {
+        let mut request = Request::get("/api/ping")
+            .body(Body::empty())
+            .expect("a request");
+        let peer = SocketAddr::from(([127, 0, 0, 1], 1));
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request
+    };
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let answer = app.clone().oneshot(request()).await;
+        answers.push(answer.unwrap_or_else(|never| match never {}));
+    }
+    let refused = answers.pop().expect("the second answer");
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let (parts, body) = refused.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .expect("the body");
+    let kept = |bytes: &[u8]| -> &'static [u8] { Box::leak(bytes.to_vec().into_boxed_slice()) };
+    let headers: Vec<(HeaderName, HeaderValue)> = parts
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            let value = HeaderValue::from_maybe_shared(Bytes::from_static(kept(value.as_bytes())));
+            (name.clone(), value.expect("a header value"))
+        })
+        .collect();
+    (Box::leak(headers.into_boxed_slice()), kept(&body))
+}
+
+/// `answer` (headers and body), as a 429.
+fn static_429((headers, body): (&[(HeaderName, HeaderValue)], &'static [u8])) -> Response {
+    let mut response = Response::new(Body::from(Bytes::from_static(body)));
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    for (name, value) in headers {
+        response.headers_mut().append(name.clone(), value.clone());
+    }
+    response
+}
+
+/// The policy of the `memory` and `redis` modes: fixed window, one rule of `limit` per `period`,
+/// keyed by client IP (or by `x-user-id`, `by_user`); `prefetch` takes 100 ahead.
+fn ping_policy(limit: u64, period: Duration, by_user: bool, prefetch: bool) -> Policy {
+    let key = if by_user {
+        Key::header(HeaderName::from_static(USER_HEADER))
+    } else {
+        Key::ip()
+    };
+    let mut policy = Policy::builder("ping")
+        .prefix("load")
+        .key(key)
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(limit, period))
+        .on_store_error(OnStoreError::Deny);
+    if prefetch {
+        policy = policy.prefetch(100);
+    }
+    policy.build().expect("a valid policy")
 }
 
 #[derive(Clone)]
@@ -140,7 +190,10 @@ async fn main() {
     let ping = Router::new().route("/api/ping", get(|| async { "PONG" }));
     let ping = match mode.as_str() {
         "bare" => ping,
-        "static-429" => Router::new().route("/api/ping", get(|| async { static_429() })),
+        "static-429" => {
+            let answer = flood_answer().await;
+            Router::new().route("/api/ping", get(move || async move { static_429(answer) }))
+        }
         "governor-headers" => {
             // With its x-ratelimit-* headers, as this crate sends its own: like for like.
             let mut config = GovernorConfigBuilder::default();
@@ -229,21 +282,7 @@ async fn main() {
             }
         }
         "memory" | "redis" | "redis-prefetch" => {
-            let key = if by_user {
-                Key::header(HeaderName::from_static(USER_HEADER))
-            } else {
-                Key::ip()
-            };
-            let mut policy = Policy::builder("ping")
-                .prefix("load")
-                .key(key)
-                .algorithm(Algorithm::FixedWindow)
-                .rule(Rule::new(limit, period))
-                .on_store_error(OnStoreError::Deny);
-            if mode == "redis-prefetch" {
-                policy = policy.prefetch(100);
-            }
-            let policy = policy.build().expect("a valid policy");
+            let policy = ping_policy(limit, period, by_user, mode == "redis-prefetch");
             if mode == "memory" {
                 ping.layer(RateLimitLayer::new(policy, MemoryStore::new()))
             } else {
