@@ -24,7 +24,17 @@
 //!   reserving an estimate of 500 and its handler recording nothing (the reservation stands): a
 //!   metered check beside a plain one;
 //! - `settled-memory`, `settled-redis`: the same, the handler recording 120 of the 500 (with
-//!   `Usage`): each request's settle, a give-back to where it was charged, on top.
+//!   `Usage`): each request's settle, a give-back to where it was charged, on top;
+//! - a setup per kind of policy, `<kind>-memory` and `<kind>-redis`, each beside the plain
+//!   `memory` and `redis` (one fixed-window rule): `sl`, `sc` and `tb`, the other algorithms
+//!   alone; `quota` (the plain rule and a daily quota), `block` (and `block_for`), `delay` (a
+//!   token bucket in delay mode: compare it with `tb`), `inflight` (and `max_in_flight`, each
+//!   request's lease released when its body ends), `count-only` (every success gives its unit
+//!   back), `refund` (the handle's check, then `Admitted::refund`).
+//!
+//! Work a request starts after its response (a settle, a give-back, a lease's release) counts as
+//! its cost: a run ends when the Redis store's last call has landed, and only then is the CPU
+//! read.
 //!
 //! `redis` minus `memory` is what a Redis check costs the app beyond a memory check: packing the
 //! check, queueing it, the connection's work shared by a batch, reading the decision, the wake-ups.
@@ -62,9 +72,10 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tower::ServiceExt;
 use tower_redis_ratelimit::meter::{Meter, Usage};
+use tower_redis_ratelimit::quota::Quota;
 use tower_redis_ratelimit::{
-    Admitted, Algorithm, MemoryStore, Policy, RateLimitLayer, RateLimiter, RedisStore, Refused,
-    Rule,
+    Admitted, Algorithm, MemoryStore, Mode, Policy, RateLimitLayer, RateLimiter, RedisStore,
+    Refused, Rule,
 };
 
 #[path = "support/app.rs"]
@@ -79,7 +90,7 @@ use redis_server::Server;
 const HUGE: u64 = 1_000_000_000;
 
 /// The setups, in the order of the first round.
-const SETUPS: [&str; 14] = [
+const SETUPS: [&str; 32] = [
     "bare",
     "governor",
     "governor-headers",
@@ -94,7 +105,88 @@ const SETUPS: [&str; 14] = [
     "metered-redis",
     "settled-memory",
     "settled-redis",
+    "sl-memory",
+    "sl-redis",
+    "sc-memory",
+    "sc-redis",
+    "tb-memory",
+    "tb-redis",
+    "quota-memory",
+    "quota-redis",
+    "block-memory",
+    "block-redis",
+    "delay-memory",
+    "delay-redis",
+    "inflight-memory",
+    "inflight-redis",
+    "count-only-memory",
+    "count-only-redis",
+    "refund-memory",
+    "refund-redis",
 ];
+
+/// The policy of a kind's setups (`<kind>-memory`, `<kind>-redis`): one rule no run reaches, and
+/// the kind's option, each at a size no run reaches either.
+fn kind_policy(kind: &str, prefix: &str) -> Policy {
+    // A token bucket refills at most a unit a microsecond: its huge limit is per hour.
+    let period = if matches!(kind, "tb" | "delay") {
+        Duration::from_secs(3600)
+    } else {
+        Duration::from_secs(1)
+    };
+    let builder = Policy::builder(format!("cost-{kind}"))
+        .prefix(prefix)
+        .rule(Rule::new(HUGE, period));
+    let builder = match kind {
+        "sl" => builder.algorithm(Algorithm::SlidingLog),
+        "sc" => builder.algorithm(Algorithm::SlidingCounter),
+        "tb" => builder.algorithm(Algorithm::TokenBucket),
+        "quota" => {
+            let quota = Quota::builder("cost-daily")
+                .prefix(prefix)
+                .tier("all", HUGE)
+                .build()
+                .expect("a valid quota");
+            builder.algorithm(Algorithm::FixedWindow).quota(quota)
+        }
+        "block" => builder
+            .algorithm(Algorithm::FixedWindow)
+            .block_for(Duration::from_secs(900)),
+        "delay" => builder.algorithm(Algorithm::TokenBucket).mode(Mode::Delay {
+            max_delay: Duration::from_secs(2),
+        }),
+        "inflight" => builder
+            .algorithm(Algorithm::FixedWindow)
+            .max_in_flight(HUGE)
+            .lease(Duration::from_secs(60)),
+        "count-only" => builder
+            .algorithm(Algorithm::FixedWindow)
+            .count_only(|status| status != StatusCode::OK),
+        // The handle's check and refund (`refund`).
+        _ => builder.algorithm(Algorithm::FixedWindow),
+    };
+    builder.build().expect("a valid policy")
+}
+
+/// The router of the refund setups: the handler checks the client, then gives the admission
+/// back by its receipt.
+fn refunding(limiter: RateLimiter) -> Router {
+    async fn hello(State(limiter): State<RateLimiter>) -> Result<&'static str, Refused> {
+        let admitted = limiter.check("203.0.113.7").await?;
+        admitted.refund().await.expect("a refund");
+        Ok("hello")
+    }
+    Router::new().route("/", get(hello)).with_state(limiter)
+}
+
+/// The router of a kind's setup (see [`kind_policy`]) on `store`.
+fn kind_app<S: tower_redis_ratelimit::Store + Clone>(kind: &str, prefix: &str, store: S) -> Router {
+    let policy = kind_policy(kind, prefix);
+    if kind == "refund" {
+        return refunding(RateLimiter::new(policy, store));
+    }
+    router().layer(RateLimitLayer::new(policy, store))
+}
 
 /// The metered setups' policy: its one rule metered, 500 reserved per request.
 fn metered_policy(prefix: &str) -> Policy {
@@ -228,7 +320,14 @@ fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore
                 Some(store),
             )
         }
-        other => unreachable!("no setup {other}"),
+        other => match other.rsplit_once('-') {
+            Some((kind, "memory")) => (kind_app(kind, prefix, MemoryStore::new()), None),
+            Some((kind, "redis")) => {
+                let store = RedisStore::from_url(redis_url).expect("a Redis URL");
+                (kind_app(kind, prefix, store.clone()), Some(store))
+            }
+            _ => unreachable!("no setup {other}"),
+        },
     }
 }
 
@@ -257,9 +356,29 @@ struct Run {
     redis_us: Option<f64>,
 }
 
+/// Waits until the last call of `store` has landed: until its count of checks stops moving.
+fn landed(store: Option<&RedisStore>) {
+    let Some(store) = store else { return };
+    let mut last = store.batch_stats().checks;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = store.batch_stats().checks;
+        if now == last {
+            return;
+        }
+        last = now;
+    }
+}
+
 /// Loads `app` from `concurrency` tasks for `seconds`; under a `flood`, every request after the
-/// first is refused.
-fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>, flood: bool) -> Run {
+/// first is refused. The run ends when the last call of `store` has landed.
+fn run(
+    app: &Router,
+    concurrency: usize,
+    seconds: u64,
+    (redis_pid, store): (Option<u32>, Option<&RedisStore>),
+    flood: bool,
+) -> Run {
     let expected = if flood {
         StatusCode::TOO_MANY_REQUESTS
     } else {
@@ -315,6 +434,7 @@ fn run(app: &Router, concurrency: usize, seconds: u64, redis_pid: Option<u32>, f
             task.await.expect("a load task");
         }
     });
+    landed(store);
     let elapsed = started.elapsed();
     let (app_after, redis_after) = (cpu_time(me), redis_pid.map(cpu_time));
     let requests = done.load(Ordering::Relaxed) as f64;
@@ -431,7 +551,10 @@ fn main() {
                 &app,
                 concurrency,
                 seconds,
-                redis_pid.filter(|_| setup.contains("redis")),
+                (
+                    redis_pid.filter(|_| setup.contains("redis")),
+                    store.as_ref(),
+                ),
                 setup.ends_with("-flood"),
             );
             let redis = measured

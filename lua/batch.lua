@@ -1,78 +1,146 @@
 -- The end of the rate-limit script: checks a batch of requests, one after another in the order
 -- given, each as if it were a script call of its own (group commit: Redis's fixed cost of a script
--- call and of TIME is paid once per batch). Before this part the store puts lua/common.lua, then
--- per algorithm its check function, `checks.<code> = function(KEYS, ARGV, now_us)` made of
--- lua/head.lua, the algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua,
--- sc: lua/sliding_counter.lua, tb: lua/token_bucket.lua) and lua/tail.lua, then lua/fast.lua (the
--- common case of some algorithms, without options: taken when a check has none).
+-- call and of TIME is paid once per batch). Before this part the store puts lua/common.lua, each
+-- algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua, sc:
+-- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/entry.lua (one check, its steps chosen
+-- by its shape) and lua/fast.lua (the plainest checks of some algorithms, inline).
 --
 -- All of it is the function `batch(KEYS, ARGV)`: the store registers it as a Redis function
--- (FUNCTION LOAD once, then FCALL: the helpers and check functions are made once, not at every
--- call) or, on a Redis before 7.0 or a cluster, runs it as a script (EVALSHA) whose last line calls
--- it.
+-- (FUNCTION LOAD once, then FCALL: the helpers, the algorithms' parts and the shapes parsed are
+-- made once, not at every call) or, on a Redis before 7.0 or a cluster, runs it as a script
+-- (EVALSHA) whose last line calls it.
 --
--- KEYS           every request's keys, request after request (as lua/head.lua lists them)
+-- KEYS           every request's keys, request after request (as lua/entry.lua lists them)
 -- ARGV[1]        empty (the time is Redis TIME), or a time in µs that tests fix
 -- ARGV[2]        how many shapes follow
 -- then the shapes: what the requests of one policy and cost share, sent once per batch rather
 --                than per request (every argument costs Redis about as much as a command in the
---                script), as one piece, `<algorithm's code>|<key count>|<arguments>` with the
---                arguments as lua/head.lua lists them, separated by `|`
--- then per request, in order: the number of its shape (1-based); a give-back's (lua/head.lua's
---                fourth kind) is followed by `@` and its receipt, what its admission's check
---                answered: `<time it was checked (ms)>,<its delay (ms)>` and, for a token bucket,
---                `,<the bucket's full time after it (µs)>` per counted rule
+--                script), as one piece, `<algorithm's code>|<key count>|<cost>|<options>|<limit>|
+--                <period>[|<burst>]…`: the cost, `<cost>` or, when a rule or the quota counts
+--                metered units, `<cost>:<units>:<flags>` (see costs_of, lua/common.lua); the
+--                options, comma-separated, or empty when there are none (the common case): max
+--                delay (ms; 0: refuse what doesn't fit now), duplicate guard window (ms; 0: none),
+--                penalty block (ms; 0: none), quota limit (0: no quota), quota day length (ms),
+--                where quota days start after epoch-aligned ones (ms), most requests in flight at
+--                once (0: no concurrency limit), a lease's length (ms), what this is (0: a check,
+--                1: a peek, 2: a refund, 3: a give-back, 4: an overdraw), then per alert
+--                threshold its percent and the count that reaches it; then per counted rule its
+--                limit, period (ms) and, for a token bucket, its burst. A lease's release has the
+--                shape `rl|1`: its one key is the leases.
+-- then per request, in order: the number of its shape (1-based); a give-back's is followed by
+--                `@` and its receipt, what its admission's check answered: `<time it was checked
+--                (ms)>,<its delay (ms)>` and, for a token bucket, `,<the bucket's full time after
+--                it (µs)>` per counted rule; a release's by `@` and the lease's id
 --
 -- Reply: one flat array (a nested one costs Redis and the client a table and an array per
 -- request; every item costs Redis about as much as an argument), packed as one MessagePack string
 -- (`cmsgpack.pack`: it costs Redis what the array as a reply would, and the client reads one
 -- string rather than a reply item per number): the batch's time (ms), then per request, in order,
 -- its entry, which is
---   - an admission's short form (only from lua/fast.lua): remaining and reset per rule, two items
---     per rule and nothing before them, since the client knows the request's rules: the request
---     was admitted without delay and no rule has a retry;
---   - or the check's reply (see lua/head.lua), which is longer, after its length negated (never
---     -1: a reply has at least 5 items), which no short form starts with (a remaining count);
+--   - an admission's short form: remaining and reset per rule (the counted rules, the guard, the
+--     quota), two items per rule and nothing before them, since the client knows the request's
+--     rules: the request was admitted without delay, no rule has a retry, and it has no lease,
+--     receipt mark or alert to say;
+--   - or the check's reply (see lua/entry.lua), which is longer, after its length negated (never
+--     -1: a reply has at least 2 items), which no short form starts with (a remaining count); a
+--     release's is {1 if the lease was held else 0, 0};
 --   - or -1 and the error of a request whose check failed (a key of the wrong type): the others
 --     still count.
 
--- A shape, parsed from its piece; remembered (see lua/common.lua).
+-- The algorithms' parts, by code.
+local algorithms = {fw = fixed_window, sl = sliding_log, sc = sliding_counter, tb = token_bucket}
+
+-- Each option's name, in the order of the options piece (see lua/entry.lua).
+local OPTIONS = {'max_delay', 'guard_window', 'block', 'quota_limit', 'quota_day', 'quota_offset',
+                 'max_in_flight', 'lease', 'kind'}
+
+-- A shape, parsed from its piece once (remembered, see lua/common.lua): everything lua/entry.lua
+-- reads of it, worked out here rather than per check. A release's shape is `rl|1`: its one key,
+-- the leases.
 local shape_of = remembered(function(piece)
   local pieces = {}
   for text in string.gmatch(piece .. '|', '([^|]*)|') do
     pieces[#pieces + 1] = text
   end
   local code, keys = pieces[1], tonumber(pieces[2])
-  local args = {}
-  for i = 3, #pieces do
-    args[i - 2] = pieces[i]
+  if code == 'rl' and keys == 1 then
+    return {release = true, keys = 1}
   end
-  if checks[code] == nil or keys == nil then
+  local algorithm = algorithms[code]
+  if algorithm == nil or keys == nil or #pieces < 4 then
     error('malformed shape ' .. piece)
   end
-  local shape = {code = code, keys = keys, args = args}
-  -- Without options every key is a counted rule's, and its limit and period follow the cost (its
-  -- cost per rule is read once here).
-  if fast[code] and args[2] == '' then
-    shape.lean, shape.rules = fast[code], keys
-    shape.costs, shape.limits, shape.periods = {}, {}, {}
-    local costs = costs_of(args[1])
-    for i = 1, keys do
-      shape.costs[i] = costs[i]
-      shape.limits[i], shape.periods[i] = tonumber(args[1 + 2 * i]), tonumber(args[2 + 2 * i])
+  local shape = {code = code, keys = keys, algorithm = algorithm}
+  local options = {}
+  for number in string.gmatch(pieces[4], '%d+') do
+    options[#options + 1] = tonumber(number)
+  end
+  for i, name in ipairs(OPTIONS) do
+    shape[name] = options[i] or 0
+  end
+  if not algorithm.can_delay then
+    shape.max_delay = -1
+  end
+  shape.thresholds = math.max(floor((#options - #OPTIONS) / 2), 0)
+  shape.percents, shape.useds = {}, {}
+  for j = 1, shape.thresholds do
+    shape.percents[j] = options[#OPTIONS + 2 * j - 1]
+    shape.useds[j] = options[#OPTIONS + 2 * j]
+  end
+  -- The keys after the counted rules', in lua/entry.lua's order.
+  local extra = 0
+  local function next_key(present, count)
+    if not present then
+      return 0
     end
+    extra = extra + (count or 1)
+    return extra - (count or 1) + 1
+  end
+  local guard = next_key(shape.guard_window > 0)
+  local quota = next_key(shape.quota_limit > 0, 1 + shape.thresholds)
+  local in_flight = next_key(shape.max_in_flight > 0)
+  local block = next_key(shape.block > 0)
+  local marker = next_key(shape.kind == 3)
+  local rules = keys - extra
+  local arity = code == 'tb' and 3 or 2
+  if rules < 0 or #pieces ~= 4 + arity * rules then
+    error('malformed shape ' .. piece)
+  end
+  shape.rules = rules
+  local function at(offset)
+    return offset > 0 and rules + offset or 0
+  end
+  shape.guard_at, shape.quota_at, shape.flags_at = at(guard), at(quota), at(quota) + 1
+  shape.in_flight_at, shape.block_at, shape.marker_at = at(in_flight), at(block), at(marker)
+  local costs = costs_of(pieces[3])
+  shape.costs, shape.limits, shape.periods, shape.bursts = {}, {}, {}, {}
+  for i = 1, rules do
+    local base = 4 + arity * (i - 1)
+    shape.costs[i] = costs[i]
+    shape.limits[i], shape.periods[i] = tonumber(pieces[base + 1]), tonumber(pieces[base + 2])
+    shape.bursts[i] = arity == 3 and tonumber(pieces[base + 3]) or shape.limits[i]
+  end
+  shape.quota_cost = costs[rules + 1]
+  -- A unit in every rule and the quota: what a refund's or an overdraw's answer peeks.
+  shape.ones = costs_of('1')
+  algorithm.prepare(shape)
+  -- Without options every key is a counted rule's: lua/fast.lua's lean function, where the
+  -- algorithm has one.
+  if fast[code] and pieces[4] == '' then
+    shape.lean = fast[code]
   end
   return shape
 end)
 
--- The batch being run, set by batch() (a library's calls run one at a time): its keys and
--- arguments, its time in ms and µs, the reply so far (`out`, up to item n; a table kept from call
--- to call, its items past n cleared before it is packed, up to `kept`, the last call's n), the
--- next check's first key (after key_at) and shape number (ARGV[at]), and the shape of the check
--- being run (nil while it is read).
-local batch_keys, batch_args, now, now_us
-local out, n, kept = {}, 0, 0
+-- The batch being run, set by batch() (a library's calls run one at a time): its arguments, its
+-- time (ms, µs), the reply so far (`out`, up to item n; a table kept from call to call, its items
+-- past n cleared before it is packed, up to `kept`, the last call's n), the next check's first key
+-- (after key_at) and shape number (ARGV[at]), and the shape of the check being run (nil while it
+-- is read).
+local batch_args
+local n, kept = 0, 0
 local key_at, at, shape
+out = {}
 
 -- A request's entry with a receipt (see above): its shape's number, and the receipt's numbers.
 local function with_receipt(entry)
@@ -97,17 +165,14 @@ local function run_checks()
     shape = shape_of(batch_args[2 + number])
     if shape.lean then
       n = shape.lean(batch_keys, key_at, shape, now, out, n)
+    elseif shape.release then
+      -- A release: 1 if the lease was held, else 0 (releasing one that expired or was released
+      -- already does nothing).
+      local held = call('ZREM', batch_keys[key_at + 1], string.format('%d', receipt[1]))
+      out[n + 1], out[n + 2], out[n + 3] = -2, held, 0
+      n = n + 3
     else
-      local check_keys = {}
-      for i = 1, shape.keys do
-        check_keys[i] = batch_keys[key_at + i]
-      end
-      local reply = checks[shape.code](check_keys, shape.args, now_us, receipt)
-      out[n + 1] = -#reply
-      for i = 1, #reply do
-        out[n + 1 + i] = reply[i]
-      end
-      n = n + 1 + #reply
+      n = run_entry(shape, key_at, receipt, n)
     end
     key_at = key_at + shape.keys
     at = at + 1

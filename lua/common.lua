@@ -45,7 +45,7 @@ local text_of = remembered(function(integer)
   return string.format('%d', integer)
 end)
 
--- A request's costs, from its text (ARGV[1] of lua/head.lua): `<cost>`, or, when a rule or the
+-- A request's costs, from its text (the cost piece of a shape, lua/batch.lua): `<cost>`, or, when a rule or the
 -- quota counts metered units, `<cost>:<units>:<flags>`, with one flag per counted rule and then
 -- one for the quota: `m` (it counts the units) or `r` (it counts the cost). Returns a table of
 -- each counted rule's cost, the quota's last (at rules + 1), remembered.
@@ -77,6 +77,10 @@ local function div(a, b)
   end
   return q
 end
+
+-- The batch's time, in ms and µs (Redis TIME, or a time tests fix), set by lua/batch.lua at each
+-- call: every check of a batch is checked at it.
+local now, now_us
 
 -- Whether this Redis takes PEXPIREAT's NX and GT options (7.0 on; 7.0 is also where scripts got
 -- redis.REDIS_VERSION_NUM), and Redis's own time in ms, for Redis 6.2, which lacks them; both set
@@ -125,6 +129,26 @@ local function expire_at_least(key, at, created)
     end
     return true
   end
+end
+
+-- Takes up to `units` back from the count in `field` of the hash `key`, never below zero, in one
+-- command when it held them (a give-back's common case); returns the count left. A field that
+-- held nothing is removed rather than written (the key may be gone: a field written anew would
+-- make it a key without an expiry).
+local function take_back(key, field, units)
+  if units == 0 then
+    return tonumber(call('HGET', key, field)) or 0
+  end
+  local left = call('HINCRBY', key, field, text_of(0 - units))
+  if left >= 0 then
+    return left
+  end
+  if left == 0 - units then
+    call('HDEL', key, field)
+  else
+    call('HINCRBY', key, field, text_of(0 - left))
+  end
+  return 0
 end
 
 -- A fixed window's (lua/fixed_window.lua) counter charged for the first time in the window that

@@ -1,10 +1,8 @@
 -- The common case without the machinery (after lua/common.lua, before lua/batch.lua): a check
 -- whose options are empty (no delay, duplicate guard, penalty block or quota) of a fixed window or
--- a sliding log. Each function decides exactly what the algorithm's check function (lua/head.lua,
--- the algorithm's part, lua/tail.lua) decides for such a check, but reads its keys in place, takes
--- its numbers from its shape (parsed once, see lua/batch.lua), and defines nothing per check: the
--- generic function creates a dozen closures and tables per check, which cost Redis about as much
--- as the check's own commands.
+-- a sliding log. Each function decides exactly what a check of lua/entry.lua and the algorithm's
+-- part decides for such a check, but inline, without the steps of options and the calls into the
+-- algorithm's part: the plainest policy, the most common, pays for nothing else.
 --
 -- fast.<code>(KEYS, key_at, shape, now, out, n): the check's keys are
 -- KEYS[key_at + 1 .. key_at + shape.rules]; `shape` holds, per rule i, costs[i], limits[i] and

@@ -1,7 +1,7 @@
 -- Pauses a key (Store::pause, an outbound upstream's "stop for a while"): sets its block key to
 -- the pause's end in Redis's time, expiring then, unless it already ends later.
 --
--- KEYS[1]  the block key (the one lua/tail.lua writes a penalty block to)
+-- KEYS[1]  the block key (the one lua/entry.lua writes a penalty block to)
 -- ARGV[1]  the pause (ms)
 --
 -- Returns 1.

@@ -2,7 +2,7 @@
 -- its reserved slot, just before it is sent, to see a pause set meanwhile by any instance.
 --
 -- KEYS[1]  the block key: a string holding the end (ms) of a pause or penalty block, expiring
---          then (lua/tail.lua and Store::pause set it so)
+--          then (lua/entry.lua and Store::pause set it so)
 -- ARGV     none
 --
 -- Returns the ms left, by Redis's clock like the end itself (PTTL); 0 or less when not paused

@@ -3,10 +3,10 @@
 -- tells every instance sharing the store (src/store/redis/resets.rs), so units one holds ahead
 -- of the key go too. The marker lives as long as a receipt of an earlier admission can still
 -- give something back (reset_marker_ms in src/store/mod.rs): a give-back of an admission
--- checked before it gives its rules nothing (lua/head.lua), their counts since hold none of its
+-- checked before it gives its rules nothing (lua/entry.lua), their counts since hold none of its
 -- units.
 --
--- KEYS     the keys, as lua/head.lua lists them for the check (all share the identity's hash tag,
+-- KEYS     the keys, as lua/entry.lua lists them for the check (all share the identity's hash tag,
 --          so a cluster routes the call by the first), then the reset marker
 -- ARGV[1]  the key reset, as the check names it (what the notice says)
 -- ARGV[2]  how long the marker lives (ms)

@@ -1,14 +1,15 @@
--- Sliding-window counter (between lua/head.lua and lua/tail.lua). A counted rule's key is a hash
--- {s = start of the current window (ms), c = its count, p = the previous window's count}; windows
--- are aligned to the epoch, as in the in-memory store.
+-- Sliding-window counter (after lua/common.lua; lua/entry.lua calls it, lua/fixed_window.lua says
+-- how). A counted rule's key is a hash {s = start of the current window (ms), c = its count, p = the
+-- previous window's count}; windows are aligned to the epoch, as in the in-memory store.
 --
 -- used = floor(previous * weight / 65536) + current, weight = floor((period - elapsed) * 65536 / period):
 -- the arithmetic of src/store/weighted.rs, step for step. Every number stays an integer below 2^52
 -- (limits are at most 2^35), so Lua's doubles compute it exactly and floor(a / b) is integer
--- division. A refused request writes nothing; an admitted one writes each counter and sets its
--- expiry to the end of the next window, when its count stops mattering. A sliding counter can't
--- reserve: a request that doesn't fit is refused whatever its max delay.
-max_delay = -1
+-- division. A refused request writes nothing; an admitted one writes the counter, and when it opens
+-- a window sets its expiry to the end of the next one, when its count stops mattering (a counter
+-- charged again in the same window has it already). A sliding counter can't reserve: a request that
+-- doesn't fit is refused whatever its max delay.
+local sliding_counter = {can_delay = false, marks = false}
 local ONE = 65536
 
 local function weighted(previous, period, elapsed)
@@ -35,7 +36,7 @@ local function first_at_most(previous, target, period, elapsed)
   return nil
 end
 
-local function wait_until_fits(previous, current, limit, period, elapsed)
+local function wait_until_fits(previous, current, cost, limit, period, elapsed)
   local room = limit - cost
   if room < 0 then
     return period -- costs more than the limit: it never fits; say one period
@@ -66,11 +67,19 @@ local function wait_until_frees(previous, current, period, elapsed)
 end
 -- (end of the helpers checked by tests/redis.rs)
 
-local function inspect(i, limit, period)
-  local key = KEYS[i]
+-- Per rule: the window's start, its count and the previous one's, the time elapsed in it, and
+-- whether the stored counter is of another window (or none): its commit then opens this one.
+local sc_start, sc_current, sc_previous, sc_elapsed, sc_opens = {}, {}, {}, {}, {}
+
+function sliding_counter.prepare()
+end
+
+function sliding_counter.inspect(shape, i, key, cost)
+  local period = shape.periods[i]
   local window = now - now % period
   local stored = call('HMGET', key, 's', 'c', 'p')
-  local start = tonumber(stored[1]) or window
+  local stored_start = tonumber(stored[1])
+  local start = stored_start or window
   local current = tonumber(stored[2]) or 0
   local previous = tonumber(stored[3]) or 0
   if window > start then
@@ -85,37 +94,56 @@ local function inspect(i, limit, period)
   end
   -- A clock that stepped back stays in the stored window.
   local elapsed = math.max(now - start, 0)
-  return {key = key, limit = limit, period = period, start = start, previous = previous,
-          current = current, elapsed = elapsed,
-          fits = weighted(previous, period, elapsed) + current + cost <= limit}
+  sc_start[i], sc_current[i], sc_previous[i], sc_elapsed[i] = start, current, previous, elapsed
+  sc_opens[i] = stored_start ~= start
+  return weighted(previous, period, elapsed) + current + cost <= shape.limits[i]
 end
 
-local function wait(state)
-  if cost > state.limit then
+function sliding_counter.wait(shape, i, cost)
+  local limit = shape.limits[i]
+  if cost > limit then
     return nil
   end
-  return wait_until_fits(state.previous, state.current, state.limit, state.period, state.elapsed)
+  return wait_until_fits(sc_previous[i], sc_current[i], cost, limit, shape.periods[i],
+                         sc_elapsed[i])
 end
 
-local function commit(state)
-  state.current = state.current + cost
-  call('HSET', state.key, 's', state.start, 'c', state.current, 'p', state.previous)
-  call('PEXPIREAT', state.key, state.start + 2 * state.period)
+function sliding_counter.commit(shape, i, key, cost)
+  local current = sc_current[i] + cost
+  sc_current[i] = current
+  if sc_opens[i] then
+    call('HSET', key, 's', sc_start[i], 'c', current, 'p', sc_previous[i])
+    call('PEXPIREAT', key, sc_start[i] + 2 * shape.periods[i])
+    sc_opens[i] = false
+  else
+    call('HSET', key, 'c', current)
+  end
 end
 
-local function give_back(i, _, period)
-  local key = KEYS[i]
+function sliding_counter.undo()
+end
+
+function sliding_counter.report(shape, i)
+  local period, previous, current, elapsed =
+    shape.periods[i], sc_previous[i], sc_current[i], sc_elapsed[i]
+  local used = weighted(previous, period, elapsed) + current
+  return math.max(shape.limits[i] - used, 0),
+         wait_until_frees(previous, current, period, elapsed)
+end
+
+function sliding_counter.give_back(shape, i, key, cost, receipt)
+  local period = shape.periods[i]
   local stored = call('HMGET', key, 's', 'c', 'p')
   local start = tonumber(stored[1])
   local field
-  if not giving_back then
+  if not receipt then
     if start == now - now % period then
       field = 'c'
     end
   else
     -- The charged window's count: the stored window's (current, or previous once time moved
     -- on), or the one before it, which still weighs in the estimate until the stored one ends.
-    local charged = charged_at - charged_at % period
+    local charged = receipt[1] - receipt[1] % period
     if charged == start then
       field = 'c'
     elseif start and charged + period == start then
@@ -128,13 +156,4 @@ local function give_back(i, _, period)
       call('HSET', key, field, math.max(count - cost, 0))
     end
   end
-end
-
-local function undo()
-end
-
-local function report(state)
-  local used = weighted(state.previous, state.period, state.elapsed) + state.current
-  return math.max(state.limit - used, 0),
-         wait_until_frees(state.previous, state.current, state.period, state.elapsed)
 end

@@ -1,40 +1,60 @@
--- Sliding-window log (between lua/head.lua and lua/tail.lua). A counted rule's key is a sorted set
--- of admissions, one member per request whatever its cost, scored by time (ms) and numbering its
--- units (see lua/common.lua). An admission at t counts while t + period > now, as in the in-memory
--- store; a log never holds more than its rule's limit of units. Reservations (a max delay) are
--- admissions scored in the future.
--- A request of cost 0 adds nothing, but still gets the key's expiry.
+-- Sliding-window log (after lua/common.lua; lua/entry.lua calls it, lua/fixed_window.lua says how).
+-- A counted rule's key is a sorted set of admissions, one member per request whatever its cost,
+-- scored by time (ms) and numbering its units (see lua/common.lua). An admission at t counts while
+-- t + period > now, as in the in-memory store; a log never holds more than its rule's limit of
+-- units. Reservations (a max delay) are admissions scored in the future. A request of cost 0 adds
+-- nothing, but still gets the key's expiry.
+local sliding_log = {can_delay = true, marks = false}
+-- Per rule: the log as read (see log_read).
+local sl_log = {}
 
-local function inspect(i, limit, period)
-  local key = KEYS[i]
+function sliding_log.prepare()
+end
+
+function sliding_log.inspect(shape, i, key, cost, peeking)
+  local period = shape.periods[i]
   local log
-  if peek then
+  if peeking then
     log = log_read_after(key, now - period)
   else
     call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
     log = log_read(key)
   end
-  return {key = key, limit = limit, period = period, log = log, fits = log.count + cost <= limit}
+  sl_log[i] = log
+  return log.count + cost <= shape.limits[i]
 end
 
-local function wait(state)
-  if cost > state.limit then
+function sliding_log.wait(shape, i, cost, key)
+  local limit = shape.limits[i]
+  if cost > limit then
     return nil
   end
   -- The request fits once `count + cost - limit` of the oldest units leave the window.
-  return log_unit_at(state.key, state.log, state.log.count + cost - state.limit) + state.period
-    - now
+  local log = sl_log[i]
+  return log_unit_at(key, log, log.count + cost - limit) + shape.periods[i] - now
 end
 
-local function commit(state, at)
-  log_admit(state.key, at, state.log, cost, state.period)
+function sliding_log.commit(shape, i, key, cost, at)
+  log_admit(key, at, sl_log[i], cost, shape.periods[i])
 end
 
-local function give_back(i, _, period)
-  local key = KEYS[i]
-  call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
-  if giving_back then
-    log_give_back(key, cost, admitted_at)
+function sliding_log.undo()
+end
+
+function sliding_log.report(shape, i)
+  local log = sl_log[i]
+  local reset = 0
+  if log.oldest then
+    reset = log.oldest + shape.periods[i] - now
+  end
+  return math.max(shape.limits[i] - log.count, 0), reset
+end
+
+function sliding_log.give_back(shape, i, key, cost, receipt)
+  call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - shape.periods[i]))
+  if receipt then
+    -- Back from its own member, admitted after its delay.
+    log_give_back(key, cost, receipt[1] + receipt[2])
     return
   end
   local left = cost
@@ -55,15 +75,4 @@ local function give_back(i, _, period)
     end
     call('ZREM', key, found[1])
   end
-end
-
-local function undo()
-end
-
-local function report(state)
-  local reset = 0
-  if state.log.oldest then
-    reset = state.log.oldest + state.period - now
-  end
-  return math.max(state.limit - state.log.count, 0), reset
 end

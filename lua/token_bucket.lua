@@ -1,54 +1,87 @@
--- Token bucket as GCRA (between lua/head.lua and lua/tail.lua): the arithmetic of
--- src/store/gcra.rs, step for step, in microseconds. A counted rule's key is a string holding the
--- theoretical arrival time `tat` (µs), when the bucket is full again; it expires then, since a full
--- bucket is the same as no key. A unit drips back every `interval` = ceil(period / limit) and the
--- bucket holds `tolerance` = burst × interval; policies keep the tolerance within 366 days, so
--- every number stays below 2^53.
-rule_arity = 3 -- limit, period and burst
+-- Token bucket as GCRA (after lua/common.lua; lua/entry.lua calls it, lua/fixed_window.lua says
+-- how): the arithmetic of src/store/gcra.rs, step for step, in microseconds. A counted rule's key
+-- is a string holding the theoretical arrival time `tat` (µs), when the bucket is full again; it
+-- expires then, since a full bucket is the same as no key. A unit drips back every `interval` =
+-- ceil(period / limit) and the bucket holds `tolerance` = burst × interval; policies keep the
+-- tolerance within 366 days, so every number stays below 2^53.
+local token_bucket = {can_delay = true, marks = true}
+-- Per rule: the bucket's tat as read (then as committed), and when the request conforms (false:
+-- never, it costs more than the bucket holds).
+local tb_tat, tb_conforms = {}, {}
 
-local function inspect(i, limit, period, burst)
-  local key = KEYS[i]
-  local interval = div(period * 1000 + limit - 1, limit)
-  local tolerance = burst * interval
-  local tat = tonumber(call('GET', key)) or 0
-  local state = {key = key, interval = interval, tolerance = tolerance, tat = tat, burst = burst}
-  -- The earliest time the request conforms: max(tat, now) + cost × interval − tolerance.
-  local charge = cost * interval
-  if charge <= tolerance then
-    state.conforms_at = math.max(tat, now_us) + charge - tolerance
-    state.fits = state.conforms_at <= now_us
-  else
-    state.fits = false
-  end
-  return state
-end
-
+-- (Numbers handed to redis.call go as text made with string.format: Lua's own conversion costs
+-- Redis about twice as much.)
 local function ceil_ms(us)
   return div(us + 999, 1000)
 end
 
-local function wait(state)
-  if state.conforms_at == nil then
-    return nil
+function token_bucket.prepare(shape)
+  shape.intervals, shape.tolerances = {}, {}
+  for i = 1, shape.rules do
+    local limit = shape.limits[i]
+    local interval = div(shape.periods[i] * 1000 + limit - 1, limit)
+    shape.intervals[i] = interval
+    shape.tolerances[i] = shape.bursts[i] * interval
   end
-  return ceil_ms(state.conforms_at - now_us)
 end
 
-local function commit(state, _, at_us)
+function token_bucket.inspect(shape, i, key, cost)
+  local tat = tonumber(call('GET', key)) or 0
+  tb_tat[i] = tat
+  -- The earliest time the request conforms: max(tat, now) + cost × interval − tolerance.
+  local charge, tolerance = cost * shape.intervals[i], shape.tolerances[i]
+  if charge > tolerance then
+    tb_conforms[i] = false
+    return false
+  end
+  local conforms = math.max(tat, now_us) + charge - tolerance
+  tb_conforms[i] = conforms
+  return conforms <= now_us
+end
+
+function token_bucket.wait(_, i)
+  local conforms = tb_conforms[i]
+  if not conforms then
+    return nil
+  end
+  return ceil_ms(conforms - now_us)
+end
+
+function token_bucket.commit(shape, i, key, cost, _, at_us)
   if cost == 0 then
     return -- a free request moves nothing: the bucket is as it was
   end
-  state.tat = math.max(state.tat, at_us) + cost * state.interval
-  call('SET', state.key, string.format('%d', state.tat), 'PXAT', ceil_ms(state.tat))
+  local tat = math.max(tb_tat[i], at_us) + cost * shape.intervals[i]
+  tb_tat[i] = tat
+  call('SET', key, string.format('%d', tat), 'PXAT', string.format('%d', ceil_ms(tat)))
 end
 
-local function give_back(i, limit, period)
-  local key = KEYS[i]
+function token_bucket.undo()
+end
+
+-- An admission's receipt: the bucket's full time after it (now, when it is full).
+function token_bucket.mark(i)
+  return math.max(tb_tat[i], now_us)
+end
+
+function token_bucket.report(shape, i)
+  local interval, tolerance = shape.intervals[i], shape.tolerances[i]
+  local debt = math.max(tb_tat[i] - now_us, 0)
+  local remaining = div(math.max(tolerance - debt, 0), interval)
+  if debt == 0 then
+    return remaining, 0
+  end
+  -- The bucket holds one more unit once tat - t <= tolerance - (remaining + 1) × interval.
+  local refill = tb_tat[i] + (remaining + 1) * interval - tolerance - now_us
+  return remaining, ceil_ms(math.max(refill, 0))
+end
+
+function token_bucket.give_back(shape, i, key, cost, receipt)
   local tat = tonumber(call('GET', key))
   if tat and tat > now_us then
-    local interval = div(period * 1000 + limit - 1, limit)
+    local interval = shape.intervals[i]
     local back
-    if giving_back then
+    if receipt then
       -- Only what time has not repaid of the charge, which left the bucket full at its mark:
       -- min(cost × interval, mark - now). (Its cost fit the bucket: the product is below 2^53.)
       local unrepaid = math.min(cost * interval, math.max((receipt[2 + i] or 0) - now_us, 0))
@@ -59,26 +92,9 @@ local function give_back(i, limit, period)
       back = math.max(tat - units * interval, now_us)
     end
     if back > now_us then
-      call('SET', key, string.format('%d', back), 'PXAT', ceil_ms(back))
+      call('SET', key, string.format('%d', back), 'PXAT', string.format('%d', ceil_ms(back)))
     else
       call('DEL', key)
     end
   end
-end
-
-local function undo()
-end
-
--- An admission's receipt: the bucket's full time after it (now, when it is full; lua/tail.lua).
-marks_tat = true
-
-local function report(state)
-  local debt = math.max(state.tat - now_us, 0)
-  local remaining = div(math.max(state.tolerance - debt, 0), state.interval)
-  if debt == 0 then
-    return remaining, 0
-  end
-  -- The bucket holds one more unit once tat - t <= tolerance - (remaining + 1) × interval.
-  local refill = state.tat + (remaining + 1) * state.interval - state.tolerance - now_us
-  return remaining, ceil_ms(math.max(refill, 0))
 end

@@ -114,7 +114,7 @@ impl Call<'_> {
         self == Call::Check
     }
 
-    /// The call's number in the script's options (`lua/head.lua`).
+    /// The call's number in the script's options (`lua/entry.lua`).
     pub(crate) fn code(self) -> u64 {
         match self {
             Call::Check => 0,

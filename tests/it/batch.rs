@@ -183,7 +183,7 @@ fn a_batch_decides_exactly_as_one_call_per_request() {
         let policies = policies();
         let (batched_prefix, single_prefix) = (unique_prefix("batched"), unique_prefix("single"));
         let (batched, single) = (store(&redis), store(&redis));
-        // One at a time, the checks without options take the generic check functions rather than
+        // One at a time, the checks without options take `lua/entry.lua`'s check rather than
         // the lean ones of lua/fast.lua: they must decide alike too.
         single.generic_checks_for_tests(true);
         // An hour ahead of Redis's clock, so no key expires by Redis's time while the test runs:

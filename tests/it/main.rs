@@ -46,6 +46,7 @@ mod reset_units;
 mod retry_after;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod store_calls;
 #[cfg(feature = "metrics")]
 mod store_faults;
 mod tcp;

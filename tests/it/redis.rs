@@ -17,6 +17,7 @@ use common::{app, assert_refused, limits, request_from, retry_after_secs, send};
 use http::StatusCode;
 use proptest::prelude::*;
 use redis::Commands;
+use tower_redis_ratelimit::concurrency::ConcurrencyLimit;
 use tower_redis_ratelimit::quota::QuotaThreshold;
 use tower_redis_ratelimit::store::{CheckRequest, ManualClock, QuotaRequest, RedisStore};
 use tower_redis_ratelimit::{
@@ -890,6 +891,35 @@ async fn a_block_on_redis_does_not_hide_a_used_up_quota() {
     assert_every_key_expires(&redis, &prefix);
 }
 
+/// A settle's overdraw during a penalty block still charges the day's quota, and the alerts it
+/// fires are in the block's answer, on Redis as in memory.
+#[tokio::test]
+async fn an_overdraw_during_a_block_fires_its_quota_alerts_on_both_stores() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("blockalerts");
+    let rules = [Rule::per_hour(1)];
+    let thresholds = [50u8, 100].map(|percent| QuotaThreshold {
+        percent,
+        used: (u64::from(percent) * 2).div_ceil(100),
+    });
+    let quota_key = format!("{prefix}:daily:user:ivo");
+    let key = format!("{prefix}:p:user:ivo");
+    let quota = QuotaRequest::new(&quota_key, 2, 86_400_000, 0, &thresholds);
+    let request = CheckRequest::new(&key, &rules, Algorithm::FixedWindow)
+        .block_for(Some(Duration::from_secs(3_600)))
+        .quota(Some(quota))
+        .cost(2);
+    let stores: [Box<dyn Store>; 2] = [Box::new(MemoryStore::new()), Box::new(store(&redis))];
+    for store in stores {
+        // Refused (it costs more than the rule holds), which starts the block.
+        assert!(!store.check(&request).await.unwrap().allowed);
+        let overdrawn = store.overdraw(&request).await.unwrap();
+        assert!(!overdrawn.allowed, "{}: blocked", store.name());
+        assert_eq!(overdrawn.quota_alerts, [50, 100], "{}", store.name());
+    }
+    assert_every_key_expires(&redis, &prefix);
+}
+
 /// Crossing midnight on Redis time, with a day shortened to two seconds: the count starts over and
 /// the alerts fire again.
 #[tokio::test]
@@ -938,11 +968,25 @@ async fn a_quota_on_redis_starts_over_at_midnight() {
 /// much each request costs), and a scale that multiplies every limit and cost (large costs).
 type Case = (
     (Algorithm, Vec<(u64, u64, u64)>, bool, bool),
-    Option<(u64, u64)>,
+    (Option<(u64, u64)>, Option<u64>),
     Option<u64>,
-    Vec<(usize, u64, bool)>,
+    Vec<(usize, u64, Step)>,
     u64,
 );
+
+/// What a request of [`memory_and_redis_agree`] does.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Check,
+    /// A refund of its cost to the current windows.
+    Refund,
+    /// A give-back of its key's last admission, by its receipt.
+    GiveBack,
+    /// An overdraw of its cost, past the limits if need be.
+    Overdraw,
+    /// The release of the oldest lease taken for its key.
+    Release,
+}
 
 fn sequences() -> impl Strategy<Value = Case> {
     let algorithm = prop_oneof![
@@ -966,17 +1010,26 @@ fn sequences() -> impl Strategy<Value = Case> {
         seen.dedup();
         seen.len() == rules.len()
     });
-    // Which identity, the cost, and whether it is a refund of that cost rather than a check.
-    let requests = prop::collection::vec((0usize..3, 0u64..4, prop::bool::weighted(0.2)), 1..25);
+    // Which identity, the cost, and what the request does.
+    let step = prop_oneof![
+        12 => Just(Step::Check),
+        2 => Just(Step::Refund),
+        2 => Just(Step::GiveBack),
+        1 => Just(Step::Overdraw),
+        3 => Just(Step::Release),
+    ];
+    let requests = prop::collection::vec((0usize..3, 0u64..4, step), 1..25);
     // A daily limit and where its days start (the UTC offset's midnight, as ms after UTC's).
     let quota = prop::option::of((1u64..8, 0u64..86_400_000));
+    // A concurrency limit's most requests in flight, its leases longer than any case runs.
+    let in_flight = prop::option::of(1u64..4);
     // Waits within the cases' periods (an hour or more), so reservations are made.
     let max_delay = prop::option::of(prop_oneof![Just(3_600_000u64), Just(10_800_000)]);
     // Costs of millions and billions of units cost the stores no more than costs of one.
     let scale = prop_oneof![Just(1u64), Just(1_000_000), Just(500_000_000)];
     (
         (algorithm, rules, any::<bool>(), any::<bool>()),
-        quota,
+        (quota, in_flight),
         max_delay,
         requests,
         scale,
@@ -985,9 +1038,10 @@ fn sequences() -> impl Strategy<Value = Case> {
 
 /// The same requests through the in-memory store and the Redis store get the same answers, for
 /// every algorithm, with and without a duplicate guard, a penalty block, a daily quota (shared
-/// by the three identities' two keys each, with alerts at 50 % and 100 %) and delay mode (for
-/// the algorithms that reserve), with costs of a few units or of billions, refunds among the
-/// checks, and a peek before each finds the same in both. One Redis for all cases.
+/// by the three identities' two keys each, with alerts at 50 % and 100 %), a concurrency limit
+/// and delay mode (for the algorithms that reserve), with costs of a few units or of billions,
+/// refunds, give-backs by receipt, overdraws and lease releases among the checks, and a peek
+/// before each finds the same in both. One Redis for all cases.
 #[test]
 fn memory_and_redis_agree() {
     let redis = TestRedis::shared();
@@ -996,12 +1050,12 @@ fn memory_and_redis_agree() {
         .build()
         .unwrap();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 32,
+        cases: 96,
         ..ProptestConfig::default()
     });
     let outcome = runner.run(
         &sequences(),
-        |((algorithm, rules, guard, block), quota, max_delay, requests, scale)| {
+        |((algorithm, rules, guard, block), (quota, in_flight), max_delay, requests, scale)| {
             let mut builder = Policy::builder("agree").algorithm(algorithm);
             for (limit, period, burst) in rules {
                 let rule = Rule::new(limit * scale, Duration::from_millis(period));
@@ -1035,8 +1089,21 @@ fn memory_and_redis_agree() {
             let memory_store = MemoryStore::builder()
                 .clock(ManualClock::new(now_ms))
                 .build();
+            let concurrency =
+                in_flight.map(|most| ConcurrencyLimit::new(most, Duration::from_secs(36_000)));
+            // Per key and store: its last admission (a receipt) and the leases it holds (a lease
+            // is released by the key it was taken for: ids are unique per key).
+            let mut admitted: HashMap<(String, bool), tower_redis_ratelimit::Decision> =
+                HashMap::new();
+            let mut leases: HashMap<(String, bool), Vec<u64>> = HashMap::new();
+            let remaining = |d: &tower_redis_ratelimit::Decision| {
+                d.rules
+                    .iter()
+                    .map(|r| (r.remaining, r.retry_after.is_some()))
+                    .collect::<Vec<_>>()
+            };
             runtime.block_on(async {
-                for (who, cost, refund) in requests {
+                for (who, cost, step) in requests {
                     let key = format!("{prefix}:p{}:user:{who}", cost % 2);
                     let quota_key = format!("{prefix}:daily:user:{who}");
                     let thresholds = quota.map(|(limit, _)| {
@@ -1055,27 +1122,68 @@ fn memory_and_redis_agree() {
                         .cost(cost * scale)
                         .max_delay(max_delay)
                         .block_for(block_for)
-                        .quota(quota);
+                        .quota(quota)
+                        .concurrency(concurrency);
                     // A peek first: it finds the same in both, and changes nothing.
                     let peek_memory = memory_store.peek(&request).await.unwrap();
                     let peek_redis = redis_store.peek(&request).await.unwrap();
                     prop_assert_eq!(&peek_memory, &peek_redis);
-                    if refund {
-                        let in_memory = memory_store.refund(&request).await.unwrap();
-                        let in_redis = redis_store.refund(&request).await.unwrap();
-                        prop_assert_eq!(&in_memory, &in_redis);
-                        continue;
-                    }
-                    let in_memory = memory_store.check(&request).await.unwrap();
-                    let in_redis = redis_store.check(&request).await.unwrap();
+                    let (in_memory, in_redis) = match step {
+                        Step::Refund => {
+                            let in_memory = memory_store.refund(&request).await.unwrap();
+                            let in_redis = redis_store.refund(&request).await.unwrap();
+                            prop_assert_eq!(&in_memory, &in_redis);
+                            continue;
+                        }
+                        Step::GiveBack => {
+                            let (Some(memory), Some(redis)) = (
+                                admitted.get(&(key.clone(), false)),
+                                admitted.get(&(key.clone(), true)),
+                            ) else {
+                                continue;
+                            };
+                            (
+                                memory_store.give_back(&request, memory).await.unwrap(),
+                                redis_store.give_back(&request, redis).await.unwrap(),
+                            )
+                        }
+                        Step::Overdraw => (
+                            memory_store.overdraw(&request).await.unwrap(),
+                            redis_store.overdraw(&request).await.unwrap(),
+                        ),
+                        Step::Release => {
+                            let taken = |in_redis: bool, leases: &mut HashMap<_, Vec<u64>>| {
+                                let held = leases.entry((key.clone(), in_redis)).or_default();
+                                (!held.is_empty()).then(|| held.remove(0))
+                            };
+                            if let (Some(memory), Some(redis)) =
+                                (taken(false, &mut leases), taken(true, &mut leases))
+                            {
+                                memory_store.release(&request, memory).await.unwrap();
+                                redis_store.release(&request, redis).await.unwrap();
+                            }
+                            continue;
+                        }
+                        Step::Check => {
+                            let in_memory = memory_store.check(&request).await.unwrap();
+                            let in_redis = redis_store.check(&request).await.unwrap();
+                            for (decision, in_redis) in [(&in_memory, false), (&in_redis, true)] {
+                                if decision.allowed {
+                                    admitted.insert((key.clone(), in_redis), decision.clone());
+                                }
+                                if let Some(lease) = decision.lease {
+                                    leases
+                                        .entry((key.clone(), in_redis))
+                                        .or_default()
+                                        .push(lease);
+                                }
+                            }
+                            prop_assert_eq!(in_memory.lease.is_some(), in_redis.lease.is_some());
+                            (in_memory, in_redis)
+                        }
+                    };
                     prop_assert_eq!(in_memory.allowed, in_redis.allowed);
                     prop_assert_eq!(&in_memory.quota_alerts, &in_redis.quota_alerts);
-                    let remaining = |d: &tower_redis_ratelimit::Decision| {
-                        d.rules
-                            .iter()
-                            .map(|r| (r.remaining, r.retry_after.is_some()))
-                            .collect::<Vec<_>>()
-                    };
                     prop_assert_eq!(remaining(&in_memory), remaining(&in_redis));
                     // Resets, retries and delays agree too, up to the two clocks' difference (the
                     // memory store's ms since its start against Redis TIME, a few ms apart at most).
@@ -1118,9 +1226,9 @@ fn lua_sliding_counter_waits(
     let helpers = &script[script.find("local function weighted").unwrap()
         ..script.find("-- (end of the helpers").unwrap()];
     let body = format!(
-        "local floor = math.floor\nlocal ONE = 65536\nlocal cost = tonumber(ARGV[1])\n{helpers}\n\
-         local a = {{}}\nfor i = 2, 6 do a[i] = tonumber(ARGV[i]) end\n\
-         return {{wait_until_fits(a[2], a[3], a[4], a[5], a[6]), wait_until_frees(a[2], a[3], a[5], a[6])}}"
+        "local floor = math.floor\nlocal ONE = 65536\n{helpers}\n\
+         local a = {{}}\nfor i = 1, 6 do a[i] = tonumber(ARGV[i]) end\n\
+         return {{wait_until_fits(a[2], a[3], a[1], a[4], a[5], a[6]), wait_until_frees(a[2], a[3], a[5], a[6])}}"
     );
     let (fits, frees): (u64, u64) = redis::cmd("EVAL")
         .arg(body)

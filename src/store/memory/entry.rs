@@ -1,6 +1,6 @@
 //! The counters of one key, and the step every check shares whatever the algorithm: check every
 //! rule (and the daily quota), then record in all or none; answer a penalty block. The counterpart
-//! of `lua/head.lua` and `lua/tail.lua`; each rule's own arithmetic is its [`Counter`]'s.
+//! of `lua/entry.lua`; each rule's own arithmetic is its [`Counter`]'s.
 
 use std::time::Duration;
 

@@ -9,8 +9,7 @@
 //! entry (16 bytes) per admitted request, so a sliding-log key can take up to `16 × limit` bytes
 //! per rule.
 //!
-//! Laid out as `lua/` is: [`entry`] is the shared step of a check (`lua/head.lua` and
-//! `lua/tail.lua`), [`counter`] dispatches to one file per algorithm ([`fixed_window`],
+//! Laid out as `lua/` is: [`entry`] is the shared step of a check (`lua/entry.lua`), [`counter`] dispatches to one file per algorithm ([`fixed_window`],
 //! [`sliding_log`], [`sliding_counter`], [`token_bucket`], as `lua/fixed_window.lua` …), and
 //! [`quota`] keeps the daily quotas.
 

@@ -42,7 +42,7 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
     limits
 }
 
-/// One check packed for the batch script (see `lua/batch.lua` and `lua/head.lua`): its keys
+/// One check packed for the batch script (see `lua/batch.lua` and `lua/entry.lua`): its keys
 /// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<leases key>]
 /// [<block key>]`), then
 /// its shape: `<algorithm>|<key count>|<cost>|<options>|<limit>|<period>[|<burst>]…` (a limit,
@@ -63,7 +63,7 @@ pub(super) struct PackedCheck {
 
 impl PackedCheck {
     /// `request` packed; `generic`: with its options spelled out even when all are zero, so the
-    /// script takes the generic check function rather than `lua/fast.lua` (tests compare them).
+    /// script takes `lua/entry.lua`'s check rather than `lua/fast.lua`'s (tests compare them).
     pub(super) fn new(request: &CheckRequest<'_>, generic: bool) -> Self {
         let counted = || {
             request
@@ -154,7 +154,7 @@ impl PackedCheck {
         piece(data, keys as u64);
         piece(data, request.cost);
         if request.is_metered() {
-            // `<cost>:<units>:<flags>`: a flag per counted rule, then the quota's (lua/head.lua).
+            // `<cost>:<units>:<flags>`: a flag per counted rule, then the quota's (lua/common.lua).
             data.push(':');
             data.push_str(itoa::Buffer::new().format(request.units));
             data.push(':');
@@ -190,7 +190,7 @@ impl PackedCheck {
                     u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
                 }),
                 // 0: a check, 1: a peek, 2: a refund, 3: a give-back, 4: an overdraw
-                // (lua/head.lua).
+                // (lua/entry.lua).
                 request.call.code(),
             ];
             for threshold in thresholds {
@@ -214,6 +214,27 @@ impl PackedCheck {
         if let Call::GiveBack(charged) = request.call {
             packed.receipt = receipt_of(request, charged);
         }
+        packed
+    }
+
+    /// The release of concurrency lease `lease` of `request`, an entry of a batch (see
+    /// `lua/batch.lua`): its one key, the leases, and the shape `rl|1`; its receipt is the lease's
+    /// id, and its entry names no rule.
+    pub(super) fn release(request: &CheckRequest<'_>, lease: u64) -> Self {
+        let mut packed = PackedCheck {
+            data: String::with_capacity(2 * request.key.len() + 24),
+            ends: Vec::with_capacity(1),
+            limits: Vec::new(),
+            receipt: itoa::Buffer::new().format(lease).to_owned(),
+        };
+        write_key(
+            &mut packed.data,
+            request.key,
+            request.identity,
+            &["inflight"],
+        );
+        packed.end_key();
+        packed.data.push_str("rl|1");
         packed
     }
 
@@ -262,7 +283,7 @@ fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -
 }
 
 /// Appends the key of `request`'s reset marker: when its identity was last reset
-/// (`lua/reset.lua`), which a give-back of an earlier admission reads (`lua/head.lua`).
+/// (`lua/reset.lua`), which a give-back of an earlier admission reads (`lua/entry.lua`).
 pub(super) fn write_reset_marker(key: &mut String, request: &CheckRequest<'_>) {
     write_key(key, request.key, request.identity, &["reset"]);
 }

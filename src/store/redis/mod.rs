@@ -29,7 +29,7 @@ use self::client::ServerCheck;
 use self::command::PackedCheck;
 use self::connection::{Connection, Connector};
 use self::error::store_error;
-use self::script::{LIBRARY, PAUSE, PAUSE_LEFT, RELEASE, RESET, block_key, evalsha};
+use self::script::{LIBRARY, PAUSE, PAUSE_LEFT, RESET, block_key, evalsha};
 use self::topology::Target;
 use super::{
     ActionFuture, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
@@ -305,22 +305,22 @@ impl Store for RedisStore {
     }
 
     fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
-        // The leases key is the last of a check with a concurrency limit and nothing after it.
-        let request = CheckRequest {
-            quota: None,
-            block_for: None,
-            ..*request
-        };
-        let packed = PackedCheck::new(&request, true);
-        let (Some(leases), true) = (packed.keys().last(), request.concurrency.is_some()) else {
+        if request.concurrency.is_none() {
             return Box::pin(std::future::ready(Err(StoreError::Config(
                 "a release needs the request's concurrency limit".into(),
             ))));
-        };
-        // A script, like reset: a cluster router finds the slot from its first key.
-        let mut command = evalsha(&RELEASE);
-        command.arg(1).arg(leases).arg(lease);
-        self.run_action(command, &RELEASE)
+        }
+        // An entry of a batch, as a check is: it group-commits with them.
+        let member = self.member_of(PackedCheck::release(request, lease));
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let released = if shared.connector.is_cluster() {
+                shared.call_alone(&member).await
+            } else {
+                shared.check_batched(member).await
+            };
+            released.map(drop)
+        })
     }
 }
 
@@ -334,8 +334,13 @@ impl RedisStore {
 
     /// `request` packed, with this store's timeout and replication.
     fn member(&self, request: &CheckRequest<'_>) -> Member {
+        self.member_of(PackedCheck::new(request, self.shared.hooks.generic_only()))
+    }
+
+    /// `check`, with this store's timeout and replication.
+    fn member_of(&self, check: PackedCheck) -> Member {
         Member {
-            check: PackedCheck::new(request, self.shared.hooks.generic_only()),
+            check,
             replicas: self.wait_for_replicas,
             deadline: Instant::now() + self.timeout,
             timeout: self.timeout,

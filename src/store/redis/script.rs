@@ -1,6 +1,6 @@
 //! The store's Lua, assembled from `lua/`: the batch script (`EVALSHA`) and the same code as a
-//! function library (`FCALL`) with a check function per algorithm, and the small scripts of the
-//! store's actions (reset, pause, release), each sent by its hash.
+//! function library (`FCALL`), and the small scripts of the
+//! store's actions (reset, pause), each sent by its hash.
 
 use std::time::Duration;
 
@@ -9,35 +9,18 @@ use ::redis::{Cmd, Script};
 use super::command::PackedCheck;
 use crate::store::{CheckRequest, StoreError};
 
-/// A check function of the batch script for one algorithm (see `lua/batch.lua`): the shared head
-/// (arguments, penalty block, duplicate guard), the algorithm's part, the shared tail (check all,
-/// record in all or none, reply).
-macro_rules! check_function {
-    ($code:literal, $algorithm:literal) => {
-        concat!(
-            "checks.",
-            $code,
-            " = function(KEYS, ARGV, now_us, receipt)\n",
-            include_str!("../../../lua/head.lua"),
-            include_str!(concat!("../../../lua/", $algorithm, ".lua")),
-            include_str!("../../../lua/tail.lua"),
-            "end\n"
-        )
-    };
-}
-
-/// The store's Lua: shared helpers, a check function per algorithm, the lean functions of the
-/// common case, and `batch(KEYS, ARGV)`, the function that runs a batch of checks
-/// (`lua/batch.lua`).
+/// The store's Lua: shared helpers, each algorithm's part, one check of a batch
+/// (`lua/entry.lua`), the lean functions of the common case, and `batch(KEYS, ARGV)`, the function
+/// that runs a batch of checks (`lua/batch.lua`).
 macro_rules! library_body {
     () => {
         concat!(
             include_str!("../../../lua/common.lua"),
-            "local checks = {}\n",
-            check_function!("fw", "fixed_window"),
-            check_function!("sl", "sliding_log"),
-            check_function!("sc", "sliding_counter"),
-            check_function!("tb", "token_bucket"),
+            include_str!("../../../lua/fixed_window.lua"),
+            include_str!("../../../lua/sliding_log.lua"),
+            include_str!("../../../lua/sliding_counter.lua"),
+            include_str!("../../../lua/token_bucket.lua"),
+            include_str!("../../../lua/entry.lua"),
             include_str!("../../../lua/fast.lua"),
             include_str!("../../../lua/batch.lua")
         )
@@ -53,8 +36,8 @@ pub(super) const SCRIPT: &str = concat!(
 );
 
 /// The store's Lua as a Redis function library (`FUNCTION LOAD` once, then `FCALL`): the helpers
-/// and check functions are made when the library loads rather than at every call, which saves Redis
-/// a few microseconds per call. Its name (also the function's) carries the script's hash, so
+/// and the algorithms' parts are made when the library loads, and the shapes it parses are kept,
+/// rather than at every call, which saves Redis a few microseconds per call. Its name (also the function's) carries the script's hash, so
 /// instances of two versions of the crate sharing a Redis (a rolling deploy) each call their own.
 pub(super) struct Library {
     pub(super) name: String,
@@ -100,8 +83,6 @@ pub(super) static PAUSE: ActionScript = action_script!("pause.lua");
 /// Reads the time a pause has left (`lua/pause_left.lua`), before each outbound call that waited
 /// for its slot is sent.
 pub(super) static PAUSE_LEFT: ActionScript = action_script!("pause_left.lua");
-/// Releases a concurrency lease (`lua/release.lua`).
-pub(super) static RELEASE: ActionScript = action_script!("release.lua");
 
 /// `EVALSHA <hash of script>`, for the keys and arguments to follow.
 pub(super) fn evalsha(script: &ActionScript) -> Cmd {
@@ -110,7 +91,7 @@ pub(super) fn evalsha(script: &ActionScript) -> Cmd {
     command
 }
 
-/// The block key of `request`: the last key of a check of it with a block (see `lua/head.lua`),
+/// The block key of `request`: the last key of a check of it with a block (see `lua/entry.lua`),
 /// where a penalty block and a pause are kept.
 pub(super) fn block_key(request: &CheckRequest<'_>) -> Result<Vec<u8>, StoreError> {
     let request = CheckRequest {

@@ -1,4 +1,4 @@
-//! Hooks for the crate's own tests: a fixed Redis time, the generic check functions, a batch sent
+//! Hooks for the crate's own tests: a fixed Redis time, checks that skip `lua/fast.lua`, a batch sent
 //! by hand. Compiled in debug builds (as `cargo test` builds) and with the `test-hooks` feature;
 //! never in a release build, so production pays for none of it.
 
@@ -27,7 +27,7 @@ impl TestHooks {
         Some(self.fixed_time_us.load(Ordering::Relaxed)).filter(|&time| time > 0)
     }
 
-    /// Whether checks take the generic check functions only.
+    /// Whether checks take `lua/entry.lua` only, never `lua/fast.lua`.
     pub(super) fn generic_only(&self) -> bool {
         self.generic_only.load(Ordering::Relaxed)
     }

@@ -1,0 +1,448 @@
+-- One check of a batch (after the algorithms' parts, before lua/batch.lua): every rule of one
+-- request is checked, and recorded in all or none. `run_entry(shape, base, receipt)` runs it; its
+-- shape (parsed once per batch or library, see lua/batch.lua) says what the check uses, and it
+-- runs only the steps for that: a rule alone costs its algorithm's commands and nothing more, and
+-- each option adds its own. Nothing is made per check (no closure, no table but a sliding log's
+-- read): what one check finds is kept in this file's tables, by rule, until the next.
+--
+-- A shape (parsed from the check's arguments, see lua/batch.lua) holds:
+--   algorithm      the algorithm's part (lua/fixed_window.lua says what it has), rules (how many
+--                  counted rules), limits[i], periods[i], bursts[i] (the limit, but a token
+--                  bucket's own), costs[i] and quota_cost (the request's cost in each), ones (the
+--                  same, a unit each: what a refund's or an overdraw's answer peeks)
+--   max_delay      ms (0: refuse what doesn't fit now; -1: the algorithm can't reserve)
+--   guard_window   the duplicate guard's window (ms; 0: none)
+--   block          the penalty block (ms; 0: none)
+--   quota_limit    0: no quota; quota_day (ms), quota_offset (where days start after epoch-aligned
+--                  ones, ms), thresholds (how many alerts), percents[j] and useds[j] (the count
+--                  that reaches each)
+--   max_in_flight  0: no concurrency limit; lease (a lease's length, ms)
+--   kind           what this is: 0 a check, 1 a peek, 2 a refund, 3 a give-back, 4 an overdraw
+--   where its keys are, counted from `base` (the key before its first): counted rule i at i, then
+--   guard_at, quota_at (its alert flags from flags_at), in_flight_at, block_at, marker_at (0 for
+--   those it lacks)
+-- Its keys (KEYS[base + ...]), in this order, those that apply:
+--   the counter of counted rule i (i = 1..rules), in the algorithm's own layout
+--   the duplicate guard: a string holding the admission time (ms)
+--   the daily quota: a hash from day start (ms) to that day's count
+--   one alert flag per quota threshold: a string holding the day start it last fired for
+--   the concurrency limit's leases: a sorted set of lease ids scored by their expiry (ms)
+--   the penalty block: a string holding the block's end (ms)
+--   a give-back's reset marker: the time (ms) the identity was last reset (lua/reset.lua)
+--   All keys of one identity share a hash tag, so the script runs on Redis Cluster (a quota keyed
+--   like its policy shares it too).
+-- receipt          a give-back's: where its admission was charged (see lua/batch.lua), nil for
+--                  every other kind: {checked (ms), delay (ms), then per counted rule a token
+--                  bucket's full time after the charge (µs)}
+--
+-- A peek (RateLimiter::peek) finds what a check would and writes nothing: no charge, no key, no
+-- expiry moved, no block, nothing removed. A refund (RateLimiter::refund) gives back `cost` units
+-- of the current windows, then answers as a peek of one unit; a give-back (Admitted::refund, a
+-- count_only settle, units taken ahead) gives them back only where its receipt says they were
+-- charged, and only what is still held of them there. An overdraw (a settle's units used beyond
+-- its reservation) charges them past the limits if it must, then answers as a peek of one unit.
+--
+-- Its entry, written into `out` after item n (see lua/batch.lua) once its last Redis command has
+-- run: an admission's short form when it fits (admitted at once, no lease, no receipt mark, no
+-- alert), else, after its length negated, {allowed (1|0), delay (ms to wait before going on), then
+-- per rule (the counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms,
+-- -1 if this rule admits the request), then, with a concurrency limit, its item (remaining slots,
+-- ms until the earliest lease expires, retry) and the lease taken (its id, 0 for none), then, when
+-- admitted, per counted rule its receipt mark if the algorithm has one (a token bucket's full
+-- time, µs), then the percents of the quota alerts this request fired}. Every number is an integer
+-- below 2^53, so Lua's doubles hold it exactly.
+
+-- The batch being run (lua/batch.lua sets them): its keys, and its reply so far.
+local batch_keys, out
+
+local KIND_CHECK, KIND_PEEK, KIND_REFUND, KIND_GIVE_BACK, KIND_OVERDRAW = 0, 1, 2, 3, 4
+
+-- What the check being run found, per counted rule: whether it fits, and when it would (a
+-- refusing rule's wait; false: never).
+local fits, waits = {}, {}
+-- A refund's or give-back's per counted rule: whether a peek of one unit fits after it, or nil
+-- when the algorithm left it to be read.
+local given = {}
+-- The quota's alerts the check fired.
+local fired, fired_count = {}, 0
+-- The last lease id handed out: ids are the batch's time (µs), made unique by counting on from
+-- the last one (a library keeps it from call to call; ZADD NX still guards a clock that stepped
+-- back, or a script, which starts again at each call).
+local last_lease = 0
+
+-- The start of the quota's day that `at` (ms) falls in.
+local function quota_day_start(shape, at)
+  local day = shape.quota_day
+  return at - (at + day - shape.quota_offset % day) % day
+end
+
+-- The day's quota count went from `before` to `after` (a charge of the key `quota_key` for the
+-- day starting at `start`): fires the alerts whose threshold it reached first, once per key,
+-- threshold and day (the flag holds the day it fired for and lives 30 hours).
+local function quota_alerts(shape, base, start, before, after)
+  for j = 1, shape.thresholds do
+    local used = shape.useds[j]
+    if before < used and after >= used then
+      local flag_key = batch_keys[base + shape.flags_at + j - 1]
+      if tonumber(call('GET', flag_key)) ~= start then
+        call('SET', flag_key, start, 'PX', 30 * 3600 * 1000)
+        fired_count = fired_count + 1
+        fired[fired_count] = shape.percents[j]
+      end
+    end
+  end
+end
+
+-- Charges `units` to the quota's day starting at `start`; returns the count after. A day's first
+-- charge makes the key live to the day's end (the same call's charges after it find it so).
+local function quota_add(shape, key, start, units)
+  local after = call('HINCRBY', key, text_of(start), text_of(units))
+  if after == units then
+    expire_at_least(key, start + shape.quota_day)
+  end
+  return after
+end
+
+-- The block's reply: every item refused until the later of the block's end and the time it would
+-- admit the request itself (a client that waits as long as Retry-After says must not find a rule
+-- still full, and be refused and blocked anew); written once every command ran.
+local function write_blocked(shape, blocked_for, own_waits, n)
+  local items = shape.rules + (shape.guard_window > 0 and 1 or 0) + (shape.quota_limit > 0 and 1 or 0)
+                + (shape.max_in_flight > 0 and 1 or 0)
+  local start = n
+  out[n + 2], out[n + 3] = 0, 0
+  n = n + 3
+  for k = 1, items do
+    local until_free = math.max(blocked_for, own_waits[k])
+    out[n + 1], out[n + 2], out[n + 3] = 0, until_free, until_free
+    n = n + 3
+  end
+  if shape.max_in_flight > 0 then
+    out[n + 1] = 0
+    n = n + 1
+  end
+  -- The alerts an overdraw fired before the block answered.
+  for j = 1, fired_count do
+    out[n + j] = fired[j]
+  end
+  n = n + fired_count
+  out[start + 1] = start + 1 - n
+  return n
+end
+
+-- A refusing item's retry (ms), which counts to the end of a block its refusal started
+-- (`block`: the block's length, 0 when none started).
+local function retry_of(wait_ms, block)
+  if block > wait_ms then
+    return block
+  end
+  return wait_ms
+end
+
+-- Runs the check of `shape` whose keys follow KEYS[base], writing its entry after out[n];
+-- returns the index of its last item.
+local function run_entry(shape, base, receipt, n)
+  local algorithm, rules, kind = shape.algorithm, shape.rules, shape.kind
+  local keys = batch_keys
+  local costs, quota_cost = shape.costs, shape.quota_cost
+  local quota_limit, max_in_flight = shape.quota_limit, shape.max_in_flight
+  local giving_back = kind == KIND_GIVE_BACK
+  local peeking = kind ~= KIND_CHECK
+  fired_count = 0
+
+  -- Whether the counted rules get anything back: not after a reset that came at or after the
+  -- charge (their counts since hold nothing of it; the quota, never reset, still may).
+  local rules_give_back = true
+  if giving_back then
+    if receipt == nil then
+      error('a give-back without its receipt')
+    end
+    local reset_at = tonumber(call('GET', keys[base + shape.marker_at]))
+    rules_give_back = reset_at == nil or reset_at < receipt[1]
+  end
+
+  -- A penalty block refuses everything until it ends: the time it has left.
+  local blocked_for = 0
+  if shape.block > 0 then
+    blocked_for = math.max((tonumber(call('GET', keys[base + shape.block_at])) or 0) - now, 0)
+  end
+
+  -- The duplicate guard: the time of the last admission, while it is less than a window ago.
+  local guard_stamp = nil
+  if shape.guard_window > 0 then
+    guard_stamp = tonumber(call('GET', keys[base + shape.guard_at]))
+    if guard_stamp and guard_stamp + shape.guard_window <= now then
+      guard_stamp = nil
+    end
+  end
+
+  local quota_key = quota_limit > 0 and keys[base + shape.quota_at] or nil
+
+  -- A refund gives back its units in every counted rule and the day's quota, then answers as a
+  -- peek of one unit.
+  -- (Per counted rule, what its give-back left for the peek: nil when the rule must be read.)
+  local peeked = false
+  if kind == KIND_REFUND or giving_back then
+    if rules_give_back then
+      for i = 1, rules do
+        given[i] = algorithm.give_back(shape, i, keys[base + i], costs[i], receipt)
+      end
+      peeked = true
+    end
+    -- The quota's units go back to the day that was charged, while it lasts.
+    if quota_key and (not giving_back
+                      or quota_day_start(shape, receipt[1]) == quota_day_start(shape, now)) then
+      take_back(quota_key, text_of(quota_day_start(shape, now)), quota_cost)
+    end
+    costs, quota_cost = shape.ones, 1
+  elseif kind == KIND_OVERDRAW then
+    -- Every counted rule and the quota charged in their current windows without a check, each
+    -- by at most its limit (a token bucket's burst).
+    for i = 1, rules do
+      local cost = math.min(costs[i], shape.bursts[i])
+      if cost > 0 then
+        local key = keys[base + i]
+        algorithm.inspect(shape, i, key, cost, false)
+        algorithm.commit(shape, i, key, cost, now, now_us)
+      end
+    end
+    if quota_key then
+      local units = math.min(quota_cost, quota_limit)
+      if units > 0 then
+        local start = quota_day_start(shape, now)
+        local after = quota_add(shape, quota_key, start, units)
+        quota_alerts(shape, base, start, after - units, after)
+      end
+    end
+    costs, quota_cost = shape.ones, 1
+  end
+
+  local allowed = guard_stamp and 0 or 1
+  local refused_by_rules = false
+  -- The wait until every refusing rule admits the request; nil when one never will.
+  local longest_wait = 0
+  for i = 1, rules do
+    local cost = costs[i]
+    local fit
+    if peeked and given[i] ~= nil then
+      fit = given[i]
+    else
+      fit = algorithm.inspect(shape, i, keys[base + i], cost, peeking)
+    end
+    fits[i] = fit
+    if not fit then
+      allowed = 0
+      refused_by_rules = true
+      local rule_wait = algorithm.wait(shape, i, cost, keys[base + i])
+      waits[i] = rule_wait or false
+      if rule_wait == nil or longest_wait == nil then
+        longest_wait = nil
+      elseif rule_wait > longest_wait then
+        longest_wait = rule_wait
+      end
+    end
+  end
+
+  -- The daily quota: a fixed window of one day, starting at the quota's midnight. A check that
+  -- may be admitted charges it at once (one command, as a fixed window's rule), and takes the
+  -- charge back if the request is refused.
+  local quota_start, quota_count, quota_fits, quota_charged = 0, 0, true, false
+  if quota_key then
+    quota_start = quota_day_start(shape, now)
+    if peeking or blocked_for > 0 then
+      quota_count = tonumber(call('HGET', quota_key, text_of(quota_start))) or 0
+    else
+      quota_count = quota_add(shape, quota_key, quota_start, quota_cost) - quota_cost
+      quota_charged = true
+    end
+    quota_fits = quota_count + quota_cost <= quota_limit
+    if not quota_fits then
+      allowed = 0
+    end
+  end
+
+  -- The concurrency limit: leases past their expiry are gone (their requests ended without a
+  -- word, their instance died), the others each hold a slot; `earliest`, when the first of them
+  -- expires (nil: none is held).
+  local in_flight_key, held, earliest, slot_fits = nil, 0, nil, true
+  if max_in_flight > 0 then
+    in_flight_key = keys[base + shape.in_flight_at]
+    if peeking then
+      -- (Expired leases are still there: a peek removes nothing.)
+      held = call('ZCOUNT', in_flight_key, '(' .. text_of(now), '+inf')
+      if held > 0 then
+        earliest = call('ZRANGEBYSCORE', in_flight_key, '(' .. text_of(now), '+inf', 'WITHSCORES',
+                        'LIMIT', 0, 1)[2]
+      end
+    else
+      call('ZREMRANGEBYSCORE', in_flight_key, '-inf', now)
+      held = call('ZCARD', in_flight_key)
+      if held > 0 then
+        earliest = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')[2]
+      end
+    end
+    earliest = tonumber(earliest)
+    slot_fits = held < max_in_flight
+    if not slot_fits then
+      allowed = 0
+    end
+  end
+
+  -- When a refused quota admits the request: at the end of its day, or (a cost above its limit,
+  -- which no day admits) a day from now.
+  local quota_wait = 0
+  if not quota_fits then
+    quota_wait = quota_cost > quota_limit and shape.quota_day
+                 or quota_start + shape.quota_day - now
+  end
+
+  if blocked_for > 0 then
+    -- During a penalty block nothing is admitted or counted.
+    local own_waits = {}
+    for i = 1, rules do
+      own_waits[i] = fits[i] and 0 or (waits[i] or shape.periods[i])
+      algorithm.undo(shape, i, keys[base + i], costs[i], peeking)
+    end
+    local at = rules
+    if shape.guard_window > 0 then
+      at = at + 1
+      own_waits[at] = guard_stamp and guard_stamp + shape.guard_window - now or 0
+    end
+    if quota_key then
+      at = at + 1
+      own_waits[at] = quota_wait
+    end
+    if in_flight_key then
+      at = at + 1
+      own_waits[at] = (not slot_fits and earliest) and math.max(earliest - now, 0) or 0
+    end
+    return write_blocked(shape, blocked_for, own_waits, n)
+  end
+
+  -- A reservation: a request that may wait is recorded for the time it fits. Never a duplicate,
+  -- nor past the quota (a calendar day can't be reserved into), nor for a slot (its end isn't
+  -- known).
+  local delay = 0
+  if allowed == 0 and not peeking and not guard_stamp and quota_fits and slot_fits
+      and longest_wait and longest_wait <= shape.max_delay then
+    allowed = 1
+    delay = longest_wait
+  end
+
+  local block_until = 0
+  local lease_id = 0
+  if allowed == 1 and not peeking then
+    if in_flight_key then
+      -- The lease is named by the time it was taken (µs), made unique: a number the caller
+      -- releases it by. It runs from the request's admission, after its delay.
+      local expires = now + delay + shape.lease
+      lease_id = math.max(now_us, last_lease + 1)
+      -- (Formatted with %d: Redis would print a number this large in exponent form.)
+      while call('ZADD', in_flight_key, 'NX', expires, string.format('%d', lease_id)) == 0 do
+        lease_id = lease_id + 1
+      end
+      last_lease = lease_id
+      held = held + 1
+      expire_at_least(in_flight_key, expires, held == 1)
+      if earliest == nil or expires < earliest then
+        earliest = expires
+      end
+    end
+    for i = 1, rules do
+      algorithm.commit(shape, i, keys[base + i], costs[i], now + delay, now_us + delay * 1000)
+    end
+    if shape.guard_window > 0 then
+      guard_stamp = now + delay
+      call('SET', keys[base + shape.guard_at], guard_stamp, 'PXAT',
+           guard_stamp + shape.guard_window)
+    end
+    if quota_charged then
+      quota_alerts(shape, base, quota_start, quota_count, quota_count + quota_cost)
+      quota_count = quota_count + quota_cost
+    end
+  else
+    for i = 1, rules do
+      algorithm.undo(shape, i, keys[base + i], costs[i], peeking)
+    end
+    if quota_charged then
+      call('HINCRBY', quota_key, text_of(quota_start), text_of(0 - quota_cost))
+    end
+    if shape.block > 0 and not peeking and (refused_by_rules or not quota_fits) then
+      block_until = now + shape.block
+      call('SET', keys[base + shape.block_at], block_until, 'PXAT', block_until)
+    end
+  end
+
+  -- Every command has run: the entry. A refusing rule's retry counts to the end of a block it
+  -- started.
+  local block = block_until > 0 and shape.block or 0
+  local marks = algorithm.marks and allowed == 1
+  if allowed == 1 and delay == 0 and not in_flight_key and not marks and fired_count == 0 then
+    -- The admission's short form: remaining and reset per rule.
+    for i = 1, rules do
+      out[n + 1], out[n + 2] = algorithm.report(shape, i)
+      n = n + 2
+    end
+    if shape.guard_window > 0 then
+      if guard_stamp then
+        out[n + 1], out[n + 2] = 0, guard_stamp + shape.guard_window - now
+      else
+        out[n + 1], out[n + 2] = 1, 0
+      end
+      n = n + 2
+    end
+    if quota_key then
+      out[n + 1] = math.max(quota_limit - quota_count, 0)
+      out[n + 2] = quota_count > 0 and quota_start + shape.quota_day - now or 0
+      n = n + 2
+    end
+    return n
+  end
+  local start = n
+  out[n + 2], out[n + 3] = allowed, delay
+  n = n + 3
+  for i = 1, rules do
+    out[n + 1], out[n + 2] = algorithm.report(shape, i)
+    local retry = -1
+    if allowed == 0 and not fits[i] then
+      retry = retry_of(waits[i] or shape.periods[i], block)
+    end
+    out[n + 3] = retry
+    n = n + 3
+  end
+  if shape.guard_window > 0 then
+    if guard_stamp then
+      local left = guard_stamp + shape.guard_window - now
+      out[n + 1], out[n + 2], out[n + 3] = 0, left, allowed == 0 and retry_of(left, block) or -1
+    else
+      out[n + 1], out[n + 2], out[n + 3] = 1, 0, -1
+    end
+    n = n + 3
+  end
+  if quota_key then
+    out[n + 1] = math.max(quota_limit - quota_count, 0)
+    out[n + 2] = quota_count > 0 and quota_start + shape.quota_day - now or 0
+    out[n + 3] = (allowed == 0 and not quota_fits) and retry_of(quota_wait, block) or -1
+    n = n + 3
+  end
+  if in_flight_key then
+    local frees = earliest and math.max(earliest - now, 0) or 0
+    out[n + 1] = math.max(max_in_flight - held, 0)
+    out[n + 2] = frees
+    out[n + 3] = slot_fits and -1 or retry_of(frees, block)
+    out[n + 4] = lease_id
+    n = n + 4
+  end
+  if marks then
+    for i = 1, rules do
+      out[n + 1] = algorithm.mark(i)
+      n = n + 1
+    end
+  end
+  for j = 1, fired_count do
+    out[n + j] = fired[j]
+  end
+  n = n + fired_count
+  out[start + 1] = start + 1 - n
+  return n
+end

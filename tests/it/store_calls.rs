@@ -1,0 +1,359 @@
+//! What each kind of policy costs Redis per request, counted in commands (`INFO commandstats`): a
+//! check runs only the commands its rules and options need, and the work a request leaves for
+//! after its response (a give-back, a settle, a lease's release) is one more entry of a batch,
+//! never a script call of its own beside it. On every Redis version the suite runs on.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use common::redis_server::{TestRedis, command_calls, has_functions, store_call_command};
+use common::{recording_usage, request_from, send};
+use http::StatusCode;
+use tower_redis_ratelimit::meter::Meter;
+use tower_redis_ratelimit::quota::Quota;
+use tower_redis_ratelimit::store::RedisStore;
+use tower_redis_ratelimit::{
+    Algorithm, Mode, Policy, PolicyBuilder, RateLimitLayer, RateLimiter, Refused, Rule,
+};
+
+const PEER: &str = "203.0.113.10:4000";
+/// Requests counted per kind, after one that loads the library and opens the windows.
+const REQUESTS: u64 = 20;
+
+/// A policy of one rule per hour that no test reaches, so no request opens a window.
+fn hourly(name: &str, prefix: &str, algorithm: Algorithm) -> PolicyBuilder {
+    Policy::builder(name)
+        .prefix(prefix)
+        .algorithm(algorithm)
+        .rule(Rule::per_hour(1_000_000))
+}
+
+/// A route the handle guards: it checks the client, then gives the admission back by its receipt.
+fn refunding(limiter: RateLimiter) -> Router {
+    async fn hello(State(limiter): State<RateLimiter>) -> Result<&'static str, Refused> {
+        let admitted = limiter.check("203.0.113.10").await?;
+        admitted.refund().await.expect("a refund");
+        Ok("hello")
+    }
+    Router::new()
+        .route("/{used}", get(hello))
+        .with_state(limiter)
+}
+
+/// The commands Redis ran for `REQUESTS` requests to `app`, one after another, each counted once
+/// the store calls it started have all landed (`calls_per_request` of them each): per command, as
+/// `INFO commandstats` names it, less the test's own reads.
+async fn commands_of(
+    app: &Router,
+    redis: &TestRedis,
+    calls_per_request: u64,
+) -> HashMap<String, u64> {
+    let mut client = redis.client();
+    let store_call = store_call_command(&mut client);
+    assert_eq!(
+        send(app, request_from(PEER, "/100")).await.status(),
+        StatusCode::OK
+    );
+    let landed = |client: &mut redis::Connection, wanted: u64| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let calls = command_calls(client).get(store_call).copied().unwrap_or(0);
+            if calls >= wanted || Instant::now() > deadline {
+                return calls;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    // The warm-up's calls (the library's load among them) land before the count starts.
+    let first = command_calls(&mut client)
+        .get(store_call)
+        .copied()
+        .unwrap_or(0);
+    landed(&mut client, first.max(calls_per_request));
+    let before = command_calls(&mut client);
+    for _ in 0..REQUESTS {
+        assert_eq!(
+            send(app, request_from(PEER, "/100")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let start = before.get(store_call).copied().unwrap_or(0);
+    landed(&mut client, start + REQUESTS * calls_per_request);
+    let after = command_calls(&mut client);
+    after
+        .iter()
+        .map(|(name, calls)| (name.clone(), calls - before.get(name).copied().unwrap_or(0)))
+        // The test's own reads (INFO, and the CLIENT SETINFO of a new connection).
+        .filter(|(name, calls)| {
+            let command = name.split('|').next().unwrap_or(name);
+            *calls > 0 && !["info", "client"].contains(&command)
+        })
+        .collect()
+}
+
+/// `per_request` commands for each of `REQUESTS` requests, with `calls` script calls (each with
+/// its TIME).
+fn wanted(
+    client: &mut redis::Connection,
+    calls: u64,
+    per_request: &[(&str, u64)],
+) -> HashMap<String, u64> {
+    let store_call = store_call_command(client);
+    [(store_call, calls), ("time", calls)]
+        .iter()
+        .chain(per_request)
+        .map(|(name, count)| ((*name).to_owned(), count * REQUESTS))
+        .collect()
+}
+
+/// A kind of policy: its name, its app, the script calls a request makes, and the commands a
+/// request runs, by name.
+type Case = (&'static str, Router, u64, Vec<(&'static str, u64)>);
+
+/// The commands of a fixed window's check and the give-back of all of it (by count_only or a
+/// receipt), alone on its key: the check's charge, the give-back's reading of the reset marker
+/// and its take-back. The give-back leaves the window's count at 0, so the next charge is the
+/// window's first again as far as its count can tell, and makes sure of the key's expiry
+/// (`PEXPIREAT … NX`, which finds one, then `GT`; Redis 6.2 reads it with `PTTL`) and drops the
+/// count of the window before the last, as a window's first charge does.
+fn given_back(seven: bool) -> Vec<(&'static str, u64)> {
+    let expiry = if seven { ("pexpireat", 2) } else { ("pttl", 1) };
+    vec![("hincrby", 2), ("get", 1), expiry, ("hdel", 1)]
+}
+
+#[tokio::test]
+async fn each_kind_of_policy_runs_only_the_commands_it_needs() {
+    // A server of our own, so no other test's commands are counted.
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let seven = has_functions(&mut client);
+    let store = || {
+        RedisStore::from_url(&redis.url)
+            .expect("a Redis URL")
+            .timeout(Duration::from_secs(10))
+    };
+    let layer = |policy: Policy| {
+        Router::new()
+            .route("/{used}", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(policy, store()))
+    };
+    let quota = Quota::builder("daily")
+        .prefix("calls")
+        .tier("all", 1_000_000)
+        .build()
+        .unwrap();
+    // A leases key new at each request (the one before released it) takes its expiry in one
+    // command on every version.
+    let cases: Vec<Case> = vec![
+        (
+            "fixed window",
+            layer(
+                hourly("fw", "calls", Algorithm::FixedWindow)
+                    .build()
+                    .unwrap(),
+            ),
+            1,
+            vec![("hincrby", 1)],
+        ),
+        (
+            "token bucket",
+            layer(
+                hourly("tb", "calls", Algorithm::TokenBucket)
+                    .build()
+                    .unwrap(),
+            ),
+            1,
+            vec![("get", 1), ("set", 1)],
+        ),
+        (
+            "sliding counter",
+            layer(
+                hourly("sc", "calls", Algorithm::SlidingCounter)
+                    .build()
+                    .unwrap(),
+            ),
+            1,
+            vec![("hmget", 1), ("hset", 1)],
+        ),
+        (
+            "a rule and a daily quota",
+            layer(
+                hourly("quota", "calls", Algorithm::FixedWindow)
+                    .quota(quota)
+                    .build()
+                    .unwrap(),
+            ),
+            1,
+            vec![("hincrby", 2)],
+        ),
+        (
+            "a rule and a penalty block",
+            layer(
+                hourly("block", "calls", Algorithm::FixedWindow)
+                    .block_for(Duration::from_secs(900))
+                    .build()
+                    .unwrap(),
+            ),
+            1,
+            vec![("get", 1), ("hincrby", 1)],
+        ),
+        (
+            "delay mode on a token bucket",
+            layer(
+                hourly("delay", "calls", Algorithm::TokenBucket)
+                    .mode(Mode::Delay {
+                        max_delay: Duration::from_secs(2),
+                    })
+                    .build()
+                    .unwrap(),
+            ),
+            1,
+            vec![("get", 1), ("set", 1)],
+        ),
+        (
+            "a rule and a concurrency limit, its lease released in a batch",
+            layer(
+                hourly("inflight", "calls", Algorithm::FixedWindow)
+                    .max_in_flight(1_000)
+                    .lease(Duration::from_secs(60))
+                    .build()
+                    .unwrap(),
+            ),
+            2,
+            vec![
+                ("hincrby", 1),
+                ("zremrangebyscore", 1),
+                ("zcard", 1),
+                ("zadd", 1),
+                ("pexpireat", 1),
+                ("zrem", 1),
+            ],
+        ),
+        (
+            "count_only, every success given back",
+            layer(
+                hourly("count-only", "calls", Algorithm::FixedWindow)
+                    .count_only(|status| status != StatusCode::OK)
+                    .build()
+                    .unwrap(),
+            ),
+            2,
+            // The check's charge; the give-back's reading of the reset marker and its take-back.
+            given_back(seven),
+        ),
+        (
+            "a refund by receipt",
+            refunding(RateLimiter::new(
+                hourly("refund", "calls", Algorithm::FixedWindow)
+                    .build()
+                    .unwrap(),
+                store(),
+            )),
+            2,
+            given_back(seven),
+        ),
+        (
+            "a metered rule settled below its estimate",
+            recording_usage(
+                Policy::builder("settle")
+                    .prefix("calls")
+                    .algorithm(Algorithm::FixedWindow)
+                    .rule(Rule::per_hour(1_000_000_000).metered())
+                    .meter(Meter::new("tokens").estimate(|_| 500))
+                    .build()
+                    .unwrap(),
+                store(),
+            ),
+            2,
+            vec![("hincrby", 2), ("get", 1)],
+        ),
+    ];
+    for (kind, app, calls, per_request) in cases {
+        let mut sent = commands_of(&app, &redis, calls).await;
+        if !seven {
+            // Redis 6.2 extends an expiry it read (PTTL) only when it falls short: by then a
+            // millisecond may have passed.
+            let extended = sent.remove("pexpire").unwrap_or(0);
+            assert!(
+                extended <= sent.get("pttl").copied().unwrap_or(0),
+                "{kind}: {sent:?}"
+            );
+        }
+        assert_eq!(
+            sent,
+            wanted(&mut client, calls, &per_request),
+            "{kind} (Redis {})",
+            if seven { "7 and on" } else { "before 7" }
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sliding_log_trims_reads_both_ends_adds_and_extends() {
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let app = Router::new()
+        .route("/{used}", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(
+            hourly("sl", "calls", Algorithm::SlidingLog)
+                .build()
+                .unwrap(),
+            RedisStore::from_url(&redis.url).expect("a Redis URL"),
+        ));
+    let mut sent = commands_of(&app, &redis, 1).await;
+    let mut per_request = vec![("zremrangebyscore", 1), ("zrange", 2), ("zadd", 1)];
+    if has_functions(&mut client) {
+        // PEXPIREAT … GT extends the expiry in one command.
+        per_request.push(("pexpireat", 1));
+    } else {
+        // Redis 6.2 reads the expiry (PTTL) and extends it (PEXPIRE) unless it already reaches
+        // far enough: not when an earlier request of the same millisecond extended it.
+        per_request.push(("pttl", 1));
+        let extended = sent.remove("pexpire").unwrap_or(0);
+        assert!((1..=REQUESTS).contains(&extended), "{sent:?}");
+    }
+    assert_eq!(sent, wanted(&mut client, 1, &per_request));
+}
+
+#[tokio::test]
+async fn a_lease_is_added_once_however_many_a_batch_takes() {
+    // Checks of one batch share its time; each lease id is still found free at its first ZADD.
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let policy = Policy::builder("leases")
+        .prefix("calls")
+        .max_in_flight(10_000)
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(
+        policy,
+        RedisStore::from_url(&redis.url).expect("a Redis URL"),
+    );
+    limiter.acquire("warm-up").await.expect("a slot");
+    let before = command_calls(&mut client);
+    let held: Vec<_> =
+        futures_util::future::join_all((0..200).map(|_| limiter.acquire("one-identity")))
+            .await
+            .into_iter()
+            .map(|slot| slot.expect("a slot"))
+            .collect();
+    let after = command_calls(&mut client);
+    let added = after["zadd"] - before.get("zadd").copied().unwrap_or(0);
+    assert_eq!(added, 200, "one ZADD per lease");
+    let batches = after[store_call_command(&mut client)]
+        - before
+            .get(store_call_command(&mut client))
+            .copied()
+            .unwrap_or(0);
+    assert!(
+        batches < 200,
+        "the leases were taken in batches: {batches} calls"
+    );
+    drop(held);
+}
