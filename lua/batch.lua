@@ -142,12 +142,20 @@ local n, kept = 0, 0
 local key_at, at, shape
 out = {}
 
--- A request's entry with a receipt (see above): its shape's number, and the receipt's numbers.
+-- A request's entry with a receipt (see above): its shape's number, and the receipt: its
+-- numbers (a give-back's), or its text (a release's lease id: what ZREM is handed).
 local function with_receipt(entry)
-  local number, rest = string.match(entry, '^(%d+)@([%d,]+)$')
-  local receipt = {}
-  for value in string.gmatch(rest, '%d+') do
-    receipt[#receipt + 1] = tonumber(value)
+  local number, checked, delay, marks = string.match(entry, '^(%d+)@(%d+),(%d+)([%d,]*)$')
+  if number == nil then
+    local lease
+    number, lease = string.match(entry, '^(%d+)@(%d+)$')
+    return tonumber(number), lease
+  end
+  local receipt = {tonumber(checked), tonumber(delay)}
+  if marks ~= '' then
+    for value in string.gmatch(marks, '%d+') do
+      receipt[#receipt + 1] = tonumber(value)
+    end
   end
   return tonumber(number), receipt
 end
@@ -168,7 +176,7 @@ local function run_checks()
     elseif shape.release then
       -- A release: 1 if the lease was held, else 0 (releasing one that expired or was released
       -- already does nothing).
-      local held = call('ZREM', batch_keys[key_at + 1], string.format('%d', receipt[1]))
+      local held = call('ZREM', batch_keys[key_at + 1], receipt)
       out[n + 1], out[n + 2], out[n + 3] = -2, held, 0
       n = n + 3
     else

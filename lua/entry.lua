@@ -103,6 +103,17 @@ local function quota_add(shape, key, start, units)
   return after
 end
 
+-- Ends the full reply begun after out[start] and written up to out[n]: the percents of the alerts
+-- the check fired, then its length, negated, before it. Returns the index of its last item.
+local function end_entry(start, n)
+  for j = 1, fired_count do
+    out[n + j] = fired[j]
+  end
+  n = n + fired_count
+  out[start + 1] = start + 1 - n
+  return n
+end
+
 -- The block's reply: every item refused until the later of the block's end and the time it would
 -- admit the request itself (a client that waits as long as Retry-After says must not find a rule
 -- still full, and be refused and blocked anew); written once every command ran.
@@ -121,13 +132,8 @@ local function write_blocked(shape, blocked_for, own_waits, n)
     out[n + 1] = 0
     n = n + 1
   end
-  -- The alerts an overdraw fired before the block answered.
-  for j = 1, fired_count do
-    out[n + j] = fired[j]
-  end
-  n = n + fired_count
-  out[start + 1] = start + 1 - n
-  return n
+  -- (With the alerts an overdraw fired before the block answered.)
+  return end_entry(start, n)
 end
 
 -- A refusing item's retry (ms), which counts to the end of a block its refusal started
@@ -137,6 +143,17 @@ local function retry_of(wait_ms, block)
     return block
   end
   return wait_ms
+end
+
+-- Writes an item's remaining and reset after out[n], and in the full reply (not `short`) its
+-- retry; returns the index of its last number.
+local function write_item(n, short, remaining, reset, retry)
+  out[n + 1], out[n + 2] = remaining, reset
+  if short then
+    return n + 2
+  end
+  out[n + 3] = retry
+  return n + 3
 end
 
 -- Runs the check of `shape` whose keys follow KEYS[base], writing its entry after out[n];
@@ -275,10 +292,16 @@ local function run_entry(shape, base, receipt, n)
                         'LIMIT', 0, 1)[2]
       end
     else
-      call('ZREMRANGEBYSCORE', in_flight_key, '-inf', now)
-      held = call('ZCARD', in_flight_key)
-      if held > 0 then
-        earliest = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')[2]
+      -- The earliest lease first: only when it has expired do the expired ones go, and a key
+      -- that holds none is not there to count.
+      local first = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')
+      if first[2] and tonumber(first[2]) <= now then
+        call('ZREMRANGEBYSCORE', in_flight_key, '-inf', text_of(now))
+        first = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')
+      end
+      earliest = first[2]
+      if earliest then
+        held = call('ZCARD', in_flight_key)
       end
     end
     earliest = tonumber(earliest)
@@ -377,53 +400,34 @@ local function run_entry(shape, base, receipt, n)
   -- started.
   local block = block_until > 0 and shape.block or 0
   local marks = algorithm.marks and allowed == 1
-  if allowed == 1 and delay == 0 and not in_flight_key and not marks and fired_count == 0 then
-    -- The admission's short form: remaining and reset per rule.
-    for i = 1, rules do
-      out[n + 1], out[n + 2] = algorithm.report(shape, i)
-      n = n + 2
-    end
-    if shape.guard_window > 0 then
-      if guard_stamp then
-        out[n + 1], out[n + 2] = 0, guard_stamp + shape.guard_window - now
-      else
-        out[n + 1], out[n + 2] = 1, 0
-      end
-      n = n + 2
-    end
-    if quota_key then
-      out[n + 1] = math.max(quota_limit - quota_count, 0)
-      out[n + 2] = quota_count > 0 and quota_start + shape.quota_day - now or 0
-      n = n + 2
-    end
-    return n
-  end
+  -- An admission at once with no lease, receipt mark or alert to say takes the short form.
+  local short = allowed == 1 and delay == 0 and not in_flight_key and not marks
+                and fired_count == 0
   local start = n
-  out[n + 2], out[n + 3] = allowed, delay
-  n = n + 3
-  for i = 1, rules do
-    out[n + 1], out[n + 2] = algorithm.report(shape, i)
-    local retry = -1
-    if allowed == 0 and not fits[i] then
-      retry = retry_of(waits[i] or shape.periods[i], block)
-    end
-    out[n + 3] = retry
+  if not short then
+    out[n + 2], out[n + 3] = allowed, delay
     n = n + 3
+  end
+  for i = 1, rules do
+    local remaining, reset = algorithm.report(shape, i)
+    n = write_item(n, short, remaining, reset, (allowed == 0 and not fits[i])
+                                      and retry_of(waits[i] or shape.periods[i], block) or -1)
   end
   if shape.guard_window > 0 then
     if guard_stamp then
       local left = guard_stamp + shape.guard_window - now
-      out[n + 1], out[n + 2], out[n + 3] = 0, left, allowed == 0 and retry_of(left, block) or -1
+      n = write_item(n, short, 0, left, allowed == 0 and retry_of(left, block) or -1)
     else
-      out[n + 1], out[n + 2], out[n + 3] = 1, 0, -1
+      n = write_item(n, short, 1, 0, -1)
     end
-    n = n + 3
   end
   if quota_key then
-    out[n + 1] = math.max(quota_limit - quota_count, 0)
-    out[n + 2] = quota_count > 0 and quota_start + shape.quota_day - now or 0
-    out[n + 3] = (allowed == 0 and not quota_fits) and retry_of(quota_wait, block) or -1
-    n = n + 3
+    n = write_item(n, short, math.max(quota_limit - quota_count, 0),
+                   quota_count > 0 and quota_start + shape.quota_day - now or 0,
+                   (allowed == 0 and not quota_fits) and retry_of(quota_wait, block) or -1)
+  end
+  if short then
+    return n
   end
   if in_flight_key then
     local frees = earliest and math.max(earliest - now, 0) or 0
@@ -439,10 +443,5 @@ local function run_entry(shape, base, receipt, n)
       n = n + 1
     end
   end
-  for j = 1, fired_count do
-    out[n + j] = fired[j]
-  end
-  n = n + fired_count
-  out[start + 1] = start + 1 - n
-  return n
+  return end_entry(start, n)
 end

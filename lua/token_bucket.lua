@@ -51,9 +51,18 @@ function token_bucket.commit(shape, i, key, cost, _, at_us)
   if cost == 0 then
     return -- a free request moves nothing: the bucket is as it was
   end
-  local tat = math.max(tb_tat[i], at_us) + cost * shape.intervals[i]
+  local before = tb_tat[i]
+  local tat = math.max(before, at_us) + cost * shape.intervals[i]
   tb_tat[i] = tat
-  call('SET', key, string.format('%d', tat), 'PXAT', string.format('%d', ceil_ms(tat)))
+  local expires = string.format('%d', ceil_ms(tat))
+  if before > 0 and expire_options then
+    -- The key holds `before` (read in this call): moved by the difference, and its expiry made
+    -- later only (GT), which costs Redis less than a SET that replaces the value and its expiry.
+    call('INCRBY', key, string.format('%d', tat - before))
+    call('PEXPIREAT', key, expires, 'GT')
+  else
+    call('SET', key, string.format('%d', tat), 'PXAT', expires)
+  end
 end
 
 function token_bucket.undo()

@@ -128,12 +128,7 @@ impl PackedCheck {
             }
         }
         if concurrency.is_some() {
-            write_key(
-                &mut packed.data,
-                request.key,
-                request.identity,
-                &["inflight"],
-            );
+            write_leases_key(&mut packed.data, request);
             packed.end_key();
         }
         if block_ms > 0 {
@@ -227,12 +222,7 @@ impl PackedCheck {
             limits: Vec::new(),
             receipt: itoa::Buffer::new().format(lease).to_owned(),
         };
-        write_key(
-            &mut packed.data,
-            request.key,
-            request.identity,
-            &["inflight"],
-        );
+        write_leases_key(&mut packed.data, request);
         packed.end_key();
         packed.data.push_str("rl|1");
         packed
@@ -280,6 +270,12 @@ fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -
         }
     }
     receipt
+}
+
+/// Appends the key of `request`'s concurrency leases: a sorted set of lease ids scored by their
+/// expiry (`lua/entry.lua`).
+fn write_leases_key(key: &mut String, request: &CheckRequest<'_>) {
+    write_key(key, request.key, request.identity, &["inflight"]);
 }
 
 /// Appends the key of `request`'s reset marker: when its identity was last reset
@@ -568,6 +564,45 @@ mod tests {
                 "1",
                 "sl|4|1|0,0,0,100,86400000,61200000,0,0,0,80,80,100,100|20|60000",
                 "1"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_release_is_an_entry_of_the_batch_with_the_leases_key_alone() {
+        let rules = [Rule::per_second(2)];
+        let limit =
+            crate::policy::concurrency_limit::ConcurrencyLimit::new(1, Duration::from_secs(60));
+        let request = CheckRequest::new("rl:jobs:user:ann", &rules, Algorithm::FixedWindow)
+            .identity("user:ann")
+            .concurrency(Some(limit));
+        let check = PackedCheck::new(&request, false);
+        let release = PackedCheck::release(&request, 1_795_000_000_000_123);
+        // The leases key the check takes its lease in.
+        assert_eq!(
+            release.keys().collect::<Vec<_>>(),
+            [check.keys().last().unwrap()]
+        );
+        assert!(release.limits.is_empty(), "its entry names no rule");
+        assert_eq!(
+            args_of(&batch_command(
+                ("FCALL", "f"),
+                [&check, &release].into_iter(),
+                None
+            )),
+            [
+                "FCALL",
+                "f",
+                "3",
+                "rl:{user:ann}:jobs:fw:1000:2",
+                "rl:{user:ann}:jobs:inflight",
+                "rl:{user:ann}:jobs:inflight",
+                "",
+                "2",
+                "fw|2|1|0,0,0,0,0,0,1,60000,0|2|1000",
+                "rl|1",
+                "1",
+                "2@1795000000000123"
             ]
         );
     }
