@@ -12,8 +12,9 @@
 # many identities (-users: 10 000 at random in x-user-id, benches/many_users.lua, every server
 # keyed by it, at 64 connections). The demo (examples/demo.rs, as users run it: a config route over
 # the layer) runs too: `demo-bare` with --no-limiter, `demo` on the memory store (fixed window,
-# one rule, keyed by IP), `demo-flood` refusing all but its first request; its ratio is to
-# demo-bare's req/s. `static-429-c64` answers every request with the flood's 429, prebuilt, and
+# one rule, keyed by IP), `demo-flood` refusing all but its first request, `demo-redis` and
+# `demo-redis-tb` on the run's Redis (a fixed window, and a token bucket beside the trl-* peers'
+# GCRA); their ratio is to demo-bare's req/s. `static-429-c64` answers every request with the flood's 429, prebuilt, and
 # no limiter: the floor of a flood that answers with it.
 #
 #   bash benches/load_peers.sh [seconds per run, default 5] [rounds, default 3] [setups, a regex]
@@ -64,7 +65,8 @@ setup() {
   local pid=$!
   wait_for_http "http://127.0.0.1:$port/healthz"
   local redis_pids=()
-  [[ $mode == naive || $mode == trl-* || $mode == redis* ]] && redis_pids=("$redis_pid")
+  [[ $mode == naive || $mode == trl-* || $mode == redis* || $* == *--redis* ]] &&
+    redis_pids=("$redis_pid")
   if [[ $* == *--refuse* ]]; then export ALLOW_REFUSED=1; else unset ALLOW_REFUSED; fi
   if [[ $* == *--by-user* ]]; then export WRK_SCRIPT=benches/many_users.lua; else unset WRK_SCRIPT; fi
   measure "$label" "http://127.0.0.1:$port/api/ping" "$seconds" "$connections" "$pid" "${redis_pids[@]}"
@@ -72,13 +74,17 @@ setup() {
 }
 
 # The demo's config: one route on the memory store, fixed window, keyed by IP; a limit no run
-# reaches, or with --refuse one request per hour.
+# reaches, or with --refuse one request per hour. With --redis the route is on the run's Redis;
+# with --token-bucket its rule is a token bucket (the GCRA peers' algorithm), whose limit a
+# bucket refills at most a unit a microsecond: per hour.
 demo_config() {
-  local limit=1000000000 period=1s
+  local limit=1000000000 period=1s store=memory algorithm=fixed_window
   [[ $* == *--refuse* ]] && limit=1 period=1h
+  [[ $* == *--redis* ]] && store=$redis_url
+  [[ $* == *--token-bucket* ]] && algorithm=token_bucket period=1h
   cat <<TOML
 listen = "127.0.0.1:$port"
-store = "memory"
+store = "$store"
 prefix = "peers"
 trusted_proxies = []
 legacy_headers = false
@@ -86,7 +92,7 @@ legacy_headers = false
 [[routes]]
 path = "/api/ping"
 key = "ip"
-algorithm = "fixed_window"
+algorithm = "$algorithm"
 rules = [{ limit = $limit, period = "$period" }]
 TOML
 }
@@ -101,6 +107,9 @@ for mode in governor governor-headers memory naive trl-redis trl-fred redis; do
   setups+=("$mode-flood|$mode|64|--refuse")
 done
 setups+=("demo-bare-c64|demo-bare|64|" "demo-c64|demo|64|" "demo-flood|demo|64|--refuse")
+# The demo on Redis: a fixed window, and a token bucket beside the GCRA peers (trl-*), like for
+# like.
+setups+=("demo-redis-c64|demo|64|--redis" "demo-redis-tb-c64|demo|64|--redis,--token-bucket")
 # The flood's 429 with no limiter (prebuilt): what its bytes cost over PONG, any limiter's floor.
 setups+=("static-429-c64|static-429|64|--refuse")
 # Many identities: 10 000 at random in x-user-id, every server keyed by it, at 64 connections.
