@@ -63,6 +63,9 @@ local fits, waits = {}, {}
 -- A refund's or give-back's per counted rule: whether a peek of one unit fits after it, or nil
 -- when the algorithm left it to be read.
 local given = {}
+-- During a penalty block, each item's own wait (the counted rules', then the guard's, the
+-- quota's, the concurrency limit's).
+local blocked_waits = {}
 -- The quota's alerts the check fired.
 local fired, fired_count = {}, 0
 -- The last lease id handed out: ids are the batch's time (µs), made unique by counting on from
@@ -261,12 +264,15 @@ local function run_entry(shape, base, receipt, n)
   end
 
   -- The daily quota: a fixed window of one day, starting at the quota's midnight. A check that
-  -- may be admitted charges it at once (one command, as a fixed window's rule), and takes the
-  -- charge back if the request is refused.
+  -- may still be admitted (now, or after a delay) charges it at once (one command, as a fixed
+  -- window's rule), and takes the charge back if the request is refused; one refused already (a
+  -- flood's) only reads it.
   local quota_start, quota_count, quota_fits, quota_charged = 0, 0, true, false
   if quota_key then
     quota_start = quota_day_start(shape, now)
-    if peeking or blocked_for > 0 then
+    local admissible = allowed == 1
+      or (not guard_stamp and longest_wait and longest_wait <= shape.max_delay)
+    if peeking or blocked_for > 0 or not admissible then
       quota_count = tonumber(call('HGET', quota_key, text_of(quota_start))) or 0
     else
       quota_count = quota_add(shape, quota_key, quota_start, quota_cost) - quota_cost
@@ -321,7 +327,7 @@ local function run_entry(shape, base, receipt, n)
 
   if blocked_for > 0 then
     -- During a penalty block nothing is admitted or counted.
-    local own_waits = {}
+    local own_waits = blocked_waits
     for i = 1, rules do
       own_waits[i] = fits[i] and 0 or (waits[i] or shape.periods[i])
       algorithm.undo(shape, i, keys[base + i], costs[i], peeking)

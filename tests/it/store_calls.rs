@@ -16,9 +16,9 @@ use common::{recording_usage, request_from, send};
 use http::StatusCode;
 use tower_redis_ratelimit::meter::Meter;
 use tower_redis_ratelimit::quota::Quota;
-use tower_redis_ratelimit::store::RedisStore;
+use tower_redis_ratelimit::store::{CheckRequest, QuotaRequest, RedisStore};
 use tower_redis_ratelimit::{
-    Algorithm, Mode, Policy, PolicyBuilder, RateLimitLayer, RateLimiter, Refused, Rule,
+    Algorithm, Mode, Policy, PolicyBuilder, RateLimitLayer, RateLimiter, Refused, Rule, Store,
 };
 
 const PEER: &str = "203.0.113.10:4000";
@@ -378,4 +378,30 @@ async fn a_lease_is_added_once_however_many_a_batch_takes() {
         "the leases were taken in batches: {batches} calls"
     );
     drop(held);
+}
+
+#[tokio::test]
+async fn a_refused_check_only_reads_the_quota() {
+    // A flood past a rule: each refusal charges and takes back the rule's count (one command
+    // each), and reads the day's quota without writing it.
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let store = RedisStore::from_url(&redis.url).expect("a Redis URL");
+    let rules = [Rule::per_hour(1)];
+    let quota = QuotaRequest::new("calls:daily:ip:1", 1_000, 86_400_000, 0, &[]);
+    let request =
+        CheckRequest::new("calls:flood:ip:1", &rules, Algorithm::FixedWindow).quota(Some(quota));
+    assert!(store.check(&request).await.unwrap().allowed);
+    let before = command_calls(&mut client);
+    for _ in 0..REQUESTS {
+        assert!(!store.check(&request).await.unwrap().allowed);
+    }
+    let after = command_calls(&mut client);
+    let sent =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    assert_eq!(
+        (sent("hincrby"), sent("hget")),
+        (2 * REQUESTS, REQUESTS),
+        "{after:?}"
+    );
 }
