@@ -16,6 +16,11 @@ impl Captured {
     /// A capturing subscriber at `level` that also logs each span as it closes, the default on
     /// this thread while the guard lives.
     pub fn install_at(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
+        // tracing caches each call site's interest once, process-wide. With this thread's
+        // subscriber the only one registered, a sibling test's thread that has none would
+        // register a call site as never logged, and this test would miss its line. With the
+        // global subscriber registered as well, a call site's interest is asked of both.
+        Captured::global();
         let captured = Captured::default();
         let subscriber = captured.subscriber(level);
         (captured, tracing::subscriber::set_default(subscriber))
