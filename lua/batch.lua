@@ -38,9 +38,10 @@
 -- string rather than a reply item per number): the batch's time (ms), then per request, in order,
 -- its entry, which is
 --   - an admission's short form: remaining and reset per rule (the counted rules, the guard, the
---     quota), two items per rule and nothing before them, since the client knows the request's
---     rules: the request was admitted without delay, no rule has a retry, and it has no lease,
---     receipt mark or alert to say;
+--     quota, the concurrency limit), two items per rule and nothing before them, then the lease
+--     taken (with a concurrency limit) and each token bucket's full time (its receipt mark),
+--     since the client knows the request's rules: the request was admitted without delay, no
+--     rule has a retry, and it has no alert to say;
 --   - or the check's reply (see lua/entry.lua), which is longer, after its length negated (never
 --     -1: a reply has at least 2 items), which no short form starts with (a remaining count); a
 --     release's is {1 if the lease was held else 0, 0};
@@ -82,22 +83,23 @@ local shape_of = remembered(function(piece)
     shape.max_delay = -1
   end
   shape.thresholds = math.max(floor((#options - #OPTIONS) / 2), 0)
-  shape.percents, shape.useds = {}, {}
+  shape.percents, shape.useds, shape.alert_fields = {}, {}, {}
   for j = 1, shape.thresholds do
     shape.percents[j] = options[#OPTIONS + 2 * j - 1]
     shape.useds[j] = options[#OPTIONS + 2 * j]
+    shape.alert_fields[j] = 'a' .. string.format('%d', options[#OPTIONS + 2 * j - 1])
   end
   -- The keys after the counted rules', in lua/entry.lua's order.
   local extra = 0
-  local function next_key(present, count)
+  local function next_key(present)
     if not present then
       return 0
     end
-    extra = extra + (count or 1)
-    return extra - (count or 1) + 1
+    extra = extra + 1
+    return extra
   end
   local guard = next_key(shape.guard_window > 0)
-  local quota = next_key(shape.quota_limit > 0, 1 + shape.thresholds)
+  local quota = next_key(shape.quota_limit > 0)
   local in_flight = next_key(shape.max_in_flight > 0)
   local block = next_key(shape.block > 0)
   local marker = next_key(shape.kind == 3)
@@ -110,7 +112,7 @@ local shape_of = remembered(function(piece)
   local function at(offset)
     return offset > 0 and rules + offset or 0
   end
-  shape.guard_at, shape.quota_at, shape.flags_at = at(guard), at(quota), at(quota) + 1
+  shape.guard_at, shape.quota_at = at(guard), at(quota)
   shape.in_flight_at, shape.block_at, shape.marker_at = at(in_flight), at(block), at(marker)
   local costs = costs_of(pieces[3])
   shape.costs, shape.limits, shape.periods, shape.bursts = {}, {}, {}, {}
@@ -125,9 +127,13 @@ local shape_of = remembered(function(piece)
   shape.ones = costs_of('1')
   algorithm.prepare(shape)
   -- Without options every key is a counted rule's: lua/fast.lua's lean function, where the
-  -- algorithm has one.
-  if fast[code] and pieces[4] == '' then
+  -- algorithm has one; a check with the options fast.admit knows (a quota, a block, a max
+  -- delay), or of another algorithm, has that lean path first.
+  shape.options = pieces[4] ~= ''
+  if fast[code] and not shape.options then
     shape.lean = fast[code]
+  elseif shape.kind == KIND_CHECK and shape.guard_window == 0 and shape.max_in_flight == 0 then
+    shape.lean = code == 'fw' and fast.fw or fast.admit
   end
   return shape
 end)
@@ -171,8 +177,9 @@ local function run_checks()
       number, receipt = with_receipt(entry)
     end
     shape = shape_of(batch_args[2 + number])
-    if shape.lean then
-      n = shape.lean(batch_keys, key_at, shape, now, out, n)
+    local lean = shape.lean and shape.lean(batch_keys, key_at, shape, now, out, n)
+    if lean then
+      n = lean
     elseif shape.release then
       -- A release: 1 if the lease was held, else 0 (releasing one that expired or was released
       -- already does nothing).
@@ -200,6 +207,10 @@ local function batch(KEYS, ARGV)
   end
   now = floor(now_us / 1000)
   batch_keys, batch_args = KEYS, ARGV
+  token_bucket.forget()
+  sliding_counter.forget()
+  forget_blocks()
+  forget_logs()
   out[1], n = now, 1
   key_at, at = 0, 3 + tonumber(ARGV[2])
 

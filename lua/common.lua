@@ -208,6 +208,32 @@ local function log_read(key)
           count = first + units - base, skip = 0}
 end
 
+-- The logs the batch has trimmed and read (then admitted into), by key: a hot log's checks of one
+-- batch trim and read it once. (Every check of a batch is checked at its time; nothing else writes
+-- a key while the batch runs, a script being atomic; and no key expires meanwhile, Redis holding a
+-- script's time still. So what a batch has read or written of a key is what the key holds until
+-- the batch ends. The token bucket, the sliding counter and the penalty block keep theirs too.)
+-- Forgotten at each batch.
+local logs_known = {}
+
+local function forget_logs()
+  if next(logs_known) ~= nil then
+    logs_known = {}
+  end
+end
+
+-- The log `key` after its members older than `period` left (see log_read), trimmed and read once
+-- per batch.
+local function log_current(key, period)
+  local log = logs_known[key]
+  if log == nil then
+    call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
+    log = log_read(key)
+    logs_known[key] = log
+  end
+  return log
+end
+
 -- log_read for a peek, which removes nothing: the members scored after `after` count, and `skip`
 -- says how many expired ones come before them.
 local function log_read_after(key, after)
@@ -337,5 +363,10 @@ local function log_admit(key, at, log, cost, period)
     log.next = log.next + cost
     log.count = log.count + cost
   end
-  expire_at_least(key, at + period, created)
+  -- (An expiry this batch set already, as late, stands.)
+  local expires = at + period
+  if not log.expires or expires > log.expires then
+    expire_at_least(key, expires, created)
+    log.expires = expires
+  end
 end

@@ -19,13 +19,13 @@
 --   max_in_flight  0: no concurrency limit; lease (a lease's length, ms)
 --   kind           what this is: 0 a check, 1 a peek, 2 a refund, 3 a give-back, 4 an overdraw
 --   where its keys are, counted from `base` (the key before its first): counted rule i at i, then
---   guard_at, quota_at (its alert flags from flags_at), in_flight_at, block_at, marker_at (0 for
+--   guard_at, quota_at, in_flight_at, block_at, marker_at (0 for
 --   those it lacks)
 -- Its keys (KEYS[base + ...]), in this order, those that apply:
 --   the counter of counted rule i (i = 1..rules), in the algorithm's own layout
 --   the duplicate guard: a string holding the admission time (ms)
---   the daily quota: a hash from day start (ms) to that day's count
---   one alert flag per quota threshold: a string holding the day start it last fired for
+--   the daily quota: a hash from day start (ms) to that day's count, and from `a<percent>`, an
+--     alert's flag, to the day start that alert last fired for
 --   the concurrency limit's leases: a sorted set of lease ids scored by their expiry (ms)
 --   the penalty block: a string holding the block's end (ms)
 --   a give-back's reset marker: the time (ms) the identity was last reset (lua/reset.lua)
@@ -43,8 +43,8 @@
 -- its reservation) charges them past the limits if it must, then answers as a peek of one unit.
 --
 -- Its entry, written into `out` after item n (see lua/batch.lua) once its last Redis command has
--- run: an admission's short form when it fits (admitted at once, no lease, no receipt mark, no
--- alert), else, after its length negated, {allowed (1|0), delay (ms to wait before going on), then
+-- run: an admission's short form when it fits (admitted at once, no alert), else, after its
+-- length negated, {allowed (1|0), delay (ms to wait before going on), then
 -- per rule (the counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms,
 -- -1 if this rule admits the request), then, with a concurrency limit, its item (remaining slots,
 -- ms until the earliest lease expires, retry) and the lease taken (its id, 0 for none), then, when
@@ -73,6 +73,33 @@ local fired, fired_count = {}, 0
 -- back, or a script, which starts again at each call).
 local last_lease = 0
 
+-- The end (ms) of each penalty block the batch has read or set (0: none), by key: a flood's checks
+-- of one batch read it once (why that holds: logs_known, lua/common.lua). Forgotten at each
+-- batch.
+local block_known = {}
+
+local function forget_blocks()
+  if next(block_known) ~= nil then
+    block_known = {}
+  end
+end
+
+-- The end (ms) of the block `key` holds, 0 for none, read once per batch.
+local function block_end(key)
+  local ends = block_known[key]
+  if ends == nil then
+    ends = tonumber(call('GET', key)) or 0
+    block_known[key] = ends
+  end
+  return ends
+end
+
+-- What a lean function (lua/fast.lua) charged already of the check it leaves to run_entry: its
+-- first rule's fixed-window count after the charge, and the quota's count after its charge (nil:
+-- nothing). run_entry takes them rather than charging again, so a refusal costs what it would
+-- have without the lean path.
+local handed_count, handed_quota = nil, nil
+
 -- The start of the quota's day that `at` (ms) falls in.
 local function quota_day_start(shape, at)
   local day = shape.quota_day
@@ -81,14 +108,15 @@ end
 
 -- The day's quota count went from `before` to `after` (a charge of the key `quota_key` for the
 -- day starting at `start`): fires the alerts whose threshold it reached first, once per key,
--- threshold and day (the flag holds the day it fired for and lives 30 hours).
-local function quota_alerts(shape, base, start, before, after)
+-- threshold and day (the alert's flag, a field of the quota's hash, holds the day it fired for,
+-- and lives as long as the day's count).
+local function quota_alerts(shape, quota_key, start, before, after)
   for j = 1, shape.thresholds do
     local used = shape.useds[j]
     if before < used and after >= used then
-      local flag_key = batch_keys[base + shape.flags_at + j - 1]
-      if tonumber(call('GET', flag_key)) ~= start then
-        call('SET', flag_key, start, 'PX', 30 * 3600 * 1000)
+      local flag = shape.alert_fields[j]
+      if tonumber(call('HGET', quota_key, flag)) ~= start then
+        call('HSET', quota_key, flag, text_of(start))
         fired_count = fired_count + 1
         fired[fired_count] = shape.percents[j]
       end
@@ -97,11 +125,13 @@ local function quota_alerts(shape, base, start, before, after)
 end
 
 -- Charges `units` to the quota's day starting at `start`; returns the count after. A day's first
--- charge makes the key live to the day's end (the same call's charges after it find it so).
+-- charge makes the key live to the day's end (the same call's charges after it find it so), and
+-- drops the count of the day before the last, as a fixed window's does: a quota used every day
+-- holds two days' counts, not one per day it has lived through.
 local function quota_add(shape, key, start, units)
   local after = call('HINCRBY', key, text_of(start), text_of(units))
   if after == units then
-    expire_at_least(key, start + shape.quota_day)
+    window_opened(key, start, shape.quota_day)
   end
   return after
 end
@@ -169,6 +199,8 @@ local function run_entry(shape, base, receipt, n)
   local giving_back = kind == KIND_GIVE_BACK
   local peeking = kind ~= KIND_CHECK
   fired_count = 0
+  local handed_rule, handed_day = handed_count, handed_quota
+  handed_count, handed_quota = nil, nil
 
   -- Whether the counted rules get anything back: not after a reset that came at or after the
   -- charge (their counts since hold nothing of it; the quota, never reset, still may).
@@ -184,7 +216,7 @@ local function run_entry(shape, base, receipt, n)
   -- A penalty block refuses everything until it ends: the time it has left.
   local blocked_for = 0
   if shape.block > 0 then
-    blocked_for = math.max((tonumber(call('GET', keys[base + shape.block_at])) or 0) - now, 0)
+    blocked_for = math.max(block_end(keys[base + shape.block_at]) - now, 0)
   end
 
   -- The duplicate guard: the time of the last admission, while it is less than a window ago.
@@ -231,7 +263,7 @@ local function run_entry(shape, base, receipt, n)
       if units > 0 then
         local start = quota_day_start(shape, now)
         local after = quota_add(shape, quota_key, start, units)
-        quota_alerts(shape, base, start, after - units, after)
+        quota_alerts(shape, quota_key, start, after - units, after)
       end
     end
     costs, quota_cost = shape.ones, 1
@@ -246,6 +278,8 @@ local function run_entry(shape, base, receipt, n)
     local fit
     if peeked and given[i] ~= nil then
       fit = given[i]
+    elseif i == 1 and handed_rule then
+      fit = algorithm.charged(shape, 1, handed_rule)
     else
       fit = algorithm.inspect(shape, i, keys[base + i], cost, peeking)
     end
@@ -272,7 +306,10 @@ local function run_entry(shape, base, receipt, n)
     quota_start = quota_day_start(shape, now)
     local admissible = allowed == 1
       or (not guard_stamp and longest_wait and longest_wait <= shape.max_delay)
-    if peeking or blocked_for > 0 or not admissible then
+    if handed_day then
+      -- (Charged by the lean function, whose rules admitted the request: it is admissible.)
+      quota_count, quota_charged = handed_day - quota_cost, true
+    elseif peeking or blocked_for > 0 or not admissible then
       quota_count = tonumber(call('HGET', quota_key, text_of(quota_start))) or 0
     else
       quota_count = quota_add(shape, quota_key, quota_start, quota_cost) - quota_cost
@@ -386,7 +423,7 @@ local function run_entry(shape, base, receipt, n)
            guard_stamp + shape.guard_window)
     end
     if quota_charged then
-      quota_alerts(shape, base, quota_start, quota_count, quota_count + quota_cost)
+      quota_alerts(shape, quota_key, quota_start, quota_count, quota_count + quota_cost)
       quota_count = quota_count + quota_cost
     end
   else
@@ -398,7 +435,9 @@ local function run_entry(shape, base, receipt, n)
     end
     if shape.block > 0 and not peeking and (refused_by_rules or not quota_fits) then
       block_until = now + shape.block
-      call('SET', keys[base + shape.block_at], block_until, 'PXAT', block_until)
+      local block_key = keys[base + shape.block_at]
+      call('SET', block_key, text_of(block_until), 'PXAT', text_of(block_until))
+      block_known[block_key] = block_until
     end
   end
 
@@ -406,9 +445,8 @@ local function run_entry(shape, base, receipt, n)
   -- started.
   local block = block_until > 0 and shape.block or 0
   local marks = algorithm.marks and allowed == 1
-  -- An admission at once with no lease, receipt mark or alert to say takes the short form.
-  local short = allowed == 1 and delay == 0 and not in_flight_key and not marks
-                and fired_count == 0
+  -- An admission at once with no alert to say takes the short form.
+  local short = allowed == 1 and delay == 0 and fired_count == 0
   local start = n
   if not short then
     out[n + 2], out[n + 3] = allowed, delay
@@ -432,22 +470,21 @@ local function run_entry(shape, base, receipt, n)
                    quota_count > 0 and quota_start + shape.quota_day - now or 0,
                    (allowed == 0 and not quota_fits) and retry_of(quota_wait, block) or -1)
   end
-  if short then
-    return n
-  end
   if in_flight_key then
     local frees = earliest and math.max(earliest - now, 0) or 0
-    out[n + 1] = math.max(max_in_flight - held, 0)
-    out[n + 2] = frees
-    out[n + 3] = slot_fits and -1 or retry_of(frees, block)
-    out[n + 4] = lease_id
-    n = n + 4
+    n = write_item(n, short, math.max(max_in_flight - held, 0), frees,
+                   slot_fits and -1 or retry_of(frees, block))
+    out[n + 1] = lease_id
+    n = n + 1
   end
   if marks then
     for i = 1, rules do
       out[n + 1] = algorithm.mark(i)
       n = n + 1
     end
+  end
+  if short then
+    return n
   end
   return end_entry(start, n)
 end

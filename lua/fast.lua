@@ -1,16 +1,31 @@
--- The common case without the machinery (after lua/common.lua, before lua/batch.lua): a check
--- whose options are empty (no delay, duplicate guard, penalty block or quota) of a fixed window or
--- a sliding log. Each function decides exactly what a check of lua/entry.lua and the algorithm's
--- part decides for such a check, but inline, without the steps of options and the calls into the
--- algorithm's part: the plainest policy, the most common, pays for nothing else.
+-- The common cases without the machinery (after lua/entry.lua, before lua/batch.lua): a check
+-- (not a peek or a give-back) with no duplicate guard or concurrency limit. Each function decides
+-- exactly what lua/entry.lua and the algorithm's part decide for such a check, but inline, without
+-- the steps of options it lacks: the plainest policy, the most common, pays for nothing else, and
+-- an option adds only its own commands. One that can't answer in a line (a refusal with an option
+-- to apply, a reservation, an alert) leaves the check to lua/entry.lua.
 --
 -- fast.<code>(KEYS, key_at, shape, now, out, n): the check's keys are
--- KEYS[key_at + 1 .. key_at + shape.rules]; `shape` holds, per rule i, costs[i], limits[i] and
--- periods[i] (see lua/batch.lua); `now` is the batch's time (ms). It writes the check's entry into
--- `out` after item n (see lua/batch.lua: an admission's short form, or the full reply) and returns
--- the index of its last item. It writes only after its last Redis command, so a check that fails
--- leaves `out` as it was.
+-- KEYS[key_at + 1 .. key_at + shape.keys]; `shape` holds, per rule i, costs[i], limits[i] and
+-- periods[i], and its options (see lua/batch.lua); `now` is the batch's time (ms). It writes the
+-- check's entry into `out` after item n (see lua/batch.lua: an admission's short form, or the full
+-- reply) and returns the index of its last item; or it returns nil having written nothing in
+-- `out`, and lua/entry.lua decides the check: with nothing written in Redis either, but for what
+-- it hands over (handed_count, handed_quota). It writes only after its last Redis command, so a
+-- check that fails leaves `out` as it was.
 local fast = {}
+
+-- Whether charging `units` to a quota at `before` reaches one of its alerts' thresholds.
+local function fires_alert(shape, before, units)
+  for j = 1, shape.thresholds do
+    local used = shape.useds[j]
+    if before < used and before + units >= used then
+      return true
+    end
+  end
+  return false
+end
+
 
 -- Writes the full reply's head (its length, negated: see lua/batch.lua; allowed; no delay) of a
 -- check of `rules` rules after item n; returns the index of its last item.
@@ -31,12 +46,19 @@ local function fixed_window_state(limit, count, ends, now)
 end
 
 -- Fixed window (lua/fixed_window.lua): charge every rule with HINCRBY; if one refuses, take every
--- charge back. One rule, the most common policy, takes a path without tables.
+-- charge back. One rule, the most common policy, takes a path without tables, and a daily quota
+-- or a penalty block beside it (`shape.options`) adds only its own commands: what doesn't admit
+-- the request at once (a block that holds, a rule or quota that refuses, an alert that fires) is
+-- left to lua/entry.lua, with the charges made (handed_count, handed_quota). With more rules,
+-- options go to fast.admit.
 fast.fw = function(KEYS, key_at, shape, now, out, n)
   local rules = shape.rules
   if rules == 1 then
-    local cost = shape.costs[1]
     local key = KEYS[key_at + 1]
+    if shape.block > 0 and block_end(KEYS[key_at + shape.block_at]) > now then
+      return nil
+    end
+    local cost = shape.costs[1]
     local limit, period = shape.limits[1], shape.periods[1]
     local start = now - now % period
     local count = call('HINCRBY', key, text_of(start), text_of(cost))
@@ -44,6 +66,19 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
       window_opened(key, start, period)
     end
     if count <= limit then
+      local quota_limit = shape.quota_limit
+      if quota_limit > 0 then
+        local quota_key, units = KEYS[key_at + shape.quota_at], shape.quota_cost
+        local quota_start = quota_day_start(shape, now)
+        local used = quota_add(shape, quota_key, quota_start, units)
+        if used > quota_limit or (shape.thresholds > 0 and fires_alert(shape, used - units, units))
+        then
+          handed_count, handed_quota = count, used
+          return nil
+        end
+        out[n + 3] = quota_limit - used
+        out[n + 4] = used > 0 and quota_start + shape.quota_day - now or 0
+      end
       -- The admission's short form, written in place: this is the hottest line of the store.
       if count == 0 then
         out[n + 1] = limit
@@ -52,7 +87,14 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
         out[n + 1] = limit - count
         out[n + 2] = start + period - now
       end
+      if quota_limit > 0 then
+        return n + 4
+      end
       return n + 2
+    end
+    if shape.options then
+      handed_count = count
+      return nil
     end
     call('HINCRBY', key, text_of(start), text_of(0 - cost))
     local retry = start + period - now
@@ -63,6 +105,9 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
     out[n + 1], out[n + 2] = fixed_window_state(limit, count - cost, start + period, now)
     out[n + 3] = retry
     return n + 3
+  end
+  if shape.options then
+    return fast.admit(KEYS, key_at, shape, now, out, n)
   end
   local counts = {}
   local allowed = 1
@@ -114,12 +159,22 @@ end
 -- Sliding log (lua/sliding_log.lua): count every rule's window; record in all if all admit.
 fast.sl = function(KEYS, key_at, shape, now, out, n)
   local costs, rules = shape.costs, shape.rules
+  if rules == 1 then
+    -- One rule admitting the request: its short form, without tables.
+    local key, cost, limit, period = KEYS[key_at + 1], costs[1], shape.limits[1], shape.periods[1]
+    local log = log_current(key, period)
+    if log.count + cost <= limit then
+      log_admit(key, now, log, cost, period)
+      out[n + 1] = math.max(limit - log.count, 0)
+      out[n + 2] = log.oldest and log.oldest + period - now or 0
+      return n + 2
+    end
+  end
   local logs = {}
   local allowed = 1
   for i = 1, rules do
     local key = KEYS[key_at + i]
-    call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - shape.periods[i]))
-    local log = log_read(key)
+    local log = log_current(key, shape.periods[i])
     logs[i] = log
     if log.count + costs[i] > shape.limits[i] then
       allowed = 0
@@ -158,4 +213,80 @@ fast.sl = function(KEYS, key_at, shape, now, out, n)
     out[n + i] = items[i]
   end
   return n + 3 * rules
+end
+
+-- Token bucket (lua/token_bucket.lua): a request that conforms to every bucket is charged in each
+-- and answered in short; one that doesn't is left to lua/entry.lua (a bucket's inspect only
+-- reads, and remembers what it read for the batch).
+fast.tb = function(KEYS, key_at, shape, now, out, n)
+  local rules, costs = shape.rules, shape.costs
+  local inspect = token_bucket.inspect
+  for i = 1, rules do
+    if not inspect(shape, i, KEYS[key_at + i], costs[i]) then
+      return nil
+    end
+  end
+  local commit, report = token_bucket.commit, token_bucket.report
+  for i = 1, rules do
+    commit(shape, i, KEYS[key_at + i], costs[i], now, now_us)
+  end
+  for i = 1, rules do
+    out[n + 1], out[n + 2] = report(shape, i)
+    n = n + 2
+  end
+  for i = 1, rules do
+    out[n + i] = token_bucket.mark(i)
+  end
+  return n + rules
+end
+
+-- Any algorithm, with a daily quota, a penalty block or a max delay (no duplicate guard, lease
+-- or give-back): a request that every rule and the quota admit at once, while no block holds and
+-- no alert fires, is charged and answered in short. Any other is left to lua/entry.lua: its
+-- rules' speculative charges taken back first, its quota's handed over.
+fast.admit = function(KEYS, base, shape, now, out, n)
+  if shape.block > 0 and block_end(KEYS[base + shape.block_at]) > now then
+    return nil
+  end
+  local algorithm, rules, costs = shape.algorithm, shape.rules, shape.costs
+  for i = 1, rules do
+    if not algorithm.inspect(shape, i, KEYS[base + i], costs[i], false) then
+      for j = 1, i do
+        algorithm.undo(shape, j, KEYS[base + j], costs[j], false)
+      end
+      return nil
+    end
+  end
+  local quota_limit, quota_count, quota_start = shape.quota_limit, 0, 0
+  if quota_limit > 0 then
+    local key, units = KEYS[base + shape.quota_at], shape.quota_cost
+    quota_start = quota_day_start(shape, now)
+    quota_count = quota_add(shape, key, quota_start, units)
+    if quota_count > quota_limit or fires_alert(shape, quota_count - units, units) then
+      for j = 1, rules do
+        algorithm.undo(shape, j, KEYS[base + j], costs[j], false)
+      end
+      handed_quota = quota_count
+      return nil
+    end
+  end
+  for i = 1, rules do
+    algorithm.commit(shape, i, KEYS[base + i], costs[i], now, now_us)
+  end
+  for i = 1, rules do
+    out[n + 1], out[n + 2] = algorithm.report(shape, i)
+    n = n + 2
+  end
+  if quota_limit > 0 then
+    out[n + 1] = math.max(quota_limit - quota_count, 0)
+    out[n + 2] = quota_count > 0 and quota_start + shape.quota_day - now or 0
+    n = n + 2
+  end
+  if algorithm.marks then
+    for i = 1, rules do
+      out[n + i] = algorithm.mark(i)
+    end
+    n = n + rules
+  end
+  return n
 end

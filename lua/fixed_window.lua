@@ -56,6 +56,13 @@ function fixed_window.inspect(shape, i, key, cost, peeking)
   return count <= shape.limits[i]
 end
 
+-- inspect of a check whose charge was made already, by lua/fast.lua: `count`, the count after it.
+function fixed_window.charged(shape, i, count)
+  local period = shape.periods[i]
+  fw_start[i], fw_count[i] = now - now % period, count
+  return count <= shape.limits[i]
+end
+
 function fixed_window.wait(shape, i, cost)
   if cost > shape.limits[i] then
     return nil

@@ -70,6 +70,21 @@ end
 -- Per rule: the window's start, its count and the previous one's, the time elapsed in it, and
 -- whether the stored counter is of another window (or none): its commit then opens this one.
 local sc_start, sc_current, sc_previous, sc_elapsed, sc_opens = {}, {}, {}, {}, {}
+-- What each counter the batch has read or written holds (its window's start, false for none; its
+-- count; the previous one's), by key: a hot counter's checks of one batch read it once (why that
+-- holds: logs_known, lua/common.lua). Forgotten at each batch.
+local sc_known_start, sc_known_current, sc_known_previous = {}, {}, {}
+
+function sliding_counter.forget()
+  if next(sc_known_start) ~= nil then
+    sc_known_start, sc_known_current, sc_known_previous = {}, {}, {}
+  end
+end
+
+-- Notes what the counter `key` holds.
+local function sc_know(key, start, current, previous)
+  sc_known_start[key], sc_known_current[key], sc_known_previous[key] = start, current, previous
+end
 
 function sliding_counter.prepare()
 end
@@ -77,11 +92,17 @@ end
 function sliding_counter.inspect(shape, i, key, cost)
   local period = shape.periods[i]
   local window = now - now % period
-  local stored = call('HMGET', key, 's', 'c', 'p')
-  local stored_start = tonumber(stored[1])
+  local stored_start = sc_known_start[key]
+  local current, previous
+  if stored_start == nil then
+    local stored = call('HMGET', key, 's', 'c', 'p')
+    stored_start = tonumber(stored[1]) or false
+    current, previous = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
+    sc_know(key, stored_start, current, previous)
+  else
+    current, previous = sc_known_current[key], sc_known_previous[key]
+  end
   local start = stored_start or window
-  local current = tonumber(stored[2]) or 0
-  local previous = tonumber(stored[3]) or 0
   if window > start then
     -- The window just ended becomes the previous one; older ones count for nothing.
     if window - start == period then
@@ -112,12 +133,15 @@ function sliding_counter.commit(shape, i, key, cost)
   local current = sc_current[i] + cost
   sc_current[i] = current
   if sc_opens[i] then
-    call('HSET', key, 's', sc_start[i], 'c', current, 'p', sc_previous[i])
-    call('PEXPIREAT', key, sc_start[i] + 2 * shape.periods[i])
+    local start = sc_start[i]
+    call('HSET', key, 's', text_of(start), 'c', text_of(current), 'p', text_of(sc_previous[i]))
+    call('PEXPIREAT', key, text_of(start + 2 * shape.periods[i]))
     sc_opens[i] = false
-  else
-    call('HSET', key, 'c', current)
+  elseif cost > 0 then
+    -- (The count is the stored one: moved by the cost, whose text is remembered.)
+    call('HINCRBY', key, 'c', text_of(cost))
   end
+  sc_know(key, sc_start[i], current, sc_previous[i])
 end
 
 function sliding_counter.undo()
@@ -153,7 +177,13 @@ function sliding_counter.give_back(shape, i, key, cost, receipt)
   if field then
     local count = tonumber(stored[field == 'c' and 2 or 3]) or 0
     if count > 0 then
-      call('HSET', key, field, math.max(count - cost, 0))
+      local left = math.max(count - cost, 0)
+      call('HSET', key, field, text_of(left))
+      if field == 'c' then
+        sc_know(key, start, left, tonumber(stored[3]) or 0)
+      else
+        sc_know(key, start, tonumber(stored[2]) or 0, left)
+      end
     end
   end
 end

@@ -17,8 +17,7 @@ function sliding_log.inspect(shape, i, key, cost, peeking)
   if peeking then
     log = log_read_after(key, now - period)
   else
-    call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - period))
-    log = log_read(key)
+    log = log_current(key, period)
   end
   sl_log[i] = log
   return log.count + cost <= shape.limits[i]
@@ -51,6 +50,8 @@ function sliding_log.report(shape, i)
 end
 
 function sliding_log.give_back(shape, i, key, cost, receipt)
+  -- (Members move: the log is read anew after.)
+  logs_known[key] = nil
   call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - shape.periods[i]))
   if receipt then
     -- Back from its own member, admitted after its delay.

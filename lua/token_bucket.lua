@@ -8,6 +8,26 @@ local token_bucket = {can_delay = true, marks = true}
 -- Per rule: the bucket's tat as read (then as committed), and when the request conforms (false:
 -- never, it costs more than the bucket holds).
 local tb_tat, tb_conforms = {}, {}
+-- The tat of each bucket the batch has read or written (0: none), by key: a hot bucket's checks
+-- of one batch read it from Redis once (why that holds: logs_known, lua/common.lua). Forgotten at
+-- each batch (lua/batch.lua calls forget).
+local tb_known = {}
+
+function token_bucket.forget()
+  if next(tb_known) ~= nil then
+    tb_known = {}
+  end
+end
+
+-- The bucket's tat (µs; 0 when it is full, the key gone), read once per batch.
+local function tb_read(key)
+  local tat = tb_known[key]
+  if tat == nil then
+    tat = tonumber(call('GET', key)) or 0
+    tb_known[key] = tat
+  end
+  return tat
+end
 
 -- (Numbers handed to redis.call go as text made with string.format: Lua's own conversion costs
 -- Redis about twice as much.)
@@ -26,7 +46,7 @@ function token_bucket.prepare(shape)
 end
 
 function token_bucket.inspect(shape, i, key, cost)
-  local tat = tonumber(call('GET', key)) or 0
+  local tat = tb_read(key)
   tb_tat[i] = tat
   -- The earliest time the request conforms: max(tat, now) + cost × interval − tolerance.
   local charge, tolerance = cost * shape.intervals[i], shape.tolerances[i]
@@ -51,17 +71,23 @@ function token_bucket.commit(shape, i, key, cost, _, at_us)
   if cost == 0 then
     return -- a free request moves nothing: the bucket is as it was
   end
-  local before = tb_tat[i]
-  local tat = math.max(before, at_us) + cost * shape.intervals[i]
+  local before, charge = tb_tat[i], cost * shape.intervals[i]
+  local tat = math.max(before, at_us) + charge
   tb_tat[i] = tat
-  local expires = string.format('%d', ceil_ms(tat))
+  tb_known[key] = tat
+  local expires = ceil_ms(tat)
   if before > 0 and expire_options then
-    -- The key holds `before` (read in this call): moved by the difference, and its expiry made
-    -- later only (GT), which costs Redis less than a SET that replaces the value and its expiry.
-    call('INCRBY', key, string.format('%d', tat - before))
-    call('PEXPIREAT', key, expires, 'GT')
+    -- The key holds `before` (read in this batch): moved by the difference (in debt, the charge
+    -- itself, whose text is remembered), which costs Redis less than a SET that replaces the
+    -- value and its expiry. Every write leaves the key's expiry at least at its tat's ms, so it
+    -- moves only when the tat passes into a later ms, and only later (GT).
+    local moved = tat - before
+    call('INCRBY', key, moved == charge and text_of(charge) or string.format('%d', moved))
+    if expires > ceil_ms(before) then
+      call('PEXPIREAT', key, text_of(expires), 'GT')
+    end
   else
-    call('SET', key, string.format('%d', tat), 'PXAT', expires)
+    call('SET', key, string.format('%d', tat), 'PXAT', text_of(expires))
   end
 end
 
@@ -86,8 +112,8 @@ function token_bucket.report(shape, i)
 end
 
 function token_bucket.give_back(shape, i, key, cost, receipt)
-  local tat = tonumber(call('GET', key))
-  if tat and tat > now_us then
+  local tat = tb_read(key)
+  if tat > now_us then
     local interval = shape.intervals[i]
     local back
     if receipt then
@@ -102,8 +128,10 @@ function token_bucket.give_back(shape, i, key, cost, receipt)
     end
     if back > now_us then
       call('SET', key, string.format('%d', back), 'PXAT', string.format('%d', ceil_ms(back)))
+      tb_known[key] = back
     else
       call('DEL', key)
+      tb_known[key] = 0
     end
   end
 end

@@ -835,32 +835,30 @@ async fn a_quota_race_over_two_instances_admits_the_limit_and_alerts_once() {
     let prefix = unique_prefix("race");
     let stores: Vec<Arc<dyn Store>> = vec![Arc::new(store(&redis)), Arc::new(store(&redis))];
     common::a_quota_race_admits_the_limit_and_alerts_once(stores, &prefix).await;
-    // The count expires with its day, the alert flags 30 hours after they were set.
+    // The count expires with its day, and the alert flags with it: they are fields of the
+    // day's hash, each holding the day it fired for.
     let mut client = redis.client();
-    for (key, at_most_ms) in [
-        (
-            format!("{prefix}:{{user:free-user}}:daily:q:86400000:0"),
-            86_400_000,
-        ),
-        (
-            format!("{prefix}:{{user:free-user}}:daily:qa:80"),
-            30 * 3_600_000,
-        ),
-        (
-            format!("{prefix}:{{user:free-user}}:daily:qa:100"),
-            30 * 3_600_000,
-        ),
-    ] {
-        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut client).unwrap();
-        assert!(ttl > 0 && ttl <= at_most_ms, "{key}: PTTL {ttl}");
-    }
-    let flag_ttl: i64 = redis::cmd("PTTL")
-        .arg(format!("{prefix}:{{user:free-user}}:daily:qa:80"))
+    let quota_key = format!("{prefix}:{{user:free-user}}:daily:q:86400000:0");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&quota_key)
         .query(&mut client)
         .unwrap();
-    assert!(
-        flag_ttl > 29 * 3_600_000,
-        "the flag lives 30 h, not {flag_ttl} ms"
+    assert!(ttl > 0 && ttl <= 86_400_000, "{quota_key}: PTTL {ttl}");
+    let fields: std::collections::BTreeMap<String, i64> = redis::cmd("HGETALL")
+        .arg(&quota_key)
+        .query(&mut client)
+        .unwrap();
+    let days: Vec<&String> = fields
+        .keys()
+        .filter(|field| !field.starts_with('a'))
+        .collect();
+    assert_eq!(days.len(), 1, "one day counted: {fields:?}");
+    let day_start: i64 = days[0].parse().unwrap();
+    assert_eq!(fields[days[0]], 100, "{fields:?}");
+    assert_eq!(
+        (fields.get("a80"), fields.get("a100")),
+        (Some(&day_start), Some(&day_start)),
+        "each flag holds the day it fired for: {fields:?}"
     );
     assert_every_key_expires(&redis, &prefix);
 }

@@ -123,7 +123,9 @@ impl Shared {
                 .await
                 .and_then(|(reply, acknowledged)| match reply {
                     Value::BulkString(packed) => {
-                        let shorts = members.iter().map(|member| 2 * member.check.limits.len());
+                        let shorts = members
+                            .iter()
+                            .map(|member| reply::short_length(&member.check.limits));
                         Ok((reply::read_batch_reply(&packed, shorts)?, acknowledged))
                     }
                     other => Err(StoreError::Protocol(format!(

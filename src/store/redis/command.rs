@@ -79,7 +79,7 @@ impl PackedCheck {
         let thresholds = quota.map_or(&[][..], |quota| quota.thresholds);
         let keys = rules
             + usize::from(guard.is_some())
-            + quota.map_or(0, |quota| 1 + quota.thresholds.len())
+            + usize::from(quota.is_some())
             + usize::from(concurrency.is_some())
             + usize::from(block_ms > 0)
             + usize::from(matches!(request.call, Call::GiveBack(_)));
@@ -116,16 +116,6 @@ impl PackedCheck {
                 &["q", day, offset],
             );
             packed.end_key();
-            for threshold in quota.thresholds {
-                let mut percent = itoa::Buffer::new();
-                write_key(
-                    &mut packed.data,
-                    quota.key,
-                    quota.identity,
-                    &["qa", percent.format(threshold.percent)],
-                );
-                packed.end_key();
-            }
         }
         if concurrency.is_some() {
             write_leases_key(&mut packed.data, request);
@@ -526,7 +516,7 @@ mod tests {
     }
 
     #[test]
-    fn the_quota_and_its_alert_flags_are_keys_under_the_quota_identity() {
+    fn the_quota_is_a_key_under_the_quota_identity_holding_its_alert_flags() {
         let rules = [Rule::per_minute(20)];
         let thresholds = [
             QuotaThreshold {
@@ -555,14 +545,12 @@ mod tests {
             [
                 "EVALSHA",
                 "abc",
-                "4",
+                "2",
                 "rl:{user:ann}:api:sl:60000:20",
                 "rl:{user:ann}:daily:q:86400000:61200000",
-                "rl:{user:ann}:daily:qa:80",
-                "rl:{user:ann}:daily:qa:100",
                 "",
                 "1",
-                "sl|4|1|0,0,0,100,86400000,61200000,0,0,0,80,80,100,100|20|60000",
+                "sl|2|1|0,0,0,100,86400000,61200000,0,0,0,80,80,100,100|20|60000",
                 "1"
             ]
         );

@@ -60,11 +60,20 @@ impl BatchReply {
     }
 }
 
+/// The length of an admission's short form for a check of these rules (see `lua/batch.lua`):
+/// remaining and reset per rule, then the lease taken when it has a concurrency limit, then each
+/// token bucket's full time.
+pub(super) fn short_length(limits: &[RuleLimit]) -> usize {
+    let leases = usize::from(limits.last().is_some_and(|rule| rule.concurrency));
+    let buckets = limits.iter().filter(|rule| rule.bucket).count();
+    2 * limits.len() + leases + buckets
+}
+
 /// At most this many bytes of an unreadable reply go into its error.
 const MAX_SHOWN: usize = 200;
 
 /// Reads the batch script's reply, `packed`, for checks whose short forms have these lengths
-/// (two items per rule), in the batch's order. A reply that doesn't hold exactly one entry per
+/// (see [`short_length`]), in the batch's order. A reply that doesn't hold exactly one entry per
 /// check is a [`StoreError::Protocol`].
 pub(super) fn read_batch_reply(
     packed: &[u8],
@@ -198,9 +207,10 @@ fn text(rest: &mut &[u8], length: usize) -> Option<Item> {
 /// Reads a check's entry in the batch reply (see `lua/batch.lua`) into a decision at
 /// `now_unix_ms` (the batch's time), its rules in the request's rule order. The entry is either an
 /// admission's short form (`short`: `remaining, reset` per rule: admitted, no delay, no retry, no
-/// alert), or the check's reply (`allowed, delay, then remaining, reset, retry` per rule, the
-/// counted rules, then the guard, then the quota, then the concurrency limit and the lease taken
-/// (0: none), then the percents of the alerts that fired).
+/// alert; then the lease taken, and each token bucket's full time), or the check's reply
+/// (`allowed, delay, then remaining, reset, retry` per rule, the counted rules, then the guard,
+/// then the quota, then the concurrency limit and the lease taken (0: none), then, when admitted,
+/// each token bucket's full time, then the percents of the alerts that fired).
 fn decision_from(
     entry: &[i64],
     short: bool,
@@ -210,7 +220,7 @@ fn decision_from(
     let malformed = || StoreError::Protocol(format!("unexpected script reply {entry:?}"));
     let unsigned = |value: i64| u64::try_from(value).map_err(|_| malformed());
     let (allowed, delay, width, states_start) = if short {
-        if entry.len() != 2 * limits.len() {
+        if entry.len() != short_length(limits) {
             return Err(malformed());
         }
         (true, Duration::ZERO, 2, 0)
@@ -261,14 +271,14 @@ fn decision_from(
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     let (lease, mut alerts_start) = match limits.last() {
-        Some(last) if last.concurrency && !short => {
+        Some(last) if last.concurrency => {
             let id = unsigned(*entry.get(states_end).ok_or_else(malformed)?)?;
             (Some(id).filter(|&id| id > 0), states_end + 1)
         }
         _ => (None, states_end),
     };
     // An admission's token buckets: each counted rule's full time, in the counted rules' order.
-    if allowed && !short {
+    if allowed {
         for (state, _) in rules
             .iter_mut()
             .zip(limits)

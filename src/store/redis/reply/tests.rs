@@ -32,7 +32,7 @@ fn numbers(values: &[i64]) -> Vec<u8> {
 fn decision_of(items: &[i64], limits: &[RuleLimit]) -> Result<Decision, StoreError> {
     let reply = read_batch_reply(
         &numbers(&[[1_000].as_slice(), items].concat()),
-        std::iter::once(2 * limits.len()),
+        std::iter::once(short_length(limits)),
     )?;
     reply.into_decisions([limits]).next().expect("one decision")
 }
@@ -191,6 +191,29 @@ fn an_admissions_short_form_is_two_items_per_rule() {
             },
         ]
     );
+}
+
+#[test]
+fn a_short_form_carries_the_lease_then_each_buckets_full_time() {
+    let bucket = RuleLimit {
+        bucket: true,
+        ..counted(10)
+    };
+    let slots = RuleLimit {
+        concurrency: true,
+        ..counted(3)
+    };
+    let limits = [bucket, slots];
+    assert_eq!(short_length(&limits), 2 * 2 + 1 + 1);
+    let decision = decision_of(&[9, 100, 2, 60_000, 77, 1_000_100_000], &limits).unwrap();
+    assert!(decision.allowed);
+    assert_eq!(decision.lease, Some(77));
+    assert_eq!(decision.rules[0].remaining, 9);
+    assert_eq!(decision.rules[0].bucket_full_at_us, Some(1_000_100_000));
+    assert_eq!(decision.rules[1].remaining, 2);
+    assert_eq!(decision.rules[1].reset, Duration::from_secs(60));
+    // Two items per rule alone is no longer a whole short form for these rules.
+    assert!(decision_of(&[9, 100, 2, 60_000], &limits).is_err());
 }
 
 #[test]
