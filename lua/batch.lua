@@ -3,7 +3,8 @@
 -- call and of TIME is paid once per batch). Before this part the store puts lua/common.lua, each
 -- algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua, sc:
 -- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/entry.lua (one check, its steps chosen
--- by its shape) and lua/fast.lua (the plainest checks of some algorithms, inline).
+-- by its shape) and lua/fast.lua (the common checks, inline: lean functions that leave the rest
+-- to lua/entry.lua).
 --
 -- All of it is the function `batch(KEYS, ARGV)`: the store registers it as a Redis function
 -- (FUNCTION LOAD once, then FCALL: the helpers, the algorithms' parts and the shapes parsed are
@@ -126,14 +127,22 @@ local shape_of = remembered(function(piece)
   -- A unit in every rule and the quota: what a refund's or an overdraw's answer peeks.
   shape.ones = costs_of('1')
   algorithm.prepare(shape)
-  -- Without options every key is a counted rule's: lua/fast.lua's lean function, where the
-  -- algorithm has one; a check with the options fast.admit knows (a quota, a block, a max
-  -- delay), or of another algorithm, has that lean path first.
+  -- The check's lean function (lua/fast.lua), tried before lua/entry.lua: without options, the
+  -- algorithm's own where it has one; a fixed window's give-back with no other option; a
+  -- fixed window with a quota, a block or a lease; another algorithm with a quota, a block or a
+  -- max delay (fast.admit).
   shape.options = pieces[4] ~= ''
   if fast[code] and not shape.options then
     shape.lean = fast[code]
-  elseif shape.kind == KIND_CHECK and shape.guard_window == 0 and shape.max_in_flight == 0 then
-    shape.lean = code == 'fw' and fast.fw or fast.admit
+  elseif shape.kind == KIND_GIVE_BACK and code == 'fw' and shape.quota_limit == 0
+      and shape.guard_window == 0 and shape.block == 0 and shape.max_in_flight == 0 then
+    shape.lean = fast.fw_give_back
+  elseif shape.kind == KIND_CHECK and shape.guard_window == 0 then
+    if code == 'fw' then
+      shape.lean = fast.fw
+    elseif shape.max_in_flight == 0 then
+      shape.lean = fast.admit
+    end
   end
   return shape
 end)
@@ -151,11 +160,13 @@ out = {}
 -- A request's entry with a receipt (see above): its shape's number, and the receipt: its
 -- numbers (a give-back's), or its text (a release's lease id: what ZREM is handed).
 local function with_receipt(entry)
+  if not string.find(entry, ',', 1, true) then
+    local number, lease = string.match(entry, '^(%d+)@(%d+)$')
+    return tonumber(number), lease
+  end
   local number, checked, delay, marks = string.match(entry, '^(%d+)@(%d+),(%d+)([%d,]*)$')
   if number == nil then
-    local lease
-    number, lease = string.match(entry, '^(%d+)@(%d+)$')
-    return tonumber(number), lease
+    return nil
   end
   local receipt = {tonumber(checked), tonumber(delay)}
   if marks ~= '' then
@@ -177,13 +188,13 @@ local function run_checks()
       number, receipt = with_receipt(entry)
     end
     shape = shape_of(batch_args[2 + number])
-    local lean = shape.lean and shape.lean(batch_keys, key_at, shape, now, out, n)
+    local lean = shape.lean and shape.lean(batch_keys, key_at, shape, now, out, n, receipt)
     if lean then
       n = lean
     elseif shape.release then
       -- A release: 1 if the lease was held, else 0 (releasing one that expired or was released
       -- already does nothing).
-      local held = call('ZREM', batch_keys[key_at + 1], receipt)
+      local held = lease_release(batch_keys[key_at + 1], receipt)
       out[n + 1], out[n + 2], out[n + 3] = -2, held, 0
       n = n + 3
     else
@@ -211,6 +222,8 @@ local function batch(KEYS, ARGV)
   sliding_counter.forget()
   forget_blocks()
   forget_logs()
+  forget_leases()
+  forget_markers()
   out[1], n = now, 1
   key_at, at = 0, 3 + tonumber(ARGV[2])
 

@@ -100,6 +100,104 @@ end
 -- have without the lean path.
 local handed_count, handed_quota = nil, nil
 
+-- The leases of each concurrency limit the batch has read, by key: how many are held, when the
+-- earliest expires (false: none is held; nil: not known, a release may have ended it), and the
+-- expiry the batch gave the key (why they hold: logs_known, lua/common.lua). Forgotten at each
+-- batch.
+local leases_held, leases_earliest, leases_expiry = {}, {}, {}
+
+local function forget_leases()
+  if next(leases_held) ~= nil then
+    leases_held, leases_earliest, leases_expiry = {}, {}, {}
+  end
+end
+
+-- The leases of `key`, those past their expiry gone (their requests ended without a word, their
+-- instance died): how many are held, and when the earliest expires (nil: none is held). The
+-- earliest is read first: only when it has expired do the expired ones go, and a key that holds
+-- none is not there to count. Read once per batch.
+local function leases_current(key)
+  local held, earliest = leases_held[key], leases_earliest[key]
+  if held ~= nil and earliest ~= nil and (earliest == false or earliest > now) then
+    return held, earliest or nil
+  end
+  local first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[2] and tonumber(first[2]) <= now then
+    call('ZREMRANGEBYSCORE', key, '-inf', text_of(now))
+    first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    held = nil
+  end
+  earliest = tonumber(first[2])
+  if earliest == nil then
+    held = 0
+  elseif held == nil then
+    held = call('ZCARD', key)
+  end
+  leases_held[key], leases_earliest[key] = held, earliest or false
+  return held, earliest
+end
+
+-- Takes a lease expiring at `expires` (ms) of the leases `key`, which hold `held` (the earliest
+-- expiring at `earliest`; nil: none): returns its id, and the leases held and the earliest's
+-- expiry after. The lease is named by the time it was taken (µs), made unique: a number the
+-- caller releases it by.
+local function lease_take(key, held, earliest, expires)
+  local id = math.max(now_us, last_lease + 1)
+  -- (Formatted with %d: Redis would print a number this large in exponent form.)
+  while call('ZADD', key, 'NX', text_of(expires), string.format('%d', id)) == 0 do
+    id = id + 1
+  end
+  last_lease = id
+  held = held + 1
+  if earliest == nil or expires < earliest then
+    earliest = expires
+  end
+  leases_held[key], leases_earliest[key] = held, earliest
+  -- A key the lease made (its first) takes its expiry; one that holds others keeps one this batch
+  -- set already, as late.
+  local set = leases_expiry[key]
+  if held == 1 or not set or expires > set then
+    expire_at_least(key, expires, held == 1)
+    leases_expiry[key] = expires
+  end
+  return id, held, earliest
+end
+
+-- Releases the lease `id` of the leases `key`: 1 if it was held, else 0 (one that expired or was
+-- released already).
+local function lease_release(key, id)
+  local released = call('ZREM', key, id)
+  local held = leases_held[key]
+  if released == 1 and held then
+    -- (Which lease is now the earliest is read when a check needs it.)
+    leases_held[key], leases_earliest[key] = held - 1, nil
+  end
+  return released
+end
+
+-- The time (ms) of each identity's last reset the batch has read (false: none), by its marker's
+-- key (lua/reset.lua sets it, never during a batch): the give-backs of one batch read it once.
+-- Forgotten at each batch.
+local markers_known = {}
+
+local function forget_markers()
+  if next(markers_known) ~= nil then
+    markers_known = {}
+  end
+end
+
+-- Whether a give-back of `receipt` gives its units back to the counted rules: not after a reset
+-- (its marker at `marker_key`) that came at or after the charge, since their counts since hold
+-- nothing of it (the quota, never reset, still may).
+local function gives_back(marker_key, receipt)
+  local reset_at = markers_known[marker_key]
+  if reset_at == nil then
+    reset_at = tonumber(call('GET', marker_key)) or false
+    markers_known[marker_key] = reset_at
+  end
+  return not reset_at or reset_at < receipt[1]
+end
+
 -- The start of the quota's day that `at` (ms) falls in.
 local function quota_day_start(shape, at)
   local day = shape.quota_day
@@ -209,8 +307,7 @@ local function run_entry(shape, base, receipt, n)
     if receipt == nil then
       error('a give-back without its receipt')
     end
-    local reset_at = tonumber(call('GET', keys[base + shape.marker_at]))
-    rules_give_back = reset_at == nil or reset_at < receipt[1]
+    rules_give_back = gives_back(keys[base + shape.marker_at], receipt)
   end
 
   -- A penalty block refuses everything until it ends: the time it has left.
@@ -334,20 +431,10 @@ local function run_entry(shape, base, receipt, n)
         earliest = call('ZRANGEBYSCORE', in_flight_key, '(' .. text_of(now), '+inf', 'WITHSCORES',
                         'LIMIT', 0, 1)[2]
       end
+      earliest = tonumber(earliest)
     else
-      -- The earliest lease first: only when it has expired do the expired ones go, and a key
-      -- that holds none is not there to count.
-      local first = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')
-      if first[2] and tonumber(first[2]) <= now then
-        call('ZREMRANGEBYSCORE', in_flight_key, '-inf', text_of(now))
-        first = call('ZRANGE', in_flight_key, 0, 0, 'WITHSCORES')
-      end
-      earliest = first[2]
-      if earliest then
-        held = call('ZCARD', in_flight_key)
-      end
+      held, earliest = leases_current(in_flight_key)
     end
-    earliest = tonumber(earliest)
     slot_fits = held < max_in_flight
     if not slot_fits then
       allowed = 0
@@ -399,20 +486,9 @@ local function run_entry(shape, base, receipt, n)
   local lease_id = 0
   if allowed == 1 and not peeking then
     if in_flight_key then
-      -- The lease is named by the time it was taken (µs), made unique: a number the caller
-      -- releases it by. It runs from the request's admission, after its delay.
-      local expires = now + delay + shape.lease
-      lease_id = math.max(now_us, last_lease + 1)
-      -- (Formatted with %d: Redis would print a number this large in exponent form.)
-      while call('ZADD', in_flight_key, 'NX', expires, string.format('%d', lease_id)) == 0 do
-        lease_id = lease_id + 1
-      end
-      last_lease = lease_id
-      held = held + 1
-      expire_at_least(in_flight_key, expires, held == 1)
-      if earliest == nil or expires < earliest then
-        earliest = expires
-      end
+      -- It runs from the request's admission, after its delay.
+      lease_id, held, earliest =
+        lease_take(in_flight_key, held, earliest, now + delay + shape.lease)
     end
     for i = 1, rules do
       algorithm.commit(shape, i, keys[base + i], costs[i], now + delay, now_us + delay * 1000)

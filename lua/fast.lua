@@ -46,11 +46,11 @@ local function fixed_window_state(limit, count, ends, now)
 end
 
 -- Fixed window (lua/fixed_window.lua): charge every rule with HINCRBY; if one refuses, take every
--- charge back. One rule, the most common policy, takes a path without tables, and a daily quota
--- or a penalty block beside it (`shape.options`) adds only its own commands: what doesn't admit
--- the request at once (a block that holds, a rule or quota that refuses, an alert that fires) is
--- left to lua/entry.lua, with the charges made (handed_count, handed_quota). With more rules,
--- options go to fast.admit.
+-- charge back. One rule, the most common policy, takes a path without tables, and a daily quota,
+-- a penalty block or a concurrency limit beside it (`shape.options`) adds only its own commands:
+-- what doesn't admit the request at once (a block that holds, a rule, quota or concurrency limit
+-- that refuses, an alert that fires) is left to lua/entry.lua, with the charges made
+-- (handed_count, handed_quota). With more rules, options go to fast.admit.
 fast.fw = function(KEYS, key_at, shape, now, out, n)
   local rules = shape.rules
   if rules == 1 then
@@ -66,18 +66,26 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
       window_opened(key, start, period)
     end
     if count <= limit then
-      local quota_limit = shape.quota_limit
+      local quota_limit, used, quota_start = shape.quota_limit, 0, 0
       if quota_limit > 0 then
         local quota_key, units = KEYS[key_at + shape.quota_at], shape.quota_cost
-        local quota_start = quota_day_start(shape, now)
-        local used = quota_add(shape, quota_key, quota_start, units)
+        quota_start = quota_day_start(shape, now)
+        used = quota_add(shape, quota_key, quota_start, units)
         if used > quota_limit or (shape.thresholds > 0 and fires_alert(shape, used - units, units))
         then
           handed_count, handed_quota = count, used
           return nil
         end
-        out[n + 3] = quota_limit - used
-        out[n + 4] = used > 0 and quota_start + shape.quota_day - now or 0
+      end
+      local max_in_flight, lease, held, earliest = shape.max_in_flight, 0, 0, nil
+      if max_in_flight > 0 then
+        local leases_key = KEYS[key_at + shape.in_flight_at]
+        held, earliest = leases_current(leases_key)
+        if held >= max_in_flight then
+          handed_count, handed_quota = count, quota_limit > 0 and used or nil
+          return nil
+        end
+        lease, held, earliest = lease_take(leases_key, held, earliest, now + shape.lease)
       end
       -- The admission's short form, written in place: this is the hottest line of the store.
       if count == 0 then
@@ -87,10 +95,19 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
         out[n + 1] = limit - count
         out[n + 2] = start + period - now
       end
+      n = n + 2
       if quota_limit > 0 then
-        return n + 4
+        out[n + 1] = quota_limit - used
+        out[n + 2] = used > 0 and quota_start + shape.quota_day - now or 0
+        n = n + 2
       end
-      return n + 2
+      if max_in_flight > 0 then
+        out[n + 1] = max_in_flight - held
+        out[n + 2] = math.max(earliest - now, 0)
+        out[n + 3] = lease
+        n = n + 3
+      end
+      return n
     end
     if shape.options then
       handed_count = count
@@ -107,6 +124,9 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
     return n + 3
   end
   if shape.options then
+    if shape.max_in_flight > 0 then
+      return nil
+    end
     return fast.admit(KEYS, key_at, shape, now, out, n)
   end
   local counts = {}
@@ -287,6 +307,56 @@ fast.admit = function(KEYS, base, shape, now, out, n)
       out[n + i] = algorithm.mark(i)
     end
     n = n + rules
+  end
+  return n
+end
+
+-- Per rule of the give-back being run: its count after it.
+local given_counts = {}
+
+-- A fixed window's give-back (count_only, Admitted::refund, a settle below its estimate) with no
+-- other option (no quota, guard, block or concurrency limit): each rule's units go back where the receipt says they were charged (lua/entry.lua), and
+-- the entry answers as a peek of one unit, in short when every rule has room for it.
+fast.fw_give_back = function(KEYS, key_at, shape, now, out, n, receipt)
+  local rules, costs, limits, periods = shape.rules, shape.costs, shape.limits, shape.periods
+  local give = gives_back(KEYS[key_at + shape.marker_at], receipt)
+  local checked = receipt[1]
+  local room = true
+  for i = 1, rules do
+    local key, period = KEYS[key_at + i], periods[i]
+    local start = now - now % period
+    local count
+    if give and checked - checked % period == start then
+      count = take_back(key, text_of(start), costs[i])
+    else
+      count = tonumber(call('HGET', key, text_of(start))) or 0
+    end
+    given_counts[i] = count
+    if count + 1 > limits[i] then
+      room = false
+    end
+  end
+  if room then
+    for i = 1, rules do
+      local period = periods[i]
+      out[n + 1], out[n + 2] =
+        fixed_window_state(limits[i], given_counts[i], now - now % period + period, now)
+      n = n + 2
+    end
+    return n
+  end
+  n = reply_head(out, n, rules, 0)
+  for i = 1, rules do
+    local limit, period = limits[i], periods[i]
+    local ends = now - now % period + period
+    local count = given_counts[i]
+    local retry = -1
+    if count + 1 > limit then
+      retry = limit < 1 and period or ends - now
+    end
+    out[n + 1], out[n + 2] = fixed_window_state(limit, count, ends, now)
+    out[n + 3] = retry
+    n = n + 3
   end
   return n
 end
