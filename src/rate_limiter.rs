@@ -122,7 +122,7 @@ impl RateLimiter {
     /// or a cost of 0 (500: it counts nothing, which is the app's mistake).
     pub async fn check_n(&self, identity: &str, cost: u64) -> Result<Admitted, Refused> {
         // (A handle can't see the response: its caller refunds what doesn't count.)
-        let admission = self.decide(identity, Price { cost, units: 1 }).await?;
+        let admission = self.decide(identity, Price::new(cost, 1)).await?;
         Ok(Admitted { admission })
     }
 
@@ -166,10 +166,7 @@ impl RateLimiter {
     ///
     /// As [`RateLimiter::check_n`].
     pub async fn reserve(&self, identity: &str, estimate: u64) -> Result<Reservation, Refused> {
-        let price = Price {
-            cost: 1,
-            units: estimate,
-        };
+        let price = Price::new(1, estimate);
         let admission = self.decide(identity, price).await?;
         Ok(Reservation::new(admission))
     }

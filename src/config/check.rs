@@ -333,6 +333,19 @@ impl RouteCheck<'_> {
     fn meter(&self, raw: &MeterConfig) -> Result<Meter, ConfigError> {
         let mut meter = Meter::new(raw.unit.clone());
         let fixed = raw.estimate.unwrap_or(1);
+        if fixed > policy::MAX_LIMIT {
+            return Err(self.error("meter.estimate", "must be 0 to 2^35 units"));
+        }
+        if let Some(max_usage) = raw.max_usage
+            && max_usage < fixed
+        {
+            return Err(self.error(
+                "meter.max_usage",
+                format!(
+                    "is {max_usage}, below meter.estimate ({fixed}): no report could count what                      a request reserves; raise max_usage or lower the estimate"
+                ),
+            ));
+        }
         match &raw.estimate_header {
             Some(name) => {
                 let header = parse_header_name(name)

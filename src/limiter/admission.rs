@@ -34,6 +34,10 @@ pub(crate) struct Admission {
     /// charged (unlimited, a shadow pass, a store failure let through), or when nothing would give
     /// it back (a request's admission without `count_only`).
     pub(super) charge: Option<Charge>,
+    /// A metered policy let the request through without a reservation (unlimited, a shadow
+    /// pass, a store failure let through): what it records counts nowhere, and its `Usage` says
+    /// so rather than blaming a missing meter.
+    pub(super) uncounted: bool,
 }
 
 impl Admission {
@@ -44,6 +48,16 @@ impl Admission {
             lease: None,
             decision: None,
             charge: None,
+            uncounted: false,
+        }
+    }
+
+    /// An admission without a check or a reservation by `limiter` (unlimited, a shadow pass, a
+    /// store failure let through).
+    pub(super) fn let_through(limiter: &Limiter) -> Self {
+        Admission {
+            uncounted: limiter.policy().metering().is_some(),
+            ..Admission::unchecked()
         }
     }
 
@@ -139,6 +153,9 @@ impl Admission {
     /// request's [`Usage`] goes into its extensions.
     pub(crate) fn on_call(mut self, extensions: &mut http::Extensions) -> OnResponse {
         let tab = self.metering(extensions, true);
+        if self.uncounted {
+            Usage::of(extensions).let_through();
+        }
         let charge = self
             .charge
             .filter(Charge::settles_after_response)

@@ -100,7 +100,7 @@ pub(super) fn start(limiter: &Arc<Limiter>, prepared: Prepared) -> Decided {
     match prepared {
         Prepared::Check(checked) => checking(limiter, checked),
         Prepared::CheckBy(own, checked) => checking(&own, checked),
-        Prepared::Unlimited => Decided::Now(Settled::Admitted(Admission::unchecked())),
+        Prepared::Unlimited => Decided::Now(Settled::Admitted(Admission::let_through(limiter))),
         Prepared::Admit(admission) => Decided::Now(Settled::Admitted(admission)),
         Prepared::Respond(answer) => Decided::Now(Settled::Answered(Answered {
             by: limiter.clone(),

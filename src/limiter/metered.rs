@@ -55,6 +55,9 @@ pub struct Usage(Arc<Tabs>);
 struct Tabs {
     first: std::sync::OnceLock<Tab>,
     more: Mutex<Vec<Tab>>,
+    /// A metered layer let the request through without a reservation (see
+    /// [`Usage::let_through`]).
+    let_through: AtomicBool,
 }
 
 impl Tabs {
@@ -123,13 +126,30 @@ impl Usage {
                 recorded = true;
             }
         });
-        if !recorded && !UNMETERED_WARNED.swap(true, Ordering::Relaxed) {
+        if recorded {
+            return;
+        }
+        if self.0.let_through.load(Ordering::Relaxed) {
+            tracing::debug!(
+                units,
+                "usage recorded on a request its metered layer let through without a reservation \
+                 (an unlimited identity, shadow mode, a store failure let through): it counts \
+                 nowhere"
+            );
+        } else if !UNMETERED_WARNED.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 units,
                 "usage recorded on a request no meter reserved for (a route without a meter, \
                  or another unit): it counts nothing"
             );
         }
+    }
+
+    /// Notes that a metered layer let the request through without a reservation (an unlimited
+    /// identity, a shadow pass, a store failure let through): what it records then counts
+    /// nowhere, as it should, and is no sign of a missing meter.
+    pub(crate) fn let_through(&self) {
+        self.0.let_through.store(true, Ordering::Relaxed);
     }
 
     /// The request's `Usage`, found in `extensions` or put there.
@@ -203,8 +223,13 @@ impl Reserved {
 /// let go of (its `Usage` clones, its response body).
 pub(crate) struct Tab {
     unit: Arc<str>,
+    /// What the code recorded (`Usage::record`), and whether it did.
     used: AtomicU64,
     recorded: AtomicBool,
+    /// What the response's usage header reported, and whether it did: it counts only when the
+    /// code recorded nothing (one report per request).
+    header_used: AtomicU64,
+    header_reported: AtomicBool,
     /// The charge and the store's answer to it (the receipt a give-back reads, boxed into the
     /// charge only when one is made), until it settles or a response that doesn't count takes
     /// it back whole.
@@ -218,6 +243,8 @@ impl Tab {
             unit,
             used: AtomicU64::new(0),
             recorded: AtomicBool::new(false),
+            header_used: AtomicU64::new(0),
+            header_reported: AtomicBool::new(false),
             charge: Mutex::new(Some((charge, decision))),
         }
     }
@@ -234,7 +261,8 @@ impl Tab {
 
     /// Reads what a response (`status`, `headers`) says: under `count_only` whether it counts (one that doesn't gives
     /// the whole charge back), and the usage it reports in the meter's header, if any (a whole
-    /// number is recorded; anything else is no report, said once at WARN).
+    /// number is the header's report, which counts when the code records nothing; anything else
+    /// is no report, said once at WARN).
     fn answered(&self, status: StatusCode, headers: &HeaderMap) {
         let mut held = self.charge.lock().unwrap_or_else(PoisonError::into_inner);
         let Some((charge, _)) = held.as_ref() else {
@@ -267,7 +295,10 @@ impl Tab {
             .ok()
             .and_then(|text| text.trim().parse::<u64>().ok())
         {
-            Some(units) => self.record(units),
+            Some(units) => {
+                self.header_used.store(units, Ordering::Relaxed);
+                self.header_reported.store(true, Ordering::Release);
+            }
             None => {
                 if !metering.warned_header.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
@@ -280,19 +311,49 @@ impl Tab {
         }
     }
 
-    /// Settles the reservation at what was recorded; nothing recorded, it stands.
+    /// Settles the reservation at what was reported: what the code recorded, else what the
+    /// usage header said; nothing reported, it stands.
     fn settle(&mut self) {
-        let charge = self
+        let Some(charge) = self
             .charge
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        // Nothing recorded: the reservation stands.
-        if let Some(charge) = charge
-            && *self.recorded.get_mut()
-        {
-            settle_at(charge, *self.used.get_mut());
-        }
+            .take()
+        else {
+            return;
+        };
+        let header = self
+            .header_reported
+            .get_mut()
+            .then_some(*self.header_used.get_mut());
+        let used = if *self.recorded.get_mut() {
+            if header.is_some() {
+                let policy = charge.0.limiter().policy();
+                if policy.metering().is_some_and(|metering| {
+                    !metering.warned_two_reports.swap(true, Ordering::Relaxed)
+                }) {
+                    tracing::warn!(
+                        policy = policy.name(),
+                        recorded = *self.used.get_mut(),
+                        header = header,
+                        "a request both recorded its usage and reported it in the usage header: \
+                         the record counts, the header doesn't (said once)"
+                    );
+                }
+            }
+            *self.used.get_mut()
+        } else if let Some(units) = header {
+            units
+        } else {
+            // Nothing reported: the reservation stands at the estimate (the unit an estimate of
+            // 0 was charged, only so that it needed room, goes back).
+            let price = charge.0.price();
+            if price.estimate >= price.units {
+                return;
+            }
+            price.estimate
+        };
+        settle_at(charge, used);
     }
 
     /// Settles the reservation at nothing used, now, whatever is recorded after.
@@ -345,10 +406,7 @@ pub(super) fn settle_call(charge: &Charge, used: u64) -> Option<CheckFuture> {
     metrics.metered("used", used);
     if used < reserved {
         metrics.metered("given_back", reserved - used);
-        let unused = Price {
-            cost: 0,
-            units: reserved - used,
-        };
+        let unused = Price::exactly(0, reserved - used);
         Some(charge.give_back(unused))
     } else if used > reserved {
         metrics.metered("overdrawn", used - reserved);
@@ -363,7 +421,7 @@ pub(super) fn settle_call(charge: &Charge, used: u64) -> Option<CheckFuture> {
 pub(crate) async fn settle_now(charge: Charge, used: u64) -> Result<Decision, StoreError> {
     let decision = match settle_call(&charge, used) {
         Some(call) => call.await?,
-        None => charge.give_back(Price { cost: 0, units: 0 }).await?,
+        None => charge.give_back(Price::exactly(0, 0)).await?,
     };
     charge.moved(&decision);
     Ok(decision)

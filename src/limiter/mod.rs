@@ -96,9 +96,34 @@ pub(crate) struct Limiter {
 pub(crate) struct Price {
     /// The request's cost ([`Policy::cost`](crate::Policy::cost)).
     pub(crate) cost: u64,
-    /// Its meter's estimate, what it reserves in the metered rules and quota (1 without a
-    /// meter: nothing reads it then).
+    /// What it charges in the metered rules and quota: its meter's estimate, or one unit for an
+    /// estimate of 0, so that only room for a unit admits it (1 without a meter: nothing reads
+    /// it then).
     pub(crate) units: u64,
+    /// Its meter's estimate: what its reservation stands at when nothing reports its usage.
+    pub(crate) estimate: u64,
+}
+
+impl Price {
+    /// The price of a request of `cost` whose meter estimates `estimate` units. Every metered
+    /// admission needs room: an estimate of 0 reserves nothing, but is charged a unit at
+    /// admission (given back when it settles), so a window without room refuses it.
+    pub(crate) fn new(cost: u64, estimate: u64) -> Price {
+        Price {
+            cost,
+            units: estimate.max(1),
+            estimate,
+        }
+    }
+
+    /// Exactly `units` (a give-back's, an overdraw's, units taken ahead): nothing rounded up.
+    pub(crate) fn exactly(cost: u64, units: u64) -> Price {
+        Price {
+            cost,
+            units,
+            estimate: units,
+        }
+    }
 }
 
 /// A request ready for the store: its key, cost, units and daily quota.
@@ -108,6 +133,8 @@ pub(crate) struct Checked {
     pub(crate) cost: u64,
     /// The units it reserves in the metered rules and quota.
     pub(crate) units: u64,
+    /// Its meter's estimate (see [`Price::estimate`]).
+    pub(crate) estimate: u64,
     pub(crate) quota: Option<QuotaLookup>,
     /// How the limiter's own answers reach the client: HTTP or gRPC.
     protocol: Protocol,
@@ -130,6 +157,7 @@ impl Checked {
         let price = Price {
             cost: self.cost,
             units: self.units,
+            estimate: self.estimate,
         };
         Charge::new(limiter, key, price, self.quota.take(), charged)
     }

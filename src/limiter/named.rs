@@ -54,11 +54,9 @@ impl Limiter {
         }
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
         // A handle's caller may give an admission back by its receipt.
-        let price = Price {
-            units: policy.metering().map_or(price.units, |metering| {
-                price.units.min(metering.max_estimate)
-            }),
-            ..price
+        let price = match policy.metering() {
+            Some(metering) => Price::new(price.cost, price.estimate.min(metering.max_estimate)),
+            None => price,
         };
         self.prepare_found(key, price, quota, protocol, true)
     }

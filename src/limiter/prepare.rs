@@ -67,10 +67,7 @@ impl Limiter {
                 return prepared;
             }
         }
-        let price = Price {
-            cost: policy.cost(parts),
-            units: policy.estimate(parts),
-        };
+        let price = Price::new(policy.cost(parts), policy.estimate(parts));
         let quota = policy
             .quota()
             .and_then(|quota| quota.lookup(parts, policy.client_ip()));
@@ -261,6 +258,7 @@ impl Limiter {
             key,
             cost: price.cost,
             units: price.units,
+            estimate: price.estimate,
             quota,
             protocol,
             span,

@@ -162,6 +162,7 @@ impl Limiter {
             lease,
             decision: Some(decision),
             charge,
+            uncounted: false,
         };
         if delay.is_zero() {
             Verdict::Admit(admission)
@@ -188,7 +189,7 @@ impl Limiter {
         Verdict::Admit(Admission {
             headers: Some(headers),
             decision: Some(decision),
-            ..Admission::unchecked()
+            ..Admission::let_through(self)
         })
     }
 
@@ -225,7 +226,7 @@ impl Limiter {
                     .request(self.outcome(checked, Outcome::StoreErrorAllowed));
                 self.store_errors
                     .log(name, error, "letting the request through");
-                Verdict::Admit(Admission::unchecked())
+                Verdict::Admit(Admission::let_through(self))
             }
             OnStoreError::Deny => {
                 self.metrics()

@@ -27,6 +27,8 @@ impl Shared {
         units: u64,
         deadline: Instant,
     ) -> Result<Option<Tab>, OutboundError> {
+        // (An estimate of 0 is charged a unit, given back when it settles: it needs room too.)
+        let price = Price::new(1, units);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             // Paused, or less left than it needs by the upstream's last word to this instance.
@@ -39,7 +41,7 @@ impl Shared {
             let mut settled = pin!(self.settling.landed());
             settled.as_mut().enable();
             let answer = {
-                let request = self.limiter.store_request(&key, None).units(units);
+                let request = self.limiter.store_request(&key, None).units(price.units);
                 self.store.check(&request).await
             };
             let decision = match answer {
@@ -48,7 +50,7 @@ impl Shared {
             };
             if decision.allowed {
                 self.announced.sent(key.as_str(), Some(units));
-                return Ok(Some(self.reservation(key, units, decision)));
+                return Ok(Some(self.reservation(key, price, decision)));
             }
             let retry_after = decision.retry_after().unwrap_or(self.max_wait);
             let would_wait = || OutboundError::WouldWait {
@@ -69,22 +71,15 @@ impl Shared {
         }
     }
 
-    /// The reservation of `units` to `key` (and one request), which the store answered
-    /// `decision`.
-    fn reservation(&self, key: StorageKey, units: u64, decision: Decision) -> Tab {
+    /// The reservation of `price` to `key`, which the store answered `decision`.
+    fn reservation(&self, key: StorageKey, price: Price, decision: Decision) -> Tab {
         let unit = self
             .policy
             .meter()
             .map(|meter| meter.unit_arc().clone())
             .unwrap_or_default();
-        self.limiter.count_reserved(units);
-        let charge = Charge::new(
-            self.limiter.clone(),
-            key,
-            Price { cost: 1, units },
-            None,
-            Charged::Told,
-        );
+        self.limiter.count_reserved(price.units);
+        let charge = Charge::new(self.limiter.clone(), key, price, None, Charged::Told);
         Tab::new(charge, Some(decision), unit)
     }
 }

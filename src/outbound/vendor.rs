@@ -135,7 +135,9 @@ fn ceil_millis(duration: Duration) -> Duration {
 
 /// A duration as Go prints one, as OpenAI's resets are: `1s`, `6m0s`, `1.5s`, `120ms`,
 /// `1h2m3.004s`; a sequence of numbers (with an optional fraction), each with its unit (`h`,
-/// `m`, `s`, `ms`, `us`, `µs`, `ns`). `None` for anything else.
+/// `m`, `s`, `ms`, `us`, `µs`, `ns`). `None` for anything else. A well-formed duration longer
+/// than a `Duration` of `u64::MAX` nanoseconds (about 584 years) is that: the longest wait
+/// said, which the caller caps, never none.
 pub(crate) fn go_duration(text: &str) -> Option<Duration> {
     let mut rest = text.trim();
     if rest.is_empty() {
@@ -164,10 +166,11 @@ pub(crate) fn go_duration(text: &str) -> Option<Duration> {
         if whole.is_empty() && fraction.is_empty() {
             return None;
         }
+        // (Digits only: a number that doesn't parse is past u64, and saturates.)
         let whole: u64 = if whole.is_empty() {
             0
         } else {
-            whole.parse().ok()?
+            whole.parse().unwrap_or(u64::MAX)
         };
         if !fraction.bytes().all(|byte| byte.is_ascii_digit()) {
             return None;
@@ -181,7 +184,12 @@ pub(crate) fn go_duration(text: &str) -> Option<Duration> {
         }
         let part = u128::from(whole) * u128::from(unit_nanos)
             + (fraction_nanos * u128::from(unit_nanos)).div_ceil(scale);
-        total = total.checked_add(Duration::from_nanos(u64::try_from(part).ok()?))?;
+        let longest = Duration::from_nanos(u64::MAX);
+        total = total
+            .saturating_add(Duration::from_nanos(
+                u64::try_from(part).unwrap_or(u64::MAX),
+            ))
+            .min(longest);
         rest = next;
     }
     Some(total)
@@ -244,19 +252,20 @@ mod tests {
         // A fraction past the nanosecond rounds up, never down.
         assert_eq!(go_duration("0.0000000001s"), Some(Duration::from_nanos(1)));
         for bad in [
-            "",
-            "s",
-            "1",
-            "1x",
-            "1.2.3s",
-            "-1s",
-            "1s2",
-            "ms",
-            ".s",
-            "1 s",
-            "9999999999999999999h",
+            "", "s", "1", "1x", "1.2.3s", "-1s", "1s2", "ms", ".s", "1 s",
         ] {
             assert_eq!(go_duration(bad), None, "{bad:?}");
+        }
+        // Longer than a Duration can say: the longest, which the layer caps, not none.
+        let longest = Some(Duration::from_nanos(u64::MAX));
+        for huge in [
+            "9999999999999999999h",
+            "9999999999h",
+            "18446744073709551616ms",
+            "99999999999999999999999999s",
+            "1000000000000000000ms1h",
+        ] {
+            assert_eq!(go_duration(huge), longest, "{huge:?}");
         }
     }
 

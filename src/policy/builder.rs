@@ -499,6 +499,7 @@ impl PolicyBuilder {
                     max_usage,
                     warned_max_usage: Default::default(),
                     warned_header: Default::default(),
+                    warned_two_reports: Default::default(),
                 }),
             key_base,
             overrides,

@@ -101,10 +101,15 @@ impl Meter {
     }
 
     /// The response header that reports the units used (set by the handler, or by an upstream
-    /// the response was proxied from): a whole number, recorded as
+    /// the response was proxied from): a whole number, counted as
     /// [`Usage::record`](crate::meter::Usage::record) would. Any other value is no report
     /// (logged once at WARN). A string or a [`HeaderName`]; a name no header can have is
     /// refused when the policy is built.
+    ///
+    /// One report counts per request: what the code records wins, and the header counts only
+    /// when nothing was recorded (a gateway that forwards its upstream's usage header and also
+    /// records from the stream pays once, what it recorded). A request with both is said once,
+    /// at WARN.
     pub fn usage_header(mut self, name: impl AsRef<[u8]>) -> Self {
         let name = name.as_ref();
         self.usage_header = Some(match HeaderName::from_bytes(name) {

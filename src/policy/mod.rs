@@ -122,6 +122,9 @@ pub(crate) struct Metering {
     pub(crate) warned_max_usage: std::sync::atomic::AtomicBool,
     /// Whether a usage header that isn't a number was said yet (once, at WARN).
     pub(crate) warned_header: std::sync::atomic::AtomicBool,
+    /// Whether a request that both recorded its usage and had it in the usage header was said
+    /// yet (once, at WARN: the record wins).
+    pub(crate) warned_two_reports: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Policy {
@@ -310,6 +313,7 @@ impl Policy {
                 max_usage: metering.max_usage,
                 warned_max_usage: Default::default(),
                 warned_header: Default::default(),
+                warned_two_reports: Default::default(),
             }),
             key_base: inner.key_base.clone(),
             overrides: inner.overrides.clone(),

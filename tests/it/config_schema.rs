@@ -517,3 +517,102 @@ fn the_schema_defaults_are_the_loaders() {
     };
     assert_eq!(route(&bare), route(&explicit));
 }
+
+/// Every numeric bound of a route, as the schema states it, is the loader's: the bound itself
+/// passes both, one past it fails both.
+#[test]
+fn the_schema_and_the_loader_agree_on_every_numeric_bound_of_a_route() {
+    let schema = json_schema();
+    let definitions = &schema["definitions"];
+    let metered = "[[routes]]\npath = \"/a\"\nrules = [{ limit = 34359738368, period = \"1m\", \
+                   metered = true }]\n";
+    // (definition, property, a file with the value at `{}`)
+    let bounded: [(&str, &str, String); 8] = [
+        (
+            "RuleConfig",
+            "limit",
+            "[[routes]]\npath = \"/a\"\nrules = [{ limit = {}, period = \"1m\" }]\n".to_owned(),
+        ),
+        (
+            "RouteConfig",
+            "max_in_flight",
+            format!("{ROUTE}max_in_flight = {{}}\nlease = \"1s\"\n"),
+        ),
+        (
+            "RouteConfig",
+            "prefetch",
+            format!("{ROUTE}algorithm = \"fixed_window\"\nprefetch = {{}}\n"),
+        ),
+        (
+            "MeterConfig",
+            "estimate",
+            format!("{metered}meter = {{ unit = \"tokens\", estimate = {{}} }}\n"),
+        ),
+        (
+            "MeterConfig",
+            "max_usage",
+            format!("{metered}meter = {{ unit = \"tokens\", estimate = 0, max_usage = {{}} }}\n"),
+        ),
+        (
+            "QuotaConfig",
+            "alert_at",
+            format!("{ROUTE}[quota]\ntiers = {{ free = 100 }}\nalert_at = [{{}}]\n"),
+        ),
+        (
+            "QuotaConfig",
+            "tiers",
+            format!("{ROUTE}[quota]\ntiers = {{ free = {{}} }}\n"),
+        ),
+        (
+            "DuplicateRule",
+            "limit",
+            format!("{ROUTE}prevent_duplicate = {{ period = \"2s\", limit = {{}} }}\n"),
+        ),
+    ];
+    for (definition, property, file) in &bounded {
+        let stated = &definitions[definition]["properties"][property];
+        // An array's items, or a map's values, carry the bound.
+        let stated = [&stated["items"], &stated["additionalProperties"], stated]
+            .into_iter()
+            .find(|schema| schema.get("maximum").is_some())
+            .unwrap_or_else(|| panic!("{definition}.{property} states no maximum: {stated}"));
+        let (minimum, maximum) = (
+            stated["minimum"].as_u64().unwrap(),
+            stated["maximum"].as_u64().unwrap(),
+        );
+        let with = |value: u64| file.replace("{}", &value.to_string());
+        for (value, passes) in [
+            (minimum, true),
+            (maximum, true),
+            (maximum + 1, false),
+            (minimum.wrapping_sub(1), false),
+        ] {
+            if value == u64::MAX {
+                continue; // (no number below a minimum of 0)
+            }
+            let text = with(value);
+            let schema_passes = schema_errors(&json_of(&text)).is_empty();
+            let loader_passes = load(&text).is_ok();
+            assert_eq!(
+                (schema_passes, loader_passes),
+                (passes, passes),
+                "{definition}.{property} = {value}: the schema {} and the loader {}\n{text}",
+                if schema_passes { "passes" } else { "refuses" },
+                if loader_passes { "passes" } else { "refuses" },
+            );
+        }
+    }
+}
+
+#[test]
+fn a_max_usage_below_the_estimate_is_refused_naming_both() {
+    let text = "[[routes]]\npath = \"/a\"\nrules = [{ limit = 1000, period = \"1m\", metered = true \
+                }]\nmeter = { unit = \"tokens\", estimate = 500, max_usage = 10 }\n";
+    let error = load(text).expect_err("max_usage below the estimate");
+    assert!(
+        error.contains("meter.max_usage") && error.contains("meter.estimate"),
+        "{error}"
+    );
+    let text = text.replace("max_usage = 10", "max_usage = 500");
+    load(&text).expect("max_usage at the estimate");
+}

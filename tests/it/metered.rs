@@ -80,6 +80,18 @@ fn gateway(policy: Policy, store: Arc<dyn Store>) -> Router {
             }),
         )
         .route(
+            "/both/{recorded}/{header}",
+            get(
+                |Path((recorded, header)): Path<(u64, String)>, usage: Usage| async move {
+                    usage.record(recorded);
+                    (
+                        [("x-usage-tokens", header)],
+                        "recorded and reported in a header",
+                    )
+                },
+            ),
+        )
+        .route(
             "/stream/{chunks}/{per_chunk}",
             get(
                 |Path((chunks, per_chunk)): Path<(u64, u64)>, usage: Usage| async move {
@@ -349,6 +361,66 @@ async fn reports_in_a_header_and_bad_reports() {
     );
 }
 
+/// Every metered admission needs room: an estimate of 0 reserves nothing (its unit goes back when
+/// it settles with nothing reported), but a window without room for one unit refuses it, so the
+/// debt stays within its bound.
+#[tokio::test]
+async fn an_estimate_of_zero_reserves_nothing_but_needs_room() {
+    let start = a_minute_an_hour_ahead();
+    for (timed, prefix) in both_stores("metered-zero", start) {
+        let policy = Policy::builder("llm")
+            .prefix(&prefix)
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::per_hour(10_000).metered())
+            .meter(Meter::new("tokens").estimate(|_| 0))
+            .build()
+            .unwrap();
+        let app = gateway(policy, timed.store.clone());
+        call(&app, &timed, "/silent").await;
+        let next = call(&app, &timed, "/silent").await;
+        // The first's unit went back: the second finds the window whole, less its own unit.
+        assert_eq!(left(&limits(&next), TOKENS), 9_999, "{}", timed.name);
+        call(&app, &timed, "/use/10000").await;
+        let refused = call(&app, &timed, "/use/500").await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "{}: no room, not even for an estimate of 0",
+            timed.name
+        );
+    }
+}
+
+/// One report per request: what the code records wins over the usage header, which counts only
+/// when nothing was recorded; a request with both is said once, at WARN.
+#[tokio::test]
+async fn a_record_and_a_usage_header_count_once_the_record_winning() {
+    let start = a_minute_an_hour_ahead();
+    let captured = Captured::global();
+    for (timed, prefix) in both_stores("metered-two-reports", start) {
+        let app = gateway(
+            tokens_an_hour(&prefix, Algorithm::FixedWindow),
+            timed.store.clone(),
+        );
+        call(&app, &timed, "/both/100/300").await;
+        let next = call(&app, &timed, "/silent").await;
+        // 100 settled (not 300, nor 400); the next holds its 500.
+        assert_eq!(left(&limits(&next), TOKENS), 9_400, "{}", timed.name);
+        // A header alone still counts.
+        call(&app, &timed, "/header/50").await;
+        let after = call(&app, &timed, "/silent").await;
+        assert_eq!(
+            left(&limits(&after), TOKENS),
+            9_400 - 50 - 500,
+            "{}",
+            timed.name
+        );
+    }
+    let said = captured.lines_with("both recorded its usage and reported it in the usage header");
+    assert!(!said.is_empty(), "{}", captured.text());
+    assert!(said.iter().all(|line| line.contains("WARN")), "{said:?}");
+}
+
 /// Under count_only, a response that doesn't count settles to zero: its request and its
 /// reservation go back whole, whatever it recorded.
 #[tokio::test]
@@ -550,6 +622,59 @@ async fn usage_on_a_route_without_a_meter_records_nothing_and_says_so() {
     }
     let said = captured.lines_with("usage recorded on a request no meter reserved for");
     assert_eq!(said.len(), 1, "{said:?}");
+}
+
+/// A request shadow mode lets through past its rules reserves nothing: what its handler records
+/// counts nowhere, and is said at DEBUG as that, never blamed on a missing meter.
+#[tokio::test]
+async fn usage_of_a_request_shadow_mode_let_through_counts_nowhere_and_blames_no_meter() {
+    let (captured, _guard) = Captured::install_at(tracing::Level::DEBUG);
+    let policy = Policy::builder("shadowed")
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_minute(1_000).metered())
+        .meter(Meter::new("tokens").estimate(|_| 1_000))
+        .mode(tower_redis_ratelimit::Mode::Shadow)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/quiet", get(|| async { "ok" }))
+        .route(
+            "/record",
+            get(|usage: Usage| async move {
+                usage.record(100);
+                "ok"
+            }),
+        )
+        .layer(RateLimitLayer::new(
+            policy,
+            tower_redis_ratelimit::MemoryStore::new(),
+        ));
+    // The first reserves the whole window and records nothing: its 1 000 stand.
+    let first = send(&app, request_from("192.0.2.10:1", "/quiet")).await;
+    assert_eq!(left(&limits(&first), "1000-tokens-per-60s"), 0);
+    axum::body::to_bytes(first.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    // The rules would refuse the second: let through, it records 100 that count nowhere.
+    let second = send(&app, request_from("192.0.2.10:1", "/record")).await;
+    assert_eq!(second.status(), StatusCode::OK);
+    axum::body::to_bytes(second.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let said = captured.lines_with("let through without a reservation");
+    assert_eq!(said.len(), 1, "{}", captured.text());
+    assert!(said[0].contains("DEBUG"), "{}", said[0]);
+    assert!(
+        captured.lines_with("no meter reserved for").is_empty(),
+        "{}",
+        captured.text()
+    );
+    let third = send(&app, request_from("192.0.2.10:1", "/quiet")).await;
+    assert_eq!(
+        left(&limits(&third), "1000-tokens-per-60s"),
+        0,
+        "the first's 1 000, nothing of the second's"
+    );
 }
 
 /// Delay mode holds a request until its estimate fits; shadow mode counts the units and lets

@@ -678,9 +678,33 @@ async fn each_store_reads_the_time_a_pause_has_left() {
     }
 }
 
-/// A hostile `Retry-After` of a day pauses no longer than the cap.
+/// A hostile `Retry-After` of a day, or any vendor header announcing a wait too long to say
+/// (past u64, a billion hours, the year 9999), pauses for the cap: no longer, and not nothing.
 #[tokio::test]
 async fn a_pause_is_capped() {
+    let hostile: [&[(&'static str, &'static str)]; 6] = [
+        &[("retry-after", "86400")],
+        &[("retry-after-ms", "18446744073709551616")],
+        &[("retry-after-ms", "1000000000000000000")],
+        &[
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "9999999999h"),
+        ],
+        &[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "99999999999999999999999s"),
+        ],
+        &[
+            ("anthropic-ratelimit-tokens-remaining", "0"),
+            ("anthropic-ratelimit-tokens-reset", "9999-12-31T23:59:59Z"),
+        ],
+    ];
+    for headers in hostile {
+        a_pause_of_these_headers_is_capped(headers).await;
+    }
+}
+
+async fn a_pause_of_these_headers_is_capped(headers: &'static [(&'static str, &'static str)]) {
     let store = MemoryStore::new();
     let mut limited = ServiceBuilder::new()
         .layer(
@@ -688,12 +712,12 @@ async fn a_pause_is_capped() {
                 .pause_cap(Duration::from_secs(3))
                 .max_wait(Duration::from_millis(100)),
         )
-        .service(service_fn(|_: Request<String>| async {
-            let response = Response::builder()
-                .status(429)
-                .header("retry-after", "86400")
-                .body(String::new())?;
-            Ok::<_, BoxError>(response)
+        .service(service_fn(move |_: Request<String>| async move {
+            let mut response = Response::builder().status(429);
+            for (name, value) in headers {
+                response = response.header(*name, *value);
+            }
+            Ok::<_, BoxError>(response.body(String::new())?)
         }));
     let request = || {
         Request::get("http://api.example/")
@@ -717,13 +741,16 @@ async fn a_pause_is_capped() {
         .unwrap_err();
     match error.downcast_ref::<OutboundError>() {
         Some(OutboundError::WouldWait { retry_after, .. }) => {
-            assert!(*retry_after <= Duration::from_secs(3), "{retry_after:?}");
+            assert!(
+                *retry_after <= Duration::from_secs(3),
+                "{headers:?}: {retry_after:?}"
+            );
             assert!(
                 *retry_after > Duration::from_millis(2_500),
-                "{retry_after:?}"
+                "{headers:?}: {retry_after:?}"
             );
         }
-        other => panic!("{other:?}"),
+        other => panic!("{headers:?}: {other:?}"),
     }
 }
 

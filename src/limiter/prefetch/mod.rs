@@ -88,6 +88,7 @@ impl Limiter {
                     lease: None,
                     decision: Some(decision),
                     charge: None,
+                    uncounted: false,
                 };
                 let charged = charged.map_or(Charged::Unknown, |(take, after)| {
                     Charged::Taken(take, after)
