@@ -33,11 +33,13 @@ impl Limiter {
     pub(crate) async fn inspect(&self, identity: &str) -> Result<Vec<RuleUsage>, OperatorError> {
         let key = self.key_of(identity)?;
         let (rules, names) = self.counted_rules();
-        // A request of cost 0, without guard, block, quota or wait: it fits in every rule and
-        // records nothing, so the store answers each rule's state as it is.
+        // A request of cost 0 and no metered units, without guard, block, quota or wait: it
+        // fits in every rule and records nothing, so the store answers each rule's state as it
+        // is, metered or not.
         let request = CheckRequest::new(key.as_str(), &rules, self.policy.algorithm())
             .identity(key.identity())
-            .cost(0);
+            .cost(0)
+            .units(0);
         let decision = self.store().check(&request).await?;
         if decision.rules.len() != rules.len() {
             return Err(StoreError::Protocol(format!(

@@ -10,6 +10,7 @@ use axum::Router;
 use axum::routing::get;
 use common::redis_server::{TestRedis, assert_every_key_expires, unique_prefix};
 use common::{from_user, send};
+use tower_redis_ratelimit::meter::Meter;
 use tower_redis_ratelimit::{
     Algorithm, Key, MemoryStore, Policy, RateLimitLayer, RedisStore, Rule, Store,
     operate::OperatorError, policy::Scope,
@@ -144,19 +145,76 @@ async fn inspection_counts_nothing(store: Arc<dyn Store>, prefix: &str) {
     }
 }
 
+/// A metered rule reads as it is too: three reads after each request leave its units, and the
+/// rule of requests beside it, where the requests put them (a read is a check of no request and
+/// no unit).
+async fn metered_inspection_counts_nothing(store: Arc<dyn Store>, prefix: &str) {
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ] {
+        let policy = Policy::builder(format!("look-metered-{algorithm}"))
+            .prefix(prefix)
+            .key(Key::user())
+            .algorithm(algorithm)
+            .rule(Rule::per_minute(5))
+            .rule(Rule::per_minute(1_000).metered())
+            .meter(Meter::new("tokens").estimate(|_| 200))
+            .build()
+            .unwrap();
+        let layer = RateLimitLayer::new(policy, store.clone());
+        let app = instance(&layer);
+        let fresh: Vec<u64> = layer
+            .inspect("user:carol")
+            .await
+            .unwrap()
+            .iter()
+            .map(|state| state.remaining)
+            .collect();
+        assert_eq!(fresh, [5, 1_000], "{algorithm}");
+        for sent in 1..=3u64 {
+            // (Nothing recorded: each request's 200 stand.)
+            assert_eq!(
+                status(&app, "carol").await,
+                200,
+                "{algorithm} request {sent}"
+            );
+            for _ in 0..3 {
+                let remaining: Vec<u64> = layer
+                    .inspect("user:carol")
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|state| state.remaining)
+                    .collect();
+                assert_eq!(
+                    remaining,
+                    [5 - sent, 1_000 - 200 * sent],
+                    "{algorithm} after {sent}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn in_memory_inspection_counts_nothing() {
     let store = MemoryStore::new();
     inspection_counts_nothing(Arc::new(store.clone()), "mem").await;
     // The never-seen identity left no entry: one per algorithm for bob, that's all.
     assert_eq!(store.len(), 4);
+    metered_inspection_counts_nothing(Arc::new(store), "mem").await;
 }
 
 #[tokio::test]
 async fn on_redis_inspection_counts_nothing() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("inspect");
-    inspection_counts_nothing(Arc::new(redis_store(&redis)), &prefix).await;
+    let store: Arc<dyn Store> = Arc::new(redis_store(&redis));
+    inspection_counts_nothing(store.clone(), &prefix).await;
+    metered_inspection_counts_nothing(store, &prefix).await;
     assert!(assert_every_key_expires(&mut redis.client(), &prefix) > 0);
 }
 
