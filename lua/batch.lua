@@ -24,7 +24,8 @@
 --                penalty block (ms; 0: none), quota limit (0: no quota), quota day length (ms),
 --                where quota days start after epoch-aligned ones (ms), most requests in flight at
 --                once (0: no concurrency limit), a lease's length (ms), what this is (0: a check,
---                1: a peek, 2: a refund, 3: a give-back, 4: an overdraw), then per alert
+--                1: a peek, 2: a refund, 3: a give-back, 4: an overdraw; plus 8: decided by
+--                lua/entry.lua alone, the tests' generic form), then per alert
 --                threshold its percent and the count that reaches it; then per counted rule its
 --                limit, period (ms) and, for a token bucket, its burst. A lease's release has the
 --                shape `rl|1`: its one key is the leases.
@@ -83,6 +84,12 @@ local shape_of = remembered(function(piece)
   if not algorithm.can_delay then
     shape.max_delay = -1
   end
+  -- A kind plus 8: decided by lua/entry.lua alone, never a lean function (the crate's tests
+  -- compare the two).
+  local entry_only = shape.kind >= 8
+  if entry_only then
+    shape.kind = shape.kind - 8
+  end
   shape.thresholds = math.max(floor((#options - #OPTIONS) / 2), 0)
   shape.percents, shape.useds, shape.alert_fields = {}, {}, {}
   for j = 1, shape.thresholds do
@@ -132,7 +139,9 @@ local shape_of = remembered(function(piece)
   -- fixed window with a quota, a block or a lease; another algorithm with a quota, a block or a
   -- max delay (fast.admit).
   shape.options = pieces[4] ~= ''
-  if fast[code] and not shape.options then
+  if entry_only then
+    shape.lean = nil
+  elseif fast[code] and not shape.options then
     shape.lean = fast[code]
   elseif shape.kind == KIND_GIVE_BACK and code == 'fw' and shape.quota_limit == 0
       and shape.guard_window == 0 and shape.block == 0 and shape.max_in_flight == 0 then

@@ -363,9 +363,14 @@ local function log_admit(key, at, log, cost, period)
     log.next = log.next + cost
     log.count = log.count + cost
   end
-  -- (An expiry this batch set already, as late, stands.)
+  -- An empty log is no key: nothing to expire, nor to note. A key made now (its first member,
+  -- or numbered anew) takes its expiry; one that holds members keeps an expiry this batch set
+  -- already, as late.
+  if log.count == 0 then
+    return
+  end
   local expires = at + period
-  if not log.expires or expires > log.expires then
+  if created or not log.expires or expires > log.expires then
     expire_at_least(key, expires, created)
     log.expires = expires
   end

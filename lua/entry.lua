@@ -222,14 +222,29 @@ local function quota_alerts(shape, quota_key, start, before, after)
   end
 end
 
+-- A quota's day charged for the first time (once a day per key): the key lives to the day's end,
+-- and when it outlived an earlier day (a quota used every day) the counts of the days before the
+-- last go (the last one's is kept for a clock that steps back into it), so a quota used every day
+-- holds two days' counts, not one per day it has lived through, however many an earlier version
+-- left. Its alerts' flags (`a<percent>`) stay.
+local function quota_day_opened(key, start, day)
+  if expire_at_least(key, start + day) then
+    local fields = call('HKEYS', key)
+    for j = 1, #fields do
+      local day_start = tonumber(fields[j])
+      if day_start and day_start < start - day then
+        call('HDEL', key, fields[j])
+      end
+    end
+  end
+end
+
 -- Charges `units` to the quota's day starting at `start`; returns the count after. A day's first
--- charge makes the key live to the day's end (the same call's charges after it find it so), and
--- drops the count of the day before the last, as a fixed window's does: a quota used every day
--- holds two days' counts, not one per day it has lived through.
+-- charge makes the key live to the day's end (the same call's charges after it find it so).
 local function quota_add(shape, key, start, units)
   local after = call('HINCRBY', key, text_of(start), text_of(units))
   if after == units then
-    window_opened(key, start, shape.quota_day)
+    quota_day_opened(key, start, shape.quota_day)
   end
   return after
 end

@@ -318,6 +318,9 @@ local given_counts = {}
 -- other option (no quota, guard, block or concurrency limit): each rule's units go back where the receipt says they were charged (lua/entry.lua), and
 -- the entry answers as a peek of one unit, in short when every rule has room for it.
 fast.fw_give_back = function(KEYS, key_at, shape, now, out, n, receipt)
+  if receipt == nil then
+    error('a give-back without its receipt')
+  end
   local rules, costs, limits, periods = shape.rules, shape.costs, shape.limits, shape.periods
   local give = gives_back(KEYS[key_at + shape.marker_at], receipt)
   local checked = receipt[1]

@@ -74,7 +74,6 @@ function token_bucket.commit(shape, i, key, cost, _, at_us)
   local before, charge = tb_tat[i], cost * shape.intervals[i]
   local tat = math.max(before, at_us) + charge
   tb_tat[i] = tat
-  tb_known[key] = tat
   local expires = ceil_ms(tat)
   if before > 0 and expire_options then
     -- The key holds `before` (read in this batch): moved by the difference (in debt, the charge
@@ -89,6 +88,8 @@ function token_bucket.commit(shape, i, key, cost, _, at_us)
   else
     call('SET', key, string.format('%d', tat), 'PXAT', text_of(expires))
   end
+  -- (Noted once written: a write that failed leaves the key as it was read.)
+  tb_known[key] = tat
 end
 
 function token_bucket.undo()

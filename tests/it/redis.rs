@@ -791,6 +791,79 @@ async fn a_sliding_log_numbered_near_2_pow_50_is_renumbered() {
     store.fix_time_for_tests(None);
 }
 
+/// A log's first member, added after a free check of the same batch found it empty (an
+/// inspection's check of cost 0), makes a key that expires: the free check set no expiry on a key
+/// that wasn't there, and the batch doesn't take it for one it set.
+#[tokio::test]
+async fn a_log_first_charged_after_a_free_check_in_its_batch_expires() {
+    let redis = TestRedis::shared();
+    let store = store(&redis);
+    let prefix = unique_prefix("freelog");
+    let rules = [Rule::per_minute(5)];
+    let key = format!("{prefix}:user:ann");
+    let decisions = store
+        .check_batch_for_tests(&[
+            CheckRequest::new(&key, &rules, Algorithm::SlidingLog).cost(0),
+            CheckRequest::new(&key, &rules, Algorithm::SlidingLog),
+        ])
+        .await;
+    assert!(
+        decisions
+            .iter()
+            .all(|decided| decided.as_ref().unwrap().allowed)
+    );
+    assert_eq!(decisions[1].as_ref().unwrap().rules[0].remaining, 4);
+    assert_eq!(assert_every_key_expires(&redis, &prefix), 1);
+}
+
+/// A daily quota used every day keeps two days' counts (the day's and the last one's, for a clock
+/// that steps back), however many days' counts its hash held (an earlier version kept one per
+/// day): the day's first charge clears the older ones, and leaves the alerts' flags.
+#[tokio::test]
+async fn a_quota_used_every_day_keeps_two_days_counts() {
+    const DAY: u64 = 86_400_000;
+    let redis = TestRedis::shared();
+    let store = store(&redis);
+    let mut client = redis.client();
+    let prefix = unique_prefix("quotadays");
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query(&mut client).unwrap();
+    let today = secs * 1_000 / DAY * DAY;
+    let quota_key = format!("{prefix}:{{user:ann}}:daily:q:86400000:0");
+    let _: () = redis::pipe()
+        .hset(&quota_key, (today - 5 * DAY).to_string(), 7)
+        .hset(&quota_key, (today - 3 * DAY).to_string(), 2)
+        .hset(&quota_key, (today - DAY).to_string(), 3)
+        .hset(&quota_key, "a80", (today - DAY).to_string())
+        .pexpire(&quota_key, 60_000)
+        .query(&mut client)
+        .unwrap();
+    store.fix_time_for_tests(Some((today + 1_000) * 1_000));
+    let rules = [Rule::per_minute(5)];
+    let daily = format!("{prefix}:daily:user:ann");
+    let policy_key = format!("{prefix}:p:user:ann");
+    let quota = QuotaRequest::new(&daily, 100, DAY, 0, &[]).identity("user:ann");
+    let decision = store
+        .check(
+            &CheckRequest::new(&policy_key, &rules, Algorithm::FixedWindow)
+                .identity("user:ann")
+                .quota(Some(quota)),
+        )
+        .await
+        .unwrap();
+    store.fix_time_for_tests(None);
+    assert!(decision.allowed);
+    let fields: HashMap<String, String> = client.hgetall(&quota_key).unwrap();
+    let wanted: HashMap<String, String> = [
+        ((today - DAY).to_string(), "3".to_owned()),
+        (today.to_string(), "1".to_owned()),
+        ("a80".to_owned(), (today - DAY).to_string()),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(fields, wanted);
+    assert_every_key_expires(&redis, &prefix);
+}
+
 /// A penalty block on Redis outlasts the rule's window, and ends on its own (its key's TTL).
 #[tokio::test]
 async fn a_penalty_block_on_redis_outlasts_the_window() {

@@ -47,7 +47,9 @@ impl QuotaTable {
                 .retain(|_, counter| counter.expires_at() > now);
             self.next_sweep_ms = now.saturating_add(SWEEP_INTERVAL_MS);
         }
-        if !self.counters.contains_key(quota.key) && self.counters.len() >= shared.max_keys {
+        // (Looked up by the borrowed key: a key already counted allocates nothing.)
+        let known = self.counters.contains_key(quota.key);
+        if !known && self.counters.len() >= shared.max_keys {
             self.counters
                 .retain(|_, counter| counter.expires_at() > now);
             if self.counters.len() >= shared.max_keys {
@@ -62,7 +64,14 @@ impl QuotaTable {
                 }
             }
         }
-        let counter = self.counters.entry(quota.key.into()).or_default();
+        if !known {
+            self.counters
+                .insert(quota.key.into(), QuotaCounter::default());
+        }
+        let counter = self
+            .counters
+            .get_mut(quota.key)
+            .expect("the counter was just found or put in");
         counter.last_seen_ms = now;
         let start = quota.day_start(now);
         if start > counter.start_ms {

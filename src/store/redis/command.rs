@@ -175,8 +175,9 @@ impl PackedCheck {
                     u64::try_from(limit.lease().as_millis()).unwrap_or(u64::MAX)
                 }),
                 // 0: a check, 1: a peek, 2: a refund, 3: a give-back, 4: an overdraw
-                // (lua/entry.lua).
-                request.call.code(),
+                // (lua/entry.lua); plus 8 in the generic form, which lua/entry.lua decides
+                // alone, never a lean function of lua/fast.lua (tests compare the two).
+                request.call.code() + if generic { 8 } else { 0 },
             ];
             for threshold in thresholds {
                 options.extend([threshold.percent.into(), threshold.used]);
