@@ -317,6 +317,11 @@ impl Quota {
         }
     }
 
+    /// Each tier's limit, in the tiers' order.
+    pub(crate) fn tier_limits(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0.tiers.iter().map(|(_, limit)| *limit)
+    }
+
     /// The alert thresholds of tier `index`, as counts.
     pub(crate) fn thresholds(&self, tier: usize) -> &[QuotaThreshold] {
         &self.0.thresholds[tier]

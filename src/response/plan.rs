@@ -33,6 +33,9 @@ struct Inner {
     /// `RateLimit-Policy` of a request without a quota: the rules' items, then the concurrency
     /// limit's.
     policy: HeaderValue,
+    /// `RateLimit-Policy` of a request of each quota tier, by its limit: made once, not per
+    /// request.
+    quota_policies: Box<[(u64, HeaderValue)]>,
     /// The 429 body of a refusal by one state alone: each rule, then the quota, then the
     /// concurrency limit. The common refusal is answered without serialising anything.
     bodies: Box<[Bytes]>,
@@ -98,14 +101,22 @@ impl AnswerPlan {
             .filter_map(|index| policy.state_name(index, states))
             .map(|name| static_bytes(refusal_body(policy.message(), &[name])))
             .collect();
-        AnswerPlan(Arc::new(Inner {
+        let mut inner = Inner {
             rule_names,
             quota,
             concurrency,
             rules_policy: static_header(&rules_policy),
             policy: static_header(&policy_value),
+            quota_policies: Box::default(),
             bodies,
-        }))
+        };
+        if let Some(quota) = policy.quota() {
+            inner.quota_policies = quota
+                .tier_limits()
+                .map(|limit| (limit, static_header(&inner.policy_with_quota(limit))))
+                .collect();
+        }
+        AnswerPlan(Arc::new(inner))
     }
 
     /// The ready body of a refusal by the state at `index` alone, of a decision of `states`.
@@ -158,8 +169,23 @@ impl AnswerPlan {
     /// `RateLimit-Policy` of a request whose quota tier allows `quota_limit` a day: the rules'
     /// items, the quota's, then the concurrency limit's.
     pub(super) fn policy_with_quota(&self, quota_limit: u64) -> HeaderValue {
-        let Some((name, window_secs, unit)) = &self.0.quota else {
-            return self.0.policy.clone();
+        match self
+            .0
+            .quota_policies
+            .iter()
+            .find(|(limit, _)| *limit == quota_limit)
+        {
+            Some((_, value)) => value.clone(),
+            None => self.0.policy_with_quota(quota_limit),
+        }
+    }
+}
+
+impl Inner {
+    /// [`AnswerPlan::policy_with_quota`], made anew.
+    fn policy_with_quota(&self, quota_limit: u64) -> HeaderValue {
+        let Some((name, window_secs, unit)) = &self.quota else {
+            return self.policy.clone();
         };
         let quota = headers::policy_header_value(&[PolicyItem {
             name,
@@ -170,9 +196,9 @@ impl AnswerPlan {
         if let Some(unit) = unit {
             with_unit(&mut quota, unit);
         }
-        let concurrency = self.0.concurrency.as_ref().map(|(_, item)| &**item);
+        let concurrency = self.concurrency.as_ref().map(|(_, item)| &**item);
         joined(
-            &self.0.rules_policy,
+            &self.rules_policy,
             std::iter::once(&*quota).chain(concurrency),
         )
     }
