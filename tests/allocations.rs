@@ -151,18 +151,24 @@ fn allocations_per_request(app: Router, request: impl Fn() -> Request<Body>) -> 
     })
 }
 
+/// `GET /` from one client, as a server's connection info says.
+fn from_peer() -> Request<Body> {
+    let mut request = Request::get("/").body(Body::empty()).unwrap();
+    let peer: std::net::SocketAddr = "203.0.113.1:1".parse().unwrap();
+    request.extensions_mut().insert(ConnectInfo(peer));
+    request
+}
+
+/// A router that answers `GET /` with "ok".
+fn route() -> Router {
+    Router::new().route("/", get(|| async { "ok" }))
+}
+
 /// What the layer allocates on the memory store beyond the bare router, for an admitted request
 /// and for a refused one (every request after the first, under a limit of 1), pinned so that a
 /// change can't add one unnoticed. Keyed by client IP, as the demo's routes are.
 #[test]
 fn the_layer_s_own_allocations_for_an_admission_and_a_refusal_are_pinned() {
-    let request = || {
-        let mut request = Request::get("/").body(Body::empty()).unwrap();
-        let peer: std::net::SocketAddr = "203.0.113.1:1".parse().unwrap();
-        request.extensions_mut().insert(ConnectInfo(peer));
-        request
-    };
-    let route = || Router::new().route("/", get(|| async { "ok" }));
     let limited = |limit| {
         let policy = Policy::builder("alloc-pinned")
             .rule(Rule::per_hour(limit))
@@ -170,9 +176,9 @@ fn the_layer_s_own_allocations_for_an_admission_and_a_refusal_are_pinned() {
             .unwrap();
         route().layer(RateLimitLayer::new(policy, MemoryStore::new()))
     };
-    let bare = allocations_per_request(route(), request);
-    let admitted = allocations_per_request(limited(1_000_000), request) - bare;
-    let refused = allocations_per_request(limited(1), request) - bare;
+    let bare = allocations_per_request(route(), from_peer);
+    let admitted = allocations_per_request(limited(1_000_000), from_peer) - bare;
+    let refused = allocations_per_request(limited(1), from_peer) - bare;
     println!("bare {bare:.2}, the layer's own: admitted {admitted:.2}, refused {refused:.2}");
     assert!(
         admitted <= ADMITTED,
@@ -204,13 +210,6 @@ const REFUSED: f64 = 1.25;
 #[test]
 fn a_quota_adds_no_allocation_of_its_own_to_an_admission() {
     use tower_redis_ratelimit::quota::Quota;
-    let request = || {
-        let mut request = Request::get("/").body(Body::empty()).unwrap();
-        let peer: std::net::SocketAddr = "203.0.113.1:1".parse().unwrap();
-        request.extensions_mut().insert(ConnectInfo(peer));
-        request
-    };
-    let route = || Router::new().route("/", get(|| async { "ok" }));
     let plain = Policy::builder("alloc-plain")
         .rule(Rule::per_hour(1_000_000))
         .build()
@@ -227,11 +226,11 @@ fn a_quota_adds_no_allocation_of_its_own_to_an_admission() {
         .unwrap();
     let plain = allocations_per_request(
         route().layer(RateLimitLayer::new(plain, MemoryStore::new())),
-        request,
+        from_peer,
     );
     let quota = allocations_per_request(
         route().layer(RateLimitLayer::new(with_quota, MemoryStore::new())),
-        request,
+        from_peer,
     );
     println!("plain {plain:.2}, with a quota {quota:.2}");
     assert!(

@@ -90,16 +90,19 @@ async fn on_redis_a_reset_unblocks_on_every_instance() {
     assert!(assert_every_key_expires(&mut redis.client(), &prefix) > 0);
 }
 
+/// Every algorithm, as inspection is tested on each.
+const ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingLog,
+    Algorithm::SlidingCounter,
+    Algorithm::TokenBucket,
+];
+
 /// Inspection reads remaining and reset per rule and counts nothing: for every algorithm, the
 /// request after an inspection sees what it would have seen without one; a duplicate guard is
 /// not consumed; an identity never seen is whole and leaves nothing behind.
 async fn inspection_counts_nothing(store: Arc<dyn Store>, prefix: &str) {
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingCounter,
-        Algorithm::TokenBucket,
-    ] {
+    for algorithm in ALGORITHMS {
         let policy = Policy::builder(format!("look-{algorithm}"))
             .prefix(prefix)
             .key(Key::user())
@@ -149,12 +152,7 @@ async fn inspection_counts_nothing(store: Arc<dyn Store>, prefix: &str) {
 /// rule of requests beside it, where the requests put them (a read is a check of no request and
 /// no unit).
 async fn metered_inspection_counts_nothing(store: Arc<dyn Store>, prefix: &str) {
-    for algorithm in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SlidingCounter,
-        Algorithm::TokenBucket,
-    ] {
+    for algorithm in ALGORITHMS {
         let policy = Policy::builder(format!("look-metered-{algorithm}"))
             .prefix(prefix)
             .key(Key::user())
