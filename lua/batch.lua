@@ -166,13 +166,11 @@ local n, kept = 0, 0
 local key_at, at, shape
 out = {}
 
--- A request's entry with a receipt (see above): its shape's number, and the receipt: its
--- numbers (a give-back's), or its text (a release's lease id: what ZREM is handed).
-local function with_receipt(entry)
-  if not string.find(entry, ',', 1, true) then
-    local number, lease = string.match(entry, '^(%d+)@(%d+)$')
-    return tonumber(number), lease
-  end
+-- A give-back's entry (see above), parsed once (remembered): {its shape's number, its receipt's
+-- numbers}, or nil for an entry that is not a give-back's. The checks of a batch share its time, so
+-- the give-backs of their requests mostly carry the same text, and parsing it anew cost Redis
+-- about as much as the give-back's own work. (A receipt is only read, never changed.)
+local give_back_entry = remembered(function(entry)
   local number, checked, delay, marks = string.match(entry, '^(%d+)@(%d+),(%d+)([%d,]*)$')
   if number == nil then
     return nil
@@ -183,7 +181,18 @@ local function with_receipt(entry)
       receipt[#receipt + 1] = tonumber(value)
     end
   end
-  return tonumber(number), receipt
+  return {tonumber(number), receipt}
+end)
+
+-- A request's entry with a receipt (see above): its shape's number, and the receipt: its
+-- numbers (a give-back's), or its text (a release's lease id: what ZREM is handed).
+local function with_receipt(entry)
+  local give_back = give_back_entry(entry)
+  if give_back then
+    return give_back[1], give_back[2]
+  end
+  local number, lease = string.match(entry, '^(%d+)@(%d+)$')
+  return tonumber(number), lease
 end
 
 -- Runs the checks from the one at key_at and at on, writing their entries after out[n].

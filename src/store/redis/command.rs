@@ -163,7 +163,7 @@ impl PackedCheck {
             || concurrency.is_some()
             || !request.call.records()
         {
-            let mut options = vec![
+            let options = [
                 u64::try_from(max_delay).unwrap_or(u64::MAX),
                 guard_ms,
                 u64::try_from(block_ms).unwrap_or(u64::MAX),
@@ -179,10 +179,10 @@ impl PackedCheck {
                 // alone, never a lean function of lua/fast.lua (tests compare the two).
                 request.call.code() + if generic { 8 } else { 0 },
             ];
-            for threshold in thresholds {
-                options.extend([threshold.percent.into(), threshold.used]);
-            }
-            for (index, option) in options.into_iter().enumerate() {
+            let alerts = thresholds
+                .iter()
+                .flat_map(|threshold| [threshold.percent.into(), threshold.used]);
+            for (index, option) in options.into_iter().chain(alerts).enumerate() {
                 if index > 0 {
                     data.push(',');
                 }
@@ -252,12 +252,16 @@ impl PackedCheck {
 /// time of its token bucket (0 when the store didn't say: nothing goes back to that rule).
 fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -> String {
     let delay_ms = u64::try_from(charged.delay.as_millis()).unwrap_or(u64::MAX);
-    let mut receipt = format!("{},{delay_ms}", charged.now_unix_ms);
+    let mut number = itoa::Buffer::new();
+    let mut receipt = String::with_capacity(40);
+    receipt.push_str(number.format(charged.now_unix_ms));
+    receipt.push(',');
+    receipt.push_str(number.format(delay_ms));
     if request.algorithm == Algorithm::TokenBucket {
         let states = request.rules.iter().zip(&charged.rules);
         for (_, state) in states.filter(|(rule, _)| !rule.is_duplicate_guard()) {
             receipt.push(',');
-            receipt.push_str(itoa::Buffer::new().format(state.bucket_full_at_us.unwrap_or(0)));
+            receipt.push_str(number.format(state.bucket_full_at_us.unwrap_or(0)));
         }
     }
     receipt
