@@ -3,8 +3,8 @@
 -- call and of TIME is paid once per batch). Before this part the store puts lua/common.lua, each
 -- algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua, sc:
 -- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/entry.lua (one check, its steps chosen
--- by its shape) and lua/fast.lua (the common checks, inline: lean functions that leave the rest
--- to lua/entry.lua).
+-- by its shape), lua/fast.lua (the common checks, inline: lean functions that leave the rest
+-- to lua/entry.lua) and lua/claims.lua (metered calls waiting their turn).
 --
 -- All of it is the function `batch(KEYS, ARGV)`: the store registers it as a Redis function
 -- (FUNCTION LOAD once, then FCALL: the helpers, the algorithms' parts and the shapes parsed are
@@ -32,7 +32,9 @@
 -- then per request, in order: the number of its shape (1-based); a give-back's is followed by
 --                `@` and its receipt, what its admission's check answered: `<time it was checked
 --                (ms)>,<its delay (ms)>` and, for a token bucket, `,<the bucket's full time after
---                it (µs)>` per counted rule; a release's by `@` and the lease's id
+--                it (µs)>` per counted rule; a release's by `@` and the lease's id; a check with a
+--                claim (lua/claims.lua) by `#<claim id>,<lasting ms>`, its claims key after its
+--                shape's keys
 --
 -- Reply: one flat array (a nested one costs Redis and the client a table and an array per
 -- request; every item costs Redis about as much as an argument), packed as one MessagePack string
@@ -131,6 +133,8 @@ local shape_of = remembered(function(piece)
     shape.bursts[i] = arity == 3 and tonumber(pieces[base + 3]) or shape.limits[i]
   end
   shape.quota_cost = costs[rules + 1]
+  -- The cost piece whole (its request cost, units and flags: lua/claims.lua).
+  shape.cost_piece = costs
   -- A unit in every rule and the quota: what a refund's or an overdraw's answer peeks.
   shape.ones = costs_of('1')
   algorithm.prepare(shape)
@@ -158,12 +162,11 @@ end)
 
 -- The batch being run, set by batch() (a library's calls run one at a time): its arguments, its
 -- time (ms, µs), the reply so far (`out`, up to item n; a table kept from call to call, its items
--- past n cleared before it is packed, up to `kept`, the last call's n), the next check's first key
--- (after key_at) and shape number (ARGV[at]), and the shape of the check being run (nil while it
--- is read).
+-- past n cleared before it is packed), the next check's first key (after key_at) and shape number
+-- (ARGV[at]), the shape of the check being run (nil while it is read) and how many keys it has.
 local batch_args
-local n, kept = 0, 0
-local key_at, at, shape
+local n = 0
+local key_at, at, shape, entry_keys
 out = {}
 
 -- A give-back's entry (see above), parsed once (remembered): {its shape's number, its receipt's
@@ -185,14 +188,23 @@ local give_back_entry = remembered(function(entry)
 end)
 
 -- A request's entry with a receipt (see above): its shape's number, and the receipt: its
--- numbers (a give-back's), or its text (a release's lease id: what ZREM is handed).
+-- numbers (a give-back's), its text (a release's lease id: what ZREM is handed), or a claim's
+-- {claim = id (text), lasting = ms} (lua/claims.lua).
 local function with_receipt(entry)
   local give_back = give_back_entry(entry)
   if give_back then
     return give_back[1], give_back[2]
   end
   local number, lease = string.match(entry, '^(%d+)@(%d+)$')
-  return tonumber(number), lease
+  if number then
+    return tonumber(number), lease
+  end
+  local id, lasting
+  number, id, lasting = string.match(entry, '^(%d+)#(%d+),(%d+)$')
+  if number == nil then
+    return nil
+  end
+  return tonumber(number), {claim = id, lasting = tonumber(lasting)}
 end
 
 -- Runs the checks from the one at key_at and at on, writing their entries after out[n].
@@ -206,8 +218,14 @@ local function run_checks()
       number, receipt = with_receipt(entry)
     end
     shape = shape_of(batch_args[2 + number])
-    local lean = shape.lean and shape.lean(batch_keys, key_at, shape, now, out, n, receipt)
-    if lean then
+    local claimed = type(receipt) == 'table' and receipt.claim ~= nil
+    -- (A claim's key follows its shape's keys.)
+    entry_keys = claimed and shape.keys + 1 or shape.keys
+    local lean = not claimed and shape.lean
+      and shape.lean(batch_keys, key_at, shape, now, out, n, receipt)
+    if claimed then
+      n = run_claimed(shape, key_at, receipt, n)
+    elseif lean then
       n = lean
     elseif shape.release then
       -- A release: 1 if the lease was held, else 0 (releasing one that expired or was released
@@ -218,7 +236,7 @@ local function run_checks()
     else
       n = run_entry(shape, key_at, receipt, n)
     end
-    key_at = key_at + shape.keys
+    key_at = key_at + entry_keys
     at = at + 1
   end
 end
@@ -263,14 +281,16 @@ local function batch(KEYS, ARGV)
     out[n + 1] = -1
     out[n + 2] = tostring(failure)
     n = n + 2
-    key_at = key_at + shape.keys
+    key_at = key_at + entry_keys
     at = at + 1
   end
-  -- MessagePack takes the table as an array only if nothing follows item n.
-  for i = n + 1, kept do
+  -- MessagePack takes the table as an array only if nothing follows item n: what an earlier
+  -- call wrote past it, or a claimed check that failed after its peek's entry.
+  local i = n + 1
+  while out[i] ~= nil do
     out[i] = nil
+    i = i + 1
   end
-  kept = n
   -- The call's keys and arguments are not kept past it.
   batch_keys, batch_args = nil, nil
   return cmsgpack.pack(out)

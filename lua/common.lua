@@ -64,6 +64,8 @@ local costs_of = remembered(function(text)
   for i = 1, #flags do
     costs[i] = string.byte(flags, i) == 109 and units or request
   end
+  -- (Kept whole too, for the same costs with more units: lua/claims.lua.)
+  costs.request, costs.units, costs.flags = request, units, flags
   return setmetatable(costs, {__index = function() return request end})
 end)
 

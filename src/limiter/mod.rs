@@ -5,6 +5,7 @@
 mod admission;
 mod answer;
 mod charge;
+pub(crate) mod claim;
 mod flow;
 mod holding_body;
 mod log_budget;

@@ -81,8 +81,13 @@
 //! then reserves its estimate (a [`meter::Estimate`](crate::meter::Estimate) in the request's
 //! extensions, else the meter's function) before it is sent, and only when every rule has room for
 //! it now: a call that finds none reserves nothing ahead (a reservation ahead at the estimate would
-//! hold room its settle may give back), but sleeps the store's `retry_after`, or until a call on
-//! this instance settles, and asks again, within the maximum wait. Its answer carries a
+//! hold room its settle may give back), but keeps its place: it leaves a claim in the store, and
+//! calls that ask after it, on every instance, see the room less the units it waits for, so a
+//! large call is not starved by small ones that keep taking the room it waits for. It sleeps the
+//! store's `retry_after`, or until a call on this instance settles, and asks again, within the
+//! maximum wait; a call needing `k` units of a limit of `L` per period waits about `k / L`
+//! periods plus what the calls ahead of it need. Its claim goes when it is sent, gives up or is
+//! dropped (or, at the latest, when its maximum wait ends). Its answer carries a
 //! [`meter::Usage`](crate::meter::Usage) in its extensions: record the units the body reports, and
 //! the call settles when the response and the last clone of its `Usage` are dropped, as a
 //! [metered route's](crate::meter) does: less than reserved goes back, more is charged on top.

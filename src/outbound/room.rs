@@ -1,8 +1,11 @@
 //! A metered call's wait for room. Its estimate is reserved only when every rule has room for it
 //! now, never ahead: a reservation ahead at the estimate would hold room that the call's settle
-//! may give back. Until then it sleeps the store's `retry_after`, or until a settle on this
-//! instance lands, and asks again, within the maximum wait. One whose room is further away than
-//! that fails at once, unless a settle here is on its way (which may bring room back).
+//! may give back. It waits its turn ([`WaitingTurn`]): refused, it leaves a claim in the store,
+//! and calls that ask after it, on every instance, see the room less the units it waits for, so
+//! a large call is not starved by small ones. Until then it sleeps the store's `retry_after`, or
+//! until a settle on this instance lands, and asks again, within the maximum wait. One whose
+//! room is further away than that fails at once (its claim withdrawn), unless a settle here is on
+//! its way (which may bring room back).
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -12,6 +15,7 @@ use tokio::time::Instant;
 
 use super::{OutboundError, Shared};
 use crate::decision::Decision;
+use crate::limiter::claim::WaitingTurn;
 use crate::limiter::metered::Tab;
 use crate::limiter::{Charge, Charged, Price};
 use crate::policy::StorageKey;
@@ -29,6 +33,7 @@ impl Shared {
     ) -> Result<Option<Tab>, OutboundError> {
         // (An estimate of 0 is charged a unit, given back when it settles: it needs room too.)
         let price = Price::new(1, units);
+        let mut turn = WaitingTurn::new(self.limiter.clone(), key.clone(), price.units);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             // Paused, or less left than it needs by the upstream's last word to this instance.
@@ -40,15 +45,13 @@ impl Shared {
             // not missed.
             let mut settled = pin!(self.settling.landed());
             settled.as_mut().enable();
-            let answer = {
-                let request = self.limiter.store_request(&key, None).units(price.units);
-                self.store.check(&request).await
-            };
+            let answer = turn.check(left).await;
             let decision = match answer {
                 Ok(decision) => decision,
                 Err(error) => return self.store_failed(error).map(|()| None),
             };
             if decision.allowed {
+                turn.served();
                 self.announced.sent(key.as_str(), Some(units));
                 return Ok(Some(self.reservation(key, price, decision)));
             }

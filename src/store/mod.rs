@@ -86,6 +86,24 @@ pub struct CheckRequest<'a> {
     /// What the store does with the request: check it (and record it), peek, refund or give
     /// back.
     pub(crate) call: Call<'a>,
+    /// A metered call's place in the line of calls waiting for room ([`Claim`]); none for every
+    /// other check.
+    pub(crate) claim: Option<Claim>,
+}
+
+/// A metered call's place in the line of calls waiting for room (`src/limiter/claim.rs`), which
+/// a check carries: the check fits only if the room left holds the units of the live claims
+/// made before this one (every claim when this call has none yet) and its own. A check so
+/// refused leaves its claim in the store (made once, lasting `lasting_ms` from then), so calls
+/// asking later, on any instance, see the room less its units; an admission takes the claim away.
+/// `lua/claims.lua` keeps them on Redis, `src/store/memory/claims.rs` in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    /// Its id, unique among the claims of a key.
+    pub(crate) id: u64,
+    /// How long a claim made by this check lasts (ms), at most: the call's time left to wait. 0:
+    /// take the claim away and answer as a peek (the call gave up).
+    pub(crate) lasting_ms: u64,
 }
 
 /// What a store call does with a [`CheckRequest`].
@@ -206,7 +224,15 @@ impl<'a> CheckRequest<'a> {
             quota: None,
             concurrency: None,
             call: Call::Check,
+            claim: None,
         }
+    }
+
+    /// This check as a metered call that waits its turn: see [`Claim`].
+    pub(crate) fn claiming(mut self, claim: Claim) -> Self {
+        debug_assert_eq!(self.call, Call::Check, "a claim rides on a check");
+        self.claim = Some(claim);
+        self
     }
 
     /// This request as a peek: decided as a check, recorded nowhere.

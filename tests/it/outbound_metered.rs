@@ -554,3 +554,146 @@ async fn a_waiting_call_goes_when_a_call_here_settles() {
         assert!(went < Duration::from_secs(5), "{name}: went after {went:?}");
     }
 }
+
+/// Issue 59: a call waiting for room keeps its place. 1 000 tokens a second (a sliding log),
+/// four callers loop on calls of 100 across two instances, and a call of 900 asks 300 ms after
+/// them: it leaves a claim, the small calls after it see the room less its 900, and it is sent
+/// once a second's calls have slid out, within 3 s, every round on both stores (before claims,
+/// small calls kept taking the room it waited for: it failed with `WouldWait` after 4.8 s on
+/// Redis). Its wait is at most about 900 / 1 000 of a second plus the calls ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_call_is_not_starved_by_small_ones() {
+    let redis = TestRedis::shared();
+    for (name, [first, second]) in stores(&redis) {
+        for round in 0..2 {
+            let prefix = unique_prefix("starved");
+            let policy = metered(&prefix, 1_000, Duration::from_secs(1), 1);
+            let layer = |store: Arc<dyn Store>| {
+                let layer = OutboundLayer::new(policy.clone(), store)
+                    .max_wait(Duration::from_secs(5))
+                    .margin(Duration::ZERO);
+                ServiceBuilder::new()
+                    .layer(layer)
+                    .service(service_fn(|_: Request<String>| async {
+                        Ok::<_, BoxError>(Response::new(String::new()))
+                    }))
+            };
+            let clients = [layer(first.clone()), layer(second.clone())];
+            let request = |units: u64| {
+                let mut request = Request::post("http://llm.example/v1")
+                    .body(String::new())
+                    .unwrap();
+                request.extensions_mut().insert(Estimate(units));
+                request
+            };
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let small_sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let mut small = Vec::new();
+            for caller in 0..4 {
+                let mut client = clients[caller % 2].clone();
+                let (done, small_sent) = (done.clone(), small_sent.clone());
+                small.push(tokio::spawn(async move {
+                    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                        let sent = client.ready().await.unwrap().call(request(100)).await;
+                        match sent {
+                            // Nothing recorded: the call settles at its estimate.
+                            Ok(_) => {
+                                small_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            Err(error) => assert!(
+                                matches!(
+                                    error.downcast_ref::<OutboundError>(),
+                                    Some(OutboundError::WouldWait { .. })
+                                ),
+                                "{error}"
+                            ),
+                        }
+                    }
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut client = clients[round % 2].clone();
+            let asked = Instant::now();
+            let large = client.ready().await.unwrap().call(request(900)).await;
+            let waited = asked.elapsed();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            for caller in small {
+                caller.await.unwrap();
+            }
+            let small_sent = small_sent.load(std::sync::atomic::Ordering::Relaxed);
+            eprintln!(
+                "{name}, round {round}: the call of 900 waited {waited:?}; {small_sent} of 100 sent"
+            );
+            assert!(
+                large.is_ok(),
+                "{name}, round {round}: the call of 900 failed after {waited:?} ({:?}) while \
+                 {small_sent} calls of 100 were sent",
+                large.err()
+            );
+            assert!(
+                waited < Duration::from_secs(3),
+                "{name}, round {round}: the call of 900 waited {waited:?}"
+            );
+            assert!(
+                small_sent >= 8,
+                "{name}, round {round}: {small_sent} small calls"
+            );
+            if name == "redis" {
+                // The claims of calls still waiting when the round ended expire with them.
+                common::redis_server::assert_every_key_expires(&mut redis.client(), &prefix);
+            }
+        }
+    }
+}
+
+/// A call that gives up takes its claim with it: a call of 900 that would wait past its 200 ms
+/// (500 of 1 000 used for 10 s) fails with `WouldWait` and withdraws its claim, so a call of 100
+/// right after it is sent at once, rather than waiting behind a claim nobody will use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_gives_up_withdraws_its_claim() {
+    let redis = TestRedis::shared();
+    for (name, [store, _]) in stores(&redis) {
+        let policy = metered(
+            &unique_prefix("withdrawn"),
+            1_000,
+            Duration::from_secs(10),
+            1,
+        );
+        let client = |max_wait: Duration| {
+            ServiceBuilder::new()
+                .layer(OutboundLayer::new(policy.clone(), store.clone()).max_wait(max_wait))
+                .service(service_fn(|_: Request<String>| async {
+                    Ok::<_, BoxError>(Response::new(String::new()))
+                }))
+        };
+        let call = |units: u64, max_wait: Duration| {
+            let mut client = client(max_wait);
+            async move {
+                let mut request = Request::post("http://llm.example/v1")
+                    .body(String::new())
+                    .unwrap();
+                request.extensions_mut().insert(Estimate(units));
+                client.ready().await.unwrap().call(request).await
+            }
+        };
+        call(500, Duration::ZERO).await.unwrap();
+        let gave_up = call(900, Duration::from_millis(200)).await;
+        assert!(
+            matches!(
+                gave_up
+                    .as_ref()
+                    .err()
+                    .and_then(|error| error.downcast_ref::<OutboundError>()),
+                Some(OutboundError::WouldWait { .. })
+            ),
+            "{name}: {:?}",
+            gave_up.err()
+        );
+        let small = call(100, Duration::from_millis(50)).await;
+        assert!(
+            small.is_ok(),
+            "{name}: a call of 100 waited behind a withdrawn claim: {:?}",
+            small.err()
+        );
+    }
+}

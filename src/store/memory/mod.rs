@@ -30,6 +30,7 @@ use super::{
 };
 use crate::decision::Decision;
 
+mod claims;
 mod clock;
 mod counter;
 mod entry;
@@ -65,6 +66,8 @@ struct Shared {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     /// Daily quota counters, by quota key; locked after a shard, never before.
     quotas: Mutex<QuotaTable>,
+    /// Metered calls waiting for room ([`claims`]); locked before a shard, never after.
+    claims: Mutex<claims::Claims>,
     hasher: RandomState,
     clock: Box<dyn Clock>,
     max_keys_per_shard: usize,
@@ -239,7 +242,10 @@ impl fmt::Debug for MemoryStore {
 
 impl Store for MemoryStore {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        CheckFuture::ready(Ok(self.check_now(request)))
+        CheckFuture::ready(Ok(match request.claim {
+            Some(claim) => self.check_claimed(request, claim),
+            None => self.check_now(request),
+        }))
     }
 
     fn peek(&self, request: &CheckRequest<'_>) -> CheckFuture {
@@ -377,6 +383,7 @@ impl MemoryStoreBuilder {
         MemoryStore(Arc::new(Shared {
             shards: (0..shards).map(|_| CachePadded::default()).collect(),
             quotas: Mutex::default(),
+            claims: Mutex::default(),
             hasher: RandomState::default(),
             clock: self.clock.unwrap_or_else(|| Box::new(SystemClock::new())),
             max_keys_per_shard,

@@ -615,3 +615,48 @@ fn system_clock_does_not_go_backwards() {
     // 2020-01-01 as a sanity floor: the anchor really is Unix time.
     assert!(first > 1_577_836_800_000);
 }
+
+/// A claim (issue 59) holds room for a waiting call against the calls after it, goes when its
+/// call is admitted or withdraws, and expires at the end of its call's time to wait.
+#[test]
+fn a_claim_holds_room_until_its_call_is_served_withdraws_or_expires() {
+    use super::super::Claim;
+    for algorithm in ALL {
+        let clock = ManualClock::new(1_000_000 * 60_000);
+        let store = store(&clock);
+        let rules = [Rule::per_hour(1_000).metered()];
+        let ask = |units: u64, id: u64, lasting_ms: u64| {
+            let request = CheckRequest::new("k", &rules, algorithm).units(units);
+            store
+                .check_claimed(&request, Claim { id, lasting_ms })
+                .allowed
+        };
+        assert!(ask(600, 1, 10_000), "{algorithm}");
+        // 400 left: the call of 900 waits, and claims them.
+        assert!(!ask(900, 2, 10_000), "{algorithm}");
+        // A call of 100 after it sees no room: 400 less the 900 claimed.
+        assert!(!ask(100, 3, 10_000), "{algorithm}");
+        // Asking again, the call of 900 is first: still no room, nothing changed.
+        assert!(!ask(900, 2, 10_000), "{algorithm}");
+        // It gives up: the call of 100, next in line, fits.
+        assert!(
+            !ask(900, 2, 0),
+            "{algorithm}: a withdrawal answers as a peek"
+        );
+        assert!(ask(100, 3, 10_000), "{algorithm}");
+        // Served, its claim went: another call of 100 fits too.
+        assert!(ask(100, 4, 10_000), "{algorithm}");
+        // A claim whose call vanished holds its room until its time to wait ends, then expires.
+        assert!(!ask(500, 5, 10_000), "{algorithm}");
+        assert!(!ask(100, 6, 10_000), "{algorithm}");
+        clock.advance(Duration::from_millis(10_001));
+        assert!(
+            ask(100, 7, 10_000),
+            "{algorithm}: an expired claim still held room"
+        );
+        assert!(
+            lock(&store.0.claims).is_empty(),
+            "{algorithm}: claims left behind"
+        );
+    }
+}

@@ -56,8 +56,10 @@ pub(super) struct PackedCheck {
     ends: Vec<usize>,
     /// What the reply needs to know of each rule.
     pub(super) limits: Vec<RuleLimit>,
-    /// A give-back's receipt, `<checked ms>,<delay ms>[,<bucket full time µs> per counted rule]`
-    /// (see `lua/batch.lua`); empty for every other check (and then no allocation).
+    /// What rides with the check's shape number in its entry (see `lua/batch.lua`): a
+    /// give-back's receipt, `@<checked ms>,<delay ms>[,<bucket full time µs> per counted rule]`;
+    /// a release's lease, `@<id>`; a claim, `#<id>,<lasting ms>`; empty for every other check (and
+    /// then no allocation).
     receipt: String,
 }
 
@@ -127,6 +129,12 @@ impl PackedCheck {
         }
         if let Call::GiveBack(_) = request.call {
             write_reset_marker(&mut packed.data, request);
+            packed.end_key();
+        }
+        // A claim's key follows the shape's keys, outside its count: a check with a claim has
+        // the shape of one without (lua/claims.lua).
+        if request.claim.is_some() {
+            write_key(&mut packed.data, request.key, request.identity, &["claims"]);
             packed.end_key();
         }
         let data = &mut packed.data;
@@ -200,6 +208,14 @@ impl PackedCheck {
         if let Call::GiveBack(charged) = request.call {
             packed.receipt = receipt_of(request, charged);
         }
+        if let Some(claim) = request.claim {
+            let mut number = itoa::Buffer::new();
+            let receipt = &mut packed.receipt;
+            receipt.push('#');
+            receipt.push_str(number.format(claim.id));
+            receipt.push(',');
+            receipt.push_str(number.format(claim.lasting_ms));
+        }
         packed
     }
 
@@ -211,7 +227,7 @@ impl PackedCheck {
             data: String::with_capacity(2 * request.key.len() + 24),
             ends: Vec::with_capacity(1),
             limits: Vec::new(),
-            receipt: itoa::Buffer::new().format(lease).to_owned(),
+            receipt: format!("@{lease}"),
         };
         write_leases_key(&mut packed.data, request);
         packed.end_key();
@@ -254,6 +270,7 @@ fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -
     let delay_ms = u64::try_from(charged.delay.as_millis()).unwrap_or(u64::MAX);
     let mut number = itoa::Buffer::new();
     let mut receipt = String::with_capacity(40);
+    receipt.push('@');
     receipt.push_str(number.format(charged.now_unix_ms));
     receipt.push(',');
     receipt.push_str(number.format(delay_ms));
@@ -338,8 +355,12 @@ pub(super) fn batch_command<'a>(
         if receipt.is_empty() {
             command.arg(number);
         } else {
-            // A give-back's receipt rides with its shape's number (see lua/batch.lua).
-            command.arg(format!("{number}@{receipt}"));
+            // A give-back's receipt, a release's lease or a claim rides with its shape's number
+            // (see lua/batch.lua).
+            let mut entry = Vec::with_capacity(8 + receipt.len());
+            entry.extend_from_slice(itoa::Buffer::new().format(number).as_bytes());
+            entry.extend_from_slice(receipt.as_bytes());
+            command.arg(entry);
         }
     }
     command

@@ -22,6 +22,7 @@ macro_rules! library_body {
             include_str!("../../../lua/token_bucket.lua"),
             include_str!("../../../lua/entry.lua"),
             include_str!("../../../lua/fast.lua"),
+            include_str!("../../../lua/claims.lua"),
             include_str!("../../../lua/batch.lua")
         )
     };
