@@ -162,10 +162,11 @@ end)
 
 -- The batch being run, set by batch() (a library's calls run one at a time): its arguments, its
 -- time (ms, µs), the reply so far (`out`, up to item n; a table kept from call to call, its items
--- past n cleared before it is packed), the next check's first key (after key_at) and shape number
--- (ARGV[at]), the shape of the check being run (nil while it is read) and how many keys it has.
+-- past n cleared before it is packed; `kept`, the last call's n), the next check's first key
+-- (after key_at) and shape number (ARGV[at]), the shape of the check being run (nil while it is
+-- read) and how many keys it has.
 local batch_args
-local n = 0
+local n, kept = 0, 0
 local key_at, at, shape, entry_keys
 out = {}
 
@@ -174,6 +175,11 @@ out = {}
 -- the give-backs of their requests mostly carry the same text, and parsing it anew cost Redis
 -- about as much as the give-back's own work. (A receipt is only read, never changed.)
 local give_back_entry = remembered(function(entry)
+  -- (A release's or a claim's entry has no comma before its end; finding none is cheaper than
+  -- the pattern failing.)
+  if not string.find(entry, ',', 1, true) or string.find(entry, '#', 1, true) then
+    return nil
+  end
   local number, checked, delay, marks = string.match(entry, '^(%d+)@(%d+),(%d+)([%d,]*)$')
   if number == nil then
     return nil
@@ -285,12 +291,14 @@ local function batch(KEYS, ARGV)
     at = at + 1
   end
   -- MessagePack takes the table as an array only if nothing follows item n: what an earlier
-  -- call wrote past it, or a claimed check that failed after its peek's entry.
+  -- call wrote past it (up to `kept`, its n), or a claimed check that failed after its peek's
+  -- entry.
   local i = n + 1
-  while out[i] ~= nil do
+  while i <= kept or out[i] ~= nil do
     out[i] = nil
     i = i + 1
   end
+  kept = n
   -- The call's keys and arguments are not kept past it.
   batch_keys, batch_args = nil, nil
   return cmsgpack.pack(out)

@@ -37,20 +37,25 @@ end
 
 -- `shape` as a peek whose metered rules (and metered quota) count `more` units on top: a
 -- request's costs without metered units (no claim applies to them) stay as they are.
+-- Past a token bucket's burst, it answers the wait until the units ahead have gone and its own
+-- have dripped back, not "never" (lua/token_bucket.lua): they go one call after another.
 local function peek_with_more(shape, more)
   local costs, piece = shape.costs, shape.cost_piece
-  if piece.flags ~= nil then
-    costs = costs_of(string.format('%d:%d:%s', piece.request, piece.units + more, piece.flags))
+  -- (rawget: a plain cost's table answers any index with the cost.)
+  local flags = rawget(piece, 'flags')
+  if flags ~= nil then
+    costs = costs_of(string.format('%d:%d:%s', piece.request, piece.units + more, flags))
   end
-  return setmetatable({kind = KIND_PEEK, costs = costs, quota_cost = costs[shape.rules + 1]},
-                      {__index = shape})
+  return setmetatable({kind = KIND_PEEK, costs = costs, quota_cost = costs[shape.rules + 1],
+                       past_burst = true}, {__index = shape})
 end
 
 -- Makes `claim` of a check of `shape` (refused, with none yet): placed after every claim made
 -- before, lasting its time to wait.
 local function make_claim(key, shape, claim)
   local expiry = now + claim.lasting
-  call('ZADD', key, now_us, string.format('%s:%d:%d', claim.claim, shape.cost_piece.units or 0, expiry))
+  local units = rawget(shape.cost_piece, 'units') or 0
+  call('ZADD', key, now_us, string.format('%s:%d:%d', claim.claim, units, expiry))
   expire_at_least(key, expiry)
 end
 

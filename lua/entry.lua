@@ -100,59 +100,92 @@ end
 -- have without the lean path.
 local handed_count, handed_quota = nil, nil
 
--- The leases of each concurrency limit the batch has read, by key: how many are held, when the
--- earliest expires (false: none is held; nil: not known, a release may have ended it), and the
--- expiry the batch gave the key (why they hold: logs_known, lua/common.lua). Forgotten at each
--- batch.
-local leases_held, leases_earliest, leases_expiry = {}, {}, {}
+-- The leases of each concurrency limit the batch has read, by key (why they hold: logs_known,
+-- lua/common.lua): how many are held, and a window on the earliest: up to LEASE_WINDOW of them
+-- in expiry order ({expiry, id, expiry, id, ...} from `from` on, the ones before it released),
+-- and whether it holds them all. Requests end about in the order they started, so the lease a
+-- release ends is most often the earliest: the window's next one is then the earliest, without
+-- reading the set again after each release. And the expiry the batch gave the key. Forgotten at
+-- each batch.
+local LEASE_WINDOW = 16
+local leases_held, leases_window, leases_from, leases_whole, leases_expiry = {}, {}, {}, {}, {}
 
 local function forget_leases()
   if next(leases_held) ~= nil then
-    leases_held, leases_earliest, leases_expiry = {}, {}, {}
+    leases_held, leases_window, leases_from, leases_whole, leases_expiry = {}, {}, {}, {}, {}
   end
+end
+
+-- Reads the window on the earliest leases of `key` (see leases_held).
+local function leases_read(key)
+  local window = call('ZRANGE', key, 0, LEASE_WINDOW - 1, 'WITHSCORES')
+  -- {id, score, ...} as Redis answers, made {score, id, ...}.
+  for i = 1, #window, 2 do
+    window[i], window[i + 1] = tonumber(window[i + 1]), window[i]
+  end
+  leases_window[key], leases_from[key] = window, 1
+  leases_whole[key] = #window < 2 * LEASE_WINDOW
 end
 
 -- The leases of `key`, those past their expiry gone (their requests ended without a word, their
 -- instance died): how many are held, and when the earliest expires (nil: none is held). The
 -- earliest is read first: only when it has expired do the expired ones go, and a key that holds
--- none is not there to count. Read once per batch.
+-- none is not there to count. Read once per batch, and again only when the releases of a batch
+-- emptied the window on the earliest.
 local function leases_current(key)
-  local held, earliest = leases_held[key], leases_earliest[key]
-  if held ~= nil and earliest ~= nil and (earliest == false or earliest > now) then
-    return held, earliest or nil
+  local held, window = leases_held[key], leases_window[key]
+  if window ~= nil and leases_from[key] > #window and not leases_whole[key] then
+    window = nil
   end
-  local first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if first[2] and tonumber(first[2]) <= now then
+  if window == nil then
+    leases_read(key)
+    window = leases_window[key]
+  end
+  local earliest = window[leases_from[key]]
+  if earliest ~= nil and earliest <= now then
     call('ZREMRANGEBYSCORE', key, '-inf', text_of(now))
-    first = call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    held = nil
+    leases_read(key)
+    window, held = leases_window[key], nil
+    earliest = window[1]
   end
-  earliest = tonumber(first[2])
   if earliest == nil then
     held = 0
   elseif held == nil then
     held = call('ZCARD', key)
   end
-  leases_held[key], leases_earliest[key] = held, earliest or false
+  leases_held[key] = held
   return held, earliest
 end
 
 -- Takes a lease expiring at `expires` (ms) of the leases `key`, which hold `held` (the earliest
--- expiring at `earliest`; nil: none): returns its id, and the leases held and the earliest's
--- expiry after. The lease is named by the time it was taken (µs), made unique: a number the
--- caller releases it by.
+-- expiring at `earliest`; nil: none), as leases_current read them: returns its id, and the leases
+-- held and the earliest's expiry after. The lease is named by the time it was taken (µs), made
+-- unique: a number the caller releases it by.
 local function lease_take(key, held, earliest, expires)
   local id = math.max(now_us, last_lease + 1)
   -- (Formatted with %d: Redis would print a number this large in exponent form.)
-  while call('ZADD', key, 'NX', text_of(expires), string.format('%d', id)) == 0 do
+  local name = string.format('%d', id)
+  while call('ZADD', key, 'NX', text_of(expires), name) == 0 do
     id = id + 1
+    name = string.format('%d', id)
   end
   last_lease = id
   held = held + 1
   if earliest == nil or expires < earliest then
     earliest = expires
   end
-  leases_held[key], leases_earliest[key] = held, earliest
+  leases_held[key] = held
+  -- The window stays the earliest leases: a lease after its last joins it only if it holds them
+  -- all; one before its last (a shorter lease of another policy on the key) is read again.
+  local window = leases_window[key]
+  local last = window and window[#window - 1]
+  if window == nil then
+    -- (Read again when next needed.)
+  elseif last ~= nil and expires < last then
+    leases_window[key] = nil
+  elseif leases_whole[key] then
+    window[#window + 1], window[#window + 2] = expires, name
+  end
   -- A key the lease made (its first) takes its expiry; one that holds others keeps one this batch
   -- set already, as late.
   local set = leases_expiry[key]
@@ -163,14 +196,27 @@ local function lease_take(key, held, earliest, expires)
   return id, held, earliest
 end
 
--- Releases the lease `id` of the leases `key`: 1 if it was held, else 0 (one that expired or was
--- released already).
+-- Releases the lease `id` (its text) of the leases `key`: 1 if it was held, else 0 (one that
+-- expired or was released already).
 local function lease_release(key, id)
   local released = call('ZREM', key, id)
   local held = leases_held[key]
   if released == 1 and held then
-    -- (Which lease is now the earliest is read when a check needs it.)
-    leases_held[key], leases_earliest[key] = held - 1, nil
+    leases_held[key] = held - 1
+    local window, from = leases_window[key], leases_from[key]
+    if window ~= nil then
+      if window[from + 1] == id then
+        leases_from[key] = from + 2
+      else
+        for i = from + 3, #window, 2 do
+          if window[i] == id then
+            table.remove(window, i)
+            table.remove(window, i - 1)
+            break
+          end
+        end
+      end
+    end
   end
   return released
 end

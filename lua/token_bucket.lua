@@ -50,7 +50,9 @@ function token_bucket.inspect(shape, i, key, cost)
   tb_tat[i] = tat
   -- The earliest time the request conforms: max(tat, now) + cost × interval − tolerance.
   local charge, tolerance = cost * shape.intervals[i], shape.tolerances[i]
-  if charge > tolerance then
+  -- (A claim's peek of the units ahead and its own, lua/claims.lua: past the burst, when they
+  -- will have gone one after another.)
+  if charge > tolerance and not shape.past_burst then
     tb_conforms[i] = false
     return false
   end

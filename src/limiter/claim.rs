@@ -18,6 +18,9 @@ use super::Limiter;
 use crate::policy::StorageKey;
 use crate::store::{CheckFuture, Claim};
 
+/// The longest a claim lasts (ms): 2^52, far past any wait, and exact in the script's numbers.
+const LONGEST_CLAIM_MS: u64 = 1 << 52;
+
 /// A metered call waiting its turn for room: asks with its claim ([`WaitingTurn::check`]), and
 /// withdraws the claim when dropped before it was served.
 pub(crate) struct WaitingTurn {
@@ -45,8 +48,19 @@ impl WaitingTurn {
     /// claims made before its own: a check that, refused, leaves its claim for `left` (the
     /// call's time to wait) unless it has one.
     pub(crate) fn check(&mut self, left: Duration) -> CheckFuture {
+        if !self.limiter.store().keeps_claims() {
+            // A check without a claim, as any other.
+            let request = self
+                .limiter
+                .store_request(&self.key, None)
+                .units(self.units);
+            return self.limiter.store().check(&request);
+        }
         self.held = true;
-        let lasting_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
+        // (Below 2^53, so the script's numbers hold it exactly: a wait of 285 000 years.)
+        let lasting_ms = u64::try_from(left.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, LONGEST_CLAIM_MS);
         self.ask(lasting_ms)
     }
 
@@ -78,13 +92,19 @@ impl Drop for WaitingTurn {
         if !self.held {
             return;
         }
+        // Without a runtime (a test's teardown, a runtime shut down) a networked store can't be
+        // asked: the claim expires.
+        let runtime = tokio::runtime::Handle::try_current();
+        if runtime.is_err() && self.limiter.store().is_remote() {
+            return;
+        }
         let mut withdrawal = self.ask(0);
         if withdrawal.take_ready().is_some() {
             return;
         }
-        if let Poll::Pending =
-            Pin::new(&mut withdrawal).poll(&mut Context::from_waker(Waker::noop()))
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        if let Ok(runtime) = runtime
+            && let Poll::Pending =
+                Pin::new(&mut withdrawal).poll(&mut Context::from_waker(Waker::noop()))
         {
             runtime.spawn(withdrawal);
         }

@@ -46,6 +46,13 @@ impl Bucket {
         Some(narrow(at))
     }
 
+    /// When `cost` units more than the bucket holds would have dripped back, taken a bucketful at
+    /// a time: what a claim's peek of the units ahead and its own reads (`lua/claims.lua`).
+    pub(crate) fn conforms_at_past_burst(self, tat: u64, now: u64, cost: u64) -> u64 {
+        let charge = u128::from(cost) * u128::from(self.interval);
+        narrow((u128::from(tat.max(now)) + charge).saturating_sub(self.tolerance.into()))
+    }
+
     /// The time `cost` units take to drip back; `None` when that is more than the bucket holds.
     fn charge(self, cost: u64) -> Option<u64> {
         let charge = u128::from(cost) * u128::from(self.interval);

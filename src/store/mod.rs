@@ -89,6 +89,9 @@ pub struct CheckRequest<'a> {
     /// A metered call's place in the line of calls waiting for room ([`Claim`]); none for every
     /// other check.
     pub(crate) claim: Option<Claim>,
+    /// A claim's peek of the units ahead and its own: a token bucket answers, past its burst,
+    /// when they will have gone one after another, not "never" (`lua/claims.lua`).
+    pub(crate) past_burst: bool,
 }
 
 /// A metered call's place in the line of calls waiting for room (`src/limiter/claim.rs`), which
@@ -225,6 +228,7 @@ impl<'a> CheckRequest<'a> {
             concurrency: None,
             call: Call::Check,
             claim: None,
+            past_burst: false,
         }
     }
 
@@ -460,6 +464,15 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether the store keeps the claims of metered outbound calls waiting for room, so that
+    /// calls asking later see the room less what earlier ones wait for (the crate's stores do).
+    /// A store that doesn't answers the checks of waiting calls as any other check, and is never
+    /// sent a claim's withdrawal. `false` by default.
+    #[doc(hidden)]
+    fn keeps_claims(&self) -> bool {
+        false
+    }
+
     /// Forgets what `request.key` has counted under `request.rules` (every counter, reservation and
     /// duplicate guard of them) and lifts its penalty block (with `request.block_for` set), as if
     /// it had never been seen. A daily quota is left alone: it is often what a customer pays for,
@@ -590,6 +603,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn is_remote(&self) -> bool {
         (**self).is_remote()
+    }
+
+    fn keeps_claims(&self) -> bool {
+        (**self).keeps_claims()
     }
 
     fn name(&self) -> &'static str {

@@ -749,3 +749,78 @@ async fn the_extractor_waits_for_a_slot_in_delay_mode() {
     assert_eq!(*log.started.lock().unwrap(), vec![0, 1, 2]);
     assert_eq!(log.most_running.load(Ordering::SeqCst), 1);
 }
+
+/// Leases taken and released by many tasks at once on two instances (Redis), so that batches mix
+/// checks and releases of one set of leases, more than a batch reads of it at once
+/// (`LEASE_WINDOW` in lua/entry.lua), released in every order: the count stays exact. No check
+/// is admitted past the slots held in the store, and once every lease is released the next 64
+/// checks take the 64 slots, the 65th is refused, and each says how many are left and when the
+/// earliest lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_churned_in_batches_keep_their_count() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("churn");
+    let policy = one_per_user(&prefix, Duration::from_secs(60))
+        .max_in_flight(64)
+        .build()
+        .unwrap();
+    let stores: [Arc<dyn Store>; 2] = [
+        Arc::new(RedisStore::from_url(&redis.url).unwrap()),
+        Arc::new(RedisStore::from_url(&redis.url).unwrap()),
+    ];
+    let key = format!("{prefix}:jobs:user:ann");
+    let holding = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..96u64)
+        .map(|n| {
+            let (store, policy, key, holding) = (
+                stores[(n % 2) as usize].clone(),
+                policy.clone(),
+                key.clone(),
+                holding.clone(),
+            );
+            tokio::spawn(async move {
+                let mut admitted = 0;
+                for round in 0..20u64 {
+                    let decision = check(&*store, &policy, &key).await;
+                    let Some(lease) = decision.lease else {
+                        continue;
+                    };
+                    admitted += 1;
+                    let held = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert!(held <= 64, "{held} leases held at once");
+                    // Held for 0 to 3 ms: releases come in every order.
+                    tokio::time::sleep(Duration::from_millis((n * 7 + round) % 4)).await;
+                    holding.fetch_sub(1, Ordering::SeqCst);
+                    store
+                        .release(&check_of(&policy, &key), lease)
+                        .await
+                        .unwrap();
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert!(admitted >= 64, "{admitted} admissions");
+    let held: u64 = redis
+        .client()
+        .zcard(format!("{prefix}:{{user:ann}}:jobs:inflight"))
+        .unwrap();
+    assert_eq!(held, 0, "every lease released");
+    for taken in 1..=64u64 {
+        let decision = check(&*stores[0], &policy, &key).await;
+        assert!(decision.allowed, "slot {taken} of 64");
+        assert_eq!(slots(&decision), (64 - taken, false));
+        let reset = decision.rules.last().unwrap().reset;
+        assert!(
+            reset > Duration::from_secs(58) && reset <= Duration::from_secs(60),
+            "the earliest lease ends in {reset:?}"
+        );
+    }
+    let refused = check(&*stores[1], &policy, &key).await;
+    assert!(!refused.allowed);
+    assert_eq!(slots(&refused), (0, true));
+}

@@ -44,6 +44,7 @@ mod redis_versions;
 mod refusal_cache;
 mod reset_units;
 mod retry_after;
+mod script_wire;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod store_calls;

@@ -697,3 +697,128 @@ async fn a_call_that_gives_up_withdraws_its_claim() {
         );
     }
 }
+
+/// A store of the app's own that only checks: it knows nothing of claims, so a waiting call's
+/// checks are plain checks there, and a call that gives up sends it nothing more (a withdrawal
+/// would be a check of its units, charged if there were room by then).
+struct CheckOnly(MemoryStore);
+
+impl Store for CheckOnly {
+    fn check(
+        &self,
+        request: &tower_redis_ratelimit::store::CheckRequest<'_>,
+    ) -> tower_redis_ratelimit::store::CheckFuture {
+        // Rebuilt from what a store of the app's own sees of a request.
+        let own = tower_redis_ratelimit::store::CheckRequest::new(
+            request.key,
+            request.rules,
+            request.algorithm,
+        )
+        .identity(request.identity)
+        .cost(request.cost)
+        .units(request.units)
+        .max_delay(request.max_delay)
+        .block_for(request.block_for)
+        .quota(request.quota)
+        .concurrency(request.concurrency);
+        self.0.check(&own)
+    }
+}
+
+/// Issue 59, after review: a waiting call dropped once room came back (its store's clock moved on
+/// while it slept) charges nothing on a store that keeps no claims.
+#[tokio::test]
+async fn a_dropped_waiting_call_charges_nothing_on_a_store_without_claims() {
+    let clock = tower_redis_ratelimit::store::ManualClock::new(1_000_000_000);
+    let store = Arc::new(CheckOnly(
+        MemoryStore::builder().clock(clock.clone()).build(),
+    ));
+    let policy = metered(
+        &unique_prefix("check-only"),
+        1_000,
+        Duration::from_secs(1),
+        1,
+    );
+    let client = |max_wait: Duration| {
+        ServiceBuilder::new()
+            .layer(OutboundLayer::new(policy.clone(), store.clone()).max_wait(max_wait))
+            .service(service_fn(|_: Request<String>| async {
+                Ok::<_, BoxError>(Response::new(String::new()))
+            }))
+    };
+    let request = |units: u64| {
+        let mut request = Request::post("http://llm.example/v1")
+            .body(String::new())
+            .unwrap();
+        request.extensions_mut().insert(Estimate(units));
+        request
+    };
+    let mut sender = client(Duration::ZERO);
+    sender
+        .ready()
+        .await
+        .unwrap()
+        .call(request(800))
+        .await
+        .unwrap();
+    let mut waiter = client(Duration::from_secs(30));
+    let waiting = tokio::spawn(async move {
+        let _ = waiter.ready().await.unwrap().call(request(500)).await;
+    });
+    // Refused, it sleeps; the store's second ends meanwhile, and the call is dropped.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    clock.advance(Duration::from_secs(2));
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    let whole = sender.ready().await.unwrap().call(request(1_000)).await;
+    assert!(whole.is_ok(), "the dropped call charged: {:?}", whole.err());
+}
+
+/// Issue 59, after review: a waiting call dropped after its runtime is gone (a test's teardown)
+/// leaves its claim to expire rather than asking a Redis store without a runtime (which panics).
+#[test]
+fn a_waiting_call_dropped_without_a_runtime_leaves_its_claim_to_expire() {
+    let redis = TestRedis::shared();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let prefix = unique_prefix("no-runtime");
+    let policy = metered(&prefix, 1_000, Duration::from_secs(10), 1);
+    let call = runtime.block_on(async {
+        let store = RedisStore::from_url(&redis.url).unwrap();
+        let mut client = ServiceBuilder::new()
+            .layer(OutboundLayer::new(policy, store).max_wait(Duration::from_secs(30)))
+            .service(service_fn(|_: Request<String>| async {
+                Ok::<_, BoxError>(Response::new(String::new()))
+            }));
+        let request = |units: u64| {
+            let mut request = Request::post("http://llm.example/v1")
+                .body(String::new())
+                .unwrap();
+            request.extensions_mut().insert(Estimate(units));
+            request
+        };
+        client
+            .ready()
+            .await
+            .unwrap()
+            .call(request(900))
+            .await
+            .unwrap();
+        let mut call = Box::pin(client.ready().await.unwrap().call(request(500)));
+        // Refused, it leaves its claim and sleeps.
+        let waited = tokio::time::timeout(Duration::from_millis(300), &mut call).await;
+        assert!(waited.is_err(), "a call of 500 went past 900 of 1 000");
+        // (Handed out of the runtime as a box of its own, never awaited there again.)
+        Some(call)
+    });
+    drop(runtime);
+    drop(call);
+    // The claim stays until the call's wait would have ended.
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(format!("{prefix}:{{upstream:llm.example}}:llm:claims"))
+        .query(&mut redis.client())
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= 30_000,
+        "the claim's key expires in {ttl} ms"
+    );
+}

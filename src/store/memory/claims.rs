@@ -104,13 +104,22 @@ impl MemoryStore {
         let make = |claims: &mut Claims| {
             if !mine {
                 let expires_ms = now.saturating_add(claim.lasting_ms);
-                claims.make(request.key, claim.id, request.units, expires_ms);
+                // (Only metered units wait: lua/claims.lua.)
+                let units = if request.is_metered() {
+                    request.units
+                } else {
+                    0
+                };
+                claims.make(request.key, claim.id, units, expires_ms);
             }
         };
         if ahead > 0 {
-            let with_theirs = unclaimed
-                .peeking()
-                .units(request.units.saturating_add(ahead));
+            let with_theirs = CheckRequest {
+                past_burst: true,
+                ..unclaimed
+                    .peeking()
+                    .units(request.units.saturating_add(ahead))
+            };
             let peeked = self.check_now(&with_theirs);
             if !peeked.allowed {
                 make(&mut claims);

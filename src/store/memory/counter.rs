@@ -189,13 +189,15 @@ impl Counter {
     }
 
     /// Milliseconds until a request of `cost` fits (it doesn't fit now), assuming nothing else is
-    /// admitted meanwhile; `None` when it never fits.
-    pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
+    /// admitted meanwhile; `None` when it never fits. `past_burst`: a claim's peek of the units
+    /// ahead and its own (`claims.rs`), which a token bucket answers past its burst with when they
+    /// will have gone one after another.
+    pub(super) fn admits_after(&self, now: u64, cost: u64, past_burst: bool) -> Option<u64> {
         match &self.tally {
             Tally::Window(window) => window.admits_after(now, cost),
             Tally::Log(log) => log.admits_after(now, cost),
             Tally::Weighted(weighted) => weighted.admits_after(now, cost),
-            Tally::Bucket(bucket) => bucket.admits_after(now, cost),
+            Tally::Bucket(bucket) => bucket.admits_after(now, cost, past_burst),
         }
     }
 

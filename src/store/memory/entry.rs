@@ -122,7 +122,7 @@ impl Entry {
                 guard_refused |= rule.is_duplicate_guard();
                 counted_refused |= !rule.is_duplicate_guard();
                 wait = wait
-                    .zip(counter.admits_after(now, cost))
+                    .zip(counter.admits_after(now, cost, request.past_burst))
                     .map(|(a, b)| a.max(b));
             }
         }
@@ -176,7 +176,7 @@ impl Entry {
             } else {
                 // Costs more than the limit: it never fits; say one period.
                 let wait = counter
-                    .admits_after(now, cost)
+                    .admits_after(now, cost, request.past_burst)
                     .unwrap_or(counter.period_ms());
                 Some(Duration::from_millis(wait.max(block_ms.unwrap_or(0))))
             };
@@ -374,7 +374,7 @@ impl Entry {
                 0
             } else {
                 counter
-                    .admits_after(now, cost)
+                    .admits_after(now, cost, request.past_burst)
                     .unwrap_or(counter.period_ms())
             };
             rules.push(state(rule.limit(), own_wait));

@@ -268,6 +268,10 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    fn keeps_claims(&self) -> bool {
+        true
+    }
+
     fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         self.forget(request);
         // Units held ahead by every limiter over this store go too, before `reset` returns.

@@ -660,3 +660,30 @@ fn a_claim_holds_room_until_its_call_is_served_withdraws_or_expires() {
         );
     }
 }
+
+/// A claim's peek past a token bucket's burst (issue 59, after review): a call of 200 behind a
+/// claim of 900, with 950 back in a bucket of 1 000 a minute, waits until the 900 can have gone
+/// and its own 200 dripped back (9 s), not "never" (a whole period).
+#[test]
+fn behind_a_claim_a_token_bucket_answers_the_wait_past_its_burst() {
+    use super::super::Claim;
+    let clock = ManualClock::new(1_000_000 * 60_000);
+    let store = store(&clock);
+    let rules = [Rule::per_minute(1_000).metered()];
+    let ask = |units: u64, id: u64| {
+        let request = CheckRequest::new("k", &rules, Algorithm::TokenBucket).units(units);
+        store.check_claimed(
+            &request,
+            Claim {
+                id,
+                lasting_ms: 600_000,
+            },
+        )
+    };
+    assert!(ask(1_000, 1).allowed);
+    assert!(!ask(900, 2).allowed);
+    clock.advance(Duration::from_secs(57));
+    let behind = ask(200, 3);
+    assert!(!behind.allowed);
+    assert_eq!(behind.retry_after(), Some(Duration::from_secs(9)));
+}

@@ -82,8 +82,13 @@ impl TokenBucket {
         self.tat_us.max(micros(now))
     }
 
-    pub(super) fn admits_after(&self, now: u64, cost: u64) -> Option<u64> {
-        let at = self.bucket.conforms_at(self.tat_us, micros(now), cost)?;
+    pub(super) fn admits_after(&self, now: u64, cost: u64, past_burst: bool) -> Option<u64> {
+        let at = if past_burst {
+            self.bucket
+                .conforms_at_past_burst(self.tat_us, micros(now), cost)
+        } else {
+            self.bucket.conforms_at(self.tat_us, micros(now), cost)?
+        };
         Some(gcra::ceil_ms(at.saturating_sub(micros(now))))
     }
 

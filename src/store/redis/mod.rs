@@ -222,6 +222,10 @@ impl Store for RedisStore {
         true
     }
 
+    fn keeps_claims(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "redis"
     }

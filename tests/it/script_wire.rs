@@ -1,0 +1,297 @@
+//! The batch script spoken to in its own wire format (lua/batch.lua) at fixed times, so a batch
+//! holds exactly the entries written, on every Redis version:
+//! - concurrency leases: a batch reads the earliest leases of a set a few at a time
+//!   (`LEASE_WINDOW` in lua/entry.lua) and keeps the count and the earliest expiry itself as its
+//!   checks take leases and its releases end them, in any order; every check's answer is
+//!   compared with a model of the set;
+//! - claims (lua/claims.lua): the wait behind a claim past a token bucket's burst, and claims on
+//!   a shape without metered units.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+
+use common::redis_server::{TestRedis, unique_prefix};
+
+/// The store's script as `EVALSHA` runs it (src/store/redis/script.rs), so the test runs on every
+/// Redis version.
+fn script() -> redis::Script {
+    redis::Script::new(concat!(
+        include_str!("../../lua/common.lua"),
+        include_str!("../../lua/fixed_window.lua"),
+        include_str!("../../lua/sliding_log.lua"),
+        include_str!("../../lua/sliding_counter.lua"),
+        include_str!("../../lua/token_bucket.lua"),
+        include_str!("../../lua/entry.lua"),
+        include_str!("../../lua/fast.lua"),
+        include_str!("../../lua/claims.lua"),
+        include_str!("../../lua/batch.lua"),
+        "return batch(KEYS, ARGV)\n"
+    ))
+}
+
+/// An hour ahead of Redis's clock (ms): nothing a test writes expires by Redis's time while it
+/// runs.
+fn hour_ahead() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    u64::try_from(now.as_millis()).unwrap() + 3_600_000
+}
+
+const MOST: u64 = 64;
+const LEASE_MS: u64 = 60_000;
+
+/// One request of a batch: a check that takes a lease, or the release of lease `id`.
+#[derive(Debug, Clone)]
+enum Entry {
+    Check,
+    Release(u64),
+}
+
+/// What a check answered: whether it took a lease (its id), the slots left and the ms until the
+/// earliest lease ends.
+type Answer = (Option<u64>, u64, u64);
+
+/// Runs `entries` as one batch at `now_ms`; the checks' answers, in order.
+fn run(
+    client: &mut redis::Connection,
+    keys: (&str, &str),
+    now_ms: u64,
+    entries: &[Entry],
+) -> Vec<Answer> {
+    let shape = format!("fw|2|1|0,0,0,0,0,0,{MOST},{LEASE_MS},0|1000000|3600000");
+    let script = script();
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .arg(now_ms * 1_000)
+        .arg(2)
+        .arg("rl|1")
+        .arg(&shape);
+    for entry in entries {
+        match entry {
+            Entry::Check => invocation.key(keys.0).key(keys.1).arg(2),
+            Entry::Release(id) => invocation.key(keys.1).arg(format!("1@{id}")),
+        };
+    }
+    let packed: Vec<u8> = invocation.invoke(client).unwrap();
+    let mut reader = &packed[..];
+    let items = rmp::decode::read_array_len(&mut reader).unwrap();
+    let mut numbers = Vec::new();
+    for _ in 0..items {
+        numbers.push(rmp::decode::read_int::<i64, _>(&mut reader).unwrap());
+    }
+    let mut at = 1;
+    let mut answers = Vec::new();
+    for entry in entries {
+        let first = numbers[at];
+        let items = if first < 0 {
+            at += 1;
+            usize::try_from(-first).unwrap()
+        } else {
+            0
+        };
+        match entry {
+            Entry::Release(_) => at += items,
+            Entry::Check if first >= 0 => {
+                // The short form: the rule's remaining and reset, the slots', the lease.
+                let slots = numbers[at + 2] as u64;
+                let reset = numbers[at + 3] as u64;
+                answers.push((Some(numbers[at + 4] as u64), slots, reset));
+                at += 5;
+            }
+            Entry::Check => {
+                // allowed, delay, the rule's remaining, reset and retry, the slots', the lease.
+                let lease = numbers[at + 8] as u64;
+                answers.push((
+                    (lease > 0).then_some(lease),
+                    numbers[at + 5] as u64,
+                    numbers[at + 6] as u64,
+                ));
+                at += items;
+            }
+        }
+    }
+    answers
+}
+
+/// The leases held, by id, with their expiry; what a check of them answers at `now`.
+fn model_check(held: &mut BTreeMap<u64, u64>, now_ms: u64, id: Option<u64>) -> Answer {
+    if let Some(id) = id {
+        held.insert(id, now_ms + LEASE_MS);
+    }
+    let earliest = held.values().min().map_or(0, |expiry| expiry - now_ms);
+    (id, MOST - held.len() as u64, earliest)
+}
+
+#[test]
+fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_order() {
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("lua-leases");
+    let (rule, leases) = (
+        format!("{prefix}:{{user:ann}}:jobs:fw:3600000:1000000"),
+        format!("{prefix}:{{user:ann}}:jobs:inflight"),
+    );
+    let keys = (rule.as_str(), leases.as_str());
+    let mut now_ms = hour_ahead();
+    let mut held = BTreeMap::new();
+    // 48 leases, one per millisecond, each taken alone: 48 expiries.
+    let mut ids = Vec::new();
+    for _ in 0..48 {
+        now_ms += 1;
+        let [answer] = run(&mut client, keys, now_ms, &[Entry::Check])[..] else {
+            panic!("one answer")
+        };
+        assert_eq!(answer, model_check(&mut held, now_ms, answer.0));
+        ids.push(answer.0.unwrap());
+    }
+    // Batches of releases (the oldest first, as requests mostly end, then out of order) and
+    // checks between them: more releases of the earliest than a batch reads at once.
+    let orders: [Vec<usize>; 3] = [
+        (0..20).collect(),
+        vec![25, 20, 47, 21, 22, 30, 23, 24, 46, 26],
+        (27..46).rev().filter(|i| *i != 30).collect(),
+    ];
+    for order in orders {
+        now_ms += 3;
+        let mut entries = Vec::new();
+        for (n, index) in order.iter().enumerate() {
+            entries.push(Entry::Release(ids[*index]));
+            if n % 3 == 2 {
+                entries.push(Entry::Check);
+            }
+        }
+        entries.push(Entry::Check);
+        let answers = run(&mut client, keys, now_ms, &entries);
+        let mut answered = answers.into_iter();
+        for entry in &entries {
+            match entry {
+                Entry::Release(id) => {
+                    assert!(held.remove(id).is_some(), "lease {id} released twice");
+                }
+                Entry::Check => {
+                    let answer = answered.next().unwrap();
+                    let expected = model_check(&mut held, now_ms, answer.0);
+                    assert_eq!(answer, expected, "{entries:?}");
+                    assert!(answer.0.is_some(), "a slot was free");
+                }
+            }
+        }
+    }
+    let count: u64 = redis::cmd("ZCARD").arg(&leases).query(&mut client).unwrap();
+    assert_eq!(count, held.len() as u64);
+}
+
+/// One batch of `entries` (each its keys and its argument) of `shapes` at `now_ms`: each entry's
+/// answer, `Ok` with its short form's items (admitted at once) or `Err` with the long form's.
+fn batch(
+    client: &mut redis::Connection,
+    now_ms: u64,
+    shapes: &[&str],
+    entries: &[(Vec<&str>, String)],
+) -> Vec<Result<Vec<i64>, Vec<i64>>> {
+    let script = script();
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(now_ms * 1_000).arg(shapes.len());
+    for shape in shapes {
+        invocation.arg(*shape);
+    }
+    for (keys, argument) in entries {
+        for key in keys {
+            invocation.key(*key);
+        }
+        invocation.arg(argument);
+    }
+    let packed: Vec<u8> = invocation.invoke(client).unwrap();
+    let mut reader = &packed[..];
+    let items = rmp::decode::read_array_len(&mut reader).unwrap();
+    let numbers: Vec<i64> = (0..items)
+        .map(|_| rmp::decode::read_int::<i64, _>(&mut reader).unwrap())
+        .collect();
+    // Every entry here is a token bucket of one rule: a short form of 3 items.
+    let mut at = 1;
+    let mut answers = Vec::new();
+    for _ in entries {
+        if numbers[at] >= 0 {
+            answers.push(Ok(numbers[at..at + 3].to_vec()));
+            at += 3;
+        } else {
+            let length = usize::try_from(-numbers[at]).unwrap();
+            answers.push(Err(numbers[at + 1..at + 1 + length].to_vec()));
+            at += 1 + length;
+        }
+    }
+    assert_eq!(at, numbers.len(), "{numbers:?}");
+    answers
+}
+
+#[test]
+fn behind_a_claim_a_token_bucket_answers_the_wait_past_its_burst() {
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("wire-claims");
+    let (rule, claims) = (
+        format!("{prefix}:{{upstream:llm}}:llm:tb:60000:1000:m"),
+        format!("{prefix}:{{upstream:llm}}:llm:claims"),
+    );
+    let now_ms = hour_ahead();
+    let shape = |units: u64| format!("tb|1|1:{units}:m||1000|60000|1000");
+    let claimed = |id: u64| {
+        (
+            vec![rule.as_str(), claims.as_str()],
+            format!("1#{id},600000"),
+        )
+    };
+    let [full] = &batch(&mut client, now_ms, &[&shape(1_000)], &[claimed(1)])[..] else {
+        panic!("one answer")
+    };
+    assert!(full.is_ok(), "{full:?}");
+    let [waits] = &batch(&mut client, now_ms, &[&shape(900)], &[claimed(2)])[..] else {
+        panic!("one answer")
+    };
+    assert!(waits.is_err(), "{waits:?}");
+    // 57 s on, 950 are back: the call of 200 behind the claim of 900 waits until the 900 can have
+    // gone and its own 200 dripped back, 9 s (allowed, delay, remaining, reset, retry).
+    let [behind] = &batch(&mut client, now_ms + 57_000, &[&shape(200)], &[claimed(3)])[..] else {
+        panic!("one answer")
+    };
+    let behind = behind.as_ref().unwrap_err();
+    assert_eq!((behind[0], behind[4]), (0, 9_000), "{behind:?}");
+}
+
+#[test]
+fn claims_on_a_shape_without_metered_units_answer_as_plain_checks() {
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("wire-plain-claims");
+    let (rule, claims) = (
+        format!("{prefix}:{{upstream:api}}:api:tb:60000:1"),
+        format!("{prefix}:{{upstream:api}}:api:claims"),
+    );
+    let now_ms = hour_ahead();
+    let shape = "tb|1|1||1|60000|1";
+    let entry = |id: u64, lasting: u64| {
+        (
+            vec![rule.as_str(), claims.as_str()],
+            format!("1#{id},{lasting}"),
+        )
+    };
+    // The one request, a refusal that claims, one behind it, and a withdrawal: answers all.
+    let answers = batch(
+        &mut client,
+        now_ms,
+        &[shape],
+        &[
+            entry(1, 600_000),
+            entry(2, 600_000),
+            entry(3, 600_000),
+            entry(2, 0),
+        ],
+    );
+    assert!(answers[0].is_ok(), "{answers:?}");
+    for answer in &answers[1..] {
+        let refused = answer.as_ref().unwrap_err();
+        assert_eq!(refused[0], 0, "{answers:?}");
+    }
+}
