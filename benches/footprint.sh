@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the crate costs an app to build, beside the peers: fresh debug builds of a hello-world axum
-# app alone and with each limiter (default features), the crates compiled and the wall time, two
-# interleaved rounds. Usage: bash benches/footprint.sh [work dir]
+# app alone and with each limiter (default features; this crate also memory-only,
+# `default-features = false`), the crates compiled and the wall time, two interleaved rounds. Usage: bash benches/footprint.sh [work dir]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$(mktemp -d)}
@@ -26,10 +26,11 @@ TOML
 }
 mk base ""
 mk ours "tower-redis-ratelimit = { path = \"$repo\" }"
+mk oursmem "tower-redis-ratelimit = { path = \"$repo\", default-features = false }"
 mk governor 'tower_governor = "0.8"'
 mk trlredis 'tower-rate-limit-redis = "=1.0.2"'
 for round in 1 2; do
-  for app in base ours governor trlredis; do
+  for app in base ours oursmem governor trlredis; do
     rm -rf "$app/target"
     start=$(date +%s.%N)
     out=$(cd "$app" && cargo build --offline 2>&1)

@@ -7,6 +7,7 @@ use crate::headers::{PolicyItem, RuleEntry, SfName};
 
 /// The store's reader of a batch reply (`store/redis/reply.rs`), on `packed` for checks whose
 /// short forms have these lengths: `true` if it read one entry per check.
+#[cfg(feature = "redis")]
 pub fn read_batch_reply(packed: &[u8], short_lengths: &[usize]) -> bool {
     crate::store::redis::read_batch_reply_for_fuzzing(packed, short_lengths)
 }

@@ -124,7 +124,9 @@ pub use layer::RateLimitLayer;
 pub use policy::{Algorithm, Mode, OnStoreError, Policy, PolicyBuilder, PolicyError, Rule};
 pub use quota::Quota;
 pub use rate_limiter::{Admitted, Permit, RateLimiter, Refused};
-pub use store::{MemoryStore, RedisStore, Store, StoreError};
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
+pub use store::{MemoryStore, Store, StoreError};
 
 #[cfg(feature = "macros")]
 pub use tower_redis_ratelimit_macros::LimitPolicy;

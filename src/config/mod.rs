@@ -86,7 +86,9 @@ pub use watch::{ConfigWatcher, DEFAULT_POLL_INTERVAL};
 use crate::RateLimitLayer;
 use crate::client_ip::ForwardedHeader;
 use crate::policy::Policy;
-use crate::store::{RedisStore, Store, StoreError};
+#[cfg(feature = "redis")]
+use crate::store::RedisStore;
+use crate::store::{Store, StoreError};
 use store::RedisSettings;
 
 /// The key prefix when the file names none.
@@ -301,6 +303,7 @@ impl RateLimitConfig {
     /// The configured Redis store, as [`RateLimitConfig::open_store`] opens it, for what only a
     /// Redis store does ([`RedisStore::probe`] at start, say); `None` when the file names the
     /// memory store.
+    #[cfg(feature = "redis")]
     pub fn open_redis_store(&self) -> Result<Option<RedisStore>, StoreError> {
         self.store.open_redis(&self.redis)
     }

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use super::ConfigError;
 use super::file::{StoreConfig, StoreTable};
-use crate::store::{MemoryStore, RedisStore, Store, StoreError};
+#[cfg(feature = "redis")]
+use crate::store::RedisStore;
+use crate::store::{MemoryStore, Store, StoreError};
 
 /// Where a configuration's counts live, checked (every URL parsed) but not connected.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,13 +91,17 @@ impl StoreSpec {
 
     /// The store, not connected yet (a Redis that is down is a store failure per request).
     pub(super) fn open(&self, settings: &RedisSettings) -> Result<Arc<dyn Store>, StoreError> {
-        Ok(match self.open_redis(settings)? {
-            Some(store) => Arc::new(store),
-            None => Arc::new(MemoryStore::new()),
-        })
+        #[cfg(feature = "redis")]
+        if let Some(store) = self.open_redis(settings)? {
+            return Ok(Arc::new(store));
+        }
+        // (Without the `redis` feature, a Redis store is refused when the file is checked.)
+        let _ = settings;
+        Ok(Arc::new(MemoryStore::new()))
     }
 
     /// The Redis store, not connected yet; `None` for the memory store.
+    #[cfg(feature = "redis")]
     pub(super) fn open_redis(
         &self,
         settings: &RedisSettings,
@@ -158,12 +164,18 @@ const STORE_EXPECTED: &str = "expected \"memory\", a URL, or a table with cluste
 pub(super) fn check_store(store: &StoreConfig) -> Result<StoreSpec, ConfigError> {
     match store {
         StoreConfig::Named(text) if text == "memory" => Ok(StoreSpec::Memory),
+        #[cfg(feature = "redis")]
         StoreConfig::Named(url) if is_redis_url(url) => {
             // Checks the URL without connecting.
             RedisStore::from_url(url)
                 .map_err(|error| ConfigError::new("store", format!("{url:?}: {error}")))?;
             Ok(StoreSpec::Redis { url: url.clone() })
         }
+        #[cfg(not(feature = "redis"))]
+        StoreConfig::Named(url) if is_redis_url(url) => Err(ConfigError::new(
+            "store",
+            format!("{url:?} needs the crate feature \"redis\" (a default feature)"),
+        )),
         StoreConfig::Named(other) => Err(ConfigError::new(
             "store",
             format!(
@@ -268,6 +280,8 @@ fn check_urls(field: &str, items: &[String], what: &str) -> Result<Vec<String>, 
                 ),
             ));
         }
+        // (Without the `redis` feature, cluster and sentinel, which need it, are refused next.)
+        #[cfg(feature = "redis")]
         RedisStore::from_url(url)
             .map_err(|error| ConfigError::new(entry, format!("{url:?}: {error}")))?;
     }

@@ -21,15 +21,20 @@ use crate::policy::{Algorithm, Rule};
 
 pub(crate) mod gcra;
 mod memory;
+#[cfg(feature = "redis")]
 pub(crate) mod redis;
 
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[cfg(feature = "tls")]
 pub use self::redis::TlsOptions;
+#[cfg(feature = "redis")]
 pub use self::redis::{
-    BatchStats, DEFAULT_TIMEOUT, MINIMUM_VERSION, RedisStore, RedisVersion, ServerInfo, ServerMode,
-    ServerSoftware,
+    BatchStats, MINIMUM_VERSION, RedisStore, RedisVersion, ServerInfo, ServerMode, ServerSoftware,
 };
+
+/// How long a check of a networked store may take by default before it counts as a store
+/// failure (the Redis store's, and a config file's `[redis] timeout`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// One request to check: the key, the rules (all must pass), the algorithm and the request's cost,
 /// and what the policy asks for beyond plain counting (a reservation, a penalty block).
@@ -136,6 +141,7 @@ impl Call<'_> {
     }
 
     /// The call's number in the script's options (`lua/entry.lua`).
+    #[cfg(feature = "redis")]
     pub(crate) fn code(self) -> u64 {
         match self {
             Call::Check => 0,

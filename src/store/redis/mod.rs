@@ -68,8 +68,7 @@ pub use self::server::{MINIMUM_VERSION, RedisVersion, ServerInfo, ServerMode, Se
 #[cfg(feature = "tls")]
 pub use self::tls::TlsOptions;
 
-/// How long a check may take by default before it counts as a store failure.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+pub use super::DEFAULT_TIMEOUT;
 
 /// A [`Store`] in Redis. Cheap to clone; clones share the connection.
 ///
