@@ -79,8 +79,9 @@ impl RateLimiter {
     ///
     /// # Panics
     ///
-    /// When the store can't take the policy's keys in one call, as [`RateLimiter::try_new`]
-    /// reports (on Redis Cluster, a quota keyed apart from the policy's rules).
+    /// When the store can't take the policy, as [`RateLimiter::try_new`] reports (on Redis
+    /// Cluster, a quota keyed apart from the policy's rules; a store lacking an ability the
+    /// policy needs).
     pub fn new(policy: Policy, store: impl Store) -> Self {
         RateLimiter::try_new(policy, store).unwrap_or_else(|error| panic!("{error}"))
     }
@@ -90,7 +91,9 @@ impl RateLimiter {
     /// # Errors
     ///
     /// [`PolicyError::QuotaKeyedApart`] when the store needs every key of a check in one Redis
-    /// Cluster slot and the policy's quota is keyed apart from its rules.
+    /// Cluster slot and the policy's quota is keyed apart from its rules;
+    /// [`PolicyError::InvalidOption`] naming the option (`count_only`, `meter`, `prefetch`,
+    /// `max_in_flight`) when the store lacks an ability it needs ([`Store::abilities`]).
     pub fn try_new(policy: Policy, store: impl Store) -> Result<Self, PolicyError> {
         Ok(RateLimiter {
             limiter: Arc::new(Limiter::try_new(policy, Arc::new(store))?),

@@ -64,7 +64,9 @@ impl RateLimitLayer {
     /// Limits by `policy`, counting in `store`, or says why the store can't take the policy:
     /// [`PolicyError::QuotaKeyedApart`] when the store needs every key of a check in one Redis
     /// Cluster slot ([`Store::keys_share_one_slot`]) and the policy's quota is keyed apart from
-    /// its rules.
+    /// its rules; [`PolicyError::InvalidOption`] naming the option (`count_only`, `meter`,
+    /// `prefetch`, `max_in_flight`) when the store lacks an ability it needs
+    /// ([`Store::abilities`]).
     pub fn try_new(policy: Policy, store: impl Store) -> Result<Self, PolicyError> {
         Ok(RateLimitLayer {
             limiter: Arc::new(Limiter::try_new(policy, Arc::new(store))?),

@@ -49,7 +49,7 @@ use crate::limiter::top_refused::{
 use crate::policy::quota::QuotaLookup;
 use crate::policy::{Applied, Policy, PolicyError, StorageKey};
 use crate::response::{AnswerPlan, Protocol, TooManyRequests};
-use crate::store::{CheckRequest, QuotaRequest, Store};
+use crate::store::{Abilities, CheckRequest, QuotaRequest, Store};
 
 pub(crate) type RejectHandler = Arc<dyn Fn(&TooManyRequests) -> Response<Body> + Send + Sync>;
 
@@ -230,6 +230,7 @@ impl Limiter {
     /// A limiter of `policy` in `store`, unless the store can't take the policy's keys in one call
     /// (a quota keyed apart from the rules, on Redis Cluster).
     pub(crate) fn try_new(policy: Policy, store: Arc<dyn Store>) -> Result<Self, PolicyError> {
+        store_can_do(&policy, &*store)?;
         if store.keys_share_one_slot()
             && let Some(quota) = policy.quota()
             && !quota.key().same_identity_as(policy.key())
@@ -369,6 +370,50 @@ impl Limiter {
             .block_for(policy.block_for())
             .quota(quota)
             .concurrency(policy.concurrency())
+    }
+}
+
+/// Refuses `policy` when it needs an ability `store` lacks ([`Abilities`]), naming the option
+/// that needs it and the ability.
+pub(crate) fn store_can_do(policy: &Policy, store: &dyn Store) -> Result<(), PolicyError> {
+    let needs: [(bool, &'static str, Abilities, &'static str); 4] = [
+        (
+            policy.counts_only_some(),
+            "count_only",
+            Abilities::GIVE_BACK,
+            "gives a response's unit back after it: the store lacks give_back (Store::abilities)",
+        ),
+        (
+            policy.meter().is_some(),
+            "meter",
+            Abilities::GIVE_BACK.union(Abilities::OVERDRAW),
+            "settles each request's units after its response: the store lacks give_back or \
+             overdraw (Store::abilities)",
+        ),
+        (
+            policy.prefetch().is_some(),
+            "prefetch",
+            Abilities::GIVE_BACK,
+            "gives units taken ahead back: the store lacks give_back (Store::abilities)",
+        ),
+        (
+            policy.concurrency().is_some(),
+            "max_in_flight",
+            Abilities::RELEASE,
+            "frees a request's slot when it ends: the store lacks release (Store::abilities)",
+        ),
+    ];
+    let has = store.abilities();
+    match needs
+        .into_iter()
+        .find(|(needed, _, ability, _)| *needed && !has.contains(*ability))
+    {
+        Some((_, option, _, reason)) => Err(PolicyError::InvalidOption {
+            policy: policy.name().to_owned(),
+            option,
+            reason,
+        }),
+        None => Ok(()),
     }
 }
 

@@ -298,7 +298,9 @@ impl OutboundLayer {
 
     /// Limits by `policy`, counting in `store`; refuses a policy whose algorithm can't reserve a
     /// slot (only [`SlidingLog`](crate::Algorithm::SlidingLog) and
-    /// [`TokenBucket`](crate::Algorithm::TokenBucket) know the exact time a request fits).
+    /// [`TokenBucket`](crate::Algorithm::TokenBucket) know the exact time a request fits), and a
+    /// metered policy on a store that can't give back or overdraw ([`Store::abilities`]: a call
+    /// settles after its response).
     pub fn try_new(policy: Policy, store: impl Store) -> Result<Self, PolicyError> {
         if !policy.algorithm().can_reserve() {
             return Err(PolicyError::InvalidOption {
@@ -307,6 +309,11 @@ impl OutboundLayer {
                 reason: "outbound limiting waits for a reserved slot: it needs the sliding_log or \
                          token_bucket algorithm",
             });
+        }
+        // A metered call settles after its response (give_back, overdraw); a pause the upstream
+        // announces is asked for at run time, and logged if the store can't keep it.
+        if policy.meter().is_some() {
+            crate::limiter::store_can_do(&policy, &store)?;
         }
         let store: Arc<dyn Store> = Arc::new(store);
         let settling = Arc::default();

@@ -433,6 +433,7 @@ impl QuotaBuilder {
 
     /// Shortens the day, for tests that need to cross midnight on a real clock (Redis `TIME`):
     /// days of this length, aligned like real ones. Keep the default in production.
+    #[doc(hidden)]
     pub fn day_length_for_tests(mut self, day: Duration) -> Self {
         self.day = day;
         self

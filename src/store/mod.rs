@@ -32,6 +32,63 @@ pub use self::redis::{
     BatchStats, MINIMUM_VERSION, RedisStore, RedisVersion, ServerInfo, ServerMode, ServerSoftware,
 };
 
+/// What a store can do beyond [`Store::check`] ([`Store::abilities`]). A layer, a handle or an
+/// outbound layer refuses, when it is built, a policy that needs an ability its store lacks,
+/// naming it ([`PolicyError::InvalidOption`](crate::PolicyError::InvalidOption)), rather than
+/// failing each request: `count_only`, a meter and `prefetch` need [`GIVE_BACK`](Self::GIVE_BACK)
+/// (a meter [`OVERDRAW`](Self::OVERDRAW) too), `max_in_flight` needs [`RELEASE`](Self::RELEASE),
+/// a metered outbound layer needs both give-back and overdraw.
+///
+/// ```
+/// use tower_redis_ratelimit::store::Abilities;
+///
+/// let mine = Abilities::PEEK | Abilities::GIVE_BACK;
+/// assert!(mine.contains(Abilities::GIVE_BACK));
+/// assert!(!mine.contains(Abilities::GIVE_BACK | Abilities::OVERDRAW));
+/// assert!(Abilities::ALL.contains(mine));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Abilities(u8);
+
+impl Abilities {
+    /// None beyond `check`: what a store of your own has unless it says more.
+    pub const CHECK_ONLY: Abilities = Abilities(0);
+    /// [`Store::peek`].
+    pub const PEEK: Abilities = Abilities(1);
+    /// [`Store::refund`].
+    pub const REFUND: Abilities = Abilities(1 << 1);
+    /// [`Store::give_back`].
+    pub const GIVE_BACK: Abilities = Abilities(1 << 2);
+    /// [`Store::overdraw`].
+    pub const OVERDRAW: Abilities = Abilities(1 << 3);
+    /// [`Store::reset`].
+    pub const RESET: Abilities = Abilities(1 << 4);
+    /// [`Store::pause`] and [`Store::pause_left`].
+    pub const PAUSE: Abilities = Abilities(1 << 5);
+    /// [`Store::release`].
+    pub const RELEASE: Abilities = Abilities(1 << 6);
+    /// Every one: the crate's stores.
+    pub const ALL: Abilities = Abilities((1 << 7) - 1);
+
+    /// These and `other`'s (as `|`, in a `const`).
+    pub const fn union(self, other: Abilities) -> Abilities {
+        Abilities(self.0 | other.0)
+    }
+
+    /// Whether every ability of `other` is among these.
+    pub const fn contains(self, other: Abilities) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Abilities {
+    type Output = Abilities;
+
+    fn bitor(self, other: Abilities) -> Abilities {
+        Abilities(self.0 | other.0)
+    }
+}
+
 /// How long a check of a networked store may take by default before it counts as a store
 /// failure (the Redis store's, and a config file's `[redis] timeout`).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -470,6 +527,14 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// What the store can do beyond [`Store::check`]: the methods it implements. A layer refuses,
+    /// when it is built, a policy that needs one it lacks (see [`Abilities`]).
+    /// [`Abilities::CHECK_ONLY`] by default: a store of your own that implements `give_back`,
+    /// `release` or the others says so here.
+    fn abilities(&self) -> Abilities {
+        Abilities::CHECK_ONLY
+    }
+
     /// Whether the store keeps the claims of metered outbound calls waiting for room, so that
     /// calls asking later see the room less what earlier ones wait for (the crate's stores do).
     /// A store that doesn't answers the checks of waiting calls as any other check, and is never
@@ -613,6 +678,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn keeps_claims(&self) -> bool {
         (**self).keeps_claims()
+    }
+
+    fn abilities(&self) -> Abilities {
+        (**self).abilities()
     }
 
     fn name(&self) -> &'static str {

@@ -10,7 +10,7 @@ use common::{DownStore, app, request_from, send};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_redis_ratelimit::outbound::OutboundLayer;
-use tower_redis_ratelimit::store::{CheckFuture, CheckRequest};
+use tower_redis_ratelimit::store::{Abilities, CheckFuture, CheckRequest};
 use tower_redis_ratelimit::{
     Algorithm, Key, MemoryStore, Policy, RateLimitLayer, Rule, Store, policy::Override,
 };
@@ -133,14 +133,19 @@ async fn each_check_has_a_span_with_its_policy_outcome_and_store_latency() {
     );
 }
 
-/// A memory store that can't release a concurrency slot (a store of one's own that never said
-/// how: the trait's default refuses with a `Config` error), so every admitted request fails once
-/// its response is done.
+/// A memory store that says it releases concurrency slots but can't (a store of one's own whose
+/// release is broken: the trait's default refuses with a `Config` error), so every admitted
+/// request fails once its response is done. (One that doesn't say so is refused when the layer
+/// is built: `a_store_lacking_an_ability_a_policy_needs_is_refused_when_built`.)
 struct NoRelease(MemoryStore);
 
 impl Store for NoRelease {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
         self.0.check(request)
+    }
+
+    fn abilities(&self) -> Abilities {
+        Abilities::RELEASE
     }
 }
 
@@ -344,4 +349,97 @@ async fn a_key_that_falls_back_to_the_client_ip_is_said_once_with_the_likely_cau
         );
     }
     assert!(captured.lines_with("right-order").is_empty());
+}
+
+/// A store of one's own that implements only `check` (and says no more).
+struct OnlyChecks(MemoryStore);
+
+impl Store for OnlyChecks {
+    fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
+        self.0.check(request)
+    }
+}
+
+/// Issue 60: a policy that needs what a store can't do is refused when the layer, the handle or
+/// the outbound layer is built, naming the option and the ability, rather than failing each
+/// request; a plain policy is taken.
+#[test]
+fn a_store_lacking_an_ability_a_policy_needs_is_refused_when_built() {
+    use tower_redis_ratelimit::meter::Meter;
+    use tower_redis_ratelimit::{PolicyError, RateLimiter};
+    let plain = || Policy::builder("needs").rule(Rule::per_minute(10));
+    let cases = [
+        (
+            plain().count_only(|status| status.is_client_error()),
+            "count_only",
+            "give_back",
+        ),
+        (
+            Policy::builder("needs")
+                .rule(Rule::per_minute(1_000).metered())
+                .meter(Meter::new("tokens")),
+            "meter",
+            "give_back",
+        ),
+        (
+            plain().max_in_flight(2).lease(Duration::from_secs(30)),
+            "max_in_flight",
+            "release",
+        ),
+        (
+            plain().algorithm(Algorithm::FixedWindow).prefetch(10),
+            "prefetch",
+            "give_back",
+        ),
+    ];
+    for (builder, option, ability) in cases {
+        let policy = builder.build().unwrap();
+        let refusals = [
+            RateLimitLayer::try_new(policy.clone(), OnlyChecks(MemoryStore::new())).err(),
+            RateLimiter::try_new(policy.clone(), OnlyChecks(MemoryStore::new())).err(),
+        ];
+        for refused in refusals {
+            match refused {
+                Some(PolicyError::InvalidOption {
+                    option: named,
+                    reason,
+                    ..
+                }) => {
+                    assert_eq!(named, option);
+                    assert!(reason.contains(ability), "{option}: {reason}");
+                }
+                other => panic!("{option}: {other:?}"),
+            }
+        }
+        // The crate's store has every ability.
+        assert!(RateLimitLayer::try_new(policy, MemoryStore::new()).is_ok());
+    }
+    assert!(
+        RateLimitLayer::try_new(plain().build().unwrap(), OnlyChecks(MemoryStore::new())).is_ok()
+    );
+    assert!(RateLimiter::try_new(plain().build().unwrap(), OnlyChecks(MemoryStore::new())).is_ok());
+    // Outbound: metered needs give_back and overdraw; plain is taken (a pause the upstream
+    // announces is asked for at run time, and logged if the store can't keep it).
+    let outbound = |metered: bool| {
+        let rule = Rule::per_minute(1_000);
+        let builder = Policy::builder("vendor").algorithm(Algorithm::SlidingLog);
+        let policy = if metered {
+            builder.rule(rule.metered()).meter(Meter::new("tokens"))
+        } else {
+            builder.rule(rule)
+        };
+        OutboundLayer::try_new(policy.build().unwrap(), OnlyChecks(MemoryStore::new())).err()
+    };
+    assert!(
+        matches!(
+            outbound(true),
+            Some(PolicyError::InvalidOption {
+                option: "meter",
+                ..
+            })
+        ),
+        "{:?}",
+        outbound(true)
+    );
+    assert!(outbound(false).is_none());
 }

@@ -698,30 +698,52 @@ async fn a_call_that_gives_up_withdraws_its_claim() {
     }
 }
 
-/// A store of the app's own that only checks: it knows nothing of claims, so a waiting call's
-/// checks are plain checks there, and a call that gives up sends it nothing more (a withdrawal
-/// would be a check of its units, charged if there were room by then).
+/// A store of the app's own that checks, gives back and overdraws (what a metered outbound layer
+/// needs) but knows nothing of claims: a waiting call's checks are plain checks there, and a call
+/// that gives up sends it nothing more (a withdrawal would be a check of its units, charged if
+/// there were room by then).
 struct CheckOnly(MemoryStore);
 
-impl Store for CheckOnly {
-    fn check(
-        &self,
-        request: &tower_redis_ratelimit::store::CheckRequest<'_>,
-    ) -> tower_redis_ratelimit::store::CheckFuture {
-        // Rebuilt from what a store of the app's own sees of a request.
-        let own = tower_redis_ratelimit::store::CheckRequest::new(
-            request.key,
-            request.rules,
-            request.algorithm,
-        )
+/// `request` as a store of the app's own sees it: rebuilt from its public fields.
+fn own_request<'a>(
+    request: &tower_redis_ratelimit::store::CheckRequest<'a>,
+) -> tower_redis_ratelimit::store::CheckRequest<'a> {
+    tower_redis_ratelimit::store::CheckRequest::new(request.key, request.rules, request.algorithm)
         .identity(request.identity)
         .cost(request.cost)
         .units(request.units)
         .max_delay(request.max_delay)
         .block_for(request.block_for)
         .quota(request.quota)
-        .concurrency(request.concurrency);
-        self.0.check(&own)
+        .concurrency(request.concurrency)
+}
+
+impl Store for CheckOnly {
+    fn check(
+        &self,
+        request: &tower_redis_ratelimit::store::CheckRequest<'_>,
+    ) -> tower_redis_ratelimit::store::CheckFuture {
+        self.0.check(&own_request(request))
+    }
+
+    fn give_back(
+        &self,
+        request: &tower_redis_ratelimit::store::CheckRequest<'_>,
+        charged: &tower_redis_ratelimit::Decision,
+    ) -> tower_redis_ratelimit::store::CheckFuture {
+        self.0.give_back(&own_request(request), charged)
+    }
+
+    fn overdraw(
+        &self,
+        request: &tower_redis_ratelimit::store::CheckRequest<'_>,
+    ) -> tower_redis_ratelimit::store::CheckFuture {
+        self.0.overdraw(&own_request(request))
+    }
+
+    fn abilities(&self) -> tower_redis_ratelimit::store::Abilities {
+        use tower_redis_ratelimit::store::Abilities;
+        Abilities::GIVE_BACK | Abilities::OVERDRAW
     }
 }
 

@@ -272,6 +272,10 @@ impl Store for MemoryStore {
         true
     }
 
+    fn abilities(&self) -> crate::store::Abilities {
+        crate::store::Abilities::ALL
+    }
+
     fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
         self.forget(request);
         // Units held ahead by every limiter over this store go too, before `reset` returns.

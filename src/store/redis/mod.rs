@@ -225,6 +225,10 @@ impl Store for RedisStore {
         true
     }
 
+    fn abilities(&self) -> crate::store::Abilities {
+        crate::store::Abilities::ALL
+    }
+
     fn name(&self) -> &'static str {
         "redis"
     }

@@ -56,4 +56,23 @@ impl<S: Store> Store for Recording<S> {
     fn is_remote(&self) -> bool {
         self.store.is_remote()
     }
+
+    fn abilities(&self) -> tower_redis_ratelimit::store::Abilities {
+        use tower_redis_ratelimit::store::Abilities;
+        // What it forwards of the store's.
+        let forwarded =
+            Abilities::PEEK | Abilities::REFUND | Abilities::GIVE_BACK | Abilities::RESET;
+        let mut abilities = Abilities::CHECK_ONLY;
+        for ability in [
+            Abilities::PEEK,
+            Abilities::REFUND,
+            Abilities::GIVE_BACK,
+            Abilities::RESET,
+        ] {
+            if self.store.abilities().contains(ability) && forwarded.contains(ability) {
+                abilities = abilities | ability;
+            }
+        }
+        abilities
+    }
 }
