@@ -57,7 +57,7 @@ impl WaitingTurn {
             return self.limiter.store().check(&request);
         }
         self.held = true;
-        // (Below 2^53, so the script's numbers hold it exactly: a wait of 285 000 years.)
+        // (Below 2^53, so the script's numbers hold it exactly: a wait of 143 000 years.)
         let lasting_ms = u64::try_from(left.as_millis())
             .unwrap_or(u64::MAX)
             .clamp(1, LONGEST_CLAIM_MS);
