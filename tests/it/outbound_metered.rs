@@ -128,6 +128,22 @@ fn stores(redis: &TestRedis) -> Vec<(&'static str, [Arc<dyn Store>; 2])> {
     ]
 }
 
+/// A client whose calls go through `layer` to an upstream that answers 200 at once.
+fn answered_at_once(layer: OutboundLayer) -> Client {
+    tower::util::BoxCloneSyncService::new(ServiceBuilder::new().layer(layer).service(service_fn(
+        |_: Request<String>| async { Ok::<_, BoxError>(Response::new(String::new())) },
+    )))
+}
+
+/// A call estimated at `units`.
+fn estimated(units: u64) -> Request<String> {
+    let mut request = Request::post("http://llm.example/v1")
+        .body(String::new())
+        .unwrap();
+    request.extensions_mut().insert(Estimate(units));
+    request
+}
+
 /// Two instances, three calls in flight each, under one limit of 1 000 tokens per 2 s that the
 /// stand-in enforces too: each reserves 400 and uses 50 to 400, settled as it answers. The
 /// stand-in never refuses, so no window of it ever saw more than 1 000.
@@ -569,23 +585,13 @@ async fn a_large_call_is_not_starved_by_small_ones() {
             let prefix = unique_prefix("starved");
             let policy = metered(&prefix, 1_000, Duration::from_secs(1), 1);
             let layer = |store: Arc<dyn Store>| {
-                let layer = OutboundLayer::new(policy.clone(), store)
-                    .max_wait(Duration::from_secs(5))
-                    .margin(Duration::ZERO);
-                ServiceBuilder::new()
-                    .layer(layer)
-                    .service(service_fn(|_: Request<String>| async {
-                        Ok::<_, BoxError>(Response::new(String::new()))
-                    }))
+                answered_at_once(
+                    OutboundLayer::new(policy.clone(), store)
+                        .max_wait(Duration::from_secs(5))
+                        .margin(Duration::ZERO),
+                )
             };
             let clients = [layer(first.clone()), layer(second.clone())];
-            let request = |units: u64| {
-                let mut request = Request::post("http://llm.example/v1")
-                    .body(String::new())
-                    .unwrap();
-                request.extensions_mut().insert(Estimate(units));
-                request
-            };
             let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let small_sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
             let mut small = Vec::new();
@@ -594,7 +600,7 @@ async fn a_large_call_is_not_starved_by_small_ones() {
                 let (done, small_sent) = (done.clone(), small_sent.clone());
                 small.push(tokio::spawn(async move {
                     while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                        let sent = client.ready().await.unwrap().call(request(100)).await;
+                        let sent = client.ready().await.unwrap().call(estimated(100)).await;
                         match sent {
                             // Nothing recorded: the call settles at its estimate.
                             Ok(_) => {
@@ -614,7 +620,7 @@ async fn a_large_call_is_not_starved_by_small_ones() {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let mut client = clients[round % 2].clone();
             let asked = Instant::now();
-            let large = client.ready().await.unwrap().call(request(900)).await;
+            let large = client.ready().await.unwrap().call(estimated(900)).await;
             let waited = asked.elapsed();
             done.store(true, std::sync::atomic::Ordering::Relaxed);
             for caller in small {
@@ -659,22 +665,11 @@ async fn a_call_that_gives_up_withdraws_its_claim() {
             Duration::from_secs(10),
             1,
         );
-        let client = |max_wait: Duration| {
-            ServiceBuilder::new()
-                .layer(OutboundLayer::new(policy.clone(), store.clone()).max_wait(max_wait))
-                .service(service_fn(|_: Request<String>| async {
-                    Ok::<_, BoxError>(Response::new(String::new()))
-                }))
-        };
         let call = |units: u64, max_wait: Duration| {
-            let mut client = client(max_wait);
-            async move {
-                let mut request = Request::post("http://llm.example/v1")
-                    .body(String::new())
-                    .unwrap();
-                request.extensions_mut().insert(Estimate(units));
-                client.ready().await.unwrap().call(request).await
-            }
+            let mut client = answered_at_once(
+                OutboundLayer::new(policy.clone(), store.clone()).max_wait(max_wait),
+            );
+            async move { client.ready().await.unwrap().call(estimated(units)).await }
         };
         call(500, Duration::ZERO).await.unwrap();
         let gave_up = call(900, Duration::from_millis(200)).await;
@@ -762,37 +757,26 @@ async fn a_dropped_waiting_call_charges_nothing_on_a_store_without_claims() {
         1,
     );
     let client = |max_wait: Duration| {
-        ServiceBuilder::new()
-            .layer(OutboundLayer::new(policy.clone(), store.clone()).max_wait(max_wait))
-            .service(service_fn(|_: Request<String>| async {
-                Ok::<_, BoxError>(Response::new(String::new()))
-            }))
-    };
-    let request = |units: u64| {
-        let mut request = Request::post("http://llm.example/v1")
-            .body(String::new())
-            .unwrap();
-        request.extensions_mut().insert(Estimate(units));
-        request
+        answered_at_once(OutboundLayer::new(policy.clone(), store.clone()).max_wait(max_wait))
     };
     let mut sender = client(Duration::ZERO);
     sender
         .ready()
         .await
         .unwrap()
-        .call(request(800))
+        .call(estimated(800))
         .await
         .unwrap();
     let mut waiter = client(Duration::from_secs(30));
     let waiting = tokio::spawn(async move {
-        let _ = waiter.ready().await.unwrap().call(request(500)).await;
+        let _ = waiter.ready().await.unwrap().call(estimated(500)).await;
     });
     // Refused, it sleeps; the store's second ends meanwhile, and the call is dropped.
     tokio::time::sleep(Duration::from_millis(100)).await;
     clock.advance(Duration::from_secs(2));
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
-    let whole = sender.ready().await.unwrap().call(request(1_000)).await;
+    let whole = sender.ready().await.unwrap().call(estimated(1_000)).await;
     assert!(whole.is_ok(), "the dropped call charged: {:?}", whole.err());
 }
 
@@ -806,26 +790,16 @@ fn a_waiting_call_dropped_without_a_runtime_leaves_its_claim_to_expire() {
     let policy = metered(&prefix, 1_000, Duration::from_secs(10), 1);
     let call = runtime.block_on(async {
         let store = RedisStore::from_url(&redis.url).unwrap();
-        let mut client = ServiceBuilder::new()
-            .layer(OutboundLayer::new(policy, store).max_wait(Duration::from_secs(30)))
-            .service(service_fn(|_: Request<String>| async {
-                Ok::<_, BoxError>(Response::new(String::new()))
-            }));
-        let request = |units: u64| {
-            let mut request = Request::post("http://llm.example/v1")
-                .body(String::new())
-                .unwrap();
-            request.extensions_mut().insert(Estimate(units));
-            request
-        };
+        let mut client =
+            answered_at_once(OutboundLayer::new(policy, store).max_wait(Duration::from_secs(30)));
         client
             .ready()
             .await
             .unwrap()
-            .call(request(900))
+            .call(estimated(900))
             .await
             .unwrap();
-        let mut call = Box::pin(client.ready().await.unwrap().call(request(500)));
+        let mut call = Box::pin(client.ready().await.unwrap().call(estimated(500)));
         // Refused, it leaves its claim and sleeps.
         let waited = tokio::time::timeout(Duration::from_millis(300), &mut call).await;
         assert!(waited.is_err(), "a call of 500 went past 900 of 1 000");
