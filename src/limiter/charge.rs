@@ -2,11 +2,8 @@
 //! windows that were charged and nowhere else: under a `count_only` policy when its response
 //! turns out not to count, and by [`Admitted::refund`](crate::Admitted::refund).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, Waker};
 
 use http::StatusCode;
 use tokio::sync::Notify;
@@ -116,34 +113,16 @@ impl Charge {
         );
     }
 
-    /// Waits for the store's `call` on this charge, at once with an in-process store, in a task
-    /// of its own with a networked one (the response doesn't wait); then forgets a refusal
-    /// cached for the key, or logs what failed (`failed`).
-    pub(super) fn finish(self, mut call: CheckFuture, failed: &'static str) {
-        // Polled once here, so a networked store sends it now, ahead of the requests after it.
-        let ready = match call.take_ready() {
-            Some(result) => Some(result),
-            None => match Pin::new(&mut call).poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(result) => Some(result),
-                Poll::Pending => None,
-            },
-        };
-        match ready {
-            Some(result) => self.given_back(result, failed),
-            None => {
-                // Without a runtime (a test's teardown) the units just count.
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let in_flight = self.limiter.settling.clone().map(InFlight::new);
-                    runtime.spawn(async move {
-                        let result = call.await;
-                        self.given_back(result, failed);
-                        // Landed (or, dropped with the task, given up): said after the store's
-                        // answer is applied.
-                        drop(in_flight);
-                    });
-                }
-            }
-        }
+    /// Hands the store's `call` on this charge its answer's use, without the response waiting
+    /// (see [`CheckFuture::then`]): then forgets a refusal cached for the key, or logs what
+    /// failed (`failed`).
+    pub(super) fn finish(self, call: CheckFuture, failed: &'static str) {
+        let in_flight = self.limiter.settling.clone().map(InFlight::new);
+        call.then(move |result| {
+            self.given_back(result, failed);
+            // Landed (or, dropped unrun, given up): said after the store's answer is applied.
+            drop(in_flight);
+        });
     }
 
     /// The limiter that charged.

@@ -6,12 +6,10 @@
 //! of rules. Stores know nothing of HTTP.
 
 use std::error::Error as StdError;
-use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::decision::Decision;
@@ -19,11 +17,14 @@ use crate::policy::ConcurrencyLimit;
 use crate::policy::quota::QuotaThreshold;
 use crate::policy::{Algorithm, Rule};
 
+mod check_future;
 pub(crate) mod gcra;
 mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
+pub use self::check_future::CheckFuture;
+pub(crate) use self::check_future::{Answered, Deferred};
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[cfg(feature = "tls")]
 pub use self::redis::TlsOptions;
@@ -640,6 +641,27 @@ pub trait Store: Send + Sync + 'static {
         )))))
     }
 
+    /// Releases as [`Store::release`] does, without the caller waiting: `released` gets the
+    /// answer, run wherever the store reads it (the crate's Redis store: from the task that sends
+    /// the batch the release rides). The default polls [`Store::release`] once, then waits for it
+    /// in a task of its own; without a runtime (a test's teardown) it gives up, and the lease
+    /// expires.
+    #[doc(hidden)]
+    fn release_then(&self, request: &CheckRequest<'_>, lease: u64, released: Released) {
+        let mut release = self.release(request, lease);
+        match release
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+        {
+            std::task::Poll::Ready(result) => released(result),
+            std::task::Poll::Pending => {
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move { released(release.await) });
+                }
+            }
+        }
+    }
+
     /// The store's name in the crate's metrics (the `store` label): `memory`, `redis`, or, unless
     /// a store of your own says otherwise, `custom`.
     fn name(&self) -> &'static str {
@@ -707,6 +729,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
         (**self).release(request, lease)
     }
+
+    fn release_then(&self, request: &CheckRequest<'_>, lease: u64, released: Released) {
+        (**self).release_then(request, lease, released);
+    }
 }
 
 /// Hears of the keys reset on a store by any instance sharing it ([`Store::watch_resets`]).
@@ -743,68 +769,14 @@ impl ResetWatch {
 /// What [`Store::reset`], [`Store::pause`] and [`Store::release`] return: done, or why not.
 pub type ActionFuture = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 'static>>;
 
+/// What [`Store::release_then`] does with a release's answer.
+#[doc(hidden)]
+pub type Released = Box<dyn FnOnce(Result<(), StoreError>) + Send + 'static>;
+
 /// What [`Store::pause_left`] returns: the time a pause has left (`None`: not paused), or why it
 /// could not be read.
 pub type PauseFuture =
     Pin<Box<dyn Future<Output = Result<Option<Duration>, StoreError>> + Send + 'static>>;
-
-type BoxedCheck = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
-
-/// The answer of [`Store::check`]: either already known or still on its way.
-#[must_use = "futures do nothing unless polled"]
-pub struct CheckFuture(CheckState);
-
-enum CheckState {
-    Ready(Option<Result<Decision, StoreError>>),
-    Pending(BoxedCheck),
-}
-
-impl CheckFuture {
-    /// An answer known at once (in-process stores).
-    pub fn ready(result: Result<Decision, StoreError>) -> Self {
-        CheckFuture(CheckState::Ready(Some(result)))
-    }
-
-    /// An answer that still has to be waited for (networked stores).
-    pub fn from_future<F>(future: F) -> Self
-    where
-        F: Future<Output = Result<Decision, StoreError>> + Send + 'static,
-    {
-        CheckFuture(CheckState::Pending(Box::pin(future)))
-    }
-
-    /// Takes the answer if it is already known, so callers can skip a suspension point.
-    pub fn take_ready(&mut self) -> Option<Result<Decision, StoreError>> {
-        match &mut self.0 {
-            CheckState::Ready(result) => result.take(),
-            CheckState::Pending(_) => None,
-        }
-    }
-}
-
-impl Future for CheckFuture {
-    type Output = Result<Decision, StoreError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.0 {
-            CheckState::Ready(result) => Poll::Ready(
-                result
-                    .take()
-                    .expect("CheckFuture polled after it completed"),
-            ),
-            CheckState::Pending(future) => future.as_mut().poll(cx),
-        }
-    }
-}
-
-impl fmt::Debug for CheckFuture {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            CheckState::Ready(_) => f.write_str("CheckFuture::Ready"),
-            CheckState::Pending(_) => f.write_str("CheckFuture::Pending"),
-        }
-    }
-}
 
 /// Why a store could not answer. Never a rate limit: the policy's
 /// [`OnStoreError`](crate::OnStoreError) decides what the request gets.

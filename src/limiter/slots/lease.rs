@@ -2,7 +2,6 @@
 //! it until it is done: `holding_body.rs`).
 
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use super::SlotQueues;
 use crate::limiter::store_error_log::StoreErrorLog;
@@ -72,33 +71,17 @@ impl Drop for Lease {
         if self.released {
             return;
         }
-        let policy = &self.policy;
-        let mut release = self.store.release(&self.request(), self.id);
-        // An in-process store is done at once; a networked one finishes in a task of its own.
-        // Without a runtime (a test's teardown) the lease just expires.
-        match release
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-        {
-            Poll::Ready(result) => released(
-                &result,
-                policy,
-                &self.key,
-                self.waiting.as_deref(),
-                &self.errors,
-            ),
-            Poll::Pending => {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let policy = policy.clone();
-                    let key = self.key.clone();
-                    let waiting = self.waiting.take();
-                    let errors = self.errors.clone();
-                    runtime.spawn(async move {
-                        released(&release.await, &policy, &key, waiting.as_deref(), &errors);
-                    });
-                }
-            }
-        }
+        // An in-process store is done at once; a networked one answers when the release has
+        // landed. Without a runtime (a test's teardown) the lease just expires.
+        let (policy, key) = (self.policy.clone(), self.key.clone());
+        let (waiting, errors) = (self.waiting.take(), self.errors.clone());
+        self.store.release_then(
+            &self.request(),
+            self.id,
+            Box::new(move |result| {
+                released(&result, &policy, &key, waiting.as_deref(), &errors);
+            }),
+        );
     }
 }
 

@@ -16,6 +16,8 @@
 //! doesn't, so Redis's cost per check decides.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -26,7 +28,7 @@ use tokio::time::Instant;
 use super::Shared;
 use super::command::PackedCheck;
 use crate::decision::Decision;
-use crate::store::StoreError;
+use crate::store::{Answered, Deferred, StoreError};
 
 /// At most this many checks go in one script call.
 const MAX_CHECKS: usize = 128;
@@ -50,7 +52,33 @@ pub(super) struct Member {
 /// A queued check and where its decision goes.
 struct Waiter {
     member: Member,
-    decision: oneshot::Sender<Result<Decision, StoreError>>,
+    decision: Reply,
+}
+
+/// Where a queued check's decision goes: to the request waiting for it, or, for a call nobody
+/// waits for (a give-back, a settle, a release), into what is done with it, run by the task
+/// that sends the batch (no task, channel or wake-up of its own).
+enum Reply {
+    Waiting(oneshot::Sender<Result<Decision, StoreError>>),
+    Then(Answered),
+}
+
+impl Reply {
+    fn send(self, decision: Result<Decision, StoreError>) {
+        match self {
+            // A check that stopped waiting doesn't want its decision.
+            Reply::Waiting(sender) => drop(sender.send(decision)),
+            Reply::Then(answered) => answered(decision),
+        }
+    }
+
+    /// Whether nobody wants the decision any more (a request dropped while it waited).
+    fn is_closed(&self) -> bool {
+        match self {
+            Reply::Waiting(sender) => sender.is_closed(),
+            Reply::Then(_) => false,
+        }
+    }
 }
 
 /// The queue of one store's connection, and how its batches went.
@@ -121,8 +149,7 @@ impl Batcher {
             if waiter.decision.is_closed() || waiter.member.deadline <= now {
                 let waiter = queue.waiting.pop_front().expect("the front waiter");
                 let timeout = StoreError::Timeout(waiter.member.timeout);
-                // A check that stopped waiting doesn't want its answer.
-                let _ = waiter.decision.send(Err(timeout));
+                waiter.decision.send(Err(timeout));
                 continue;
             }
             let (more_keys, more_bytes) =
@@ -186,7 +213,7 @@ impl Shared {
                     .is_some_and(|in_flight| in_flight <= deadline);
                 queue.waiting.push_back(Waiter {
                     member,
-                    decision: sender,
+                    decision: Reply::Waiting(sender),
                 });
                 Ok((receiver, answered_in_time))
             } else {
@@ -212,23 +239,50 @@ impl Shared {
             Err(member) => {
                 // Whether this call completes or its request is dropped, the queue goes on.
                 let _hand_over = HandOver(self);
-                self.call_alone(&member).await
+                // Boxed: a script call's future is about 2.5 KB, which every queued check's
+                // future would otherwise carry, and copy, for nothing.
+                Box::pin(self.call_alone(&member)).await
             }
         }
+    }
+
+    /// Sends `member` through the group commit, its decision handed to `answered` by the task that
+    /// sends its batch: queued behind the call in flight, or, when none is, sent at once from a
+    /// task of its own, which then sends what queues meanwhile. Without a runtime to start that
+    /// task from, nothing is sent.
+    pub(super) fn send_then(self: &Arc<Self>, member: Member, answered: Answered) {
+        let deadline = member.deadline;
+        let waiter = Waiter {
+            member,
+            decision: Reply::Then(answered),
+        };
+        let runtime = {
+            let mut queue = self.batcher.lock();
+            if queue.in_flight >= MAX_IN_FLIGHT {
+                queue.waiting.push_back(waiter);
+                return;
+            }
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            queue.in_flight += 1;
+            queue.in_flight_deadline = Some(deadline);
+            runtime
+        };
+        runtime.spawn(self.clone().send_batches(vec![waiter], deadline));
     }
 
     /// Sends batches until the queue is empty.
     async fn send_batches(self: Arc<Self>, mut batch: Vec<Waiter>, mut deadline: Instant) {
         let abandoned = Abandon(&self);
         loop {
-            let (members, senders): (Vec<Member>, Vec<_>) = batch
+            let (members, replies): (Vec<Member>, Vec<_>) = batch
                 .into_iter()
                 .map(|waiter| (waiter.member, waiter.decision))
                 .unzip();
             let decisions = self.call(&members, deadline).await;
-            for (sender, decision) in senders.into_iter().zip(decisions) {
-                // A check that stopped waiting doesn't want its decision.
-                let _ = sender.send(decision);
+            for (reply, decision) in replies.into_iter().zip(decisions) {
+                reply.send(decision);
             }
             match self.batcher.next_batch() {
                 Some((next, next_deadline)) => (batch, deadline) = (next, next_deadline),
@@ -236,6 +290,27 @@ impl Shared {
             }
         }
         std::mem::forget(abandoned);
+    }
+}
+
+/// A call of the group commit not sent yet (see [`Deferred`]): a give-back, an overdraw, a
+/// release.
+pub(super) struct Batched {
+    pub(super) shared: Arc<Shared>,
+    pub(super) member: Member,
+}
+
+impl Deferred for Batched {
+    fn into_future(
+        self: Box<Self>,
+    ) -> Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>> {
+        let Batched { shared, member } = *self;
+        Box::pin(async move { shared.check_batched(member).await })
+    }
+
+    fn send_then(self: Box<Self>, answered: Answered) {
+        let Batched { shared, member } = *self;
+        shared.send_then(member, answered);
     }
 }
 

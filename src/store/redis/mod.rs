@@ -24,7 +24,7 @@ use std::time::Duration;
 use ::redis::{ErrorKind, Script, Value};
 use tokio::time::Instant;
 
-use self::batch::{Batcher, Member};
+use self::batch::{Batched, Batcher, Member};
 use self::client::ServerCheck;
 use self::command::PackedCheck;
 use self::connection::{Connection, Connector};
@@ -32,8 +32,8 @@ use self::error::store_error;
 use self::script::{LIBRARY, PAUSE, PAUSE_LEFT, RESET, block_key, evalsha};
 use self::topology::Target;
 use super::{
-    ActionFuture, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
-    StoreError,
+    ActionFuture, CheckFuture, CheckRequest, PauseFuture, Released, ResetListener, ResetWatch,
+    Store, StoreError,
 };
 use crate::decision::Decision;
 
@@ -182,35 +182,15 @@ impl Store for RedisStore {
     }
 
     fn give_back(&self, request: &CheckRequest<'_>, charged: &Decision) -> CheckFuture {
-        self.check(&request.giving_back(charged))
+        self.call(&request.giving_back(charged), Sent::WhenAsked)
     }
 
     fn overdraw(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        self.check(&request.overdrawing())
+        self.call(&request.overdrawing(), Sent::WhenAsked)
     }
 
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
-        if self.shared.connector.is_cluster()
-            && let Some(quota) = request.quota
-            && quota.identity != request.identity
-        {
-            // Layers refuse such policies when they are built; a hand-made request gets this
-            // rather than Redis's CROSSSLOT.
-            return CheckFuture::ready(Err(StoreError::Config(format!(
-                "on Redis Cluster a quota must be keyed like its rules (one hash slot): \
-                 {:?} and {:?} differ",
-                request.identity, quota.identity
-            ))));
-        }
-        // Everything that needs the request is done here, before the future: the future then owns
-        // one packed check and a few words, not the request's borrows.
-        let member = self.member(request);
-        let shared = self.shared.clone();
-        if shared.connector.is_cluster() {
-            // A batch would need all its keys in one slot: a cluster's checks go one per call.
-            return CheckFuture::from_future(async move { shared.call_alone(&member).await });
-        }
-        CheckFuture::from_future(async move { shared.check_batched(member).await })
+        self.call(request, Sent::Now)
     }
 
     fn keys_share_one_slot(&self) -> bool {
@@ -312,23 +292,24 @@ impl Store for RedisStore {
     }
 
     fn release(&self, request: &CheckRequest<'_>, lease: u64) -> ActionFuture {
-        if request.concurrency.is_none() {
-            return Box::pin(std::future::ready(Err(StoreError::Config(
-                "a release needs the request's concurrency limit".into(),
-            ))));
-        }
-        // An entry of a batch, as a check is: it group-commits with them.
-        let member = self.member_of(PackedCheck::release(request, lease));
-        let shared = self.shared.clone();
-        Box::pin(async move {
-            let released = if shared.connector.is_cluster() {
-                shared.call_alone(&member).await
-            } else {
-                shared.check_batched(member).await
-            };
-            released.map(drop)
-        })
+        let release = self.release_call(request, lease);
+        Box::pin(async move { release.await.map(drop) })
     }
+
+    fn release_then(&self, request: &CheckRequest<'_>, lease: u64, released: Released) {
+        self.release_call(request, lease)
+            .then(move |result| released(result.map(drop)));
+    }
+}
+
+/// When a call of the store is sent.
+enum Sent {
+    /// At once (its future is polled at once: a check).
+    Now,
+    /// When its future is first polled, or with [`CheckFuture::then`]: a call whose answer nobody
+    /// may wait for (a give-back, an overdraw, a release), which then rides a batch with no task
+    /// of its own.
+    WhenAsked,
 }
 
 impl RedisStore {
@@ -337,6 +318,54 @@ impl RedisStore {
     /// own.
     pub fn batch_stats(&self) -> BatchStats {
         self.shared.batcher.stats()
+    }
+
+    /// The store's call of `request`: a script call of its own on a cluster (a batch would need
+    /// all its keys in one slot), else an entry of the group commit, sent as `sent` says.
+    fn call(&self, request: &CheckRequest<'_>, sent: Sent) -> CheckFuture {
+        if self.shared.connector.is_cluster()
+            && let Some(quota) = request.quota
+            && quota.identity != request.identity
+        {
+            // Layers refuse such policies when they are built; a hand-made request gets this
+            // rather than Redis's CROSSSLOT.
+            return CheckFuture::ready(Err(StoreError::Config(format!(
+                "on Redis Cluster a quota must be keyed like its rules (one hash slot): \
+                 {:?} and {:?} differ",
+                request.identity, quota.identity
+            ))));
+        }
+        // Everything that needs the request is done here, before the future: the future then owns
+        // one packed check and a few words, not the request's borrows.
+        self.call_of(self.member(request), sent)
+    }
+
+    /// The call of `member` (see [`RedisStore::call`]).
+    fn call_of(&self, member: Member, sent: Sent) -> CheckFuture {
+        let shared = self.shared.clone();
+        if shared.connector.is_cluster() {
+            return CheckFuture::from_future(async move { shared.call_alone(&member).await });
+        }
+        match sent {
+            Sent::Now => {
+                CheckFuture::from_future(async move { shared.check_batched(member).await })
+            }
+            Sent::WhenAsked => CheckFuture::deferred(Box::new(Batched { shared, member })),
+        }
+    }
+
+    /// The release of `lease` under `request`'s concurrency limit: an entry of a batch, as a
+    /// check is.
+    fn release_call(&self, request: &CheckRequest<'_>, lease: u64) -> CheckFuture {
+        if request.concurrency.is_none() {
+            return CheckFuture::ready(Err(StoreError::Config(
+                "a release needs the request's concurrency limit".into(),
+            )));
+        }
+        self.call_of(
+            self.member_of(PackedCheck::release(request, lease)),
+            Sent::WhenAsked,
+        )
     }
 
     /// `request` packed, with this store's timeout and replication.
