@@ -406,3 +406,82 @@ async fn a_refused_check_only_reads_the_quota() {
         "{after:?}"
     );
 }
+
+/// Under load a hot key's batch carries many give-backs alike (the requests of one batch share
+/// its time, so their receipts match): where units simply come off counts (a fixed window, a
+/// sliding counter), the batch sends them as one entry, their units summed, and each is answered.
+/// The counts left are those of one give-back after another, as the memory store's are.
+#[tokio::test]
+async fn identical_give_backs_of_one_batch_go_as_one_entry_and_leave_the_same_counts() {
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let rules = [Rule::per_hour(1_000)];
+    for (algorithm, name) in [
+        (Algorithm::FixedWindow, "merge-fw"),
+        (Algorithm::SlidingCounter, "merge-sc"),
+    ] {
+        let store = RedisStore::from_url(&redis.url)
+            .expect("a Redis URL")
+            .timeout(Duration::from_secs(10));
+        let memory = tower_redis_ratelimit::MemoryStore::new();
+        let key = format!("{name}:{{ip:203.0.113.10}}");
+        let request = CheckRequest::new(&key, &rules, algorithm)
+            .identity("ip:203.0.113.10")
+            .cost(3);
+        // 40 checks at once: the first goes alone, the others share the next call's time.
+        let checks = (0..40).map(|_| store.check(&request));
+        let decisions: Vec<_> = futures_util::future::join_all(checks)
+            .await
+            .into_iter()
+            .map(|decision| decision.expect("a check"))
+            .collect();
+        let batched = &decisions[1..];
+        assert!(
+            batched
+                .iter()
+                .all(|decision| decision.now_unix_ms == batched[0].now_unix_ms),
+            "the queued checks went in one call"
+        );
+        let mut in_memory = Vec::new();
+        for decision in &decisions {
+            assert!(decision.allowed);
+            in_memory.push(memory.check(&request).await.expect("a memory check"));
+        }
+        let before = command_calls(&mut client);
+        // Their give-backs at once: the first goes alone, the other 38 queue behind it.
+        let give_backs = batched
+            .iter()
+            .map(|decision| store.give_back(&request, decision));
+        let answers = futures_util::future::join_all(give_backs).await;
+        let after = command_calls(&mut client);
+        for answer in answers {
+            answer.expect("a give-back");
+        }
+        let writes = |calls: &HashMap<String, u64>| {
+            ["hincrby", "hset"]
+                .iter()
+                .map(|name| calls.get(*name).copied().unwrap_or(0))
+                .sum::<u64>()
+        };
+        let written = writes(&after) - writes(&before);
+        assert!(
+            written <= 4,
+            "{name}: 39 give-backs alike wrote {written} times: they went one by one"
+        );
+        // The same counts as one give-back after another (the memory store's).
+        for decision in &in_memory[1..] {
+            memory
+                .give_back(&request, decision)
+                .await
+                .expect("a memory give-back");
+        }
+        let in_memory = memory.peek(&request.cost(1)).await.expect("a memory peek");
+        let peek = store.peek(&request.cost(1)).await.expect("a peek");
+        assert_eq!(
+            peek.rules[0].remaining,
+            1_000 - 3,
+            "{name}: the first check's 3 units are all that count"
+        );
+        assert_eq!(peek.rules[0].remaining, in_memory.rules[0].remaining);
+    }
+}

@@ -11,9 +11,10 @@ use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use super::batch::Member;
-use super::command::batch_command;
+use super::command::{PackedCheck, batch_command};
 use super::connection::Connection;
 use super::error::{is_no_script, store_error};
+use super::merge::Merged;
 use super::wire::eval_of;
 use crate::decision::Decision;
 use crate::store::{ActionFuture, StoreError};
@@ -113,9 +114,14 @@ impl Shared {
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
         let replicas = members.iter().filter_map(|member| member.replicas).max();
+        let merged = Merged::of(members);
+        let checks: Vec<&PackedCheck> = match &merged {
+            Some(merged) => merged.checks(members),
+            None => members.iter().map(|member| &member.check).collect(),
+        };
         let command = batch_command(
             self.invocation(),
-            members.iter().map(|member| &member.check),
+            checks.iter().copied(),
             self.hooks.fixed_time(),
         );
         let replies =
@@ -123,9 +129,9 @@ impl Shared {
                 .await
                 .and_then(|(reply, acknowledged)| match reply {
                     Value::BulkString(packed) => {
-                        let shorts = members
+                        let shorts = checks
                             .iter()
-                            .map(|member| reply::short_length(&member.check.limits));
+                            .map(|check| reply::short_length(&check.limits));
                         Ok((reply::read_batch_reply(&packed, shorts)?, acknowledged))
                     }
                     other => Err(StoreError::Protocol(format!(
@@ -134,10 +140,16 @@ impl Shared {
                 });
         let (read, acknowledged) = match replies {
             Ok(replies) => replies,
-            Err(error) => return each_gets(error, members),
+            Err(error) => return each_gets(error, members.iter().map(|member| member.timeout)),
         };
-        let limits = members.iter().map(|member| &member.check.limits[..]);
-        read.into_decisions(limits)
+        let limits = checks.iter().map(|check| &check.limits[..]);
+        let decisions: Vec<Result<Decision, StoreError>> = read.into_decisions(limits).collect();
+        let decisions = match &merged {
+            Some(merged) => fan_out(decisions, merged, members),
+            None => decisions,
+        };
+        decisions
+            .into_iter()
             .zip(members)
             .map(|(decision, member)| {
                 let decision = decision?;
@@ -401,19 +413,19 @@ pub(super) enum Missing {
     Functions,
 }
 
-/// `error` as the error of each of `members`: a timeout names each one's own store timeout.
+/// `error` as the error of each of the checks whose store timeouts are `timeouts`: a timeout
+/// names each one's own.
 pub(super) fn each_gets(
     error: StoreError,
-    members: &[Member],
+    timeouts: impl Iterator<Item = Duration>,
 ) -> Vec<Result<Decision, StoreError>> {
-    let each =
-        |error: &dyn Fn(&Member) -> StoreError| members.iter().map(|m| Err(error(m))).collect();
+    let each = |error: &dyn Fn(Duration) -> StoreError| timeouts.map(|t| Err(error(t))).collect();
     match error {
         StoreError::Unavailable(source) => {
             let source: Arc<dyn std::error::Error + Send + Sync> = Arc::from(source);
             each(&|_| StoreError::Unavailable(Box::new(SharedError(source.clone()))))
         }
-        StoreError::Timeout(_) => each(&|member| StoreError::Timeout(member.timeout)),
+        StoreError::Timeout(_) => each(&StoreError::Timeout),
         StoreError::Protocol(message) => each(&|_| StoreError::Protocol(message.clone())),
         StoreError::Script(message) => each(&|_| StoreError::Script(message.clone())),
         StoreError::WrongType(message) => each(&|_| StoreError::WrongType(message.clone())),
@@ -433,6 +445,47 @@ pub(super) fn each_gets(
             })
         }
     }
+}
+
+/// The decisions of `merged`'s entries as each member's: those of an entry that stands for
+/// several give-backs go to each of them.
+fn fan_out(
+    decisions: Vec<Result<Decision, StoreError>>,
+    merged: &Merged,
+    members: &[Member],
+) -> Vec<Result<Decision, StoreError>> {
+    // Per entry, the answers of its members, handed out in order.
+    let mut answers: Vec<std::vec::IntoIter<Result<Decision, StoreError>>> = decisions
+        .into_iter()
+        .enumerate()
+        .map(|(entry, decision)| {
+            let count = merged.members_of(entry);
+            let copies = match decision {
+                Ok(decision) => vec![decision; count].into_iter().map(Ok).collect(),
+                Err(error) => {
+                    let timeouts = merged
+                        .entry_of()
+                        .iter()
+                        .zip(members)
+                        .filter(|(of, _)| **of == entry)
+                        .map(|(_, member)| member.timeout);
+                    each_gets(error, timeouts)
+                }
+            };
+            copies.into_iter()
+        })
+        .collect();
+    merged
+        .entry_of()
+        .iter()
+        .map(|&entry| {
+            answers[entry].next().unwrap_or_else(|| {
+                Err(StoreError::Protocol(
+                    "a merged entry answered too few".into(),
+                ))
+            })
+        })
+        .collect()
 }
 
 /// One error that several checks of a batch report.

@@ -61,6 +61,9 @@ pub(super) struct PackedCheck {
     /// a release's lease, `@<id>`; a claim, `#<id>,<lasting ms>`; empty for every other check (and
     /// then no allocation).
     receipt: String,
+    /// Where its cost piece lies in `data`, for a give-back that may go as one entry with
+    /// identical ones of its batch (`merge.rs`); None for every other check.
+    cost_piece: Option<std::ops::Range<usize>>,
 }
 
 impl PackedCheck {
@@ -90,6 +93,7 @@ impl PackedCheck {
             ends: Vec::with_capacity(keys),
             limits: rule_limits(request),
             receipt: String::new(),
+            cost_piece: None,
         };
         for rule in counted() {
             write_rule_key(&mut packed.data, request, rule);
@@ -145,6 +149,7 @@ impl PackedCheck {
             data.push_str(number.format(value));
         };
         piece(data, keys as u64);
+        let cost_start = data.len() + 1;
         piece(data, request.cost);
         if request.is_metered() {
             // `<cost>:<units>:<flags>`: a flag per counted rule, then the quota's (lua/common.lua).
@@ -157,6 +162,19 @@ impl PackedCheck {
             if let Some(quota) = quota {
                 data.push(if quota.metered { 'm' } else { 'r' });
             }
+        }
+        // A give-back whose units simply come off counts (a fixed window's, a sliding counter's,
+        // a quota's) may add up with identical ones of its batch: one entry, their units summed.
+        if matches!(request.call, Call::GiveBack(_))
+            && matches!(
+                request.algorithm,
+                Algorithm::FixedWindow | Algorithm::SlidingCounter
+            )
+            && guard.is_none()
+            && concurrency.is_none()
+            && request.claim.is_none()
+        {
+            packed.cost_piece = Some(cost_start..data.len());
         }
         // The options are one piece, empty when there are none (the script's lean functions of
         // the common case take checks without options).
@@ -228,11 +246,52 @@ impl PackedCheck {
             ends: Vec::with_capacity(1),
             limits: Vec::new(),
             receipt: format!("@{lease}"),
+            cost_piece: None,
         };
         write_leases_key(&mut packed.data, request);
         packed.end_key();
         packed.data.push_str("rl|1");
         packed
+    }
+
+    /// Whether it may go as one entry with identical give-backs of its batch (see `merge.rs`).
+    pub(super) fn adds_up(&self) -> bool {
+        self.cost_piece.is_some()
+    }
+
+    /// What makes two give-backs the same but for how many there are: their keys, shape and
+    /// receipt.
+    pub(super) fn identity(&self) -> (&str, &str) {
+        (&self.data, &self.receipt)
+    }
+
+    /// This give-back `times` over: its cost and units multiplied, the rest as it is. None when
+    /// it can't add up (see [`PackedCheck::adds_up`]) or its units would overflow.
+    pub(super) fn times(&self, times: u64) -> Option<PackedCheck> {
+        let range = self.cost_piece.clone()?;
+        let piece = &self.data[range.clone()];
+        let mut parts = piece.splitn(3, ':');
+        let cost: u64 = parts.next()?.parse().ok()?;
+        let mut number = itoa::Buffer::new();
+        let mut data = String::with_capacity(self.data.len() + 16);
+        data.push_str(&self.data[..range.start]);
+        data.push_str(number.format(cost.checked_mul(times)?));
+        if let (Some(units), Some(flags)) = (parts.next(), parts.next()) {
+            let units: u64 = units.parse().ok()?;
+            data.push(':');
+            data.push_str(number.format(units.checked_mul(times)?));
+            data.push(':');
+            data.push_str(flags);
+        }
+        let cost_end = data.len();
+        data.push_str(&self.data[range.end..]);
+        Some(PackedCheck {
+            data,
+            ends: self.ends.clone(),
+            limits: self.limits.clone(),
+            receipt: self.receipt.clone(),
+            cost_piece: Some(range.start..cost_end),
+        })
     }
 
     /// Ends the key written into `data` since the last one.
@@ -485,6 +544,45 @@ mod tests {
             &["fw"],
         );
         assert_eq!(key, "rl:{ip:192.0.2.1}:api:GETunmatched:fw");
+    }
+
+    /// A give-back of a fixed window or sliding counter may stand for several alike: its cost and
+    /// units multiplied, its keys, flags, options, rules and receipt unchanged. Others can't.
+    #[test]
+    fn a_give_back_that_adds_up_is_times_over_its_cost_and_units() {
+        let rules = [Rule::per_second(2).metered(), Rule::per_minute(30)];
+        let charged = crate::decision::Decision {
+            allowed: true,
+            rules: Vec::new(),
+            now_unix_ms: 5_000,
+            delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
+            lease: None,
+        };
+        let request = CheckRequest::new("rl:api:global", &rules, Algorithm::FixedWindow)
+            .cost(3)
+            .units(500);
+        let packed = PackedCheck::new(&request.giving_back(&charged), false);
+        assert!(packed.adds_up());
+        assert_eq!(
+            packed.shape(),
+            "fw|3|3:500:mr|0,0,0,0,0,0,0,0,3|2|1000|30|60000"
+        );
+        let times = packed.times(4).expect("it adds up");
+        assert_eq!(
+            times.shape(),
+            "fw|3|12:2000:mr|0,0,0,0,0,0,0,0,3|2|1000|30|60000"
+        );
+        assert_eq!(times.identity().1, "@5000,0");
+        assert!(times.keys().eq(packed.keys()));
+        assert!(
+            packed.times(u64::MAX).is_none(),
+            "a sum past u64 goes unmerged"
+        );
+        // Not a check, nor a token bucket's give-back (its receipts differ per request).
+        assert!(!PackedCheck::new(&request, false).adds_up());
+        let bucket = CheckRequest::new("rl:api:global", &rules, Algorithm::TokenBucket);
+        assert!(!PackedCheck::new(&bucket.giving_back(&charged), false).adds_up());
     }
 
     #[test]

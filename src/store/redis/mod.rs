@@ -44,6 +44,7 @@ mod cluster;
 mod command;
 mod connection;
 mod error;
+mod merge;
 mod reply;
 mod resets;
 mod script;
