@@ -145,15 +145,8 @@ impl Limiter {
         charged: &Decision,
     ) {
         let request = self.store_request(key, quota).cost(units);
-        let mut refund = self.store().give_back(&request, charged);
-        if refund.take_ready().is_none()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(async move {
-                // A failure leaves the units counted: on the safe side.
-                let _ = refund.await;
-            });
-        }
+        // A failure leaves the units counted: on the safe side.
+        self.store().give_back(&request, charged).then(drop);
     }
 
     /// Takes `units` of `key` ahead in the background: in hand once the store admits them, else

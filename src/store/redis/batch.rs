@@ -68,7 +68,15 @@ impl Reply {
         match self {
             // A check that stopped waiting doesn't want its decision.
             Reply::Waiting(sender) => drop(sender.send(decision)),
-            Reply::Then(answered) => answered(decision),
+            // What is done with a give-back's answer must not take the batch's other checks
+            // down with it.
+            Reply::Then(answered) => {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answered(decision)))
+                    .is_err()
+                {
+                    tracing::error!("what was done with a store call's answer panicked");
+                }
+            }
         }
     }
 
@@ -110,7 +118,8 @@ struct Queue {
 pub struct BatchStats {
     /// Script calls sent (each one batch).
     pub script_calls: u64,
-    /// Checks those calls carried.
+    /// Checks those calls carried (identical give-backs that went as one entry count one
+    /// each).
     pub checks: u64,
     /// The most checks one call carried.
     pub largest_batch: u64,
@@ -141,15 +150,27 @@ impl Batcher {
     /// flight) when the queue is empty. Checks that stopped waiting (their request was dropped)
     /// are left out; those whose time ran out while they waited get their timeout.
     fn next_batch(&self) -> Option<(Vec<Waiter>, Instant)> {
+        // Those that ran out of time are answered once the queue is let go: what is done with an
+        // answer runs outside the lock every check takes.
+        let mut timed_out = Vec::new();
+        let next = self.next_batch_locked(&mut timed_out);
+        for waiter in timed_out {
+            let timeout = StoreError::Timeout(waiter.member.timeout);
+            waiter.decision.send(Err(timeout));
+        }
+        next
+    }
+
+    /// [`Batcher::next_batch`] under the queue's lock; the checks that ran out of time go to
+    /// `timed_out`.
+    fn next_batch_locked(&self, timed_out: &mut Vec<Waiter>) -> Option<(Vec<Waiter>, Instant)> {
         let mut queue = self.lock();
         let now = Instant::now();
         let (mut keys, mut bytes) = (0, 0);
         let mut batch = Vec::new();
         while let Some(waiter) = queue.waiting.front() {
             if waiter.decision.is_closed() || waiter.member.deadline <= now {
-                let waiter = queue.waiting.pop_front().expect("the front waiter");
-                let timeout = StoreError::Timeout(waiter.member.timeout);
-                waiter.decision.send(Err(timeout));
+                timed_out.extend(queue.waiting.pop_front());
                 continue;
             }
             let (more_keys, more_bytes) =
@@ -269,12 +290,20 @@ impl Shared {
             queue.in_flight_deadline = Some(deadline);
             runtime
         };
-        runtime.spawn(self.clone().send_batches(vec![waiter], deadline));
+        let abandon = Abandon::new(self.clone());
+        runtime.spawn(self.clone().send_batches(vec![waiter], deadline, abandon));
     }
 
     /// Sends batches until the queue is empty.
-    async fn send_batches(self: Arc<Self>, mut batch: Vec<Waiter>, mut deadline: Instant) {
-        let abandoned = Abandon(&self);
+    ///
+    /// `abandon` gives the queue up if the task is dropped before it is empty: made before the
+    /// task is spawned, so that a task a runtime shutting down drops unpolled gives it up too.
+    async fn send_batches(
+        self: Arc<Self>,
+        mut batch: Vec<Waiter>,
+        mut deadline: Instant,
+        mut abandon: Abandon,
+    ) {
         loop {
             let (members, replies): (Vec<Member>, Vec<_>) = batch
                 .into_iter()
@@ -289,7 +318,7 @@ impl Shared {
                 None => break,
             }
         }
-        std::mem::forget(abandoned);
+        abandon.armed = false;
     }
 }
 
@@ -325,7 +354,8 @@ impl Drop for HandOver<'_> {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                runtime.spawn(self.0.clone().send_batches(batch, deadline));
+                let abandon = Abandon::new(self.0.clone());
+                runtime.spawn(self.0.clone().send_batches(batch, deadline, abandon));
             }
             Err(_) => self.0.batcher.abandon(),
         }
@@ -334,10 +364,67 @@ impl Drop for HandOver<'_> {
 
 /// Clears the queue if the task sending it is dropped before it is empty (a runtime shutting
 /// down), so the store doesn't wait for a call that will never return.
-struct Abandon<'a>(&'a Shared);
+struct Abandon {
+    shared: Arc<Shared>,
+    /// Whether the queue is still to be given up when this is dropped.
+    armed: bool,
+}
 
-impl Drop for Abandon<'_> {
+impl Abandon {
+    fn new(shared: Arc<Shared>) -> Self {
+        Abandon {
+            shared,
+            armed: true,
+        }
+    }
+}
+
+impl Drop for Abandon {
     fn drop(&mut self) {
-        self.0.batcher.abandon();
+        if self.armed {
+            self.shared.batcher.abandon();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::policy::{Algorithm, Rule};
+    use crate::store::CheckRequest;
+    use crate::store::redis::RedisStore;
+
+    /// A call handed over with nothing in flight starts a task to send it; a runtime shutting down
+    /// may drop that task before it ever runs. The queue must not stay "in flight" for good
+    /// then (every later check of a store shared with another runtime would wait for ever).
+    #[test]
+    fn a_sending_task_dropped_unpolled_gives_the_queue_up() {
+        // Nothing listens there: the task never gets as far as connecting.
+        let store = RedisStore::from_url("redis://127.0.0.1:1").expect("a Redis URL");
+        let rules = [Rule::per_minute(10)];
+        let request = CheckRequest::new("rl:{k}", &rules, Algorithm::FixedWindow).identity("k");
+        let answered = Arc::new(AtomicBool::new(false));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let answered = answered.clone();
+            store.shared.send_then(
+                store.member(&request),
+                Box::new(move |_| answered.store(true, Ordering::Relaxed)),
+            );
+            assert_eq!(store.shared.batcher.lock().in_flight, 1);
+        });
+        // The spawned task never ran: dropped with the runtime.
+        drop(runtime);
+        assert_eq!(store.shared.batcher.lock().in_flight, 0);
+        assert!(store.shared.batcher.lock().waiting.is_empty());
+        assert!(
+            !answered.load(Ordering::Relaxed),
+            "dropped unrun, as the docs say"
+        );
     }
 }

@@ -260,14 +260,22 @@ impl PackedCheck {
     }
 
     /// What makes two give-backs the same but for how many there are: their keys, shape and
-    /// receipt.
+    /// receipt (where each key ends: [`PackedCheck::same_keys`]).
     pub(super) fn identity(&self) -> (&str, &str) {
         (&self.data, &self.receipt)
     }
 
+    /// Whether `other`, of the same [`identity`](PackedCheck::identity), splits it into the same
+    /// keys.
+    pub(super) fn same_keys(&self, other: &PackedCheck) -> bool {
+        self.ends == other.ends
+    }
+
     /// This give-back `times` over: its cost and units multiplied, the rest as it is. None when
-    /// it can't add up (see [`PackedCheck::adds_up`]) or its units would overflow.
+    /// it can't add up (see [`PackedCheck::adds_up`]) or its units would pass 2^53, which the
+    /// script's numbers (doubles) no longer count exactly.
     pub(super) fn times(&self, times: u64) -> Option<PackedCheck> {
+        const EXACT: u64 = 1 << 53;
         let range = self.cost_piece.clone()?;
         let piece = &self.data[range.clone()];
         let mut parts = piece.splitn(3, ':');
@@ -275,11 +283,12 @@ impl PackedCheck {
         let mut number = itoa::Buffer::new();
         let mut data = String::with_capacity(self.data.len() + 16);
         data.push_str(&self.data[..range.start]);
-        data.push_str(number.format(cost.checked_mul(times)?));
+        let times_over = |value: u64| value.checked_mul(times).filter(|&value| value <= EXACT);
+        data.push_str(number.format(times_over(cost)?));
         if let (Some(units), Some(flags)) = (parts.next(), parts.next()) {
             let units: u64 = units.parse().ok()?;
             data.push(':');
-            data.push_str(number.format(units.checked_mul(times)?));
+            data.push_str(number.format(times_over(units)?));
             data.push(':');
             data.push_str(flags);
         }

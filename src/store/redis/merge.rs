@@ -39,11 +39,12 @@ impl Merged {
         let mut seen: HashMap<(&str, &str), usize> = HashMap::new();
         let mut entries: Vec<(usize, Option<PackedCheck>)> = Vec::with_capacity(members.len());
         let mut entry_of = Vec::with_capacity(members.len());
-        let mut first = Vec::with_capacity(members.len());
+        let mut first: Vec<usize> = Vec::with_capacity(members.len());
         for (index, member) in members.iter().enumerate() {
             let check = &member.check;
             if check.adds_up()
                 && let Some(&entry) = seen.get(&check.identity())
+                && members[first[entry]].check.same_keys(check)
             {
                 entries[entry].0 += 1;
                 entry_of.push(entry);
@@ -61,7 +62,7 @@ impl Merged {
         }
         for (entry, (count, sent)) in entries.iter_mut().enumerate() {
             if *count > 1 {
-                // (A sum past u64: the batch goes unmerged.)
+                // (A sum past what the script counts exactly: the batch goes unmerged.)
                 *sent = Some(members[first[entry]].check.times(*count as u64)?);
             }
         }
