@@ -168,7 +168,8 @@ end
 local ZADD_BATCH = 1000
 
 -- A sliding log (lua/sliding_log.lua) holds one member per admitted request, however much it
--- costs: no request costs Redis work or memory in proportion to its cost. A member's score is
+-- costs (or per batch's admissions at one time: see log_flush): no request costs Redis work or
+-- memory in proportion to its cost. A member's score is
 -- its admission's time (ms); its name, `<first>:<units>`, numbers the request's units among all
 -- the log has held since it was last empty: `first`, the number of its first unit, is written
 -- after a letter that gives its digit count (a for 1 digit, b for 2, ...), so that the names of
@@ -182,9 +183,54 @@ local function log_name(first, units)
   return string.char(96 + #digits) .. digits .. ':' .. text_of(units)
 end
 
+-- The logs the batch has trimmed and read (then admitted into), by key: a hot log's checks of one
+-- batch trim and read it once. (Every check of a batch is checked at its time; nothing else writes
+-- a key while the batch runs, a script being atomic; and no key expires meanwhile, Redis holding a
+-- script's time still. So what a batch has read or written of a key is what the key holds until
+-- the batch ends. The token bucket, the sliding counter and the penalty block keep theirs too.)
+-- Forgotten at each batch.
+local logs_known = {}
+
+local function forget_logs()
+  if next(logs_known) ~= nil then
+    logs_known = {}
+  end
+end
+
+-- A batch's admissions into a log wait in it (`log.pending`: the units, the first's number, their
+-- time) and go to Redis as one member when the batch ends or something reads the log's members:
+-- a hot log's checks of one batch, all at the batch's time, add one member rather than one each
+-- (a member of k units at t counts, expires and gives back as k members at t would). The key's
+-- expiry waits with them (the key may not exist before). Writes what waits of log `key`.
+local function log_flush(key)
+  local log = logs_known[key]
+  if log == nil then
+    return
+  end
+  local pending = log.pending
+  if pending ~= nil then
+    log.pending = nil
+    call('ZADD', key, text_of(pending.at), log_name(pending.first, pending.units))
+  end
+  if log.expire_due then
+    log.expire_due = false
+    expire_at_least(key, log.expires, log.expire_created)
+    log.expire_created = false
+  end
+end
+
+-- Writes what waits of every log the batch holds (see log_flush): at its end.
+local function flush_logs()
+  for key in pairs(logs_known) do
+    log_flush(key)
+  end
+end
+
+
 -- The member at `rank` of a log (0: the oldest, -1: the newest): its score, first unit and
 -- units; nil when there is none.
 local function log_member(key, rank)
+  log_flush(key)
   local found = call('ZRANGE', key, rank, rank, 'WITHSCORES')
   if found[1] == nil then
     return nil
@@ -210,20 +256,6 @@ local function log_read(key)
           count = first + units - base, skip = 0}
 end
 
--- The logs the batch has trimmed and read (then admitted into), by key: a hot log's checks of one
--- batch trim and read it once. (Every check of a batch is checked at its time; nothing else writes
--- a key while the batch runs, a script being atomic; and no key expires meanwhile, Redis holding a
--- script's time still. So what a batch has read or written of a key is what the key holds until
--- the batch ends. The token bucket, the sliding counter and the penalty block keep theirs too.)
--- Forgotten at each batch.
-local logs_known = {}
-
-local function forget_logs()
-  if next(logs_known) ~= nil then
-    logs_known = {}
-  end
-end
-
 -- The log `key` after its members older than `period` left (see log_read), trimmed and read once
 -- per batch.
 local function log_current(key, period)
@@ -239,6 +271,7 @@ end
 -- log_read for a peek, which removes nothing: the members scored after `after` count, and `skip`
 -- says how many expired ones come before them.
 local function log_read_after(key, after)
+  log_flush(key)
   local found = call('ZRANGEBYSCORE', key, '(' .. text_of(after), '+inf', 'WITHSCORES', 'LIMIT',
                      0, 1)
   if found[1] == nil then
@@ -252,6 +285,7 @@ end
 
 -- The time (ms) of the admission holding unit `n` (1-based) of `log`, counted from its oldest.
 local function log_unit_at(key, log, n)
+  log_flush(key)
   local target = log.base + n - 1
   -- The last member whose first unit is at most the target: every member holds a unit at least,
   -- so its rank is at most n - 1 past the expired ones.
@@ -272,6 +306,7 @@ end
 -- Numbers the log's units from 0 again (see LOG_RENUMBER_AT): the same members, times and order,
 -- under new names. The key loses its expiry; the caller sets it. Returns the next number.
 local function log_renumber(key, log)
+  log_flush(key)
   local members = call('ZRANGE', key, 0, -1, 'WITHSCORES')
   call('DEL', key)
   local renamed = {}
@@ -302,6 +337,7 @@ end
 -- first): the members on the shorter side of a shrunk one move by what it gave back, those
 -- before it up, or those after it down.
 local function log_give_back(key, units, at)
+  log_flush(key)
   local left = units
   while left > 0 do
     local found = call('ZREVRANGEBYSCORE', key, text_of(at), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -359,7 +395,14 @@ local function log_admit(key, at, log, cost, period)
       log.next = log_renumber(key, log)
       created = true
     end
-    call('ZADD', key, text_of(at), log_name(log.next, cost))
+    -- Joins the admissions waiting at the same time, else goes after them (see log_flush).
+    local pending = log.pending
+    if pending ~= nil and pending.at == at and pending.first + pending.units == log.next then
+      pending.units = pending.units + cost
+    else
+      log_flush(key)
+      log.pending = {at = at, first = log.next, units = cost}
+    end
     log.oldest = log.oldest or at
     log.newest = at
     log.next = log.next + cost
@@ -367,13 +410,14 @@ local function log_admit(key, at, log, cost, period)
   end
   -- An empty log is no key: nothing to expire, nor to note. A key made now (its first member,
   -- or numbered anew) takes its expiry; one that holds members keeps an expiry this batch set
-  -- already, as late.
+  -- already, as late. (Set with the waiting admissions: see log_flush.)
   if log.count == 0 then
     return
   end
   local expires = at + period
   if created or not log.expires or expires > log.expires then
-    expire_at_least(key, expires, created)
     log.expires = expires
+    log.expire_due = true
+    log.expire_created = log.expire_created or created
   end
 end

@@ -50,7 +50,8 @@ function sliding_log.report(shape, i)
 end
 
 function sliding_log.give_back(shape, i, key, cost, receipt)
-  -- (Members move: the log is read anew after.)
+  -- (Members move: the log is read anew after, once what waits of it is written.)
+  log_flush(key)
   logs_known[key] = nil
   call('ZREMRANGEBYSCORE', key, '-inf', text_of(now - shape.periods[i]))
   if receipt then

@@ -665,3 +665,83 @@ fn remaining(decision: &tower_redis_ratelimit::Decision) -> Vec<(u64, bool)> {
         .map(|rule| (rule.remaining, rule.retry_after.is_some()))
         .collect()
 }
+
+/// A batch's admissions into a sliding log wait and go to Redis as one member at its end, or
+/// before anything reads the log's members (a give-back, a refusal's wait): checks and
+/// give-backs of one key mixed in one batch answer as one after another on the memory store,
+/// and every key still expires.
+#[tokio::test]
+async fn a_sliding_log_s_batch_mixing_checks_and_give_backs_answers_as_one_after_another() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("sl-pending");
+    let key = format!("{prefix}:p:user:k");
+    let rules = [Rule::new(6, Duration::from_secs(1)), Rule::per_minute(9)];
+    let now = a_minute_an_hour_ahead();
+    let memory = MemoryStore::builder().clock(ManualClock::new(now)).build();
+    let redis_store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
+    redis_store.fix_time_for_tests(Some(now * 1_000));
+    let request = CheckRequest::new(&key, &rules, Algorithm::SlidingLog);
+    // Charged alone first: the receipts the batch gives back by.
+    let mut charged = Vec::new();
+    for cost in [2, 1] {
+        let request = request.cost(cost);
+        let in_memory = memory.check(&request).await.unwrap();
+        let in_redis = redis_store.check(&request).await.unwrap();
+        assert!(in_memory.allowed && in_redis.allowed);
+        charged.push((cost, in_memory, in_redis));
+    }
+    // Then, at once: the first goes alone, the rest queue behind it and go as one batch, in
+    // order: checks joining one waiting member, give-backs reading the log, a refusal's wait.
+    enum Step {
+        Check(u64),
+        GiveBack(usize),
+    }
+    let steps = [
+        Step::Check(1),
+        Step::Check(1),
+        Step::GiveBack(0),
+        Step::Check(2),
+        Step::Check(3),
+        Step::GiveBack(1),
+        Step::Check(1),
+        Step::Check(4),
+    ];
+    let mut in_memory = Vec::new();
+    for step in &steps {
+        in_memory.push(match step {
+            Step::Check(cost) => memory.check(&request.cost(*cost)).await.unwrap(),
+            Step::GiveBack(which) => {
+                let (cost, charged, _) = &charged[*which];
+                let request = request.cost(*cost);
+                memory.give_back(&request, charged).await.unwrap()
+            }
+        });
+    }
+    let requests: Vec<CheckRequest<'_>> = steps
+        .iter()
+        .map(|step| match step {
+            Step::Check(cost) => request.cost(*cost),
+            Step::GiveBack(which) => request.cost(charged[*which].0),
+        })
+        .collect();
+    let calls = steps
+        .iter()
+        .zip(&requests)
+        .map(|(step, request)| match step {
+            Step::Check(_) => redis_store.check(request),
+            Step::GiveBack(which) => redis_store.give_back(request, &charged[*which].2),
+        });
+    let in_redis = futures_util::future::join_all(calls).await;
+    assert!(
+        redis_store.batch_stats().largest_batch >= 7,
+        "the queued calls went as one batch: {:?}",
+        redis_store.batch_stats()
+    );
+    for (index, (memory, redis)) in in_memory.iter().zip(in_redis).enumerate() {
+        let redis = redis.expect("an answer");
+        assert_eq!(memory.allowed, redis.allowed, "step {index}");
+        assert_eq!(remaining(memory), remaining(&redis), "step {index}");
+        assert_eq!(memory.retry_after(), redis.retry_after(), "step {index}");
+    }
+    assert_every_key_expires(&mut redis.client(), &prefix);
+}
