@@ -2,8 +2,8 @@
 -- given, each as if it were a script call of its own (group commit: Redis's fixed cost of a script
 -- call and of TIME is paid once per batch). Before this part the store puts lua/common.lua, each
 -- algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua, sc:
--- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/entry.lua (one check, its steps chosen
--- by its shape), lua/fast.lua (the common checks, inline: lean functions that leave the rest
+-- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/leases.lua (a concurrency limit's
+-- leases), lua/entry.lua (one check, its steps chosen by its shape), lua/fast.lua (the common checks, inline: lean functions that leave the rest
 -- to lua/entry.lua) and lua/claims.lua (metered calls waiting their turn).
 --
 -- All of it is the function `batch(KEYS, ARGV)`: the store registers it as a Redis function
@@ -194,7 +194,7 @@ local give_back_entry = remembered(function(entry)
 end)
 
 -- A request's entry with a receipt (see above): its shape's number, and the receipt: its
--- numbers (a give-back's), its text (a release's lease id: what ZREM is handed), or a claim's
+-- numbers (a give-back's), its text (a release's lease id: what LREM is handed), or a claim's
 -- {claim = id (text), lasting = ms} (lua/claims.lua).
 local function with_receipt(entry)
   local give_back = give_back_entry(entry)

@@ -277,12 +277,56 @@ async fn a_dead_instances_slot_frees_when_its_lease_expires_not_before() {
     assert!(after.allowed, "{after:?}");
     let leases: u64 = redis
         .client()
-        .zcard(format!("{prefix}:{{user:ann}}:jobs:inflight"))
+        .llen(format!("{prefix}:{{user:ann}}:jobs:leases"))
         .unwrap();
     assert_eq!(
         leases, 1,
         "the expired lease is gone, the new one holds the only slot"
     );
+}
+
+/// A lease expires no earlier than the one taken before it on its key (lua/leases.lua keeps them
+/// in expiry order; the memory store mirrors it): a 2 s lease taken after a 60 s one holds its
+/// slot as long, in both stores alike, and the slots it frees are counted the same.
+async fn a_shorter_lease_after_a_longer_one_ends_with_it(store: &dyn Store, prefix: &str) {
+    let long = one_per_user(prefix, Duration::from_secs(60))
+        .max_in_flight(3)
+        .build()
+        .unwrap();
+    let short = one_per_user(prefix, Duration::from_secs(2))
+        .max_in_flight(3)
+        .build()
+        .unwrap();
+    let key = format!("{prefix}:jobs:user:ann");
+    let first = check(store, &long, &key).await;
+    let second = check(store, &short, &key).await;
+    let (Some(first_lease), Some(_)) = (first.lease, second.lease) else {
+        panic!("two leases: {first:?} {second:?}")
+    };
+    // The 60 s lease ends: the 2 s one, held now alone, ends when the 60 s one would have.
+    store
+        .release(&check_of(&long, &key), first_lease)
+        .await
+        .unwrap();
+    let third = check(store, &short, &key).await;
+    assert_eq!(slots(&third), (1, false), "{third:?}");
+    let frees = third.rules.last().unwrap().reset;
+    assert!(
+        frees > Duration::from_secs(50) && frees <= Duration::from_secs(60),
+        "the earliest lease ends with the 60 s one: {frees:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_shorter_lease_after_a_longer_one_ends_with_it_on_redis() {
+    let redis = TestRedis::shared();
+    let store = RedisStore::from_url(&redis.url).unwrap();
+    a_shorter_lease_after_a_longer_one_ends_with_it(&store, &unique_prefix("order")).await;
+}
+
+#[tokio::test]
+async fn a_shorter_lease_after_a_longer_one_ends_with_it_in_memory() {
+    a_shorter_lease_after_a_longer_one_ends_with_it(&MemoryStore::new(), "mem").await;
 }
 
 /// A rate rule's refusal takes no slot; a refusal for want of a slot uses no rate quota.
@@ -394,7 +438,7 @@ async fn racing_checks_take_exactly_the_free_slots() {
     assert_eq!(leases.len(), 3, "three distinct leases");
     let held: u64 = redis
         .client()
-        .zcard(format!("{prefix}:{{user:ann}}:jobs:inflight"))
+        .llen(format!("{prefix}:{{user:ann}}:jobs:leases"))
         .unwrap();
     assert_eq!(held, 3);
 }
@@ -807,7 +851,7 @@ async fn leases_churned_in_batches_keep_their_count() {
     assert!(admitted >= 64, "{admitted} admissions");
     let held: u64 = redis
         .client()
-        .zcard(format!("{prefix}:{{user:ann}}:jobs:inflight"))
+        .llen(format!("{prefix}:{{user:ann}}:jobs:leases"))
         .unwrap();
     assert_eq!(held, 0, "every lease released");
     for taken in 1..=64u64 {

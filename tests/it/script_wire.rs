@@ -1,9 +1,9 @@
 //! The batch script spoken to in its own wire format (lua/batch.lua) at fixed times, so a batch
 //! holds exactly the entries written, on every Redis version:
-//! - concurrency leases: a batch reads the earliest leases of a set a few at a time
-//!   (`LEASE_WINDOW` in lua/entry.lua) and keeps the count and the earliest expiry itself as its
+//! - concurrency leases: a batch reads the first leases of a list a few at a time
+//!   (`LEASE_WINDOW` in lua/leases.lua) and keeps the count and the earliest expiry itself as its
 //!   checks take leases and its releases end them, in any order; every check's answer is
-//!   compared with a model of the set;
+//!   compared with a model of the leases;
 //! - claims (lua/claims.lua): the wait behind a claim past a token bucket's burst, and claims on
 //!   a shape without metered units.
 
@@ -22,6 +22,7 @@ fn script() -> redis::Script {
         include_str!("../../lua/sliding_log.lua"),
         include_str!("../../lua/sliding_counter.lua"),
         include_str!("../../lua/token_bucket.lua"),
+        include_str!("../../lua/leases.lua"),
         include_str!("../../lua/entry.lua"),
         include_str!("../../lua/fast.lua"),
         include_str!("../../lua/claims.lua"),
@@ -118,6 +119,7 @@ fn run(
 /// The leases held, by id, with their expiry; what a check of them answers at `now`.
 fn model_check(held: &mut BTreeMap<u64, u64>, now_ms: u64, id: Option<u64>) -> Answer {
     if let Some(id) = id {
+        assert_eq!(id / 1_000, now_ms + LEASE_MS, "lease {id} names its expiry");
         held.insert(id, now_ms + LEASE_MS);
     }
     let earliest = held.values().min().map_or(0, |expiry| expiry - now_ms);
@@ -131,7 +133,7 @@ fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_
     let prefix = unique_prefix("lua-leases");
     let (rule, leases) = (
         format!("{prefix}:{{user:ann}}:jobs:fw:3600000:1000000"),
-        format!("{prefix}:{{user:ann}}:jobs:inflight"),
+        format!("{prefix}:{{user:ann}}:jobs:leases"),
     );
     let keys = (rule.as_str(), leases.as_str());
     let mut now_ms = hour_ahead();
@@ -179,7 +181,7 @@ fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_
             }
         }
     }
-    let count: u64 = redis::cmd("ZCARD").arg(&leases).query(&mut client).unwrap();
+    let count: u64 = redis::cmd("LLEN").arg(&leases).query(&mut client).unwrap();
     assert_eq!(count, held.len() as u64);
 }
 

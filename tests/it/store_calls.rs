@@ -251,10 +251,10 @@ async fn each_kind_of_policy_runs_only_the_commands_it_needs() {
             // expiry; the release.
             vec![
                 ("hincrby", 1),
-                ("zrange", 1),
-                ("zadd", 1),
+                ("lrange", 1),
+                ("rpush", 1),
                 ("pexpireat", 1),
-                ("zrem", 1),
+                ("lrem", 1),
             ],
         ),
         (
@@ -344,8 +344,9 @@ async fn a_sliding_log_trims_reads_both_ends_adds_and_extends() {
 }
 
 #[tokio::test]
-async fn a_lease_is_added_once_however_many_a_batch_takes() {
-    // Checks of one batch share its time; each lease id is still found free at its first ZADD.
+async fn a_lease_is_pushed_once_however_many_a_batch_takes() {
+    // Checks of one batch share its time; each lease gets an id of its own at once, and the
+    // leases' last is read once (LINDEX) per batch at most.
     let redis = TestRedis::own();
     let mut client = redis.client();
     let policy = Policy::builder("leases")
@@ -367,8 +368,8 @@ async fn a_lease_is_added_once_however_many_a_batch_takes() {
             .map(|slot| slot.expect("a slot"))
             .collect();
     let after = command_calls(&mut client);
-    let added = after["zadd"] - before.get("zadd").copied().unwrap_or(0);
-    assert_eq!(added, 200, "one ZADD per lease");
+    let added = after["rpush"] - before.get("rpush").copied().unwrap_or(0);
+    assert_eq!(added, 200, "one RPUSH per lease");
     let batches = after[store_call_command(&mut client)]
         - before
             .get(store_call_command(&mut client))
@@ -378,6 +379,9 @@ async fn a_lease_is_added_once_however_many_a_batch_takes() {
         batches < 200,
         "the leases were taken in batches: {batches} calls"
     );
+    let tails =
+        after.get("lindex").copied().unwrap_or(0) - before.get("lindex").copied().unwrap_or(0);
+    assert!(tails <= batches, "{tails} reads of the last lease");
     drop(held);
 }
 

@@ -211,9 +211,12 @@ impl Entry {
         let mut lease = None;
         if let Some(limit) = request.concurrency {
             if record {
+                // No earlier than the lease taken before it, as the script's list keeps them
+                // (lua/leases.lua): the earliest lease is the first.
                 let expires = now
                     .saturating_add(delay)
-                    .saturating_add(millis(limit.lease()));
+                    .saturating_add(millis(limit.lease()))
+                    .max(self.leases.last().map_or(0, |&(_, expires)| expires));
                 self.leases.push((lease_id, expires));
                 lease = Some(lease_id);
             }

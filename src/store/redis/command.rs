@@ -352,10 +352,10 @@ fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -
     receipt
 }
 
-/// Appends the key of `request`'s concurrency leases: a sorted set of lease ids scored by their
-/// expiry (`lua/entry.lua`).
+/// Appends the key of `request`'s concurrency leases: a list of lease ids in expiry order
+/// (`lua/leases.lua`).
 fn write_leases_key(key: &mut String, request: &CheckRequest<'_>) {
-    write_key(key, request.key, request.identity, &["inflight"]);
+    write_key(key, request.key, request.identity, &["leases"]);
 }
 
 /// Appends the key of `request`'s reset marker: when its identity was last reset
@@ -716,8 +716,8 @@ mod tests {
                 "f",
                 "3",
                 "rl:{user:ann}:jobs:fw:1000:2",
-                "rl:{user:ann}:jobs:inflight",
-                "rl:{user:ann}:jobs:inflight",
+                "rl:{user:ann}:jobs:leases",
+                "rl:{user:ann}:jobs:leases",
                 "",
                 "2",
                 "fw|2|1|0,0,0,0,0,0,1,60000,0|2|1000",

@@ -20,6 +20,7 @@ macro_rules! library_body {
             include_str!("../../../lua/sliding_log.lua"),
             include_str!("../../../lua/sliding_counter.lua"),
             include_str!("../../../lua/token_bucket.lua"),
+            include_str!("../../../lua/leases.lua"),
             include_str!("../../../lua/entry.lua"),
             include_str!("../../../lua/fast.lua"),
             include_str!("../../../lua/claims.lua"),

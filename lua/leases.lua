@@ -1,0 +1,158 @@
+-- A concurrency limit's leases (max_in_flight): one list per identity and policy, its key
+-- `…:leases`, one item per request in flight, its lease id. An id says when its lease expires:
+-- `<expiry (ms)> * 1000 + n`, n telling apart the leases of one key that expire in the same
+-- millisecond (below 2^53 until the year 2255, so Lua's numbers hold it whole). A lease expires
+-- no earlier than those taken before it on its key, so the list is in expiry order as it is in
+-- take order: a lease is taken at the tail (RPUSH, whatever the list holds), the earliest is
+-- the head, the expired ones lead the list, and a release (LREM) mostly finds its lease among
+-- the first, since requests end about in the order they started. (A sorted set did the same at
+-- O(n) per ZADD below 128 members: the hottest command of a concurrency limit.)
+
+-- The lease id's expiry (ms), from its text.
+local function expiry_of(id)
+  return floor(tonumber(id) / 1000)
+end
+
+-- The leases of each key the batch has read (why they hold: logs_known, lua/common.lua): how
+-- many are held; a window on the first ids of the list (up to LEASE_WINDOW, as text, from `from`
+-- on: the ones before it were released), and whether it holds them all; the last id taken (a
+-- number; nil: not read), and the expiry the batch gave the key. Forgotten at each batch.
+local LEASE_WINDOW = 16
+local leases_held, leases_window, leases_from, leases_whole, leases_tail, leases_expiry =
+  {}, {}, {}, {}, {}, {}
+
+local function forget_leases()
+  if next(leases_window) ~= nil then
+    leases_held, leases_window, leases_from, leases_whole, leases_tail, leases_expiry =
+      {}, {}, {}, {}, {}, {}
+  end
+end
+
+-- Reads the window on the first leases of `key` (see leases_held) and returns it.
+local function leases_read(key)
+  local window = call('LRANGE', key, 0, LEASE_WINDOW - 1)
+  leases_window[key], leases_from[key] = window, 1
+  leases_whole[key] = #window < LEASE_WINDOW
+  return window
+end
+
+-- The leases of `key`, those past their expiry gone (their requests ended without a word, their
+-- instance died): how many are held, and when the earliest expires (nil: none is held). The
+-- earliest is read first: only when it has expired do the expired ones go (LTRIM), and a key
+-- that holds none is not there to count. Read once per batch, and again only when the releases
+-- of a batch emptied the window on the first.
+local function leases_current(key)
+  local held, window = leases_held[key], leases_window[key]
+  if window == nil then
+    window = leases_read(key)
+  end
+  while true do
+    local from = leases_from[key]
+    if window[from] == nil and not leases_whole[key] then
+      window = leases_read(key)
+      from = 1
+    end
+    local past = from
+    while window[past] ~= nil and expiry_of(window[past]) <= now do
+      past = past + 1
+    end
+    if past == from then
+      break
+    end
+    call('LTRIM', key, past - from, -1)
+    leases_from[key] = past
+    held = held and held - (past - from)
+  end
+  local first = window[leases_from[key]]
+  local earliest = first and expiry_of(first)
+  if first == nil then
+    held = 0
+  elseif held == nil then
+    held = call('LLEN', key)
+  end
+  leases_held[key] = held
+  return held, earliest
+end
+
+-- The leases of `key` as leases_current counts them, for a peek, which changes nothing: how many
+-- have not expired, and when the earliest of them expires (nil: none).
+local function leases_peek(key)
+  local expired = 0
+  while true do
+    local window = call('LRANGE', key, expired, expired + LEASE_WINDOW - 1)
+    for i = 1, #window do
+      local expires = expiry_of(window[i])
+      if expires > now then
+        return call('LLEN', key) - expired, expires
+      end
+      expired = expired + 1
+    end
+    if #window < LEASE_WINDOW then
+      return 0, nil
+    end
+  end
+end
+
+-- Takes a lease of the leases `key` expiring at `expires` (ms) or, to keep the list in expiry
+-- order, with the last lease taken on it if that expires later. `held` and `earliest` are what
+-- leases_current read. Returns its id, and the leases held and the earliest's expiry after.
+local function lease_take(key, held, earliest, expires)
+  local tail = leases_tail[key]
+  if tail == nil then
+    local window = leases_window[key]
+    if held == 0 then
+      tail = 0
+    elseif leases_whole[key] and window[#window] ~= nil then
+      tail = tonumber(window[#window])
+    else
+      tail = tonumber(call('LINDEX', key, -1))
+    end
+  end
+  local id = math.max(expires * 1000, tail + 1)
+  -- (Formatted with %d: Redis would print a number this large in exponent form.)
+  local name = string.format('%d', id)
+  call('RPUSH', key, name)
+  leases_tail[key] = id
+  expires = floor(id / 1000)
+  held = held + 1
+  leases_held[key] = held
+  earliest = earliest or expires
+  if leases_whole[key] then
+    local window = leases_window[key]
+    window[#window + 1] = name
+  end
+  -- A key the lease made (its first) takes its expiry; one that holds others keeps one this batch
+  -- set already, as late.
+  local set = leases_expiry[key]
+  if held == 1 or not set or expires > set then
+    expire_at_least(key, expires, held == 1)
+    leases_expiry[key] = expires
+  end
+  return id, held, earliest
+end
+
+-- Releases the lease `id` (its text) of the leases `key`: 1 if it was held, else 0 (one that
+-- expired or was released already).
+local function lease_release(key, id)
+  local released = call('LREM', key, 1, id)
+  local held = leases_held[key]
+  if released == 1 and tonumber(id) == leases_tail[key] then
+    -- (The next lease follows the list's last, read again.)
+    leases_tail[key] = nil
+  end
+  if released == 1 and held then
+    leases_held[key] = held - 1
+    local window, from = leases_window[key], leases_from[key]
+    if window[from] == id then
+      leases_from[key] = from + 1
+    else
+      for i = from + 1, #window do
+        if window[i] == id then
+          table.remove(window, i)
+          break
+        end
+      end
+    end
+  end
+  return released
+end
