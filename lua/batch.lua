@@ -32,9 +32,10 @@
 -- then per request, in order: the number of its shape (1-based); a give-back's is followed by
 --                `@` and its receipt, what its admission's check answered: `<time it was checked
 --                (ms)>,<its delay (ms)>` and, for a token bucket, `,<the bucket's full time after
---                it (µs)>` per counted rule; a release's by `@` and the lease's id; a check with a
---                claim (lua/claims.lua) by `#<claim id>,<lasting ms>`, its claims key after its
---                shape's keys
+--                it (µs)>` per counted rule; a release's by `@` and the lease's id, or several
+--                apart by spaces (a batch's releases of one key's leases,
+--                src/store/redis/merge.rs); a check with a claim (lua/claims.lua) by
+--                `#<claim id>,<lasting ms>`, its claims key after its shape's keys
 --
 -- Reply: one flat array (a nested one costs Redis and the client a table and an array per
 -- request; every item costs Redis about as much as an argument), packed as one MessagePack string
@@ -48,7 +49,7 @@
 --     rule has a retry, and it has no alert to say;
 --   - or the check's reply (see lua/entry.lua), which is longer, after its length negated (never
 --     -1: a reply has at least 2 items), which no short form starts with (a remaining count); a
---     release's is {1 if the lease was held else 0, 0};
+--     release's is {1 if any of its leases was held else 0, 0};
 --   - or -1 and the error of a request whose check failed (a key of the wrong type): the others
 --     still count.
 
@@ -194,16 +195,16 @@ local give_back_entry = remembered(function(entry)
 end)
 
 -- A request's entry with a receipt (see above): its shape's number, and the receipt: its
--- numbers (a give-back's), its text (a release's lease id: what LREM is handed), or a claim's
+-- numbers (a give-back's), its text (a release's lease ids), or a claim's
 -- {claim = id (text), lasting = ms} (lua/claims.lua).
 local function with_receipt(entry)
   local give_back = give_back_entry(entry)
   if give_back then
     return give_back[1], give_back[2]
   end
-  local number, lease = string.match(entry, '^(%d+)@(%d+)$')
+  local number, leases = string.match(entry, '^(%d+)@(%d[%d ]*)$')
   if number then
-    return tonumber(number), lease
+    return tonumber(number), leases
   end
   local id, lasting
   number, id, lasting = string.match(entry, '^(%d+)#(%d+),(%d+)$')
@@ -234,9 +235,9 @@ local function run_checks()
     elseif lean then
       n = lean
     elseif shape.release then
-      -- A release: 1 if the lease was held, else 0 (releasing one that expired or was released
-      -- already does nothing).
-      local held = lease_release(batch_keys[key_at + 1], receipt)
+      -- A release: 1 if any of its leases was held, else 0 (releasing one that expired or was
+      -- released already does nothing).
+      local held = math.min(leases_release(batch_keys[key_at + 1], receipt), 1)
       out[n + 1], out[n + 2], out[n + 3] = -2, held, 0
       n = n + 3
     else

@@ -28,11 +28,13 @@ local function forget_leases()
   end
 end
 
--- Reads the window on the first leases of `key` (see leases_held) and returns it.
-local function leases_read(key)
-  local window = call('LRANGE', key, 0, LEASE_WINDOW - 1)
+-- Reads the window on the first leases of `key` (see leases_held), `size` of them (nil:
+-- LEASE_WINDOW), and returns it.
+local function leases_read(key, size)
+  size = math.max(size or LEASE_WINDOW, LEASE_WINDOW)
+  local window = call('LRANGE', key, 0, size - 1)
   leases_window[key], leases_from[key] = window, 1
-  leases_whole[key] = #window < LEASE_WINDOW
+  leases_whole[key] = #window < size
   return window
 end
 
@@ -132,27 +134,81 @@ local function lease_take(key, held, earliest, expires)
 end
 
 -- Releases the lease `id` (its text) of the leases `key`: 1 if it was held, else 0 (one that
--- expired or was released already).
+-- expired or was released already). A batch that holds the whole list knows without asking.
 local function lease_release(key, id)
+  local held, window, from = leases_held[key], leases_window[key], leases_from[key]
+  local at = nil
+  if held then
+    for i = from, #window do
+      if window[i] == id then
+        at = i
+        break
+      end
+    end
+    if at == nil and leases_whole[key] then
+      return 0
+    end
+  end
   local released = call('LREM', key, 1, id)
-  local held = leases_held[key]
   if released == 1 and tonumber(id) == leases_tail[key] then
     -- (The next lease follows the list's last, read again.)
     leases_tail[key] = nil
   end
   if released == 1 and held then
     leases_held[key] = held - 1
-    local window, from = leases_window[key], leases_from[key]
-    if window[from] == id then
+    if at == from then
       leases_from[key] = from + 1
-    else
-      for i = from + 1, #window do
-        if window[i] == id then
-          table.remove(window, i)
-          break
-        end
-      end
+    elseif at ~= nil then
+      table.remove(window, at)
     end
+  end
+  return released
+end
+
+-- Releases the leases `ids` of the leases `key`, their texts apart by spaces (a batch's releases
+-- of one key go as one entry: src/store/redis/merge.rs): how many were held. Those at the head
+-- of the list, most often all of them (requests end about in the order they started), end in
+-- one LTRIM; any other as lease_release ends it.
+local function leases_release(key, ids)
+  if not string.find(ids, ' ', 1, true) then
+    return lease_release(key, ids)
+  end
+  local ending, left = {}, 0
+  for id in string.gmatch(ids, '%d+') do
+    if not ending[id] then
+      ending[id] = true
+      left = left + 1
+    end
+  end
+  -- (The expired ones go first: a release finds them gone.)
+  leases_current(key)
+  local released = 0
+  while left > 0 do
+    local window, from = leases_window[key], leases_from[key]
+    local past = from
+    while window[past] ~= nil and ending[window[past]] do
+      ending[window[past]] = nil
+      past = past + 1
+    end
+    local ended = past - from
+    if ended == 0 then
+      break
+    end
+    call('LTRIM', key, ended, -1)
+    leases_from[key] = past
+    leases_held[key] = leases_held[key] - ended
+    left, released = left - ended, released + ended
+    if window[past] ~= nil then
+      break
+    elseif leases_whole[key] then
+      -- (The list is empty: the next lease follows none.)
+      leases_tail[key] = nil
+      break
+    end
+    leases_read(key, left + 1)
+  end
+  for id in pairs(ending) do
+    released = released + lease_release(key, id)
   end
   return released
 end

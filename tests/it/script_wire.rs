@@ -2,8 +2,8 @@
 //! holds exactly the entries written, on every Redis version:
 //! - concurrency leases: a batch reads the first leases of a list a few at a time
 //!   (`LEASE_WINDOW` in lua/leases.lua) and keeps the count and the earliest expiry itself as its
-//!   checks take leases and its releases end them, in any order; every check's answer is
-//!   compared with a model of the leases;
+//!   checks take leases and its releases end them, in any order, one by one or joined as one
+//!   entry; every check's answer is compared with a model of the leases;
 //! - claims (lua/claims.lua): the wait behind a claim past a token bucket's burst, and claims on
 //!   a shape without metered units.
 
@@ -43,11 +43,13 @@ fn hour_ahead() -> u64 {
 const MOST: u64 = 64;
 const LEASE_MS: u64 = 60_000;
 
-/// One request of a batch: a check that takes a lease, or the release of lease `id`.
+/// One request of a batch: a check that takes a lease, the release of lease `id`, or the
+/// releases of one key's leases joined as one entry (src/store/redis/merge.rs).
 #[derive(Debug, Clone)]
 enum Entry {
     Check,
     Release(u64),
+    Releases(Vec<u64>),
 }
 
 /// What a check answered: whether it took a lease (its id), the slots left and the ms until the
@@ -73,6 +75,10 @@ fn run(
         match entry {
             Entry::Check => invocation.key(keys.0).key(keys.1).arg(2),
             Entry::Release(id) => invocation.key(keys.1).arg(format!("1@{id}")),
+            Entry::Releases(ids) => {
+                let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+                invocation.key(keys.1).arg(format!("1@{}", ids.join(" ")))
+            }
         };
     }
     let packed: Vec<u8> = invocation.invoke(client).unwrap();
@@ -93,7 +99,7 @@ fn run(
             0
         };
         match entry {
-            Entry::Release(_) => at += items,
+            Entry::Release(_) | Entry::Releases(_) => at += items,
             Entry::Check if first >= 0 => {
                 // The short form: the rule's remaining and reset, the slots', the lease.
                 let slots = numbers[at + 2] as u64;
@@ -172,6 +178,7 @@ fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_
                 Entry::Release(id) => {
                     assert!(held.remove(id).is_some(), "lease {id} released twice");
                 }
+                Entry::Releases(_) => unreachable!(),
                 Entry::Check => {
                     let answer = answered.next().unwrap();
                     let expected = model_check(&mut held, now_ms, answer.0);
@@ -183,6 +190,78 @@ fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_
     }
     let count: u64 = redis::cmd("LLEN").arg(&leases).query(&mut client).unwrap();
     assert_eq!(count, held.len() as u64);
+}
+
+#[test]
+fn releases_joined_as_one_entry_end_their_leases_wherever_they_are() {
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("lua-joined");
+    let (rule, leases) = (
+        format!("{prefix}:{{user:ann}}:jobs:fw:3600000:1000000"),
+        format!("{prefix}:{{user:ann}}:jobs:leases"),
+    );
+    let keys = (rule.as_str(), leases.as_str());
+    let mut now_ms = hour_ahead();
+    let mut held = BTreeMap::new();
+    let mut ids = Vec::new();
+    for _ in 0..48 {
+        now_ms += 1;
+        let [answer] = run(&mut client, keys, now_ms, &[Entry::Check])[..] else {
+            panic!("one answer")
+        };
+        assert_eq!(answer, model_check(&mut held, now_ms, answer.0));
+        ids.push(answer.0.unwrap());
+    }
+    let some = |indexes: &[usize]| indexes.iter().map(|&i| ids[i]).collect::<Vec<_>>();
+    // The first 20 (more than a batch reads at once); then some out of order with one released
+    // already and the last lease taken; then the rest, the newest first, and leases taken
+    // between and after.
+    let batches = [
+        vec![
+            Entry::Releases(some(&(0..20).collect::<Vec<_>>())),
+            Entry::Check,
+        ],
+        vec![
+            Entry::Check,
+            Entry::Releases(some(&[25, 19, 47, 20, 30])),
+            Entry::Check,
+            Entry::Releases(some(&[21, 22, 23])),
+            Entry::Check,
+        ],
+        vec![
+            Entry::Releases(some(&(24..47).rev().collect::<Vec<_>>())),
+            Entry::Check,
+            Entry::Check,
+        ],
+    ];
+    for entries in batches {
+        now_ms += 3;
+        let answers = run(&mut client, keys, now_ms, &entries);
+        let mut answered = answers.into_iter();
+        for entry in &entries {
+            match entry {
+                Entry::Releases(ended) => {
+                    for id in ended {
+                        held.remove(id);
+                    }
+                }
+                Entry::Check => {
+                    let answer = answered.next().unwrap();
+                    let taken = answer.0.expect("a slot was free");
+                    assert!(!held.contains_key(&taken), "lease {taken} taken twice");
+                    assert_eq!(
+                        answer,
+                        model_check(&mut held, now_ms, answer.0),
+                        "{entries:?}"
+                    );
+                }
+                Entry::Release(_) => unreachable!(),
+            }
+        }
+        let count: u64 = redis::cmd("LLEN").arg(&leases).query(&mut client).unwrap();
+        assert_eq!(count, held.len() as u64, "{entries:?}");
+    }
 }
 
 /// One batch of `entries` (each its keys and its argument) of `shapes` at `now_ms`: each entry's

@@ -506,3 +506,59 @@ async fn identical_give_backs_of_one_batch_go_as_one_entry_and_leave_the_same_co
         assert_eq!(peek.rules[0].remaining, in_memory.rules[0].remaining);
     }
 }
+
+#[tokio::test]
+async fn releases_of_one_key_in_a_batch_end_together_at_the_head_of_its_leases() {
+    // 40 leases of one identity, released at once: the first release goes alone, the others
+    // queue behind it and go as one entry, which ends them with one LTRIM (they lead the list).
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let policy = Policy::builder("releases")
+        .prefix("calls")
+        .max_in_flight(1_000)
+        .lease(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let store = RedisStore::from_url(&redis.url)
+        .expect("a Redis URL")
+        .timeout(Duration::from_secs(10));
+    let request = CheckRequest::new(
+        "calls:releases:user:ann",
+        policy.rules(),
+        policy.algorithm(),
+    )
+    .identity("user:ann")
+    .concurrency(policy.concurrency());
+    let mut leases = Vec::new();
+    for _ in 0..40 {
+        leases.push(store.check(&request).await.unwrap().lease.expect("a slot"));
+    }
+    let list = "calls:{user:ann}:releases:leases";
+    let held: u64 = redis::cmd("LLEN").arg(list).query(&mut client).unwrap();
+    assert_eq!(held, 40);
+    let before = command_calls(&mut client);
+    let released = leases.iter().map(|&lease| store.release(&request, lease));
+    for result in futures_util::future::join_all(released).await {
+        result.expect("a release");
+    }
+    let after = command_calls(&mut client);
+    let calls =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    assert!(
+        calls("lrem") <= 1 && calls("ltrim") <= 2,
+        "39 releases went one by one: {} LREM, {} LTRIM",
+        calls("lrem"),
+        calls("ltrim")
+    );
+    let held: u64 = redis::cmd("LLEN").arg(list).query(&mut client).unwrap();
+    assert_eq!(held, 0, "every lease ended");
+    // Every slot is free again, and each lease released once: a second release ends nothing.
+    let check = store.check(&request).await.unwrap();
+    assert_eq!(check.rules.last().unwrap().remaining, 999);
+    let again = leases.iter().map(|&lease| store.release(&request, lease));
+    for result in futures_util::future::join_all(again).await {
+        result.expect("a release");
+    }
+    let held: u64 = redis::cmd("LLEN").arg(list).query(&mut client).unwrap();
+    assert_eq!(held, 1, "the new lease holds, the old ones ended once");
+}

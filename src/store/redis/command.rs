@@ -42,6 +42,9 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
     limits
 }
 
+/// The shape of a lease's release (see `lua/batch.lua`): its one key is the leases.
+const RELEASE_SHAPE: &str = "rl|1";
+
 /// One check packed for the batch script (see `lua/batch.lua` and `lua/entry.lua`): its keys
 /// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<leases key>]
 /// [<block key>]`), then
@@ -250,13 +253,36 @@ impl PackedCheck {
         };
         write_leases_key(&mut packed.data, request);
         packed.end_key();
-        packed.data.push_str("rl|1");
+        packed.data.push_str(RELEASE_SHAPE);
         packed
     }
 
     /// Whether it may go as one entry with identical give-backs of its batch (see `merge.rs`).
     pub(super) fn adds_up(&self) -> bool {
         self.cost_piece.is_some()
+    }
+
+    /// Whether it is a lease's release, which may go as one entry with the releases of the same
+    /// leases in its batch (see `merge.rs`).
+    pub(super) fn releases(&self) -> bool {
+        self.limits.is_empty() && self.shape() == RELEASE_SHAPE
+    }
+
+    /// These releases of one key's leases (see [`PackedCheck::releases`]) as one entry: the
+    /// first's keys and shape, and every lease id (`@<id> <id>…`, see `lua/batch.lua`).
+    pub(super) fn joined<'a>(&self, others: impl Iterator<Item = &'a PackedCheck>) -> PackedCheck {
+        let mut receipt = self.receipt.clone();
+        for other in others {
+            receipt.push(' ');
+            receipt.push_str(other.receipt.trim_start_matches('@'));
+        }
+        PackedCheck {
+            data: self.data.clone(),
+            ends: self.ends.clone(),
+            limits: Vec::new(),
+            receipt,
+            cost_piece: None,
+        }
     }
 
     /// What makes two give-backs the same but for how many there are: their keys, shape and
@@ -724,6 +750,37 @@ mod tests {
                 "rl|1",
                 "1",
                 "2@1795000000000123"
+            ]
+        );
+    }
+
+    #[test]
+    fn releases_of_one_key_join_as_one_entry_naming_every_lease() {
+        let rules = [Rule::per_second(2)];
+        let limit =
+            crate::policy::concurrency_limit::ConcurrencyLimit::new(1, Duration::from_secs(60));
+        let ann = CheckRequest::new("rl:jobs:user:ann", &rules, Algorithm::FixedWindow)
+            .identity("user:ann")
+            .concurrency(Some(limit));
+        let releases = [7_000, 7_001, 7_005].map(|lease| PackedCheck::release(&ann, lease));
+        assert!(releases.iter().all(PackedCheck::releases));
+        assert!(
+            !PackedCheck::new(&ann, false).releases(),
+            "a check is no release"
+        );
+        let joined = releases[0].joined(releases[1..].iter());
+        assert!(joined.releases());
+        assert_eq!(
+            args_of(&batch_command(("FCALL", "f"), [&joined].into_iter(), None)),
+            [
+                "FCALL",
+                "f",
+                "1",
+                "rl:{user:ann}:jobs:leases",
+                "",
+                "1",
+                "rl|1",
+                "1@7000 7001 7005"
             ]
         );
     }

@@ -1,4 +1,4 @@
-//! Identical give-backs of a batch go as one entry, their units summed.
+//! Give-backs of a batch that add up, and releases of one key's leases, go as one entry.
 //!
 //! Under load a hot key's batch carries the give-backs of the requests the previous batch
 //! admitted (`count_only` responses that don't count, settles of a meter): the same keys, the
@@ -6,18 +6,21 @@
 //! give-back's units simply come off counts (a fixed window's, a sliding counter's, a quota's;
 //! each clamped at 0), k of them in a row leave what one of k times the units leaves, so the
 //! batch sends one entry for them all and each is answered what it found, the same for all.
-//! Moving a later one up to the first one's place in the batch is an order their requests could
-//! have arrived in: none of them waits on the checks between.
+//! Likewise the releases of one identity's leases (a concurrency limit's requests that ended)
+//! go as one entry naming every lease, which the script ends together (`lua/leases.lua`: those
+//! at the head of the list, most often all of them, in one command); nobody reads a release's
+//! answer. Moving a later one up to the first one's place in the batch is an order their
+//! requests could have arrived in: none of them waits on the checks between.
 
 use std::collections::HashMap;
 
 use super::batch::Member;
 use super::command::PackedCheck;
 
-/// A batch's entries once its identical give-backs are merged.
+/// A batch's entries once its give-backs that add up and its releases of one key are merged.
 pub(super) struct Merged {
-    /// Per entry, how many identical give-backs it stands for and the check sent (the first's,
-    /// that many times over; None: the member's own, unchanged).
+    /// Per entry, how many members it stands for and the check sent (the first give-back's, that
+    /// many times over, or the releases' joined; None: the member's own, unchanged).
     entries: Vec<(usize, Option<PackedCheck>)>,
     /// Per member, in order, the index of its entry.
     entry_of: Vec<usize>,
@@ -30,7 +33,7 @@ impl Merged {
     pub(super) fn of(members: &[Member]) -> Option<Merged> {
         if members
             .iter()
-            .filter(|member| member.check.adds_up())
+            .filter(|member| merges(&member.check).is_some())
             .count()
             < 2
         {
@@ -42,16 +45,17 @@ impl Merged {
         let mut first: Vec<usize> = Vec::with_capacity(members.len());
         for (index, member) in members.iter().enumerate() {
             let check = &member.check;
-            if check.adds_up()
-                && let Some(&entry) = seen.get(&check.identity())
+            let identity = merges(check);
+            if let Some(identity) = identity
+                && let Some(&entry) = seen.get(&identity)
                 && members[first[entry]].check.same_keys(check)
             {
                 entries[entry].0 += 1;
                 entry_of.push(entry);
                 continue;
             }
-            if check.adds_up() {
-                seen.insert(check.identity(), entries.len());
+            if let Some(identity) = identity {
+                seen.insert(identity, entries.len());
             }
             entry_of.push(entries.len());
             first.push(index);
@@ -60,10 +64,21 @@ impl Merged {
         if entries.len() == members.len() {
             return None;
         }
+        // Per entry of several releases, its members but the first.
+        let mut joining: HashMap<usize, Vec<&PackedCheck>> = HashMap::new();
+        for (index, (&entry, member)) in entry_of.iter().zip(members).enumerate() {
+            if entries[entry].0 > 1 && first[entry] != index && member.check.releases() {
+                joining.entry(entry).or_default().push(&member.check);
+            }
+        }
         for (entry, (count, sent)) in entries.iter_mut().enumerate() {
             if *count > 1 {
-                // (A sum past what the script counts exactly: the batch goes unmerged.)
-                *sent = Some(members[first[entry]].check.times(*count as u64)?);
+                let head = &members[first[entry]].check;
+                *sent = Some(match joining.remove(&entry) {
+                    Some(others) => head.joined(others.into_iter()),
+                    // (A sum past what the script counts exactly: the batch goes unmerged.)
+                    None => head.times(*count as u64)?,
+                });
             }
         }
         Some(Merged {
@@ -90,5 +105,17 @@ impl Merged {
     /// How many members entry `entry` stands for.
     pub(super) fn members_of(&self, entry: usize) -> usize {
         self.entries[entry].0
+    }
+}
+
+/// What makes two members of a batch go as one entry, when they may: a give-back's keys, shape
+/// and receipt (see [`PackedCheck::adds_up`]), or a release's keys and shape (the leases).
+fn merges(check: &PackedCheck) -> Option<(&str, &str)> {
+    if check.adds_up() {
+        Some(check.identity())
+    } else if check.releases() {
+        Some((check.identity().0, ""))
+    } else {
+        None
     }
 }
