@@ -291,8 +291,10 @@ local function batch(KEYS, ARGV)
     key_at = key_at + entry_keys
     at = at + 1
   end
-  -- The logs' admissions waiting to be written (lua/common.lua, log_flush).
+  -- The logs' admissions and the leases waiting to be written (log_flush, lua/common.lua;
+  -- leases_flush, lua/leases.lua).
   flush_logs()
+  flush_leases()
   -- MessagePack takes the table as an array only if nothing follows item n: what an earlier
   -- call wrote past it (up to `kept`, its n), or a claimed check that failed after its peek's
   -- entry.

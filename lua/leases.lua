@@ -6,7 +6,9 @@
 -- take order: a lease is taken at the tail (RPUSH, whatever the list holds), the earliest is
 -- the head, the expired ones lead the list, and a release (LREM) mostly finds its lease among
 -- the first, since requests end about in the order they started. (A sorted set did the same at
--- O(n) per ZADD below 128 members: the hottest command of a concurrency limit.)
+-- O(n) per ZADD below 128 members: the hottest command of a concurrency limit.) The leases a
+-- batch takes wait in it and go in one RPUSH, before anything else reads or changes the list,
+-- or when the batch ends (leases_flush).
 
 -- The lease id's expiry (ms), from its text.
 local function expiry_of(id)
@@ -16,21 +18,56 @@ end
 -- The leases of each key the batch has read (why they hold: logs_known, lua/common.lua): how
 -- many are held; a window on the first ids of the list (up to LEASE_WINDOW, as text, from `from`
 -- on: the ones before it were released), and whether it holds them all; the last id taken (a
--- number; nil: not read), and the expiry the batch gave the key. Forgotten at each batch.
+-- number; nil: not read), the expiry the batch gave the key, and the ids taken but not yet
+-- pushed (their texts, in order). Forgotten at each batch.
 local LEASE_WINDOW = 16
 local leases_held, leases_window, leases_from, leases_whole, leases_tail, leases_expiry =
   {}, {}, {}, {}, {}, {}
+local leases_pending = {}
 
 local function forget_leases()
   if next(leases_window) ~= nil then
     leases_held, leases_window, leases_from, leases_whole, leases_tail, leases_expiry =
       {}, {}, {}, {}, {}, {}
+    leases_pending = {}
+  end
+end
+
+-- Pushes the leases of `key` the batch took and hasn't pushed, and gives the key their expiry
+-- (the last one's: the latest). Run before any other command on the list, and at the batch's end.
+local function leases_flush(key)
+  local pending = leases_pending[key]
+  if pending == nil then
+    return
+  end
+  leases_pending[key] = nil
+  local length
+  for first = 1, #pending, ZADD_BATCH do
+    length = call('RPUSH', key, unpack(pending, first, math.min(first + ZADD_BATCH - 1, #pending)))
+  end
+  -- A list the push made (it held nothing) takes the expiry; one that holds others keeps one
+  -- this batch set already, as late.
+  local expires, set = expiry_of(pending[#pending]), leases_expiry[key]
+  local created = length == #pending
+  if created or not set or expires > set then
+    expire_at_least(key, expires, created)
+    leases_expiry[key] = expires
+  end
+end
+
+-- leases_flush of every key with leases waiting: at the batch's end.
+local function flush_leases()
+  if next(leases_pending) ~= nil then
+    for key in pairs(leases_pending) do
+      leases_flush(key)
+    end
   end
 end
 
 -- Reads the window on the first leases of `key` (see leases_held), `size` of them (nil:
 -- LEASE_WINDOW), and returns it.
 local function leases_read(key, size)
+  leases_flush(key)
   size = math.max(size or LEASE_WINDOW, LEASE_WINDOW)
   local window = call('LRANGE', key, 0, size - 1)
   leases_window[key], leases_from[key] = window, 1
@@ -61,6 +98,7 @@ local function leases_current(key)
     if past == from then
       break
     end
+    leases_flush(key)
     call('LTRIM', key, past - from, -1)
     leases_from[key] = past
     held = held and held - (past - from)
@@ -70,6 +108,7 @@ local function leases_current(key)
   if first == nil then
     held = 0
   elseif held == nil then
+    leases_flush(key)
     held = call('LLEN', key)
   end
   leases_held[key] = held
@@ -79,6 +118,7 @@ end
 -- The leases of `key` as leases_current counts them, for a peek, which changes nothing: how many
 -- have not expired, and when the earliest of them expires (nil: none).
 local function leases_peek(key)
+  leases_flush(key)
   local expired = 0
   while true do
     local window = call('LRANGE', key, expired, expired + LEASE_WINDOW - 1)
@@ -107,28 +147,26 @@ local function lease_take(key, held, earliest, expires)
     elseif leases_whole[key] and window[#window] ~= nil then
       tail = tonumber(window[#window])
     else
+      leases_flush(key)
       tail = tonumber(call('LINDEX', key, -1))
     end
   end
   local id = math.max(expires * 1000, tail + 1)
   -- (Formatted with %d: Redis would print a number this large in exponent form.)
   local name = string.format('%d', id)
-  call('RPUSH', key, name)
+  local pending = leases_pending[key]
+  if pending == nil then
+    leases_pending[key] = {name}
+  else
+    pending[#pending + 1] = name
+  end
   leases_tail[key] = id
-  expires = floor(id / 1000)
   held = held + 1
   leases_held[key] = held
-  earliest = earliest or expires
+  earliest = earliest or floor(id / 1000)
   if leases_whole[key] then
     local window = leases_window[key]
     window[#window + 1] = name
-  end
-  -- A key the lease made (its first) takes its expiry; one that holds others keeps one this batch
-  -- set already, as late.
-  local set = leases_expiry[key]
-  if held == 1 or not set or expires > set then
-    expire_at_least(key, expires, held == 1)
-    leases_expiry[key] = expires
   end
   return id, held, earliest
 end
@@ -136,6 +174,7 @@ end
 -- Releases the lease `id` (its text) of the leases `key`: 1 if it was held, else 0 (one that
 -- expired or was released already). A batch that holds the whole list knows without asking.
 local function lease_release(key, id)
+  leases_flush(key)
   local held, window, from = leases_held[key], leases_window[key], leases_from[key]
   local at = nil
   if held then
@@ -182,6 +221,7 @@ local function leases_release(key, ids)
   end
   -- (The expired ones go first: a release finds them gone.)
   leases_current(key)
+  leases_flush(key)
   local released = 0
   while left > 0 do
     local window, from = leases_window[key], leases_from[key]

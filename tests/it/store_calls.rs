@@ -344,9 +344,9 @@ async fn a_sliding_log_trims_reads_both_ends_adds_and_extends() {
 }
 
 #[tokio::test]
-async fn a_lease_is_pushed_once_however_many_a_batch_takes() {
-    // Checks of one batch share its time; each lease gets an id of its own at once, and the
-    // leases' last is read once (LINDEX) per batch at most.
+async fn the_leases_a_batch_takes_go_in_one_push() {
+    // 200 leases of one identity at once: each gets an id of its own without asking Redis, and
+    // a batch pushes its leases in one RPUSH (and reads the list's last at most once).
     let redis = TestRedis::own();
     let mut client = redis.client();
     let policy = Policy::builder("leases")
@@ -368,20 +368,30 @@ async fn a_lease_is_pushed_once_however_many_a_batch_takes() {
             .map(|slot| slot.expect("a slot"))
             .collect();
     let after = command_calls(&mut client);
-    let added = after["rpush"] - before.get("rpush").copied().unwrap_or(0);
-    assert_eq!(added, 200, "one RPUSH per lease");
-    let batches = after[store_call_command(&mut client)]
-        - before
-            .get(store_call_command(&mut client))
-            .copied()
-            .unwrap_or(0);
+    let calls =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    let batches = calls(store_call_command(&mut client));
     assert!(
         batches < 200,
         "the leases were taken in batches: {batches} calls"
     );
-    let tails =
-        after.get("lindex").copied().unwrap_or(0) - before.get("lindex").copied().unwrap_or(0);
-    assert!(tails <= batches, "{tails} reads of the last lease");
+    assert!(
+        calls("rpush") <= batches && calls("lindex") <= batches,
+        "{} RPUSH, {} LINDEX in {batches} calls",
+        calls("rpush"),
+        calls("lindex")
+    );
+    let leases: Vec<String> = redis::cmd("LRANGE")
+        .arg("calls:{one-identity}:leases:leases")
+        .arg(0)
+        .arg(-1)
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(leases.len(), 200, "every lease pushed");
+    let mut ids: Vec<u64> = leases.iter().map(|id| id.parse().unwrap()).collect();
+    assert!(ids.is_sorted(), "the list is in expiry order");
+    ids.dedup();
+    assert_eq!(ids.len(), 200, "each lease its own id");
     drop(held);
 }
 
