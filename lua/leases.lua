@@ -1,14 +1,16 @@
 -- A concurrency limit's leases (max_in_flight): one list per identity and policy, its key
--- `…:leases`, one item per request in flight, its lease id. An id says when its lease expires:
--- `<expiry (ms)> * 1000 + n`, n telling apart the leases of one key that expire in the same
--- millisecond (below 2^53 until the year 2255, so Lua's numbers hold it whole). A lease expires
--- no earlier than those taken before it on its key, so the list is in expiry order as it is in
--- take order: a lease is taken at the tail (RPUSH, whatever the list holds), the earliest is
--- the head, the expired ones lead the list, and a release (LREM) mostly finds its lease among
--- the first, since requests end about in the order they started. (A sorted set did the same at
--- O(n) per ZADD below 128 members: the hottest command of a concurrency limit.) The leases a
--- batch takes wait in it and go in one RPUSH, before anything else reads or changes the list,
--- or when the batch ends (leases_flush).
+-- `…:leases`, one item per request in flight, its lease id. An id is when its lease expires, in
+-- µs (its expiry in ms, `floor(id / 1000)`, is what counts), made unique on its key by taking one
+-- past the last (below 2^53 until the year 2255, so Lua's numbers hold it whole). Ids grow with
+-- Redis's clock: a later batch's leases get ids past every id an earlier one handed out (each
+-- take costs Redis more than a µs), so a lease released twice, the second time late, can't end
+-- one taken since. A lease expires no earlier than those taken before it on its key, so the list
+-- is in expiry order as it is in take order: a lease is taken at the tail (RPUSH, whatever the
+-- list holds), the earliest is the head, the expired ones lead the list, and a release (LREM)
+-- mostly finds its lease among the first, since requests end about in the order they started.
+-- (A sorted set did the same at O(n) per ZADD below 128 members: the hottest command of a
+-- concurrency limit.) The leases a batch takes wait in it and go in one RPUSH, before anything
+-- else reads or changes the list, or when the batch ends (leases_flush).
 
 -- The lease id's expiry (ms), from its text.
 local function expiry_of(id)
@@ -151,7 +153,7 @@ local function lease_take(key, held, earliest, expires)
       tail = tonumber(call('LINDEX', key, -1))
     end
   end
-  local id = math.max(expires * 1000, tail + 1)
+  local id = math.max(expires * 1000 + now_us % 1000, tail + 1)
   -- (Formatted with %d: Redis would print a number this large in exponent form.)
   local name = string.format('%d', id)
   local pending = leases_pending[key]

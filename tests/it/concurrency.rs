@@ -329,6 +329,49 @@ async fn a_shorter_lease_after_a_longer_one_ends_with_it_in_memory() {
     a_shorter_lease_after_a_longer_one_ends_with_it(&MemoryStore::new(), "mem").await;
 }
 
+/// A lease released twice (the second time by mistake, or late) ends nothing the second time,
+/// even when a lease taken since in the same millisecond holds the slot: ids are not handed out
+/// again. 20 rounds, each release and take a call of its own, most of them in one millisecond.
+async fn a_second_release_ends_no_other_lease(store: &dyn Store, prefix: &str) {
+    let policy = one_per_user(prefix, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let key = format!("{prefix}:jobs:user:ann");
+    let request = check_of(&policy, &key);
+    for round in 0..20 {
+        let first = check(store, &policy, &key)
+            .await
+            .lease
+            .expect("the free slot");
+        store.release(&request, first).await.unwrap();
+        let second = check(store, &policy, &key).await;
+        let second = second.lease.expect("the slot, free again");
+        assert_ne!(
+            first, second,
+            "round {round}: a released id handed out again"
+        );
+        store.release(&request, first).await.unwrap();
+        let refused = check(store, &policy, &key).await;
+        assert!(
+            !refused.allowed,
+            "round {round}: the second release of {first} ended {second}"
+        );
+        store.release(&request, second).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_second_release_ends_no_other_lease_on_redis() {
+    let redis = TestRedis::shared();
+    let store = RedisStore::from_url(&redis.url).unwrap();
+    a_second_release_ends_no_other_lease(&store, &unique_prefix("twice")).await;
+}
+
+#[tokio::test]
+async fn a_second_release_ends_no_other_lease_in_memory() {
+    a_second_release_ends_no_other_lease(&MemoryStore::new(), "mem").await;
+}
+
 /// A rate rule's refusal takes no slot; a refusal for want of a slot uses no rate quota.
 async fn rate_rules_and_slots_are_all_or_nothing(store: &dyn Store, prefix: &str) {
     // 1 per minute, 2 slots: the second request is refused by the rate rule and takes no slot.
