@@ -383,3 +383,56 @@ async fn the_queue_survives_timeouts_and_dropped_requests() {
         assert!(task.await.unwrap().unwrap().allowed);
     }
 }
+
+/// While one call's answers are handed out (the requests that waited woken, what is done with
+/// the others run), Redis already works on the next: it was sent first. Here what is done with
+/// the first release's answer finds the second's call already sent.
+#[test]
+fn the_next_call_is_sent_before_a_call_s_answers_are_handed_out() {
+    let redis = TestRedis::shared();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = RedisStore::from_url(&redis.url).unwrap();
+        let policy = Policy::builder("overlap")
+            .prefix(unique_prefix("overlap"))
+            .max_in_flight(10)
+            .lease(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let key = format!("{}:overlap:user:ann", policy.prefix());
+        let request = CheckRequest::new(&key, policy.rules(), policy.algorithm())
+            .identity("user:ann")
+            .concurrency(policy.concurrency());
+        let first = store.check(&request).await.unwrap().lease.unwrap();
+        let second = store.check(&request).await.unwrap().lease.unwrap();
+        let sent_before = store.batch_stats().script_calls;
+        // The first release's call starts a task of its own (not run yet: one thread); the
+        // second queues behind it.
+        let (seen, saw) = tokio::sync::oneshot::channel();
+        let counting = store.clone();
+        store.release_then(
+            &request,
+            first,
+            Box::new(move |result| {
+                result.expect("a release");
+                let _ = seen.send(counting.batch_stats().script_calls);
+            }),
+        );
+        let (done, finished) = tokio::sync::oneshot::channel();
+        store.release_then(
+            &request,
+            second,
+            Box::new(move |result| drop(done.send(result))),
+        );
+        let sent_when_answered = saw.await.unwrap();
+        finished.await.unwrap().expect("a release");
+        assert_eq!(
+            sent_when_answered,
+            sent_before + 2,
+            "the second release's call went out before the first's answer was handed out"
+        );
+    });
+}

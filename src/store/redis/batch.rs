@@ -5,7 +5,9 @@
 //! waits for nothing. While its call is in flight, later checks queue. When it returns, the queue
 //! (as much of it as fits [`MAX_CHECKS`], [`MAX_KEYS`] and [`MAX_BYTES`]) becomes the next call,
 //! sent from a task of its own that keeps sending until the queue is empty; the waiting checks get
-//! their decisions through a channel each. So Redis's fixed cost per script call (and per `TIME`)
+//! their decisions through a channel each, handed out once the next call has gone, so Redis works
+//! on it meanwhile (a hot key's concurrency lease and release: 0.50x → 0.60x a plain check's
+//! requests a second). So Redis's fixed cost per script call (and per `TIME`)
 //! and the client's per-command work are paid once per batch, and the batch grows with the load:
 //! one check per call when the store is idle, about as many as arrived during one round trip
 //! when it is busy.
@@ -20,6 +22,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -300,25 +303,76 @@ impl Shared {
     /// task is spawned, so that a task a runtime shutting down drops unpolled gives it up too.
     async fn send_batches(
         self: Arc<Self>,
-        mut batch: Vec<Waiter>,
-        mut deadline: Instant,
+        batch: Vec<Waiter>,
+        deadline: Instant,
         mut abandon: Abandon,
     ) {
+        let mut call = Call::start(&self, batch, deadline);
         loop {
+            let (replies, decisions) = call.answers().await;
+            let Some((next, next_deadline)) = self.batcher.next_batch() else {
+                answer(replies, decisions);
+                break;
+            };
+            // The next call goes out before this one's answers are handed out (waking the
+            // requests that waited, running what is done with the others): Redis works on it
+            // meanwhile, rather than after.
+            call = Call::start(&self, next, next_deadline);
+            call.send().await;
+            answer(replies, decisions);
+        }
+        abandon.armed = false;
+    }
+}
+
+/// Hands each of a call's decisions to where it goes.
+fn answer(replies: Vec<Reply>, decisions: Vec<Result<Decision, StoreError>>) {
+    for (reply, decision) in replies.into_iter().zip(decisions) {
+        reply.send(decision);
+    }
+}
+
+/// What a call of a batch answers: where each decision goes, and the decisions.
+type Answers = (Vec<Reply>, Vec<Result<Decision, StoreError>>);
+
+/// One script call of the group commit, from its first poll (which packs and sends it) to its
+/// answers.
+enum Call {
+    Flying(Pin<Box<dyn Future<Output = Answers> + Send>>),
+    Answered(Answers),
+}
+
+impl Call {
+    fn start(shared: &Arc<Shared>, batch: Vec<Waiter>, deadline: Instant) -> Call {
+        let shared = shared.clone();
+        Call::Flying(Box::pin(async move {
             let (members, replies): (Vec<Member>, Vec<_>) = batch
                 .into_iter()
                 .map(|waiter| (waiter.member, waiter.decision))
                 .unzip();
-            let decisions = self.call(&members, deadline).await;
-            for (reply, decision) in replies.into_iter().zip(decisions) {
-                reply.send(decision);
+            let decisions = shared.call(&members, deadline).await;
+            (replies, decisions)
+        }))
+    }
+
+    /// Polls it once: its command is on its way (or, rarely, already answered).
+    async fn send(&mut self) {
+        std::future::poll_fn(|cx| {
+            if let Call::Flying(call) = self
+                && let Poll::Ready(answers) = call.as_mut().poll(cx)
+            {
+                *self = Call::Answered(answers);
             }
-            match self.batcher.next_batch() {
-                Some((next, next_deadline)) => (batch, deadline) = (next, next_deadline),
-                None => break,
-            }
+            Poll::Ready(())
+        })
+        .await;
+    }
+
+    async fn answers(self) -> Answers {
+        match self {
+            Call::Flying(call) => call.await,
+            Call::Answered(answers) => answers,
         }
-        abandon.armed = false;
     }
 }
 
