@@ -267,6 +267,7 @@ local function batch(KEYS, ARGV)
   forget_logs()
   forget_leases()
   forget_markers()
+  forget_quotas()
   out[1], n = now, 1
   key_at, at = 0, 3 + tonumber(ARGV[2])
 
@@ -291,10 +292,11 @@ local function batch(KEYS, ARGV)
     key_at = key_at + entry_keys
     at = at + 1
   end
-  -- The logs' admissions and the leases waiting to be written (log_flush, lua/common.lua;
-  -- leases_flush, lua/leases.lua).
+  -- The logs' admissions, the leases and the quotas' charges waiting to be written (log_flush,
+  -- lua/common.lua; leases_flush, lua/leases.lua; quota_flush, lua/entry.lua).
   flush_logs()
   flush_leases()
+  flush_quotas()
   -- MessagePack takes the table as an array only if nothing follows item n: what an earlier
   -- call wrote past it (up to `kept`, its n), or a claimed check that failed after its peek's
   -- entry.

@@ -124,24 +124,6 @@ local function quota_day_start(shape, at)
   return at - (at + day - shape.quota_offset % day) % day
 end
 
--- The day's quota count went from `before` to `after` (a charge of the key `quota_key` for the
--- day starting at `start`): fires the alerts whose threshold it reached first, once per key,
--- threshold and day (the alert's flag, a field of the quota's hash, holds the day it fired for,
--- and lives as long as the day's count).
-local function quota_alerts(shape, quota_key, start, before, after)
-  for j = 1, shape.thresholds do
-    local used = shape.useds[j]
-    if before < used and after >= used then
-      local flag = shape.alert_fields[j]
-      if tonumber(call('HGET', quota_key, flag)) ~= start then
-        call('HSET', quota_key, flag, text_of(start))
-        fired_count = fired_count + 1
-        fired[fired_count] = shape.percents[j]
-      end
-    end
-  end
-end
-
 -- A quota's day charged for the first time (once a day per key): the key lives to the day's end,
 -- and when it outlived an earlier day (a quota used every day) the counts of the days before the
 -- last go (the last one's is kept for a clock that steps back into it), so a quota used every day
@@ -159,14 +141,116 @@ local function quota_day_opened(key, start, day)
   end
 end
 
--- Charges `units` to the quota's day starting at `start`; returns the count after. A day's first
--- charge makes the key live to the day's end (the same call's charges after it find it so).
-local function quota_add(shape, key, start, units)
-  local after = call('HINCRBY', key, text_of(start), text_of(units))
-  if after == units then
-    quota_day_opened(key, start, shape.quota_day)
+-- The quota days the batch has read or charged, by key and day start (why they hold:
+-- logs_known, lua/common.lua): {the count, the count Redis holds, the day's length}. The first
+-- charge of a day in a batch goes to Redis at once (a key one request a batch charges costs what
+-- it did); the batch's later charges and give-backs of it are counted here and written in one
+-- command when the batch ends, or before anything else reads or writes the key (quota_flush): a
+-- hot identity's checks of one batch charge its quota in two commands, not one each.
+local quota_days = {}
+
+local function forget_quotas()
+  if next(quota_days) ~= nil then
+    quota_days = {}
   end
-  return after
+end
+
+-- Writes what the batch counted of `key`'s days and Redis doesn't hold yet.
+local function quota_flush(key)
+  local days = quota_days[key]
+  if days == nil then
+    return
+  end
+  for start, known in pairs(days) do
+    local count, stored = known[1], known[2]
+    if count ~= stored then
+      local field = text_of(start)
+      if count == 0 then
+        -- (A day's count of 0 is no count: the field goes, as a give-back to 0 leaves it.)
+        call('HDEL', key, field)
+      elseif call('HINCRBY', key, field, text_of(count - stored)) == count - stored then
+        quota_day_opened(key, start, known[3])
+      end
+      known[2] = count
+    end
+  end
+end
+
+-- quota_flush of every key the batch counted: at its end.
+local function flush_quotas()
+  if next(quota_days) ~= nil then
+    for key in pairs(quota_days) do
+      quota_flush(key)
+    end
+  end
+end
+
+-- The batch's count of the quota `key`'s day starting at `start` (see quota_days), read from Redis
+-- (`units` nil) or charged `units` there when the batch hasn't met the day yet; nil when it has.
+local function quota_day(shape, key, start, units)
+  local days = quota_days[key]
+  if days == nil then
+    days = {}
+    quota_days[key] = days
+  end
+  local known = days[start]
+  if known ~= nil then
+    return known
+  end
+  local count
+  if units == nil then
+    count = tonumber(call('HGET', key, text_of(start))) or 0
+  else
+    count = call('HINCRBY', key, text_of(start), text_of(units))
+    if count == units then
+      quota_day_opened(key, start, shape.quota_day)
+    end
+  end
+  days[start] = {count, count, shape.quota_day}
+  return nil
+end
+
+-- Charges `units` to the quota's day starting at `start` (negative: takes a charge back); returns
+-- the count after. A day's first charge makes the key live to the day's end.
+local function quota_add(shape, key, start, units)
+  local known = quota_day(shape, key, start, units)
+  if known == nil then
+    return quota_days[key][start][1]
+  end
+  known[1] = known[1] + units
+  return known[1]
+end
+
+-- The count of the quota's day starting at `start`.
+local function quota_read(shape, key, start)
+  local known = quota_day(shape, key, start, nil) or quota_days[key][start]
+  return known[1]
+end
+
+-- Takes up to `units` back from the quota's day starting at `start`, never below zero.
+local function quota_take_back(shape, key, start, units)
+  local known = quota_day(shape, key, start, nil) or quota_days[key][start]
+  known[1] = math.max(known[1] - units, 0)
+end
+
+-- The day's quota count went from `before` to `after` (a charge of the key `quota_key` for the
+-- day starting at `start`): fires the alerts whose threshold it reached first, once per key,
+-- threshold and day (the alert's flag, a field of the quota's hash, holds the day it fired for,
+-- and lives as long as the day's count).
+local function quota_alerts(shape, quota_key, start, before, after)
+  for j = 1, shape.thresholds do
+    local used = shape.useds[j]
+    if before < used and after >= used then
+      local flag = shape.alert_fields[j]
+      -- (The day's count first: a flag never makes a key the count's expiry hasn't reached.)
+      quota_flush(quota_key)
+      if tonumber(call('HGET', quota_key, flag)) ~= start then
+        call('HSET', quota_key, flag, text_of(start))
+        fired_count = fired_count + 1
+        fired[fired_count] = shape.percents[j]
+      end
+    end
+  end
 end
 
 -- Ends the full reply begun after out[start] and written up to out[n]: the percents of the alerts
@@ -276,7 +360,7 @@ local function run_entry(shape, base, receipt, n)
     -- The quota's units go back to the day that was charged, while it lasts.
     if quota_key and (not giving_back
                       or quota_day_start(shape, receipt[1]) == quota_day_start(shape, now)) then
-      take_back(quota_key, text_of(quota_day_start(shape, now)), quota_cost)
+      quota_take_back(shape, quota_key, quota_day_start(shape, now), quota_cost)
     end
     costs, quota_cost = shape.ones, 1
   elseif kind == KIND_OVERDRAW then
@@ -342,7 +426,7 @@ local function run_entry(shape, base, receipt, n)
       -- (Charged by the lean function, whose rules admitted the request: it is admissible.)
       quota_count, quota_charged = handed_day - quota_cost, true
     elseif peeking or blocked_for > 0 or not admissible then
-      quota_count = tonumber(call('HGET', quota_key, text_of(quota_start))) or 0
+      quota_count = quota_read(shape, quota_key, quota_start)
     else
       quota_count = quota_add(shape, quota_key, quota_start, quota_cost) - quota_cost
       quota_charged = true
@@ -436,7 +520,7 @@ local function run_entry(shape, base, receipt, n)
       algorithm.undo(shape, i, keys[base + i], costs[i], peeking)
     end
     if quota_charged then
-      call('HINCRBY', quota_key, text_of(quota_start), text_of(0 - quota_cost))
+      quota_add(shape, quota_key, quota_start, 0 - quota_cost)
     end
     if shape.block > 0 and not peeking and (refused_by_rules or not quota_fits) then
       block_until = now + shape.block

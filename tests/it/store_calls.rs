@@ -572,3 +572,46 @@ async fn releases_of_one_key_in_a_batch_end_together_at_the_head_of_its_leases()
     let held: u64 = redis::cmd("LLEN").arg(list).query(&mut client).unwrap();
     assert_eq!(held, 1, "the new lease holds, the old ones ended once");
 }
+
+#[tokio::test]
+async fn a_batch_charges_a_hot_quota_in_two_commands_and_counts_exactly() {
+    // 50 checks at once of one identity's daily quota of 30 (one taken already): the first goes
+    // alone, the others in batches, each batch's first charge at once and the rest counted in
+    // the batch and written at its end, refusals' charges taken back among them.
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let store = RedisStore::from_url(&redis.url)
+        .expect("a Redis URL")
+        .timeout(Duration::from_secs(10));
+    let quota = QuotaRequest::new("calls:daily:ip:2", 30, 86_400_000, 0, &[]).identity("ip:2");
+    let request = CheckRequest::new("calls:hot:ip:2", &[], Algorithm::FixedWindow)
+        .identity("ip:2")
+        .quota(Some(quota));
+    assert!(store.check(&request).await.unwrap().allowed);
+    let before = command_calls(&mut client);
+    let decisions = futures_util::future::join_all((0..50).map(|_| store.check(&request))).await;
+    let after = command_calls(&mut client);
+    let calls =
+        |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
+    let admitted = decisions
+        .into_iter()
+        .filter(|decision| decision.as_ref().expect("a check").allowed)
+        .count();
+    assert_eq!(admitted, 29, "the quota's 30, one taken before");
+    let batches = calls(store_call_command(&mut client));
+    assert!(
+        calls("hincrby") <= 2 * batches && batches < 50,
+        "{} HINCRBY in {batches} calls",
+        calls("hincrby")
+    );
+    let days: HashMap<String, u64> = redis::cmd("HGETALL")
+        .arg("calls:{ip:2}:daily:q:86400000:0")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(days.values().sum::<u64>(), 30, "{days:?}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("calls:{ip:2}:daily:q:86400000:0")
+        .query(&mut client)
+        .unwrap();
+    assert!(ttl > 0, "the quota's key lives to the day's end: {ttl}");
+}
