@@ -280,6 +280,11 @@ local function batch(KEYS, ARGV)
       break
     end
     if shape == nil then
+      -- (What the checks before it did stands, as its commands do: their writes waiting in the
+      -- batch go too.)
+      flush_logs()
+      flush_leases()
+      flush_quotas()
       batch_keys, batch_args = nil, nil
       return redis.error_reply('malformed batch: ' .. tostring(failure))
     end

@@ -376,3 +376,47 @@ fn claims_on_a_shape_without_metered_units_answer_as_plain_checks() {
         assert_eq!(refused[0], 0, "{answers:?}");
     }
 }
+
+/// A batch that turns out malformed part way (an entry naming no shape) answers an error, and
+/// what its checks before did stands whole: their rules' charges and every quota charge, those
+/// the batch counted itself (lua/entry.lua, quota_days) included.
+#[test]
+fn a_malformed_batch_keeps_every_charge_its_checks_made() {
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("malformed");
+    let (rule, quota) = (
+        format!("{prefix}:{{ip:1}}:api:fw:5000:5"),
+        format!("{prefix}:{{ip:1}}:daily:q:86400000:0"),
+    );
+    let now_ms = hour_ahead();
+    let script = script();
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .arg(now_ms * 1_000)
+        .arg(1)
+        .arg("fw|2|1|0,0,0,10,86400000,0,0,0,0|5|5000");
+    for _ in 0..3 {
+        invocation.key(&rule).key(&quota).arg(1);
+    }
+    invocation.key(&rule).key(&quota).arg(9);
+    let answer: Result<Vec<u8>, _> = invocation.invoke(&mut client);
+    let error = answer.expect_err("an entry naming no shape");
+    assert!(error.to_string().contains("malformed"), "{error}");
+    let day = (now_ms - now_ms % 86_400_000).to_string();
+    let counts: (u64, u64) = (
+        redis::cmd("HGET")
+            .arg(&rule)
+            .arg((now_ms - now_ms % 5_000).to_string())
+            .query(&mut client)
+            .unwrap(),
+        redis::cmd("HGET")
+            .arg(&quota)
+            .arg(&day)
+            .query(&mut client)
+            .unwrap(),
+    );
+    assert_eq!(counts, (3, 3), "the rule's and the quota's charges");
+    let ttl: i64 = redis::cmd("PTTL").arg(&quota).query(&mut client).unwrap();
+    assert!(ttl > 0, "{ttl}");
+}
