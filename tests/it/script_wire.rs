@@ -132,28 +132,44 @@ fn model_check(held: &mut BTreeMap<u64, u64>, now_ms: u64, id: Option<u64>) -> A
     (id, MOST - held.len() as u64, earliest)
 }
 
+/// A rule's key and the leases' key of user ann under `prefix`.
+fn lease_keys(prefix: &str) -> (String, String) {
+    (
+        format!("{prefix}:{{user:ann}}:jobs:fw:3600000:1000000"),
+        format!("{prefix}:{{user:ann}}:jobs:leases"),
+    )
+}
+
+/// 48 leases, one a millisecond from after `now_ms`, each taken alone (48 expiries), each
+/// answer checked against the model `held`: their ids, in order.
+fn take_one_a_millisecond(
+    client: &mut redis::Connection,
+    keys: (&str, &str),
+    now_ms: &mut u64,
+    held: &mut BTreeMap<u64, u64>,
+) -> Vec<u64> {
+    let mut ids = Vec::new();
+    for _ in 0..48 {
+        *now_ms += 1;
+        let [answer] = run(client, keys, *now_ms, &[Entry::Check])[..] else {
+            panic!("one answer")
+        };
+        assert_eq!(answer, model_check(held, *now_ms, answer.0));
+        ids.push(answer.0.unwrap());
+    }
+    ids
+}
+
 #[test]
 fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_order() {
     let redis = TestRedis::shared();
     let mut client = redis.client();
     let prefix = unique_prefix("lua-leases");
-    let (rule, leases) = (
-        format!("{prefix}:{{user:ann}}:jobs:fw:3600000:1000000"),
-        format!("{prefix}:{{user:ann}}:jobs:leases"),
-    );
+    let (rule, leases) = lease_keys(&prefix);
     let keys = (rule.as_str(), leases.as_str());
     let mut now_ms = hour_ahead();
     let mut held = BTreeMap::new();
-    // 48 leases, one per millisecond, each taken alone: 48 expiries.
-    let mut ids = Vec::new();
-    for _ in 0..48 {
-        now_ms += 1;
-        let [answer] = run(&mut client, keys, now_ms, &[Entry::Check])[..] else {
-            panic!("one answer")
-        };
-        assert_eq!(answer, model_check(&mut held, now_ms, answer.0));
-        ids.push(answer.0.unwrap());
-    }
+    let ids = take_one_a_millisecond(&mut client, keys, &mut now_ms, &mut held);
     // Batches of releases (the oldest first, as requests mostly end, then out of order) and
     // checks between them: more releases of the earliest than a batch reads at once.
     let orders: [Vec<usize>; 3] = [
@@ -197,22 +213,11 @@ fn releases_joined_as_one_entry_end_their_leases_wherever_they_are() {
     let redis = TestRedis::shared();
     let mut client = redis.client();
     let prefix = unique_prefix("lua-joined");
-    let (rule, leases) = (
-        format!("{prefix}:{{user:ann}}:jobs:fw:3600000:1000000"),
-        format!("{prefix}:{{user:ann}}:jobs:leases"),
-    );
+    let (rule, leases) = lease_keys(&prefix);
     let keys = (rule.as_str(), leases.as_str());
     let mut now_ms = hour_ahead();
     let mut held = BTreeMap::new();
-    let mut ids = Vec::new();
-    for _ in 0..48 {
-        now_ms += 1;
-        let [answer] = run(&mut client, keys, now_ms, &[Entry::Check])[..] else {
-            panic!("one answer")
-        };
-        assert_eq!(answer, model_check(&mut held, now_ms, answer.0));
-        ids.push(answer.0.unwrap());
-    }
+    let ids = take_one_a_millisecond(&mut client, keys, &mut now_ms, &mut held);
     let some = |indexes: &[usize]| indexes.iter().map(|&i| ids[i]).collect::<Vec<_>>();
     // The first 20 (more than a batch reads at once); then some out of order with one released
     // already and the last lease taken; then the rest, the newest first, and leases taken
