@@ -248,6 +248,18 @@ local function run_checks()
   end
 end
 
+-- Writes what the batch's checks counted and Redis doesn't hold yet: the logs' admissions
+-- (log_flush, lua/common.lua), the buckets' and the sliding counters' charges (their flush), the
+-- leases taken (leases_flush, lua/leases.lua) and the quotas' charges (quota_flush,
+-- lua/entry.lua).
+local function flush_batch()
+  flush_logs()
+  token_bucket.flush()
+  sliding_counter.flush()
+  flush_leases()
+  flush_quotas()
+end
+
 local function batch(KEYS, ARGV)
   call, floor = redis.call, math.floor
   expire_options = redis.REDIS_VERSION_NUM ~= nil
@@ -282,9 +294,7 @@ local function batch(KEYS, ARGV)
     if shape == nil then
       -- (What the checks before it did stands, as its commands do: their writes waiting in the
       -- batch go too.)
-      flush_logs()
-      flush_leases()
-      flush_quotas()
+      flush_batch()
       batch_keys, batch_args = nil, nil
       return redis.error_reply('malformed batch: ' .. tostring(failure))
     end
@@ -297,11 +307,7 @@ local function batch(KEYS, ARGV)
     key_at = key_at + entry_keys
     at = at + 1
   end
-  -- The logs' admissions, the leases and the quotas' charges waiting to be written (log_flush,
-  -- lua/common.lua; leases_flush, lua/leases.lua; quota_flush, lua/entry.lua).
-  flush_logs()
-  flush_leases()
-  flush_quotas()
+  flush_batch()
   -- MessagePack takes the table as an array only if nothing follows item n: what an earlier
   -- call wrote past it (up to `kept`, its n), or a claimed check that failed after its peek's
   -- entry.

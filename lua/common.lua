@@ -45,6 +45,19 @@ local text_of = remembered(function(integer)
   return string.format('%d', integer)
 end)
 
+-- The error a write that moves a stored count by a difference (INCRBY, HINCRBY) meets on a value
+-- that is not an integer (a key written by hand, or by something else): raised by the check that
+-- would write it, as the command would have, so the batch's writes left for its end (which run
+-- outside any check, lua/batch.lua) never meet it.
+local NOT_AN_INTEGER = {err = 'ERR value is not an integer or out of range'}
+
+-- Whether a stored count's text is an integer Redis can move by a difference (nil: no value):
+-- digits, at most 16 of them (what the crate writes stays below 2^53, so a charge never takes it
+-- past a 64-bit integer).
+local function integer_text(text)
+  return text == nil or text == false or (#text <= 17 and string.find(text, '^%-?%d+$') ~= nil)
+end
+
 -- A request's costs, from its text (the cost piece of a shape, lua/batch.lua): `<cost>`, or, when a rule or the
 -- quota counts metered units, `<cost>:<units>:<flags>`, with one flag per counted rule and then
 -- one for the quota: `m` (it counts the units) or `r` (it counts the cost). Returns a table of

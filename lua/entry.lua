@@ -199,7 +199,11 @@ local function quota_day(shape, key, start, units)
   end
   local count
   if units == nil then
-    count = tonumber(call('HGET', key, text_of(start))) or 0
+    local text = call('HGET', key, text_of(start))
+    if not integer_text(text) then
+      error(NOT_AN_INTEGER) -- (quota_flush would move it with HINCRBY)
+    end
+    count = tonumber(text) or 0
   else
     count = call('HINCRBY', key, text_of(start), text_of(units))
     if count == units then

@@ -67,23 +67,64 @@ local function wait_until_frees(previous, current, period, elapsed)
 end
 -- (end of the helpers checked by tests/redis.rs)
 
--- Per rule: the window's start, its count and the previous one's, the time elapsed in it, and
--- whether the stored counter is of another window (or none): its commit then opens this one.
-local sc_start, sc_current, sc_previous, sc_elapsed, sc_opens = {}, {}, {}, {}, {}
+-- Per rule: the window's start, its count and the previous one's, and the time elapsed in it.
+local sc_start, sc_current, sc_previous, sc_elapsed = {}, {}, {}, {}
 -- What each counter the batch has read or written holds (its window's start, false for none; its
 -- count; the previous one's), by key: a hot counter's checks of one batch read it once (why that
 -- holds: logs_known, lua/common.lua). Forgotten at each batch.
 local sc_known_start, sc_known_current, sc_known_previous = {}, {}, {}
+-- What Redis holds of each counter the batch has charged, by key: {its window's start (false for
+-- none), its count, the previous one's, its period}. A batch's charges of a counter are written
+-- once, when it ends (sliding_counter.flush), so a hot counter's checks of one batch cost Redis
+-- two commands (its read and its write) rather than a write each.
+local sc_stored = {}
+-- The counters read whose count is not an integer's text (see NOT_AN_INTEGER).
+local sc_not_integer = {}
 
 function sliding_counter.forget()
   if next(sc_known_start) ~= nil then
     sc_known_start, sc_known_current, sc_known_previous = {}, {}, {}
+  end
+  if next(sc_stored) ~= nil then
+    sc_stored = {}
+  end
+  if next(sc_not_integer) ~= nil then
+    sc_not_integer = {}
   end
 end
 
 -- Notes what the counter `key` holds.
 local function sc_know(key, start, current, previous)
   sc_known_start[key], sc_known_current[key], sc_known_previous[key] = start, current, previous
+end
+
+-- Writes what the batch charged to the counter `key` (see sc_stored). One whose window the batch
+-- opened is written whole, with its expiry the end of the next window, when its count stops
+-- mattering; one charged again in the same window has that expiry already, and moves by the
+-- charges (`HINCRBY`).
+local function sc_flush(key)
+  local stored = sc_stored[key]
+  if stored == nil then
+    return
+  end
+  sc_stored[key] = nil
+  local start, current = sc_known_start[key], sc_known_current[key]
+  if start ~= stored[1] then
+    call('HSET', key, 's', text_of(start), 'c', text_of(current), 'p',
+         text_of(sc_known_previous[key]))
+    call('PEXPIREAT', key, text_of(start + 2 * stored[4]))
+  elseif current ~= stored[2] then
+    call('HINCRBY', key, 'c', text_of(current - stored[2]))
+  end
+end
+
+-- sc_flush of every counter the batch charged: at its end, or before it fails as a whole.
+function sliding_counter.flush()
+  if next(sc_stored) ~= nil then
+    for key in pairs(sc_stored) do
+      sc_flush(key)
+    end
+  end
 end
 
 function sliding_counter.prepare()
@@ -99,6 +140,9 @@ function sliding_counter.inspect(shape, i, key, cost)
     stored_start = tonumber(stored[1]) or false
     current, previous = tonumber(stored[2]) or 0, tonumber(stored[3]) or 0
     sc_know(key, stored_start, current, previous)
+    if not integer_text(stored[2]) then
+      sc_not_integer[key] = true
+    end
   else
     current, previous = sc_known_current[key], sc_known_previous[key]
   end
@@ -116,7 +160,6 @@ function sliding_counter.inspect(shape, i, key, cost)
   -- A clock that stepped back stays in the stored window.
   local elapsed = math.max(now - start, 0)
   sc_start[i], sc_current[i], sc_previous[i], sc_elapsed[i] = start, current, previous, elapsed
-  sc_opens[i] = stored_start ~= start
   return weighted(previous, period, elapsed) + current + cost <= shape.limits[i]
 end
 
@@ -130,16 +173,17 @@ function sliding_counter.wait(shape, i, cost)
 end
 
 function sliding_counter.commit(shape, i, key, cost)
+  local stored = sc_stored[key]
+  if sc_not_integer[key] and cost > 0
+      and sc_start[i] == (stored and stored[1] or sc_known_start[key]) then
+    error(NOT_AN_INTEGER) -- (sc_flush would move its count with HINCRBY)
+  end
   local current = sc_current[i] + cost
   sc_current[i] = current
-  if sc_opens[i] then
-    local start = sc_start[i]
-    call('HSET', key, 's', text_of(start), 'c', text_of(current), 'p', text_of(sc_previous[i]))
-    call('PEXPIREAT', key, text_of(start + 2 * shape.periods[i]))
-    sc_opens[i] = false
-  elseif cost > 0 then
-    -- (The count is the stored one: moved by the cost, whose text is remembered.)
-    call('HINCRBY', key, 'c', text_of(cost))
+  if stored == nil then
+    -- (What the batch read: nothing has changed the counter since.)
+    sc_stored[key] = {sc_known_start[key], sc_known_current[key], sc_known_previous[key],
+                      shape.periods[i]}
   end
   sc_know(key, sc_start[i], current, sc_previous[i])
 end
@@ -157,6 +201,8 @@ end
 
 function sliding_counter.give_back(shape, i, key, cost, receipt)
   local period = shape.periods[i]
+  -- (What the batch charged it first: the give-back reads and writes Redis itself.)
+  sc_flush(key)
   local stored = call('HMGET', key, 's', 'c', 'p')
   local start = tonumber(stored[1])
   local field

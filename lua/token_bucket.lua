@@ -12,10 +12,23 @@ local tb_tat, tb_conforms = {}, {}
 -- of one batch read it from Redis once (why that holds: logs_known, lua/common.lua). Forgotten at
 -- each batch (lua/batch.lua calls forget).
 local tb_known = {}
+-- What Redis holds of each bucket the batch has changed, by key: a batch's charges and give-backs
+-- of a bucket are written once, when it ends (token_bucket.flush), so a hot bucket's checks of one
+-- batch cost Redis two commands (its read and its write) rather than a write each. Nothing reads
+-- a bucket from Redis after the batch has (tb_read), so it waits safely.
+local tb_stored = {}
+-- The buckets read whose value is a number but not an integer's text (see NOT_AN_INTEGER).
+local tb_not_integer = {}
 
 function token_bucket.forget()
   if next(tb_known) ~= nil then
     tb_known = {}
+  end
+  if next(tb_stored) ~= nil then
+    tb_stored = {}
+  end
+  if next(tb_not_integer) ~= nil then
+    tb_not_integer = {}
   end
 end
 
@@ -23,10 +36,25 @@ end
 local function tb_read(key)
   local tat = tb_known[key]
   if tat == nil then
-    tat = tonumber(call('GET', key)) or 0
+    local text = call('GET', key)
+    tat = tonumber(text) or 0
     tb_known[key] = tat
+    if tat > 0 and not integer_text(text) then
+      tb_not_integer[key] = true
+    end
   end
   return tat
+end
+
+-- Notes that the bucket `key` holds `tat` now, to be written when the batch ends.
+local function tb_write(key, tat)
+  if tb_not_integer[key] and expire_options and tat > (tb_stored[key] or tb_known[key]) then
+    error(NOT_AN_INTEGER) -- (token_bucket.flush would move it with INCRBY)
+  end
+  if tb_stored[key] == nil then
+    tb_stored[key] = tb_known[key]
+  end
+  tb_known[key] = tat
 end
 
 -- (Numbers handed to redis.call go as text made with string.format: Lua's own conversion costs
@@ -73,25 +101,37 @@ function token_bucket.commit(shape, i, key, cost, _, at_us)
   if cost == 0 then
     return -- a free request moves nothing: the bucket is as it was
   end
-  local before, charge = tb_tat[i], cost * shape.intervals[i]
-  local tat = math.max(before, at_us) + charge
+  local tat = math.max(tb_tat[i], at_us) + cost * shape.intervals[i]
   tb_tat[i] = tat
-  local expires = ceil_ms(tat)
-  if before > 0 and expire_options then
-    -- The key holds `before` (read in this batch): moved by the difference (in debt, the charge
-    -- itself, whose text is remembered), which costs Redis less than a SET that replaces the
-    -- value and its expiry. Every write leaves the key's expiry at least at its tat's ms, so it
-    -- moves only when the tat passes into a later ms, and only later (GT).
-    local moved = tat - before
-    call('INCRBY', key, moved == charge and text_of(charge) or string.format('%d', moved))
-    if expires > ceil_ms(before) then
-      call('PEXPIREAT', key, text_of(expires), 'GT')
-    end
-  else
-    call('SET', key, string.format('%d', tat), 'PXAT', text_of(expires))
+  tb_write(key, tat)
+end
+
+-- Writes every bucket the batch changed (see tb_stored): at its end, or before it fails as a
+-- whole. A bucket moved later goes by the difference (`INCRBY`) with its expiry made later only
+-- (`PEXPIREAT … GT`), which costs Redis less than a SET that replaces the value and its expiry:
+-- every write leaves the key's expiry at least at its tat's ms, so it moves only when the tat
+-- passes into a later ms. One given back goes whole (`SET`), or goes (`DEL`) once full.
+function token_bucket.flush()
+  if next(tb_stored) == nil then
+    return
   end
-  -- (Noted once written: a write that failed leaves the key as it was read.)
-  tb_known[key] = tat
+  for key, before in pairs(tb_stored) do
+    local tat = tb_known[key]
+    if tat > now_us then
+      local expires = ceil_ms(tat)
+      if before > 0 and tat > before and expire_options then
+        call('INCRBY', key, string.format('%d', tat - before))
+        if expires > ceil_ms(before) then
+          call('PEXPIREAT', key, text_of(expires), 'GT')
+        end
+      elseif tat ~= before then
+        call('SET', key, string.format('%d', tat), 'PXAT', text_of(expires))
+      end
+    elseif before > 0 then
+      call('DEL', key)
+    end
+  end
+  tb_stored = {}
 end
 
 function token_bucket.undo()
@@ -129,12 +169,6 @@ function token_bucket.give_back(shape, i, key, cost, receipt)
       local units = math.min(cost, div(tat - now_us + interval - 1, interval))
       back = math.max(tat - units * interval, now_us)
     end
-    if back > now_us then
-      call('SET', key, string.format('%d', back), 'PXAT', string.format('%d', ceil_ms(back)))
-      tb_known[key] = back
-    else
-      call('DEL', key)
-      tb_known[key] = 0
-    end
+    tb_write(key, back > now_us and back or 0)
   end
 end

@@ -5,7 +5,9 @@
 //!   checks take leases and its releases end them, in any order, one by one or joined as one
 //!   entry; every check's answer is compared with a model of the leases;
 //! - claims (lua/claims.lua): the wait behind a claim past a token bucket's burst, and claims on
-//!   a shape without metered units.
+//!   a shape without metered units;
+//! - a batch that fails part way, as a whole (malformed) or in one check (a stored count that is
+//!   not an integer): what its checks counted is written, and the others answer.
 
 use crate::common;
 
@@ -424,4 +426,131 @@ fn a_malformed_batch_keeps_every_charge_its_checks_made() {
     assert_eq!(counts, (3, 3), "the rule's and the quota's charges");
     let ttl: i64 = redis::cmd("PTTL").arg(&quota).query(&mut client).unwrap();
     assert!(ttl > 0, "{ttl}");
+}
+
+/// A batch's reply, item by item: a number, or an error's text.
+fn reply_items(packed: &[u8]) -> Vec<Result<i64, String>> {
+    let mut reader = packed;
+    let items = rmp::decode::read_array_len(&mut reader).unwrap();
+    (0..items)
+        .map(|_| {
+            if matches!(reader[0], 0xa0..=0xbf | 0xd9..=0xdb) {
+                let length = rmp::decode::read_str_len(&mut reader).unwrap() as usize;
+                let text = String::from_utf8(reader[..length].to_vec()).unwrap();
+                reader = &reader[length..];
+                Err(text)
+            } else {
+                Ok(rmp::decode::read_int::<i64, _>(&mut reader).unwrap())
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_count_that_is_not_an_integer_fails_its_checks_and_not_the_batch() {
+    // A bucket and a sliding counter holding "1.5", and a quota day a number past what a charge
+    // can add to (written by something else):
+    // the checks that would move them by a difference fail, each with its error, as the
+    // command would have made them; the batch's writes left for its end never meet them, so the
+    // batch answers, and a check of a sound key beside them counts.
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let seven = common::redis_server::has_functions(&mut client);
+    let prefix = unique_prefix("not-integer");
+    let now_ms = hour_ahead();
+    let bucket = format!("{prefix}:{{ip:1}}:tb");
+    let counter = format!("{prefix}:{{ip:1}}:sc");
+    let (rule, quota) = (
+        format!("{prefix}:{{ip:1}}:fw"),
+        format!("{prefix}:{{ip:1}}:q"),
+    );
+    let sound = format!("{prefix}:{{ip:1}}:sound");
+    let day = now_ms - now_ms % 86_400_000;
+    let window = now_ms - now_ms % 3_600_000;
+    redis::pipe()
+        .cmd("SET")
+        .arg(&bucket)
+        .arg("1.5")
+        .cmd("HSET")
+        .arg(&counter)
+        .arg("s")
+        .arg(window)
+        .arg("c")
+        .arg("1.5")
+        .arg("p")
+        .arg(0)
+        .cmd("HSET")
+        .arg(&quota)
+        .arg(day)
+        .arg(i64::MAX)
+        .exec(&mut client)
+        .unwrap();
+    let quota_shape = |kind: u8| format!("fw|2|1|0,0,0,10,86400000,0,0,0,{kind}|30|3600000");
+    let script = script();
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .arg(now_ms * 1_000)
+        .arg(5)
+        .arg("tb|1|1||30|3600000|30")
+        .arg("sc|1|1||30|3600000")
+        .arg(quota_shape(1))
+        .arg(quota_shape(0))
+        .arg("fw|1|1||30|3600000");
+    invocation.key(&bucket).arg(1);
+    invocation.key(&counter).arg(2);
+    invocation.key(&rule).key(&quota).arg(3);
+    invocation.key(&rule).key(&quota).arg(4);
+    invocation.key(&sound).arg(5);
+    let packed: Vec<u8> = invocation.invoke(&mut client).expect("the batch answers");
+    let items = reply_items(&packed);
+    // Each entry: an error (-1 and its text), a full reply (its length negated), or a short form
+    // of `short` items.
+    let mut at = 1;
+    let mut entry = |short: usize| -> Result<(), String> {
+        match items[at].clone() {
+            Ok(-1) => {
+                at += 2;
+                Err(items[at - 1].clone().unwrap_err())
+            }
+            Ok(first) if first < 0 => {
+                at += 1 + usize::try_from(-first).unwrap();
+                Ok(())
+            }
+            Ok(_) => {
+                at += short;
+                Ok(())
+            }
+            Err(text) => panic!("an error's text where an entry starts: {text}"),
+        }
+    };
+    let not_integer = |answer: Result<(), String>| {
+        let error = answer.expect_err("an error");
+        assert!(error.contains("not an integer"), "{error}");
+    };
+    let bucket_answer = entry(3);
+    if seven {
+        not_integer(bucket_answer);
+    } else {
+        // Redis 6.2 writes a bucket whole (SET), whatever it held.
+        bucket_answer.expect("an admission");
+    }
+    not_integer(entry(2));
+    // The quota's peek reads the day; its check charges it at once, which Redis refuses.
+    not_integer(entry(0));
+    let error = entry(0).expect_err("the quota's charge fails");
+    assert!(error.contains("overflow"), "{error}");
+    entry(2).expect("the sound key's admission");
+    assert_eq!(at, items.len(), "{items:?}");
+    let count: u64 = redis::cmd("HGET")
+        .arg(&sound)
+        .arg(window)
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(count, 1);
+    let counted: String = redis::cmd("HGET")
+        .arg(&counter)
+        .arg("c")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(counted, "1.5", "the counter is left as it was");
 }

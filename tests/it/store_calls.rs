@@ -615,3 +615,66 @@ async fn a_batch_charges_a_hot_quota_in_two_commands_and_counts_exactly() {
         .unwrap();
     assert!(ttl > 0, "the quota's key lives to the day's end: {ttl}");
 }
+
+#[tokio::test]
+async fn a_batch_writes_a_hot_bucket_or_sliding_counter_once_and_counts_exactly() {
+    // 50 checks at once of one key's limit of 30 (one taken already): the first goes alone, the
+    // others in batches, each batch reading the key once and writing what its checks charged
+    // once, at its end.
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let store = RedisStore::from_url(&redis.url)
+        .expect("a Redis URL")
+        .timeout(Duration::from_secs(10));
+    let rules = [Rule::per_hour(30)];
+    for (algorithm, writes) in [
+        (Algorithm::TokenBucket, &["incrby", "pexpireat", "set"][..]),
+        (
+            Algorithm::SlidingCounter,
+            &["hincrby", "hset", "pexpireat"][..],
+        ),
+    ] {
+        let key = format!("calls:hot-{algorithm}:ip:3");
+        let request = CheckRequest::new(&key, &rules, algorithm);
+        assert!(store.check(&request).await.unwrap().allowed);
+        let before = command_calls(&mut client);
+        let decisions =
+            futures_util::future::join_all((0..50).map(|_| store.check(&request))).await;
+        let after = command_calls(&mut client);
+        let calls = |name: &str| {
+            after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0)
+        };
+        let admitted = decisions
+            .into_iter()
+            .filter(|decision| decision.as_ref().expect("a check").allowed)
+            .count();
+        assert_eq!(
+            admitted, 29,
+            "{algorithm}: the limit's 30, one taken before"
+        );
+        let batches = calls(store_call_command(&mut client));
+        let written: u64 = writes.iter().map(|name| calls(name)).sum();
+        assert!(
+            written <= 2 * batches && batches < 50,
+            "{algorithm}: {written} writes in {batches} calls"
+        );
+        // What the batches wrote is all of it: the next check is refused, and the key expires.
+        let next = store.check(&request).await.unwrap();
+        assert!(!next.allowed, "{algorithm}: {next:?}");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("*hot-{algorithm}*"))
+            .query(&mut client)
+            .unwrap();
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        let ttl: i64 = redis::cmd("PTTL").arg(&keys[0]).query(&mut client).unwrap();
+        assert!(ttl > 0, "{algorithm}: the key expires: {ttl}");
+        if algorithm == Algorithm::SlidingCounter {
+            let count: u64 = redis::cmd("HGET")
+                .arg(&keys[0])
+                .arg("c")
+                .query(&mut client)
+                .unwrap();
+            assert_eq!(count, 30, "{algorithm}");
+        }
+    }
+}
