@@ -201,3 +201,60 @@ proptest! {
         });
     }
 }
+
+#[tokio::test]
+async fn a_give_back_lifts_a_cached_refusal_at_once() {
+    // One login attempt an hour, counted only when it fails (count_only): while one attempt is
+    // in flight, the next is refused, and the refusal cached; the first then succeeds and gives
+    // its unit back, so the next attempt is admitted by the store, not refused by the cache.
+    let store = MemoryStore::new();
+    let policy = Policy::builder("login")
+        .prefix("cache-give-back")
+        .rule(Rule::per_hour(1))
+        .count_only(|status| status != StatusCode::OK)
+        .build()
+        .unwrap();
+    let (entered, proceed) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
+    let handler = {
+        let (entered, proceed) = (entered.clone(), proceed.clone());
+        move || async move {
+            entered.notify_one();
+            proceed.notified().await;
+            "welcome"
+        }
+    };
+    let slow = Router::new()
+        .route("/", get(handler))
+        .route("/fast", get(|| async { "welcome" }))
+        .layer(RateLimitLayer::new(policy, store).refusal_cache(16));
+    let first = tokio::spawn({
+        let slow = slow.clone();
+        async move { send(&slow, request_from(PEER, "/")).await.status() }
+    });
+    entered.notified().await;
+    assert_eq!(send(&slow, request_from(PEER, "/")).await.status(), 429);
+    assert_eq!(
+        send(&slow, request_from(PEER, "/")).await.status(),
+        429,
+        "from the cache"
+    );
+    proceed.notify_one();
+    assert_eq!(first.await.unwrap(), 200);
+    // (The give-back runs once the body ends, which `send` does not wait for.)
+    let mut status = StatusCode::TOO_MANY_REQUESTS;
+    for _ in 0..100 {
+        status = send(&slow, request_from(PEER, "/fast")).await.status();
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the store admits it again, the cache did not answer"
+    );
+}
