@@ -80,12 +80,23 @@ end
 -- The leases of `key`, those past their expiry gone (their requests ended without a word, their
 -- instance died): how many are held, and when the earliest expires (nil: none is held). The
 -- earliest is read first: only when it has expired do the expired ones go (LTRIM), and a key
--- that holds none is not there to count. Read once per batch, and again only when the releases
--- of a batch emptied the window on the first.
-local function leases_current(key)
+-- that holds none is not there to count. Read once per batch (`size` of them first, at least
+-- LEASE_WINDOW), and again only when the releases of a batch emptied the window on the first.
+local function leases_current(key, size)
   local held, window = leases_held[key], leases_window[key]
+  if held ~= nil and window ~= nil then
+    -- (What the batch knows, while its earliest has not expired: every check of a hot key but
+    -- its batch's first. The loop below would find the same.)
+    local first = window[leases_from[key]]
+    if first ~= nil then
+      local earliest = expiry_of(first)
+      if earliest > now then
+        return held, earliest
+      end
+    end
+  end
   if window == nil then
-    window = leases_read(key)
+    window = leases_read(key, size)
   end
   while true do
     local from = leases_from[key]
@@ -207,12 +218,34 @@ local function lease_release(key, id)
 end
 
 -- Releases the leases `ids` of the leases `key`, their texts apart by spaces (a batch's releases
--- of one key go as one entry: src/store/redis/merge.rs): how many were held. Those at the head
--- of the list, most often all of them (requests end about in the order they started), end in
--- one LTRIM; any other as lease_release ends it.
+-- of one key go as one entry, in ascending order: src/store/redis/merge.rs): how many were held.
+-- Most often they are the list's first leases (requests end about in the order they started),
+-- which one comparison of their text finds and one LTRIM ends; otherwise those at its head end
+-- in one LTRIM each time the window on its first leases runs out, and any other as
+-- lease_release ends it.
 local function leases_release(key, ids)
   if not string.find(ids, ' ', 1, true) then
     return lease_release(key, ids)
+  end
+  local _, spaces = string.gsub(ids, ' ', ' ')
+  local count = spaces + 1
+  -- (The expired ones go first: a release finds them gone.)
+  leases_current(key, count)
+  leases_flush(key)
+  local window, from = leases_window[key], leases_from[key]
+  if window[from + count - 1] == nil and not leases_whole[key] then
+    window, from = leases_read(key, count), 1
+  end
+  local last = from + count - 1
+  if window[last] ~= nil and table.concat(window, ' ', from, last) == ids then
+    call('LTRIM', key, count, -1)
+    leases_from[key] = last + 1
+    leases_held[key] = leases_held[key] - count
+    if window[last + 1] == nil and leases_whole[key] then
+      -- (The list is empty: the next lease follows none.)
+      leases_tail[key] = nil
+    end
+    return count
   end
   local ending, left = {}, 0
   for id in string.gmatch(ids, '%d+') do
@@ -221,9 +254,6 @@ local function leases_release(key, ids)
       left = left + 1
     end
   end
-  -- (The expired ones go first: a release finds them gone.)
-  leases_current(key)
-  leases_flush(key)
   local released = 0
   while left > 0 do
     local window, from = leases_window[key], leases_from[key]

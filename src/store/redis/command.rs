@@ -269,13 +269,23 @@ impl PackedCheck {
     }
 
     /// These releases of one key's leases (see [`PackedCheck::releases`]) as one entry: the
-    /// first's keys and shape, and every lease id (`@<id> <id>…`, see `lua/batch.lua`).
-    pub(super) fn joined<'a>(&self, others: impl Iterator<Item = &'a PackedCheck>) -> PackedCheck {
-        let mut receipt = self.receipt.clone();
-        for other in others {
-            receipt.push(' ');
-            receipt.push_str(other.receipt.trim_start_matches('@'));
-        }
+    /// first's keys and shape, and every lease id (`@<id> <id>…`, see `lua/batch.lua`), in
+    /// ascending order, the list's own (`lua/leases.lua`): when they are its first leases, as
+    /// they mostly are, the script ends them all by comparing one text.
+    pub(super) fn joined<'a>(
+        &'a self,
+        others: impl Iterator<Item = &'a PackedCheck>,
+    ) -> PackedCheck {
+        let mut ids: Vec<&str> = std::iter::once(self)
+            .chain(others)
+            .map(|release| release.receipt.trim_start_matches('@'))
+            .collect();
+        // (Ids are decimal numbers: the shorter is the smaller.)
+        ids.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        let mut receipt =
+            String::with_capacity(ids.iter().map(|id| id.len() + 1).sum::<usize>() + 1);
+        receipt.push('@');
+        receipt.push_str(&ids.join(" "));
         PackedCheck {
             data: self.data.clone(),
             ends: self.ends.clone(),
@@ -762,7 +772,8 @@ mod tests {
         let ann = CheckRequest::new("rl:jobs:user:ann", &rules, Algorithm::FixedWindow)
             .identity("user:ann")
             .concurrency(Some(limit));
-        let releases = [7_000, 7_001, 7_005].map(|lease| PackedCheck::release(&ann, lease));
+        // (In the order their requests ended; joined in the list's, ascending.)
+        let releases = [7_005, 700, 7_001].map(|lease| PackedCheck::release(&ann, lease));
         assert!(releases.iter().all(PackedCheck::releases));
         assert!(
             !PackedCheck::new(&ann, false).releases(),
@@ -780,7 +791,7 @@ mod tests {
                 "",
                 "1",
                 "rl|1",
-                "1@7000 7001 7005"
+                "1@700 7001 7005"
             ]
         );
     }
