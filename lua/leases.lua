@@ -229,12 +229,13 @@ local function leases_release(key, ids)
   end
   local _, spaces = string.gsub(ids, ' ', ' ')
   local count = spaces + 1
-  -- (The expired ones go first: a release finds them gone.)
-  leases_current(key, count)
+  -- (The expired ones go first: a release finds them gone. One more than the ids is read, so
+  -- that ending them all says whether the list is empty.)
+  leases_current(key, count + 1)
   leases_flush(key)
   local window, from = leases_window[key], leases_from[key]
-  if window[from + count - 1] == nil and not leases_whole[key] then
-    window, from = leases_read(key, count), 1
+  if window[from + count] == nil and not leases_whole[key] then
+    window, from = leases_read(key, count + 1), 1
   end
   local last = from + count - 1
   if window[last] ~= nil and table.concat(window, ' ', from, last) == ids then

@@ -554,3 +554,51 @@ fn a_count_that_is_not_an_integer_fails_its_checks_and_not_the_batch() {
         .unwrap();
     assert_eq!(counted, "1.5", "the counter is left as it was");
 }
+
+#[test]
+fn releases_that_end_every_lease_let_a_shorter_lease_keep_its_own_length() {
+    // 16 leases of a minute, then in one batch a 17th, the release of all 17 joined, and a lease
+    // of 5 ms: the list held nothing more, so the short lease follows none and ends when it asks,
+    // not with the minute-long ones before it.
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("every-lease");
+    let (counter, leases) = (
+        format!("{prefix}:{{ip:1}}:fw"),
+        format!("{prefix}:{{ip:1}}:leases"),
+    );
+    let shape = |lease_ms: u64| format!("fw|2|1|0,0,0,0,0,0,{MOST},{lease_ms},0|1000000|3600000");
+    let now_ms = hour_ahead();
+    let script = script();
+    let invoke = |entries: &[&str], client: &mut redis::Connection| {
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .arg(now_ms * 1_000)
+            .arg(3)
+            .arg("rl|1")
+            .arg(shape(LEASE_MS))
+            .arg(shape(5));
+        for entry in entries {
+            if entry.starts_with("1@") {
+                invocation.key(&leases);
+            } else {
+                invocation.key(&counter).key(&leases);
+            }
+            invocation.arg(*entry);
+        }
+        let _: Vec<u8> = invocation.invoke(client).unwrap();
+    };
+    invoke(&["2"; 16], &mut client);
+    let ids: Vec<String> = (0..17)
+        .map(|taken| ((now_ms + LEASE_MS) * 1_000 + taken).to_string())
+        .collect();
+    let release = format!("1@{}", ids.join(" "));
+    invoke(&["2", &release, "3"], &mut client);
+    let held: Vec<String> = redis::cmd("LRANGE")
+        .arg(&leases)
+        .arg(0)
+        .arg(-1)
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(held, [((now_ms + 5) * 1_000).to_string()]);
+}
