@@ -202,12 +202,17 @@ local function with_receipt(entry)
   if give_back then
     return give_back[1], give_back[2]
   end
-  local number, leases = string.match(entry, '^(%d+)@(%d[%d ]*)$')
-  if number then
-    return tonumber(number), leases
+  -- A release's: its ids are checked where they are read (leases_release, lua/leases.lua), since
+  -- a pattern over a batch's joined ids cost Redis more than their release.
+  local at = string.find(entry, '@', 1, true)
+  if at ~= nil and at > 1 and not string.find(entry, '#', 1, true) then
+    local number = string.match(string.sub(entry, 1, at - 1), '^%d+$')
+    local leases = string.sub(entry, at + 1)
+    if number and string.find(leases, '^%d') then
+      return tonumber(number), leases
+    end
   end
-  local id, lasting
-  number, id, lasting = string.match(entry, '^(%d+)#(%d+),(%d+)$')
+  local number, id, lasting = string.match(entry, '^(%d+)#(%d+),(%d+)$')
   if number == nil then
     return nil
   end

@@ -602,3 +602,77 @@ fn releases_that_end_every_lease_let_a_shorter_lease_keep_its_own_length() {
         .unwrap();
     assert_eq!(held, [((now_ms + 5) * 1_000).to_string()]);
 }
+
+#[test]
+fn joined_releases_of_ids_of_other_lengths_or_not_ids_end_what_they_name_and_fail_alone() {
+    // The script guesses how many ids a joined release holds from the first's length, and proves
+    // the guess before ending anything; ids of other lengths (one the list never held) take the
+    // slower way and still end exactly the leases they name. A release whose ids are not numbers
+    // answers an error, and the check after it in the batch answers as usual.
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("odd-releases");
+    let (counter, leases) = (
+        format!("{prefix}:{{ip:1}}:fw"),
+        format!("{prefix}:{{ip:1}}:leases"),
+    );
+    let now_ms = hour_ahead();
+    let script = script();
+    let invoke = |entries: &[&str], client: &mut redis::Connection| {
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .arg(now_ms * 1_000)
+            .arg(2)
+            .arg("rl|1")
+            .arg(format!(
+                "fw|2|1|0,0,0,0,0,0,{MOST},{LEASE_MS},0|1000000|3600000"
+            ));
+        for entry in entries {
+            if entry.starts_with("1@") {
+                invocation.key(&leases);
+            } else {
+                invocation.key(&counter).key(&leases);
+            }
+            invocation.arg(*entry);
+        }
+        let packed: Vec<u8> = invocation.invoke(client).unwrap();
+        reply_items(&packed)
+    };
+    invoke(&["2"; 4], &mut client);
+    let ids: Vec<String> = (0..4)
+        .map(|taken| ((now_ms + LEASE_MS) * 1_000 + taken).to_string())
+        .collect();
+    let held = |client: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("LRANGE")
+            .arg(&leases)
+            .arg(0)
+            .arg(-1)
+            .query(client)
+            .unwrap()
+    };
+    assert_eq!(held(&mut client), ids);
+
+    // A short id the list never held, then the second and the fourth lease.
+    let odd = format!("1@7 {} {}", ids[1], ids[3]);
+    let items = invoke(&[&odd], &mut client);
+    assert_eq!(items[1..], [Ok(-2), Ok(1), Ok(0)], "{items:?}");
+    assert_eq!(held(&mut client), [ids[0].clone(), ids[2].clone()]);
+
+    // Not ids: that release fails, alone; the check after it takes a lease.
+    for bad in ["1@12x4", &format!("1@{} 12x4", ids[0])] {
+        let items = invoke(&[bad, "2"], &mut client);
+        assert_eq!(items[1], Ok(-1), "{bad}: {items:?}");
+        assert!(
+            matches!(&items[2], Err(text) if text.contains("malformed lease id")),
+            "{bad}: {items:?}"
+        );
+        // The check's short form: the rule's remaining and reset, the slots', the lease.
+        assert_eq!(items.len(), 3 + 5, "{bad}: {items:?}");
+        assert!(matches!(items[7], Ok(lease) if lease > 0), "{items:?}");
+    }
+    assert_eq!(
+        held(&mut client).len(),
+        4,
+        "the two left and the two checks' leases"
+    );
+}
