@@ -46,7 +46,7 @@ use axum::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
 use http::StatusCode;
 use http::request::Parts;
 
-use crate::limiter::{Admission, Limiter, Settled};
+use crate::limiter::{Admission, Limiter, Resolved};
 use crate::operate::HeavyHitter;
 use crate::policy::{Policy, PolicyError};
 use crate::store::Store;
@@ -216,14 +216,14 @@ where
         // (The extractor can't see the response: a count_only charge stays, and a meter's
         // reservation settles once the request's `Usage` is gone.)
         match limiter.decide(parts).outcome().await {
-            Settled::Admitted(mut admission) => {
+            Resolved::Admitted(mut admission) => {
                 admission.meter_into(&mut parts.extensions);
                 Ok(Limited {
                     admission,
                     policy: PhantomData,
                 })
             }
-            Settled::Answered(answered) => Err(answered.response()),
+            Resolved::Answered(answered) => Err(answered.response()),
         }
     }
 }

@@ -38,7 +38,7 @@ use axum::response::{IntoResponse, IntoResponseParts, ResponseParts};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::decision::Decision;
-use crate::limiter::{Admission, Limiter, Price, Refusal, Settled};
+use crate::limiter::{Admission, Limiter, Price, Refusal, Resolved};
 use crate::meter::Reservation;
 use crate::operate::OperatorError;
 use crate::policy::{Policy, PolicyError};
@@ -132,8 +132,8 @@ impl RateLimiter {
     /// The limiter's decision for `identity` at `price`.
     async fn decide(&self, identity: &str, price: Price) -> Result<Admission, Refused> {
         match self.limiter.decide_named(identity, price).outcome().await {
-            Settled::Admitted(admission) => Ok(admission),
-            Settled::Answered(answered) => {
+            Resolved::Admitted(admission) => Ok(admission),
+            Resolved::Answered(answered) => {
                 let (limiter, refusal) = answered.into_refusal();
                 Err(Refused { limiter, refusal })
             }

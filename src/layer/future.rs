@@ -12,7 +12,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
-use crate::limiter::{Deciding, OnResponse, Settled};
+use crate::limiter::{Deciding, OnResponse, Resolved};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::layer::RateLimit).
@@ -99,11 +99,11 @@ where
                         .take()
                         .expect("ResponseFuture polled after it completed");
                     state.set(match settled {
-                        Settled::Admitted(admission) => State::Inner {
+                        Resolved::Admitted(admission) => State::Inner {
                             on_response: Some(admission.on_call(request.extensions_mut())),
                             future: service.call(request),
                         },
-                        Settled::Answered(answered) => State::Done {
+                        Resolved::Answered(answered) => State::Done {
                             response: Some(answered.response()),
                         },
                     });

@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower::{BoxError, Service};
 
 use super::future::ResponseFuture;
-use crate::limiter::{Decided, Limiter, Settled};
+use crate::limiter::{Decided, Limiter, Resolved};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -92,11 +92,11 @@ where
     // Decided at once (an in-process store, units in hand, an answer): no clone of the inner
     // service, no state to wait in.
     match decided {
-        Decided::Now(Settled::Admitted(admission)) => {
+        Decided::Now(Resolved::Admitted(admission)) => {
             let on_response = admission.on_call(request.extensions_mut());
             ResponseFuture::inner(inner.call(request), on_response)
         }
-        Decided::Now(Settled::Answered(answered)) => ResponseFuture::respond(answered.response()),
+        Decided::Now(Resolved::Answered(answered)) => ResponseFuture::respond(answered.response()),
         Decided::Later(deciding) => {
             // The service that was polled ready goes with the request; a fresh clone stays.
             let fresh = inner.clone();

@@ -158,7 +158,7 @@ impl Admission {
         }
         let charge = self
             .charge
-            .filter(Charge::settles_after_response)
+            .filter(Charge::kept_or_given_back_after_response)
             .map(|mut charge| {
                 charge.answered(self.decision);
                 Box::new(charge)
@@ -202,7 +202,7 @@ impl OnResponse {
         B::Error: Into<BoxError>,
     {
         if let Some(charge) = self.charge {
-            charge.settle(response.status());
+            charge.keep_or_give_back(response.status());
         }
         if let Some(tab) = &self.tab {
             tab.answered(&response);

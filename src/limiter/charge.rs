@@ -73,8 +73,8 @@ impl Charge {
         }
     }
 
-    /// Whether the policy settles this charge after the response (`count_only`).
-    pub(crate) fn settles_after_response(&self) -> bool {
+    /// Whether the response decides if this charge is kept or given back (`count_only`).
+    pub(crate) fn kept_or_given_back_after_response(&self) -> bool {
         self.limiter.policy.counts_only_some()
     }
 
@@ -102,7 +102,7 @@ impl Charge {
     /// Keeps the charge if a response of `status` counts, else gives it back: at once with an
     /// in-process store, in a task of its own with a networked one (the response doesn't wait).
     /// A give-back that fails is logged; the units then count, on the safe side.
-    pub(crate) fn settle(self, status: StatusCode) {
+    pub(crate) fn keep_or_give_back(self, status: StatusCode) {
         if self.limiter.policy.counts(status) {
             return;
         }

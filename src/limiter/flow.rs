@@ -1,7 +1,7 @@
-//! One request's decision, from its preparation to its settled outcome, as one flow every door
+//! One request's decision, from its preparation to its resolved outcome, as one flow every door
 //! starts and none steers: waiting for units a take in flight brings, asking the store (again,
 //! for its cost alone, when a take of units ahead is refused), waiting for a concurrency slot,
-//! and a reserved admission's delay. It ends [`Settled`]: admitted, with what the admission holds,
+//! and a reserved admission's delay. It ends [`Resolved`]: admitted, with what the admission holds,
 //! or answered by the limiter.
 //!
 //! A decision that needs no wait (an in-process store, units in hand, an answer at once) is
@@ -21,7 +21,7 @@ use crate::store::CheckFuture;
     clippy::large_enum_variant,
     reason = "returned at once and taken apart: boxing the admission would allocate per request"
 )]
-pub(crate) enum Settled {
+pub(crate) enum Resolved {
     /// Admitted: call the service, with what the admission holds.
     Admitted(Admission),
     /// Answered by the limiter (a refusal, a denial, a store that fails closed).
@@ -34,23 +34,23 @@ pub(crate) enum Settled {
     reason = "returned at once and taken apart: boxing the admission would allocate per request"
 )]
 pub(crate) enum Decided {
-    /// Settled already.
-    Now(Settled),
+    /// Resolved already.
+    Now(Resolved),
     /// Waiting for something: the store's answer, units in flight, a slot, a delay.
     Later(Deciding),
 }
 
 impl Decided {
-    /// The settled outcome, once any wait is over.
-    pub(crate) async fn outcome(self) -> Settled {
+    /// The resolved outcome, once any wait is over.
+    pub(crate) async fn outcome(self) -> Resolved {
         match self {
-            Decided::Now(settled) => settled,
+            Decided::Now(resolved) => resolved,
             Decided::Later(deciding) => deciding.await,
         }
     }
 }
 
-/// A request's decision that waits (see the [module docs](self)); a future of its [`Settled`].
+/// A request's decision that waits (see the [module docs](self)); a future of its [`Resolved`].
 pub(crate) struct Deciding(Step);
 
 /// [`Limiter::wait_for_slot`]'s future: the verdict once a slot is had (or time is up), and the
@@ -84,7 +84,7 @@ enum Step {
         sleep: Pin<Box<tokio::time::Sleep>>,
         admission: Box<Admission>,
     },
-    /// Nothing: settled.
+    /// Nothing: resolved.
     Done,
 }
 
@@ -100,13 +100,15 @@ pub(super) fn start(limiter: &Arc<Limiter>, prepared: Prepared) -> Decided {
     match prepared {
         Prepared::Check(checked) => checking(limiter, checked),
         Prepared::CheckBy(own, checked) => checking(&own, checked),
-        Prepared::Unlimited => Decided::Now(Settled::Admitted(Admission::let_through(limiter))),
-        Prepared::Admit(admission) => Decided::Now(Settled::Admitted(admission)),
-        Prepared::Respond(answer) => Decided::Now(Settled::Answered(Answered {
+        Prepared::Unlimited => Decided::Now(Resolved::Admitted(Admission::let_through(limiter))),
+        Prepared::Admit(admission) => Decided::Now(Resolved::Admitted(admission)),
+        Prepared::Respond(answer) => Decided::Now(Resolved::Answered(Answered {
             by: limiter.clone(),
             answer,
         })),
-        Prepared::RespondBy(by, answer) => Decided::Now(Settled::Answered(Answered { by, answer })),
+        Prepared::RespondBy(by, answer) => {
+            Decided::Now(Resolved::Answered(Answered { by, answer }))
+        }
         Prepared::AwaitUnits(wait) => Deciding::later(Step::AwaitingUnits {
             limiter: limiter.clone(),
             wait,
@@ -140,7 +142,7 @@ fn asking(limiter: &Arc<Limiter>, mut checked: Checked) -> Decided {
                 check,
             });
         };
-        let verdict = limiter.settle(result, &mut checked);
+        let verdict = limiter.judge(result, &mut checked);
         if let Some(decided) = after(limiter, verdict, &mut checked) {
             return decided;
         }
@@ -152,8 +154,8 @@ fn asking(limiter: &Arc<Limiter>, mut checked: Checked) -> Decided {
 #[inline]
 fn after(limiter: &Arc<Limiter>, verdict: Verdict, checked: &mut Checked) -> Option<Decided> {
     Some(match verdict {
-        Verdict::Admit(admission) => Decided::Now(Settled::Admitted(admission)),
-        Verdict::Respond(answer) => Decided::Now(Settled::Answered(Answered {
+        Verdict::Admit(admission) => Decided::Now(Resolved::Admitted(admission)),
+        Verdict::Respond(answer) => Decided::Now(Resolved::Answered(Answered {
             by: limiter.clone(),
             answer,
         })),
@@ -174,9 +176,9 @@ fn after(limiter: &Arc<Limiter>, verdict: Verdict, checked: &mut Checked) -> Opt
 }
 
 impl Future for Deciding {
-    type Output = Settled;
+    type Output = Resolved;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Settled> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Resolved> {
         loop {
             let decided = match &mut self.0 {
                 Step::Checking {
@@ -185,7 +187,7 @@ impl Future for Deciding {
                     check,
                 } => {
                     let result = ready!(Pin::new(&mut *check).poll(cx));
-                    let verdict = limiter.settle(result, checked);
+                    let verdict = limiter.judge(result, checked);
                     match after(limiter, verdict, checked) {
                         Some(decided) => decided,
                         None => {
@@ -208,7 +210,7 @@ impl Future for Deciding {
                 Step::Delaying { sleep, admission } => {
                     ready!(sleep.as_mut().poll(cx));
                     let admission = std::mem::replace(&mut **admission, Admission::unchecked());
-                    Decided::Now(Settled::Admitted(admission))
+                    Decided::Now(Resolved::Admitted(admission))
                 }
                 Step::Done => panic!("a decision polled after it settled"),
             };

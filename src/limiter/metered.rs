@@ -275,7 +275,7 @@ impl Tab {
             if let Some((mut charge, decision)) = held.take() {
                 drop(held);
                 charge.answered(decision);
-                charge.settle(status);
+                charge.keep_or_give_back(status);
             }
             return;
         }

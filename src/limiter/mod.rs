@@ -8,6 +8,7 @@ mod charge;
 pub(crate) mod claim;
 mod flow;
 mod holding_body;
+mod judge;
 mod log_budget;
 pub(crate) mod metered;
 mod named;
@@ -17,7 +18,6 @@ mod prefetch;
 mod prepare;
 pub(crate) mod refusals;
 mod settings;
-mod settle;
 pub(crate) mod slots;
 pub(crate) mod store_error_log;
 pub(crate) mod telemetry;
@@ -28,7 +28,7 @@ use prefetch::Spent;
 pub(crate) use admission::{Admission, OnResponse};
 pub(crate) use answer::{Answer, Answered, Refusal};
 pub(crate) use charge::{Charge, Charged, Settling};
-pub(crate) use flow::{Decided, Deciding, Settled};
+pub(crate) use flow::{Decided, Deciding, Resolved};
 
 use std::fmt;
 use std::sync::atomic::AtomicU64;
@@ -152,7 +152,7 @@ pub(crate) struct Checked {
 
 impl Checked {
     /// The charge of this request's cost, answered `charged`: its key and quota move into it
-    /// (the request is settled, and asks nothing more).
+    /// (the request is resolved, and asks nothing more).
     fn take_charge(&mut self, limiter: Arc<Limiter>, charged: Charged) -> Charge {
         let key = std::mem::take(&mut self.key);
         let price = Price {

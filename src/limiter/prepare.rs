@@ -26,7 +26,7 @@ enum Overridden {
 }
 
 impl Limiter {
-    /// Decides about a request: everything from its key to its settled outcome (see
+    /// Decides about a request: everything from its key to its resolved outcome (see
     /// [`flow`]), carried as far as it goes without waiting.
     pub(crate) fn decide(self: &Arc<Self>, parts: &http::request::Parts) -> Decided {
         flow::start(self, self.prepare(parts))

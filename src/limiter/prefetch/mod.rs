@@ -203,11 +203,11 @@ impl Limiter {
         prefetched.took(charged, cost, extra, decision, until, now)
     }
 
-    /// Settles a check's answer for units taken ahead: `None` when a take was refused (the
+    /// Judges a check's answer for units taken ahead: `None` when a take was refused (the
     /// request then asks for its cost alone), else the answer the request goes on with, the
     /// units in hand counted in what it tells, and the store's answer to the take (what the
     /// request's own charge was answered, when it differs from what it tells).
-    pub(super) fn settle_take(
+    pub(super) fn judge_take(
         &self,
         result: Result<Decision, StoreError>,
         checked: &Checked,

@@ -111,7 +111,7 @@ type Receipts = VecDeque<(Arc<Decision>, u64)>;
 /// Units in hand given back at shutdown: their key, quota and receipts.
 type Held = (StorageKey, Option<QuotaLookup>, Receipts);
 
-/// A take's settled answer: what the request goes on with, and the store's answer to the take
+/// A take's judged answer: what the request goes on with, and the store's answer to the take
 /// with how many of its units come after the request's own.
 pub(super) type TakeAnswer = (Result<Decision, StoreError>, Option<(Arc<Decision>, u64)>);
 

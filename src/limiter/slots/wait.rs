@@ -73,7 +73,7 @@ impl Limiter {
                     checked.started = Instant::now();
                     let result = self.check_within(&checked, Duration::ZERO).await;
                     let waited = arrived.elapsed();
-                    let verdict = self.settle_after(result, &mut checked, Duration::ZERO, waited);
+                    let verdict = self.judge_after(result, &mut checked, Duration::ZERO, waited);
                     return (verdict, checked);
                 }
             },
@@ -91,7 +91,7 @@ impl Limiter {
             let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
             checked.started = Instant::now();
             let result = self.check_within(&checked, budget).await;
-            match self.settle_after(result, &mut checked, budget, arrived.elapsed()) {
+            match self.judge_after(result, &mut checked, budget, arrived.elapsed()) {
                 Verdict::AwaitSlot => continue,
                 verdict => return (verdict, checked),
             }

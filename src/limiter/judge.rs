@@ -1,4 +1,4 @@
-//! Settling a request by the store's answer: the verdict, what it is counted and logged as, and
+//! Judging a request by the store's answer: the verdict, what it is counted and logged as, and
 //! what an admission holds (headers, slot, charge).
 
 use super::{Admission, Answer, Charged, Checked, Limiter, Refusal, Verdict};
@@ -17,13 +17,13 @@ use crate::store::StoreError;
 impl Limiter {
     /// What to do with a request, given the store's answer.
     /// An admission takes `checked`'s key and quota along (into its charge): the request is
-    /// settled.
-    pub(super) fn settle(
+    /// resolved.
+    pub(super) fn judge(
         self: &Arc<Self>,
         result: Result<Decision, StoreError>,
         checked: &mut Checked,
     ) -> Verdict {
-        self.settle_after(
+        self.judge_after(
             result,
             checked,
             self.policy.mode().max_delay(),
@@ -31,8 +31,8 @@ impl Limiter {
         )
     }
 
-    /// [`Limiter::settle`] for a request that has `waited` for a slot and may wait `budget` more.
-    pub(super) fn settle_after(
+    /// [`Limiter::judge`] for a request that has `waited` for a slot and may wait `budget` more.
+    pub(super) fn judge_after(
         self: &Arc<Self>,
         result: Result<Decision, StoreError>,
         checked: &mut Checked,
@@ -48,7 +48,7 @@ impl Limiter {
         span.record("store_latency_us", took.as_micros() as u64);
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
-        let (result, charged) = match self.settle_take(result, checked) {
+        let (result, charged) = match self.judge_take(result, checked) {
             Some((result, Some((taken, after)))) => (result, Charged::Taken(taken, after)),
             Some((result, None)) => (result, Charged::Told),
             None => return Verdict::Retake,
