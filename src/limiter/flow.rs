@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use super::{Admission, Answered, Checked, Limiter, Prepared, UnitsWait, Verdict};
+use super::{Admission, Answered, Ask, Limiter, Prepared, UnitsWait, Verdict};
 use crate::store::CheckFuture;
 
 /// How a request's decision ends: what a door turns into its own answer.
@@ -55,7 +55,7 @@ pub(crate) struct Deciding(Step);
 
 /// [`Limiter::wait_for_slot`]'s future: the verdict once a slot is had (or time is up), and the
 /// request it was for.
-pub(super) type SlotWait = Pin<Box<dyn Future<Output = (Verdict, Checked)> + Send>>;
+pub(super) type SlotWait = Pin<Box<dyn Future<Output = (Verdict, Ask)> + Send>>;
 
 /// What a decision waits for.
 #[allow(
@@ -66,7 +66,7 @@ enum Step {
     /// The store's answer.
     Checking {
         limiter: Arc<Limiter>,
-        checked: Checked,
+        ask: Ask,
         check: CheckFuture,
     },
     /// Units a take in flight brings (a prefetching policy's hot identity).
@@ -98,8 +98,8 @@ impl Deciding {
 #[inline]
 pub(super) fn start(limiter: &Arc<Limiter>, prepared: Prepared) -> Decided {
     match prepared {
-        Prepared::Check(checked) => checking(limiter, checked),
-        Prepared::CheckBy(own, checked) => checking(&own, checked),
+        Prepared::Check(ask) => checking(limiter, ask),
+        Prepared::CheckBy(own, ask) => checking(&own, ask),
         Prepared::Unlimited => Decided::Now(Resolved::Admitted(Admission::let_through(limiter))),
         Prepared::Admit(admission) => Decided::Now(Resolved::Admitted(admission)),
         Prepared::Respond(answer) => Decided::Now(Resolved::Answered(Answered {
@@ -116,43 +116,43 @@ pub(super) fn start(limiter: &Arc<Limiter>, prepared: Prepared) -> Decided {
     }
 }
 
-/// Asks the store about `checked`, or queues it behind the requests of its key waiting for a
+/// Asks the store about `ask`, or queues it behind the requests of its key waiting for a
 /// slot.
 #[inline]
-fn checking(limiter: &Arc<Limiter>, checked: Checked) -> Decided {
-    if limiter.queues_first(&checked) {
-        let wait = Box::pin(limiter.clone().wait_for_slot(checked, false));
+fn checking(limiter: &Arc<Limiter>, ask: Ask) -> Decided {
+    if limiter.queues_first(&ask) {
+        let wait = Box::pin(limiter.clone().wait_for_slot(ask, false));
         return Deciding::later(Step::WaitingForSlot {
             limiter: limiter.clone(),
             wait,
         });
     }
-    asking(limiter, checked)
+    asking(limiter, ask)
 }
 
-/// Asks the store about `checked`: an in-process store's answer is settled at once.
+/// Asks the store about `ask`: an in-process store's answer is judged at once.
 #[inline]
-fn asking(limiter: &Arc<Limiter>, mut checked: Checked) -> Decided {
+fn asking(limiter: &Arc<Limiter>, mut ask: Ask) -> Decided {
     loop {
-        let mut check = limiter.check(&checked);
+        let mut check = limiter.check(&ask);
         let Some(result) = check.take_ready() else {
             return Deciding::later(Step::Checking {
                 limiter: limiter.clone(),
-                checked,
+                ask,
                 check,
             });
         };
-        let verdict = limiter.judge(result, &mut checked);
-        if let Some(decided) = after(limiter, verdict, &mut checked) {
+        let verdict = limiter.judge(result, &mut ask);
+        if let Some(decided) = after(limiter, verdict, &mut ask) {
             return decided;
         }
     }
 }
 
-/// What follows the store's `verdict` on `checked`; `None` to ask the store again (for the cost
+/// What follows the store's `verdict` on `ask`; `None` to ask the store again (for the cost
 /// alone: a take of units ahead was refused).
 #[inline]
-fn after(limiter: &Arc<Limiter>, verdict: Verdict, checked: &mut Checked) -> Option<Decided> {
+fn after(limiter: &Arc<Limiter>, verdict: Verdict, ask: &mut Ask) -> Option<Decided> {
     Some(match verdict {
         Verdict::Admit(admission) => Decided::Now(Resolved::Admitted(admission)),
         Verdict::Respond(answer) => Decided::Now(Resolved::Answered(Answered {
@@ -166,10 +166,10 @@ fn after(limiter: &Arc<Limiter>, verdict: Verdict, checked: &mut Checked) -> Opt
         }),
         Verdict::AwaitSlot => Deciding::later(Step::WaitingForSlot {
             limiter: limiter.clone(),
-            wait: Box::pin(limiter.clone().wait_for_slot(checked.clone(), true)),
+            wait: Box::pin(limiter.clone().wait_for_slot(ask.clone(), true)),
         }),
         Verdict::Retake => {
-            checked.exact();
+            ask.exact();
             return None;
         }
     })
@@ -183,15 +183,15 @@ impl Future for Deciding {
             let decided = match &mut self.0 {
                 Step::Checking {
                     limiter,
-                    checked,
+                    ask,
                     check,
                 } => {
                     let result = ready!(Pin::new(&mut *check).poll(cx));
-                    let verdict = limiter.judge(result, checked);
-                    match after(limiter, verdict, checked) {
+                    let verdict = limiter.judge(result, ask);
+                    match after(limiter, verdict, ask) {
                         Some(decided) => decided,
                         None => {
-                            *check = limiter.check(checked);
+                            *check = limiter.check(ask);
                             continue;
                         }
                     }
@@ -201,10 +201,10 @@ impl Future for Deciding {
                     start(limiter, prepared)
                 }
                 Step::WaitingForSlot { limiter, wait } => {
-                    let (verdict, mut checked) = ready!(wait.as_mut().poll(cx));
-                    match after(limiter, verdict, &mut checked) {
+                    let (verdict, mut ask) = ready!(wait.as_mut().poll(cx));
+                    match after(limiter, verdict, &mut ask) {
                         Some(decided) => decided,
-                        None => asking(limiter, checked),
+                        None => asking(limiter, ask),
                     }
                 }
                 Step::Delaying { sleep, admission } => {

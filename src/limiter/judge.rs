@@ -1,7 +1,7 @@
 //! Judging a request by the store's answer: the verdict, what it is counted and logged as, and
 //! what an admission holds (headers, slot, charge).
 
-use super::{Admission, Answer, Charged, Checked, Limiter, Refusal, Verdict};
+use super::{Admission, Answer, Ask, Charged, Limiter, Refusal, Verdict};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -16,58 +16,53 @@ use crate::store::StoreError;
 
 impl Limiter {
     /// What to do with a request, given the store's answer.
-    /// An admission takes `checked`'s key and quota along (into its charge): the request is
+    /// An admission takes `ask`'s key and quota along (into its charge): the request is
     /// resolved.
     pub(super) fn judge(
         self: &Arc<Self>,
         result: Result<Decision, StoreError>,
-        checked: &mut Checked,
+        ask: &mut Ask,
     ) -> Verdict {
-        self.judge_after(
-            result,
-            checked,
-            self.policy.mode().max_delay(),
-            Duration::ZERO,
-        )
+        self.judge_after(result, ask, self.policy.mode().max_delay(), Duration::ZERO)
     }
 
     /// [`Limiter::judge`] for a request that has `waited` for a slot and may wait `budget` more.
     pub(super) fn judge_after(
         self: &Arc<Self>,
         result: Result<Decision, StoreError>,
-        checked: &mut Checked,
+        ask: &mut Ask,
         budget: Duration,
         waited: Duration,
     ) -> Verdict {
-        let took = checked.started.elapsed();
+        let took = ask.started.elapsed();
         // The refusal log and the alerts below belong to the check's span.
-        let span = checked.span.clone();
+        let span = ask.span.clone();
         let _entered = span.enter();
-        let result = self.whole(result, checked);
+        let result = self.whole(result, ask);
         self.metrics().store_call(took, result.as_ref().map(|_| ()));
         span.record("store_latency_us", took.as_micros() as u64);
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
-        let (result, charged) = match self.judge_take(result, checked) {
+        let (result, charged) = match self.judge_take(result, ask) {
             Some((result, Some((taken, after)))) => (result, Charged::Taken(taken, after)),
             Some((result, None)) => (result, Charged::Told),
             None => return Verdict::Retake,
         };
         let decision = match result {
             Ok(decision) => decision,
-            Err(error) => return self.store_failed(&error, checked),
+            Err(error) => return self.store_failed(&error, ask),
         };
-        self.alert_quota(&decision, checked.quota.as_ref());
+        self.alert_quota(&decision, ask.quota.as_ref());
         if decision.allowed {
-            return self.admitted(decision, checked, charged, waited);
+            return self.admitted(decision, ask, charged, waited);
         }
         if !budget.is_zero() && self.only_slot_missing(&decision, budget) {
             return Verdict::AwaitSlot;
         }
         if self.policy.mode() == Mode::Shadow {
-            return self.shadow_pass(decision, checked);
+            return self.shadow_pass(decision, ask);
         }
-        self.refused(decision, checked)
+        self.refused(decision, ask)
     }
 
     /// The store's answer, if it answered for every rule (and the quota and the slot): anything
@@ -75,10 +70,10 @@ impl Limiter {
     fn whole(
         &self,
         result: Result<Decision, StoreError>,
-        checked: &Checked,
+        ask: &Ask,
     ) -> Result<Decision, StoreError> {
         let expected = self.policy.rules().len()
-            + usize::from(checked.quota.is_some())
+            + usize::from(ask.quota.is_some())
             + usize::from(self.policy.concurrency().is_some());
         result.and_then(|decision| {
             if decision.rules.len() == expected {
@@ -117,17 +112,17 @@ impl Limiter {
     fn admitted(
         self: &Arc<Self>,
         decision: Decision,
-        checked: &mut Checked,
+        ask: &mut Ask,
         charged: Charged,
         waited: Duration,
     ) -> Verdict {
         let metrics = self.metrics();
         // An admission (of another cost) used quota: a refusal cached before it may now have to
         // wait longer.
-        self.refusals.forget(checked.asking());
+        self.refusals.forget(ask.asking());
         metrics.admitted(&decision);
         if self.policy.metering().is_some() {
-            metrics.metered("reserved", checked.units);
+            metrics.metered("reserved", ask.units);
         }
         let headers =
             LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
@@ -138,24 +133,22 @@ impl Limiter {
             Box::new(Lease::new(
                 store,
                 policy,
-                checked.key.clone(),
+                ask.key.clone(),
                 id,
                 waiting,
                 errors,
             ))
         });
         if (decision.delay + waited).is_zero() {
-            metrics.request(self.outcome(checked, Outcome::Allowed));
+            metrics.request(self.outcome(ask, Outcome::Allowed));
         } else {
-            metrics.request(self.outcome(checked, Outcome::Delayed));
+            metrics.request(self.outcome(ask, Outcome::Delayed));
             metrics.delay(decision.delay + waited);
         }
         // Given back by the caller (a handle's), under count_only if the response doesn't count,
         // or settled by a meter (a shadow pass or a store failure charged nothing); made only
         // for them.
-        let charge = checked
-            .receipt
-            .then(|| checked.take_charge(self.clone(), charged));
+        let charge = ask.receipt.then(|| ask.take_charge(self.clone(), charged));
         let delay = decision.delay;
         let admission = Admission {
             headers: Some(headers),
@@ -173,17 +166,17 @@ impl Limiter {
 
     /// A refusal in shadow mode: let through, with the headers, counted and logged as what it
     /// would have been.
-    fn shadow_pass(&self, decision: Decision, checked: &Checked) -> Verdict {
+    fn shadow_pass(&self, decision: Decision, ask: &Ask) -> Verdict {
         self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
-        let outcome = self.outcome(checked, Outcome::ShadowRefused);
-        self.count_refusal(outcome, &checked.key, decision.violated());
+        let outcome = self.outcome(ask, Outcome::ShadowRefused);
+        self.count_refusal(outcome, &ask.key, decision.violated());
         let headers =
             LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
         let rejected =
             TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
         self.log_rejection(
             &rejected,
-            &checked.key,
+            &ask.key,
             "request would be rate limited (shadow mode)",
         );
         Verdict::Admit(Admission {
@@ -195,7 +188,7 @@ impl Limiter {
 
     /// A refusal: cached (when a cached answer would be right), counted, logged within the
     /// log's budget, answered.
-    fn refused(&self, decision: Decision, checked: &Checked) -> Verdict {
+    fn refused(&self, decision: Decision, ask: &Ask) -> Verdict {
         // A penalty block's refusals are not cached: the property test shows the store's later
         // answers under a block may wait longer than a cached one would say. Nor are refusals for
         // want of a concurrency slot: one frees when a request ends, long before the lease's
@@ -204,42 +197,41 @@ impl Limiter {
             && decision.rules.last().is_some_and(RuleState::refused);
         if self.policy.block_for().is_none() && !slot_refused {
             let max_delay = self.policy.mode().max_delay();
-            self.refusals
-                .remember(checked.asking(), &decision, max_delay);
+            self.refusals.remember(ask.asking(), &decision, max_delay);
         }
-        let outcome = self.outcome(checked, Outcome::Refused);
-        let now = self.count_refusal(outcome, &checked.key, decision.violated());
+        let outcome = self.outcome(ask, Outcome::Refused);
+        let now = self.count_refusal(outcome, &ask.key, decision.violated());
         if self.refusals.may_log(now) {
             let rejected =
                 TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
-            self.log_rejection(&rejected, &checked.key, "request rate limited");
+            self.log_rejection(&rejected, &ask.key, "request rate limited");
         }
-        Verdict::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol))
+        Verdict::Respond(Answer::new(Refusal::Limited(decision), &ask.protocol))
     }
 
     /// A store failure, answered as the policy says: let through unchecked, or refused with 503.
-    fn store_failed(&self, error: &StoreError, checked: &Checked) -> Verdict {
+    fn store_failed(&self, error: &StoreError, ask: &Ask) -> Verdict {
         let name = self.policy.name();
         match self.policy.on_store_error() {
             OnStoreError::Allow => {
                 self.metrics()
-                    .request(self.outcome(checked, Outcome::StoreErrorAllowed));
+                    .request(self.outcome(ask, Outcome::StoreErrorAllowed));
                 self.store_errors
                     .log(name, error, "letting the request through");
                 Verdict::Admit(Admission::let_through(self))
             }
             OnStoreError::Deny => {
                 self.metrics()
-                    .request(self.outcome(checked, Outcome::StoreErrorDenied));
+                    .request(self.outcome(ask, Outcome::StoreErrorDenied));
                 self.store_errors.log(name, error, "refusing the request");
-                Verdict::Respond(Answer::new(Refusal::StoreUnavailable, &checked.protocol))
+                Verdict::Respond(Answer::new(Refusal::StoreUnavailable, &ask.protocol))
             }
         }
     }
 
     /// `outcome`, recorded on the check's span too.
-    fn outcome(&self, checked: &Checked, outcome: Outcome) -> Outcome {
-        checked.span.record("outcome", outcome.label());
+    fn outcome(&self, ask: &Ask, outcome: Outcome) -> Outcome {
+        ask.span.record("outcome", outcome.label());
         outcome
     }
 }

@@ -127,9 +127,9 @@ impl Price {
     }
 }
 
-/// A request ready for the store: its key, cost, units and daily quota.
+/// An ask: a request ready for the store, its key, cost, units and daily quota.
 #[derive(Debug, Clone)]
-pub(crate) struct Checked {
+pub(crate) struct Ask {
     pub(crate) key: StorageKey,
     pub(crate) cost: u64,
     /// The units it reserves in the metered rules and quota.
@@ -150,7 +150,7 @@ pub(crate) struct Checked {
     receipt: bool,
 }
 
-impl Checked {
+impl Ask {
     /// The charge of this request's cost, answered `charged`: its key and quota move into it
     /// (the request is resolved, and asks nothing more).
     fn take_charge(&mut self, limiter: Arc<Limiter>, charged: Charged) -> Charge {
@@ -187,9 +187,9 @@ impl Checked {
 )]
 enum Prepared {
     /// Check it.
-    Check(Checked),
+    Check(Ask),
     /// Check it with this limiter: a `rules` override's.
-    CheckBy(Arc<Limiter>, Checked),
+    CheckBy(Arc<Limiter>, Ask),
     /// Let it through unlimited (no key, and the policy allows that).
     Unlimited,
     /// Admitted at once, from units taken ahead.
@@ -332,16 +332,16 @@ impl Limiter {
     }
 
     /// Asks the store about a request: the policy's rules, algorithm, reservation and block.
-    pub(crate) fn check(&self, checked: &Checked) -> crate::store::CheckFuture {
-        self.check_within(checked, self.policy.mode().max_delay())
+    pub(crate) fn check(&self, ask: &Ask) -> crate::store::CheckFuture {
+        self.check_within(ask, self.policy.mode().max_delay())
     }
 
     /// [`Limiter::check`], reserving at most `max_delay` ahead.
-    fn check_within(&self, checked: &Checked, max_delay: Duration) -> crate::store::CheckFuture {
+    fn check_within(&self, ask: &Ask, max_delay: Duration) -> crate::store::CheckFuture {
         let request = self
-            .store_request(&checked.key, checked.quota.as_ref())
-            .cost(checked.cost + checked.extra)
-            .units(checked.units)
+            .store_request(&ask.key, ask.quota.as_ref())
+            .cost(ask.cost + ask.extra)
+            .units(ask.units)
             .max_delay(max_delay);
         self.store.check(&request)
     }

@@ -1,7 +1,7 @@
 //! Preparing a request: its key, an override, a cost no rule admits, units in hand, a cached
 //! refusal; what [`flow`](super::flow) starts from.
 
-use super::{Answer, Checked, Decided, Limiter, Prepared, Price, Refusal, Spent, flow, prefetch};
+use super::{Answer, Ask, Decided, Limiter, Prepared, Price, Refusal, Spent, flow, prefetch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -91,7 +91,7 @@ impl Limiter {
             Overridden::Unlimited => Some(Prepared::Unlimited),
             Overridden::Denied => Some(Prepared::Respond(Answer::new(Refusal::Denied, protocol))),
             Overridden::By(own) => Some(match prepare_by(&own) {
-                Prepared::Check(checked) => Prepared::CheckBy(own, checked),
+                Prepared::Check(ask) => Prepared::CheckBy(own, ask),
                 Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
                 other => other,
             }),
@@ -226,7 +226,7 @@ impl Limiter {
                     };
                     // Told as this limiter's, which may be an override's.
                     match limiter.prepare_ask(key, price, quota, protocol, extra, receipt) {
-                        Prepared::Check(checked) => Prepared::CheckBy(limiter, checked),
+                        Prepared::Check(ask) => Prepared::CheckBy(limiter, ask),
                         Prepared::Respond(answer) => Prepared::RespondBy(limiter, answer),
                         other => other,
                     }
@@ -254,7 +254,7 @@ impl Limiter {
             outcome = tracing::field::Empty,
             store_latency_us = tracing::field::Empty,
         );
-        let checked = Checked {
+        let ask = Ask {
             key,
             cost: price.cost,
             units: price.units,
@@ -268,13 +268,13 @@ impl Limiter {
         };
         // Shadow mode asks the store every time: it counts what it lets through.
         if policy.mode() != Mode::Shadow
-            && let Some(decision) = self.refusals.answer(checked.asking())
+            && let Some(decision) = self.refusals.answer(ask.asking())
         {
             self.refusals.count_unlogged();
-            self.count_refusal(Outcome::CachedRefusal, &checked.key, decision.violated());
-            self.untake(&checked);
-            return Prepared::Respond(Answer::new(Refusal::Limited(decision), &checked.protocol));
+            self.count_refusal(Outcome::CachedRefusal, &ask.key, decision.violated());
+            self.untake(&ask);
+            return Prepared::Respond(Answer::new(Refusal::Limited(decision), &ask.protocol));
         }
-        Prepared::Check(checked)
+        Prepared::Check(ask)
     }
 }

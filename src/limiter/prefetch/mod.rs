@@ -29,7 +29,7 @@ use tokio::sync::futures::OwnedNotified;
 // Tokio's clock, which tests can pause and move with the stores' clocks.
 use tokio::time::Instant;
 
-use super::{Admission, Charged, Checked, Limiter};
+use super::{Admission, Ask, Charged, Limiter};
 use crate::decision::Decision;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
@@ -110,13 +110,13 @@ impl Limiter {
         }
     }
 
-    /// Forgets the units `checked` would have asked for ahead: it won't ask (answered from the
+    /// Forgets the units `ask` would have asked for ahead: it won't ask (answered from the
     /// refusal cache).
-    pub(super) fn untake(&self, checked: &Checked) {
+    pub(super) fn untake(&self, ask: &Ask) {
         if let Some(prefetched) = &self.prefetched
-            && checked.extra > 0
+            && ask.extra > 0
         {
-            prefetched.untook(checked.key.as_str(), checked.cost, checked.extra);
+            prefetched.untook(ask.key.as_str(), ask.cost, ask.extra);
         }
     }
 
@@ -210,16 +210,16 @@ impl Limiter {
     pub(super) fn judge_take(
         &self,
         result: Result<Decision, StoreError>,
-        checked: &Checked,
+        ask: &Ask,
     ) -> Option<TakeAnswer> {
-        let Some(prefetched) = self.prefetched.as_ref().filter(|_| checked.extra > 0) else {
+        let Some(prefetched) = self.prefetched.as_ref().filter(|_| ask.extra > 0) else {
             return Some((result, None));
         };
-        let (key, cost, extra) = (checked.key.as_str(), checked.cost, checked.extra);
+        let (key, cost, extra) = (ask.key.as_str(), ask.cost, ask.extra);
         match result {
             Ok(decision) if decision.allowed => {
-                let charged = (&checked.key, checked.quota.as_ref());
-                let started = tokio_instant(checked.started);
+                let charged = (&ask.key, ask.quota.as_ref());
+                let started = tokio_instant(ask.started);
                 let taken = Arc::new(decision);
                 let told = self.landed(prefetched, charged, (cost, extra), &taken, started);
                 // The request's own units are the take's first: `extra` come after them.

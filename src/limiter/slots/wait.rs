@@ -1,7 +1,7 @@
 //! A request waiting for a concurrency slot (delay mode), first come first served among this
 //! instance's requests of its key.
 
-use crate::limiter::{Checked, Limiter, Verdict};
+use crate::limiter::{Ask, Limiter, Verdict};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,8 +45,8 @@ impl Limiter {
 
     /// Whether a request should queue behind others of its key waiting for a slot, rather than
     /// ask the store before them (first come, first served).
-    pub(in crate::limiter) fn queues_first(&self, checked: &Checked) -> bool {
-        self.may_wait_for_slots() && self.slot_queues.is_waiting(checked.key.as_str())
+    pub(in crate::limiter) fn queues_first(&self, ask: &Ask) -> bool {
+        self.may_wait_for_slots() && self.slot_queues.is_waiting(ask.key.as_str())
     }
 
     /// Waits for a concurrency slot, up to the policy's `max_delay` from the request's arrival,
@@ -57,12 +57,12 @@ impl Limiter {
     /// request, so the head waits before asking again.
     pub(in crate::limiter) async fn wait_for_slot(
         self: Arc<Self>,
-        mut checked: Checked,
+        mut ask: Ask,
         just_refused: bool,
-    ) -> (Verdict, Checked) {
-        let arrived = tokio::time::Instant::now() - checked.started.elapsed();
+    ) -> (Verdict, Ask) {
+        let arrived = tokio::time::Instant::now() - ask.started.elapsed();
         let deadline = arrived + self.policy.mode().max_delay();
-        let place = self.slot_queues.join(checked.key.as_str());
+        let place = self.slot_queues.join(ask.key.as_str());
         let (_turn, mut wait_first) = match place.try_turn() {
             Some(turn) => (turn, just_refused),
             None => match tokio::time::timeout_at(deadline, place.turn()).await {
@@ -70,11 +70,11 @@ impl Limiter {
                 Ok(turn) => (turn, false),
                 // Out of time in the queue: one last look (it may admit, without a delay).
                 Err(_) => {
-                    checked.started = Instant::now();
-                    let result = self.check_within(&checked, Duration::ZERO).await;
+                    ask.started = Instant::now();
+                    let result = self.check_within(&ask, Duration::ZERO).await;
                     let waited = arrived.elapsed();
-                    let verdict = self.judge_after(result, &mut checked, Duration::ZERO, waited);
-                    return (verdict, checked);
+                    let verdict = self.judge_after(result, &mut ask, Duration::ZERO, waited);
+                    return (verdict, ask);
                 }
             },
         };
@@ -89,11 +89,11 @@ impl Limiter {
             }
             wait_first = true;
             let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
-            checked.started = Instant::now();
-            let result = self.check_within(&checked, budget).await;
-            match self.judge_after(result, &mut checked, budget, arrived.elapsed()) {
+            ask.started = Instant::now();
+            let result = self.check_within(&ask, budget).await;
+            match self.judge_after(result, &mut ask, budget, arrived.elapsed()) {
                 Verdict::AwaitSlot => continue,
-                verdict => return (verdict, checked),
+                verdict => return (verdict, ask),
             }
         }
     }
