@@ -1,4 +1,5 @@
-//! [`Answer`]: what the limiter answers a request itself (a 429, a 413, a 403, a 503), kept as
+//! [`Answered`]: what the limiter answers a request itself, why ([`Refusal`]), in which protocol
+//! and as which limiter (a 429, a 413, a 403, a 503), kept as
 //! data until it is sent, so that every door (the layer, [`Limited`](crate::Limited), the
 //! [`RateLimiter`](crate::RateLimiter) handle) answers alike, byte for byte.
 
@@ -35,38 +36,24 @@ pub(crate) enum Refusal {
     StoreUnavailable,
 }
 
-/// A refusal and the protocol it is answered in.
-#[derive(Debug, Clone)]
-pub(crate) struct Answer {
-    pub(crate) refusal: Refusal,
-    pub(crate) protocol: Protocol,
-}
-
-impl Answer {
-    pub(crate) fn new(refusal: Refusal, protocol: &Protocol) -> Self {
-        Answer {
-            refusal,
-            protocol: protocol.clone(),
-        }
-    }
-}
-
 /// The limiter's own answer to a request, and the limiter that gives it (a `rules` override's
 /// may differ from the one asked).
 pub(crate) struct Answered {
     pub(super) by: Arc<Limiter>,
-    pub(super) answer: Answer,
+    pub(super) refusal: Refusal,
+    /// How it reaches the client: HTTP or gRPC.
+    pub(super) protocol: Protocol,
 }
 
 impl Answered {
     /// The response, in the request's protocol.
     pub(crate) fn response(self) -> Response<Body> {
-        self.by.respond(self.answer)
+        self.by.respond(self.refusal, &self.protocol)
     }
 
     /// The limiter that answers, and why (a handle's [`Refused`](crate::Refused)).
     pub(crate) fn into_refusal(self) -> (Arc<Limiter>, Refusal) {
-        (self.by, self.answer.refusal)
+        (self.by, self.refusal)
     }
 }
 
@@ -109,11 +96,11 @@ impl Refusal {
 }
 
 impl Limiter {
-    /// The response to `answer` (its decision moves into the 429: nothing copied).
-    pub(crate) fn respond(&self, answer: Answer) -> Response<Body> {
-        match answer.refusal {
-            Refusal::Limited(decision) => self.refusal(decision, &answer.protocol),
-            other => self.respond_in(&other, &answer.protocol),
+    /// The response to `refusal` in `protocol` (its decision moves into the 429: nothing copied).
+    pub(crate) fn respond(&self, refusal: Refusal, protocol: &Protocol) -> Response<Body> {
+        match refusal {
+            Refusal::Limited(decision) => self.refusal(decision, protocol),
+            other => self.respond_in(&other, protocol),
         }
     }
 

@@ -102,13 +102,16 @@ pub(super) fn start(limiter: &Arc<Limiter>, prepared: Prepared) -> Decided {
         Prepared::CheckBy(own, ask) => checking(&own, ask),
         Prepared::Unlimited => Decided::Now(Resolved::Admitted(Admission::let_through(limiter))),
         Prepared::Admit(admission) => Decided::Now(Resolved::Admitted(admission)),
-        Prepared::Respond(answer) => Decided::Now(Resolved::Answered(Answered {
+        Prepared::Respond(refusal, protocol) => Decided::Now(Resolved::Answered(Answered {
             by: limiter.clone(),
-            answer,
+            refusal,
+            protocol,
         })),
-        Prepared::RespondBy(by, answer) => {
-            Decided::Now(Resolved::Answered(Answered { by, answer }))
-        }
+        Prepared::RespondBy(by, refusal, protocol) => Decided::Now(Resolved::Answered(Answered {
+            by,
+            refusal,
+            protocol,
+        })),
         Prepared::AwaitUnits(wait) => Deciding::later(Step::AwaitingUnits {
             limiter: limiter.clone(),
             wait,
@@ -155,9 +158,10 @@ fn asking(limiter: &Arc<Limiter>, mut ask: Ask) -> Decided {
 fn after(limiter: &Arc<Limiter>, verdict: Verdict, ask: &mut Ask) -> Option<Decided> {
     Some(match verdict {
         Verdict::Admit(admission) => Decided::Now(Resolved::Admitted(admission)),
-        Verdict::Respond(answer) => Decided::Now(Resolved::Answered(Answered {
+        Verdict::Respond(refusal, protocol) => Decided::Now(Resolved::Answered(Answered {
             by: limiter.clone(),
-            answer,
+            refusal,
+            protocol,
         })),
         // Only delayed requests pay for the timer and the admission's box.
         Verdict::Delay(delay, admission) => Deciding::later(Step::Delaying {

@@ -1,7 +1,7 @@
 //! Judging a request by the store's answer: the verdict, what it is counted and logged as, and
 //! what an admission holds (headers, slot, charge).
 
-use super::{Admission, Answer, Ask, Charged, Limiter, Refusal, Verdict};
+use super::{Admission, Ask, Charged, Limiter, Refusal, Verdict};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -206,7 +206,7 @@ impl Limiter {
                 TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
             self.log_rejection(&rejected, &ask.key, "request rate limited");
         }
-        Verdict::Respond(Answer::new(Refusal::Limited(decision), &ask.protocol))
+        Verdict::Respond(Refusal::Limited(decision), ask.protocol.clone())
     }
 
     /// A store failure, answered as the policy says: let through unchecked, or refused with 503.
@@ -224,7 +224,7 @@ impl Limiter {
                 self.metrics()
                     .request(self.outcome(ask, Outcome::StoreErrorDenied));
                 self.store_errors.log(name, error, "refusing the request");
-                Verdict::Respond(Answer::new(Refusal::StoreUnavailable, &ask.protocol))
+                Verdict::Respond(Refusal::StoreUnavailable, ask.protocol.clone())
             }
         }
     }

@@ -26,7 +26,7 @@ pub(crate) mod top_refused;
 use prefetch::Spent;
 
 pub(crate) use admission::{Admission, OnResponse};
-pub(crate) use answer::{Answer, Answered, Refusal};
+pub(crate) use answer::{Answered, Refusal};
 pub(crate) use charge::{Charge, Charged, Settling};
 pub(crate) use flow::{Decided, Deciding, Resolved};
 
@@ -195,9 +195,9 @@ enum Prepared {
     /// Admitted at once, from units taken ahead.
     Admit(Admission),
     /// Answer at once (no key and the policy refuses, no client IP, a cost no rule admits).
-    Respond(Answer),
+    Respond(Refusal, Protocol),
     /// Answer at once, as this limiter (a `rules` override's) answers.
-    RespondBy(Arc<Limiter>, Answer),
+    RespondBy(Arc<Limiter>, Refusal, Protocol),
     /// Wait for units a take in flight brings (a prefetching policy's hot identity), then do
     /// what the future says: never this again.
     AwaitUnits(UnitsWait),
@@ -221,7 +221,7 @@ enum Verdict {
     /// policy's mode lets the request wait.
     AwaitSlot,
     /// Answer at once.
-    Respond(Answer),
+    Respond(Refusal, Protocol),
     /// A take of units ahead was refused: ask again for the request's cost alone.
     Retake,
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
-use super::{Answer, Decided, Limiter, Prepared, Price, Refusal};
+use super::{Decided, Limiter, Prepared, Price, Refusal};
 use crate::decision::Decision;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
@@ -31,14 +31,14 @@ impl Limiter {
         if identity.is_empty() {
             self.metrics().request(Outcome::NoKey);
             let refusal = Refusal::NoKey(StatusCode::BAD_REQUEST);
-            return Prepared::Respond(Answer::new(refusal, &protocol));
+            return Prepared::Respond(refusal, protocol.clone());
         }
         if cost == 0 {
             tracing::error!(
                 policy = policy.name(),
                 "a rate-limit check of cost 0 counts nothing: ask for a cost of at least 1"
             );
-            return Prepared::Respond(Answer::new(Refusal::ZeroCost, &protocol));
+            return Prepared::Respond(Refusal::ZeroCost, protocol.clone());
         }
         let key = policy.named_key(identity);
         let overrides = policy.overrides();

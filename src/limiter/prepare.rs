@@ -1,7 +1,7 @@
 //! Preparing a request: its key, an override, a cost no rule admits, units in hand, a cached
 //! refusal; what [`flow`](super::flow) starts from.
 
-use super::{Answer, Ask, Decided, Limiter, Prepared, Price, Refusal, Spent, flow, prefetch};
+use super::{Ask, Decided, Limiter, Prepared, Price, Refusal, Spent, flow, prefetch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -44,7 +44,7 @@ impl Limiter {
             }
             KeyLookup::Refuse(status) => {
                 self.metrics().request(Outcome::NoKey);
-                return Prepared::Respond(Answer::new(Refusal::NoKey(status), &protocol));
+                return Prepared::Respond(Refusal::NoKey(status), protocol.clone());
             }
             KeyLookup::NoClientIp => {
                 self.metrics().request(Outcome::NoKey);
@@ -54,7 +54,7 @@ impl Limiter {
                      `into_make_service_with_connect_info::<SocketAddr>()`"
                 );
                 let refusal = Refusal::NoKey(StatusCode::INTERNAL_SERVER_ERROR);
-                return Prepared::Respond(Answer::new(refusal, &protocol));
+                return Prepared::Respond(refusal, protocol.clone());
             }
         };
         let overrides = policy.overrides();
@@ -89,10 +89,10 @@ impl Limiter {
     ) -> Option<Prepared> {
         match self.overridden(found, key) {
             Overridden::Unlimited => Some(Prepared::Unlimited),
-            Overridden::Denied => Some(Prepared::Respond(Answer::new(Refusal::Denied, protocol))),
+            Overridden::Denied => Some(Prepared::Respond(Refusal::Denied, protocol.clone())),
             Overridden::By(own) => Some(match prepare_by(&own) {
                 Prepared::Check(ask) => Prepared::CheckBy(own, ask),
-                Prepared::Respond(answer) => Prepared::RespondBy(own, answer),
+                Prepared::Respond(refusal, protocol) => Prepared::RespondBy(own, refusal, protocol),
                 other => other,
             }),
             Overridden::No => None,
@@ -187,7 +187,7 @@ impl Limiter {
                 cost,
                 at_most,
             };
-            return Prepared::Respond(Answer::new(refusal, &protocol));
+            return Prepared::Respond(refusal, protocol.clone());
         }
         // Units in hand admit at once: no store call, no span.
         match self.spend_prefetched(&key, cost, quota.as_ref(), true) {
@@ -227,7 +227,9 @@ impl Limiter {
                     // Told as this limiter's, which may be an override's.
                     match limiter.prepare_ask(key, price, quota, protocol, extra, receipt) {
                         Prepared::Check(ask) => Prepared::CheckBy(limiter, ask),
-                        Prepared::Respond(answer) => Prepared::RespondBy(limiter, answer),
+                        Prepared::Respond(refusal, protocol) => {
+                            Prepared::RespondBy(limiter, refusal, protocol)
+                        }
                         other => other,
                     }
                 }))
@@ -273,7 +275,7 @@ impl Limiter {
             self.refusals.count_unlogged();
             self.count_refusal(Outcome::CachedRefusal, &ask.key, decision.violated());
             self.untake(&ask);
-            return Prepared::Respond(Answer::new(Refusal::Limited(decision), &ask.protocol));
+            return Prepared::Respond(Refusal::Limited(decision), ask.protocol.clone());
         }
         Prepared::Check(ask)
     }
