@@ -122,7 +122,7 @@ impl Limiter {
         self.refusals.forget(ask.asking());
         metrics.admitted(&decision);
         if self.policy.metering().is_some() {
-            metrics.metered("reserved", ask.units);
+            metrics.metered("reserved", ask.price.units);
         }
         let headers =
             LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);

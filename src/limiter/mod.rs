@@ -131,11 +131,8 @@ impl Price {
 #[derive(Debug, Clone)]
 pub(crate) struct Ask {
     pub(crate) key: StorageKey,
-    pub(crate) cost: u64,
-    /// The units it reserves in the metered rules and quota.
-    pub(crate) units: u64,
-    /// Its meter's estimate (see [`Price::estimate`]).
-    pub(crate) estimate: u64,
+    /// Its cost, and the units it reserves in the metered rules and quota.
+    pub(crate) price: Price,
     pub(crate) quota: Option<QuotaLookup>,
     /// How the limiter's own answers reach the client: HTTP or gRPC.
     protocol: Protocol,
@@ -155,12 +152,7 @@ impl Ask {
     /// (the request is resolved, and asks nothing more).
     fn take_charge(&mut self, limiter: Arc<Limiter>, charged: Charged) -> Charge {
         let key = std::mem::take(&mut self.key);
-        let price = Price {
-            cost: self.cost,
-            units: self.units,
-            estimate: self.estimate,
-        };
-        Charge::new(limiter, key, price, self.quota.take(), charged)
+        Charge::new(limiter, key, self.price, self.quota.take(), charged)
     }
 
     /// This request asking for its cost alone, after a take of units ahead was refused.
@@ -173,8 +165,8 @@ impl Ask {
     fn asking(&self) -> Asking<'_> {
         Asking {
             key: self.key.as_str(),
-            cost: self.cost,
-            units: self.units,
+            cost: self.price.cost,
+            units: self.price.units,
             quota: self.quota.as_ref().map(|quota| (quota.tier, quota.limit)),
         }
     }
@@ -340,8 +332,8 @@ impl Limiter {
     fn check_within(&self, ask: &Ask, max_delay: Duration) -> crate::store::CheckFuture {
         let request = self
             .store_request(&ask.key, ask.quota.as_ref())
-            .cost(ask.cost + ask.extra)
-            .units(ask.units)
+            .cost(ask.price.cost + ask.extra)
+            .units(ask.price.units)
             .max_delay(max_delay);
         self.store.check(&request)
     }

@@ -258,9 +258,7 @@ impl Limiter {
         );
         let ask = Ask {
             key,
-            cost: price.cost,
-            units: price.units,
-            estimate: price.estimate,
+            price,
             quota,
             protocol,
             span,

@@ -116,7 +116,7 @@ impl Limiter {
         if let Some(prefetched) = &self.prefetched
             && ask.extra > 0
         {
-            prefetched.untook(ask.key.as_str(), ask.cost, ask.extra);
+            prefetched.untook(ask.key.as_str(), ask.price.cost, ask.extra);
         }
     }
 
@@ -215,7 +215,7 @@ impl Limiter {
         let Some(prefetched) = self.prefetched.as_ref().filter(|_| ask.extra > 0) else {
             return Some((result, None));
         };
-        let (key, cost, extra) = (ask.key.as_str(), ask.cost, ask.extra);
+        let (key, cost, extra) = (ask.key.as_str(), ask.price.cost, ask.extra);
         match result {
             Ok(decision) if decision.allowed => {
                 let charged = (&ask.key, ask.quota.as_ref());
