@@ -20,16 +20,14 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
-use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Shared;
-use super::command::PackedCheck;
+use super::command::Member;
 use crate::decision::Decision;
 use crate::store::{Answered, Deferred, StoreError};
 
@@ -40,17 +38,6 @@ const MAX_KEYS: usize = 1024;
 /// At most this many bytes of keys and arguments go in one script call (unless one check alone
 /// has more).
 const MAX_BYTES: usize = 256 * 1024;
-
-/// A check on its way to Redis.
-pub(super) struct Member {
-    pub(super) check: PackedCheck,
-    /// Replicas that must acknowledge its writes (`WAIT`), if any.
-    pub(super) replicas: Option<u32>,
-    /// When it stops waiting.
-    pub(super) deadline: Instant,
-    /// The store timeout it reports when it runs out of time.
-    pub(super) timeout: Duration,
-}
 
 /// A queued check and where its decision goes.
 struct Waiter {
@@ -92,13 +79,10 @@ impl Reply {
     }
 }
 
-/// The queue of one store's connection, and how its batches went.
+/// The queue of one store's connection.
 #[derive(Default)]
 pub(super) struct Batcher {
     queue: Mutex<Queue>,
-    calls: AtomicU64,
-    checks: AtomicU64,
-    largest: AtomicU64,
 }
 
 /// At most this many script calls are in flight at once per store (see the module's notes).
@@ -114,36 +98,7 @@ struct Queue {
     waiting: VecDeque<Waiter>,
 }
 
-/// How the batches of a [`RedisStore`](super::RedisStore) went since it was made: how many script
-/// calls carried how many checks. `checks / script_calls` is the mean batch size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct BatchStats {
-    /// Script calls sent (each one batch).
-    pub script_calls: u64,
-    /// Checks those calls carried (identical give-backs that went as one entry count one
-    /// each).
-    pub checks: u64,
-    /// The most checks one call carried.
-    pub largest_batch: u64,
-}
-
 impl Batcher {
-    pub(super) fn stats(&self) -> BatchStats {
-        BatchStats {
-            script_calls: self.calls.load(Ordering::Relaxed),
-            checks: self.checks.load(Ordering::Relaxed),
-            largest_batch: self.largest.load(Ordering::Relaxed),
-        }
-    }
-
-    pub(super) fn record(&self, checks: usize) {
-        let checks = checks as u64;
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.checks.fetch_add(checks, Ordering::Relaxed);
-        self.largest.fetch_max(checks, Ordering::Relaxed);
-    }
-
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -443,7 +398,7 @@ impl Drop for Abandon {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
     use crate::policy::{Algorithm, Rule};

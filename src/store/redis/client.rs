@@ -3,15 +3,14 @@
 //! `EVAL` when a node lacks the script).
 
 use std::fmt;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::Instant;
 
-use super::batch::Member;
-use super::command::{PackedCheck, batch_command};
+use super::command::{Member, PackedCheck, batch_command};
 use super::connection::Connection;
 use super::error::{is_no_script, store_error};
 use super::merge::Merged;
@@ -89,6 +88,46 @@ impl RedisStore {
     }
 }
 
+/// How the batches of a [`RedisStore`](super::RedisStore) went since it was made: how many script
+/// calls carried how many checks. `checks / script_calls` is the mean batch size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct BatchStats {
+    /// Script calls sent (each one batch).
+    pub script_calls: u64,
+    /// Checks those calls carried (identical give-backs that went as one entry count one
+    /// each).
+    pub checks: u64,
+    /// The most checks one call carried.
+    pub largest_batch: u64,
+}
+
+/// How many script calls carried how many checks, since the store was made
+/// ([`RedisStore::batch_stats`](super::RedisStore::batch_stats)).
+#[derive(Default)]
+pub(super) struct CallStats {
+    calls: AtomicU64,
+    checks: AtomicU64,
+    largest: AtomicU64,
+}
+
+impl CallStats {
+    pub(super) fn get(&self) -> BatchStats {
+        BatchStats {
+            script_calls: self.calls.load(Ordering::Relaxed),
+            checks: self.checks.load(Ordering::Relaxed),
+            largest_batch: self.largest.load(Ordering::Relaxed),
+        }
+    }
+
+    fn record(&self, checks: usize) {
+        let checks = checks as u64;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.checks.fetch_add(checks, Ordering::Relaxed);
+        self.largest.fetch_max(checks, Ordering::Relaxed);
+    }
+}
+
 impl Shared {
     /// Sends `member` as a script call of its own.
     pub(super) async fn call_alone(&self, member: &Member) -> Result<Decision, StoreError> {
@@ -109,7 +148,7 @@ impl Shared {
         members: &[Member],
         deadline: Instant,
     ) -> Vec<Result<Decision, StoreError>> {
-        self.batcher.record(members.len());
+        self.call_stats.record(members.len());
         let timeout = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));

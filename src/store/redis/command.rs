@@ -1,7 +1,10 @@
 //! The script call of a batch of checks: its `FCALL` or `EVALSHA`, keys and arguments (its reply:
 //! `reply`).
 
+use std::time::Duration;
+
 use ::redis::Cmd;
+use tokio::time::Instant;
 
 use super::reply::RuleLimit;
 use crate::policy::{Algorithm, Rule};
@@ -44,6 +47,17 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
 
 /// The shape of a lease's release (see `lua/batch.lua`): its one key is the leases.
 const RELEASE_SHAPE: &str = "rl|1";
+
+/// A check on its way to Redis.
+pub(super) struct Member {
+    pub(super) check: PackedCheck,
+    /// Replicas that must acknowledge its writes (`WAIT`), if any.
+    pub(super) replicas: Option<u32>,
+    /// When it stops waiting.
+    pub(super) deadline: Instant,
+    /// The store timeout it reports when it runs out of time.
+    pub(super) timeout: Duration,
+}
 
 /// One check packed for the batch script (see `lua/batch.lua` and `lua/entry.lua`): its keys
 /// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<leases key>]

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use super::batch::Member;
+use super::command::Member;
 use super::command::PackedCheck;
 
 /// A batch's entries once its give-backs that add up and its releases of one key are merged.

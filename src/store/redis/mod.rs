@@ -24,8 +24,10 @@ use std::time::Duration;
 use ::redis::{ErrorKind, Script, Value};
 use tokio::time::Instant;
 
-use self::batch::{Batched, Batcher, Member};
+use self::batch::{Batched, Batcher};
+use self::client::CallStats;
 use self::client::ServerCheck;
+use self::command::Member;
 use self::command::PackedCheck;
 use self::connection::{Connection, Connector};
 use self::error::store_error;
@@ -64,7 +66,7 @@ pub(crate) fn read_batch_reply_for_fuzzing(packed: &[u8], short_lengths: &[usize
     reply::read_batch_reply(packed, short_lengths.iter().copied()).is_ok()
 }
 
-pub use self::batch::BatchStats;
+pub use self::client::BatchStats;
 pub use self::server::{MINIMUM_VERSION, RedisVersion, ServerInfo, ServerMode, ServerSoftware};
 #[cfg(feature = "tls")]
 pub use self::tls::TlsOptions;
@@ -105,6 +107,8 @@ struct Shared {
     /// them); never on a cluster.
     functions: AtomicBool,
     batcher: Batcher,
+    /// How many script calls carried how many checks.
+    call_stats: CallStats,
     /// What the crate's own tests set (a fixed time, generic checks): nothing in a release build.
     hooks: TestHooks,
     /// What the version check of the last new connection found.
@@ -318,7 +322,7 @@ impl RedisStore {
     /// "Performance" section for what group commit is. On a cluster every check is a call of its
     /// own.
     pub fn batch_stats(&self) -> BatchStats {
-        self.shared.batcher.stats()
+        self.shared.call_stats.get()
     }
 
     /// The store's call of `request`: a script call of its own on a cluster (a batch would need

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
-use super::batch::Member;
+use super::command::Member;
 use crate::decision::Decision;
 use crate::store::{CheckRequest, StoreError};
 

@@ -11,7 +11,7 @@ use super::batch::Batcher;
 use super::connection::Connector;
 use crate::store::StoreError;
 
-use super::client::ServerCheck;
+use super::client::{CallStats, ServerCheck};
 #[cfg(feature = "cluster")]
 use super::cluster;
 use super::script::SCRIPT;
@@ -45,6 +45,7 @@ impl RedisStore {
                 functions,
                 script: Script::new(SCRIPT),
                 batcher: Batcher::default(),
+                call_stats: CallStats::default(),
                 hooks: TestHooks::default(),
                 server: Mutex::new(ServerCheck::default()),
                 resets: resets::ResetFeed::default(),
