@@ -36,6 +36,8 @@ pub struct CheckFuture(CheckState);
 enum CheckState {
     Ready(Option<Result<Decision, StoreError>>),
     Pending(BoxedCheck),
+    // (Only the Redis store defers its calls.)
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     Deferred(Option<Box<dyn Deferred>>),
 }
 
@@ -54,6 +56,7 @@ impl CheckFuture {
     }
 
     /// A call not sent yet (see [`Deferred`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn deferred(call: Box<dyn Deferred>) -> Self {
         CheckFuture(CheckState::Deferred(Some(call)))
     }

@@ -24,6 +24,7 @@ mod memory;
 pub(crate) mod redis;
 
 pub use self::check_future::CheckFuture;
+#[cfg(feature = "redis")]
 pub(crate) use self::check_future::{Answered, Deferred};
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[cfg(feature = "tls")]
