@@ -555,6 +555,36 @@ fn a_count_that_is_not_an_integer_fails_its_checks_and_not_the_batch() {
     assert_eq!(counted, "1.5", "the counter is left as it was");
 }
 
+/// One batch at `now_ms` of the release shape and `shapes` (numbered from 2), its `entries` each a
+/// release (`1@…`, the leases' key) or a check (the counter's key, then the leases'): its packed
+/// reply.
+fn lease_batch(
+    client: &mut redis::Connection,
+    now_ms: u64,
+    shapes: &[String],
+    (counter, leases): (&str, &str),
+    entries: &[&str],
+) -> Vec<u8> {
+    let script = script();
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .arg(now_ms * 1_000)
+        .arg(shapes.len() + 1)
+        .arg("rl|1");
+    for shape in shapes {
+        invocation.arg(shape);
+    }
+    for entry in entries {
+        if entry.starts_with("1@") {
+            invocation.key(leases);
+        } else {
+            invocation.key(counter).key(leases);
+        }
+        invocation.arg(*entry);
+    }
+    invocation.invoke(client).unwrap()
+}
+
 #[test]
 fn releases_that_end_every_lease_let_a_shorter_lease_keep_its_own_length() {
     // 16 leases of a minute, then in one batch a 17th, the release of all 17 joined, and a lease
@@ -569,24 +599,9 @@ fn releases_that_end_every_lease_let_a_shorter_lease_keep_its_own_length() {
     );
     let shape = |lease_ms: u64| format!("fw|2|1|0,0,0,0,0,0,{MOST},{lease_ms},0|1000000|3600000");
     let now_ms = hour_ahead();
-    let script = script();
     let invoke = |entries: &[&str], client: &mut redis::Connection| {
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .arg(now_ms * 1_000)
-            .arg(3)
-            .arg("rl|1")
-            .arg(shape(LEASE_MS))
-            .arg(shape(5));
-        for entry in entries {
-            if entry.starts_with("1@") {
-                invocation.key(&leases);
-            } else {
-                invocation.key(&counter).key(&leases);
-            }
-            invocation.arg(*entry);
-        }
-        let _: Vec<u8> = invocation.invoke(client).unwrap();
+        let shapes = [shape(LEASE_MS), shape(5)];
+        lease_batch(client, now_ms, &shapes, (&counter, &leases), entries);
     };
     invoke(&["2"; 16], &mut client);
     let ids: Vec<String> = (0..17)
@@ -617,26 +632,17 @@ fn joined_releases_of_ids_of_other_lengths_or_not_ids_end_what_they_name_and_fai
         format!("{prefix}:{{ip:1}}:leases"),
     );
     let now_ms = hour_ahead();
-    let script = script();
+    let shapes = [format!(
+        "fw|2|1|0,0,0,0,0,0,{MOST},{LEASE_MS},0|1000000|3600000"
+    )];
     let invoke = |entries: &[&str], client: &mut redis::Connection| {
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .arg(now_ms * 1_000)
-            .arg(2)
-            .arg("rl|1")
-            .arg(format!(
-                "fw|2|1|0,0,0,0,0,0,{MOST},{LEASE_MS},0|1000000|3600000"
-            ));
-        for entry in entries {
-            if entry.starts_with("1@") {
-                invocation.key(&leases);
-            } else {
-                invocation.key(&counter).key(&leases);
-            }
-            invocation.arg(*entry);
-        }
-        let packed: Vec<u8> = invocation.invoke(client).unwrap();
-        reply_items(&packed)
+        reply_items(&lease_batch(
+            client,
+            now_ms,
+            &shapes,
+            (&counter, &leases),
+            entries,
+        ))
     };
     invoke(&["2"; 4], &mut client);
     let ids: Vec<String> = (0..4)
