@@ -53,6 +53,7 @@
 //! `instructions N SETUP` sends N requests of one setup one after another on one thread and
 //! prints nothing else, to be counted under callgrind: the difference of two counts (N = 2 000
 //! and 12 000, say) over 10 000 is the instructions of one request, setup and warm-up cancelled.
+//! A Redis setup needs `REDIS_URL` there; its checks then go one at a time, each alone in its call.
 //! With `CHECK_COST_SUBSCRIBER` set, a `tracing` subscriber at `info` is installed first, as a
 //! service (the demo) has one: without one, axum's default `tower-log` feature sends every span
 //! operation through `log`'s checks.
@@ -450,7 +451,8 @@ fn run(
     }
 }
 
-/// `count` requests of an in-process `setup`, one after another on one thread (see the module docs).
+/// `count` requests of `setup`, one after another on one thread (see the module docs); a Redis
+/// setup needs `REDIS_URL`.
 fn one_after_another(setup: &str, count: u64) {
     if std::env::var_os("CHECK_COST_SUBSCRIBER").is_some() {
         tracing_subscriber::fmt()
@@ -459,7 +461,11 @@ fn one_after_another(setup: &str, count: u64) {
             .init();
     }
     let flood = setup.ends_with("-flood");
-    let (app, _) = app(setup, "redis://in-process-setups-only", "instructions");
+    // A Redis setup counts against the Redis at `REDIS_URL` (its calls go one at a time, alone,
+    // not in batches).
+    let redis_url =
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://in-process-setups-only".into());
+    let (app, _) = app(setup, &redis_url, "instructions");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
