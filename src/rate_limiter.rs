@@ -233,7 +233,7 @@ impl RateLimiter {
     ///
     /// [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
     pub async fn give_back_prefetched(&self) {
-        self.limiter.give_back_prefetched().await;
+        crate::limiter::give_back_unspent(&self.limiter).await;
     }
 
     /// Forgets `identity`'s counts and lifts its penalty block, on every instance sharing the
@@ -402,13 +402,13 @@ impl Refused {
     /// `grpc-retry-pushback-ms`, `UNAVAILABLE` for a store failure), trailers-only, in HTTP 200.
     pub fn grpc_response(&self) -> Response<Body> {
         let grpc = Protocol::Grpc(Box::new(HeaderValue::from_static("application/grpc")));
-        self.limiter.respond_in(&self.refusal, &grpc)
+        self.refusal.respond_in(&self.limiter, &grpc)
     }
 }
 
 impl IntoResponse for Refused {
     fn into_response(self) -> axum::response::Response {
-        self.limiter.respond_in(&self.refusal, &Protocol::Http)
+        self.refusal.respond_in(&self.limiter, &Protocol::Http)
     }
 }
 

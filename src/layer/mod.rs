@@ -207,7 +207,7 @@ impl RateLimitLayer {
     ///
     /// [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
     pub async fn give_back_prefetched(&self) {
-        self.limiter.give_back_prefetched().await;
+        crate::limiter::give_back_unspent(&self.limiter).await;
     }
 
     /// How many requests this layer let through that its policy refused, in

@@ -48,7 +48,7 @@ pub(crate) struct Answered {
 impl Answered {
     /// The response, in the request's protocol.
     pub(crate) fn response(self) -> Response<Body> {
-        self.by.respond(self.refusal, &self.protocol)
+        self.refusal.respond(&self.by, &self.protocol)
     }
 
     /// The limiter that answers, and why (a handle's [`Refused`](crate::Refused)).
@@ -95,20 +95,22 @@ impl Refusal {
     }
 }
 
-impl Limiter {
-    /// The response to `refusal` in `protocol` (its decision moves into the 429: nothing copied).
-    pub(crate) fn respond(&self, refusal: Refusal, protocol: &Protocol) -> Response<Body> {
-        match refusal {
-            Refusal::Limited(decision) => self.refusal(decision, protocol),
-            other => self.respond_in(&other, protocol),
+/// The responses: a refusal answered as `by` (a limiter's settings: its policy, the wire parts of
+/// its answers, legacy headers, the app's own 429) answers.
+impl Refusal {
+    /// The response in `protocol` (its decision moves into the 429: nothing copied).
+    pub(crate) fn respond(self, by: &Limiter, protocol: &Protocol) -> Response<Body> {
+        match self {
+            Refusal::Limited(decision) => limited(by, decision, protocol),
+            other => other.respond_in(by, protocol),
         }
     }
 
-    /// The response to `refusal` in `protocol`.
-    pub(crate) fn respond_in(&self, refusal: &Refusal, protocol: &Protocol) -> Response<Body> {
-        let policy = &self.policy;
-        match refusal {
-            Refusal::Limited(decision) => self.refusal(decision.clone(), protocol),
+    /// The response in `protocol`, the refusal kept.
+    pub(crate) fn respond_in(&self, by: &Limiter, protocol: &Protocol) -> Response<Body> {
+        let policy = &by.policy;
+        match self {
+            Refusal::Limited(decision) => limited(by, decision.clone(), protocol),
             Refusal::TooCostly {
                 index,
                 cost,
@@ -118,7 +120,7 @@ impl Limiter {
                     Some(name) => &**name,
                     None => policy.quota().map_or("quota", |quota| quota.name()),
                 };
-                response::too_costly(policy, &self.answers, *cost, rule, *at_most, protocol)
+                response::too_costly(policy, &by.answers, *cost, rule, *at_most, protocol)
             }
             Refusal::Denied => response::denied(protocol),
             Refusal::NoKey(status) => response::key_unavailable(*status, protocol),
@@ -126,28 +128,25 @@ impl Limiter {
             Refusal::StoreUnavailable => response::store_unavailable(protocol),
         }
     }
+}
 
-    /// The 429 for a refusal: the problem body (or the app's own), `Retry-After` and the headers.
-    /// A gRPC call gets its gRPC answer ([`TooManyRequests::grpc_response`]), never a body meant for
-    /// HTTP clients.
-    fn refusal(&self, decision: Decision, protocol: &Protocol) -> Response<Body> {
-        let headers =
-            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
-        let retry_after_secs = response::retry_after_secs(&decision);
-        let rejected = |decision| {
-            let (policy, answers) = (self.policy.clone(), self.answers.clone());
-            TooManyRequests::new(policy, decision, answers)
-        };
-        let response = match (protocol, &self.on_rejected) {
-            // The default answer needs no `TooManyRequests`, nor the two shared counts it takes.
-            (Protocol::Http, None) => {
-                response::refusal_problem(&self.policy, &self.answers, &decision)
-            }
-            (Protocol::Http, Some(respond)) => respond(&rejected(decision)),
-            (Protocol::Grpc(content_type), _) => {
-                crate::grpc::answered_as(rejected(decision).grpc_response(), content_type)
-            }
-        };
-        response::finish_rejection(response, retry_after_secs, headers)
-    }
+/// The 429 `by` answers for `decision`: the problem body (or the app's own), `Retry-After` and the
+/// headers. A gRPC call gets its gRPC answer ([`TooManyRequests::grpc_response`]), never a body
+/// meant for HTTP clients.
+fn limited(by: &Limiter, decision: Decision, protocol: &Protocol) -> Response<Body> {
+    let headers = LimitHeaders::new(&by.answers, &by.policy, &decision, by.legacy_headers);
+    let retry_after_secs = response::retry_after_secs(&decision);
+    let rejected = |decision| {
+        let (policy, answers) = (by.policy.clone(), by.answers.clone());
+        TooManyRequests::new(policy, decision, answers)
+    };
+    let response = match (protocol, &by.on_rejected) {
+        // The default answer needs no `TooManyRequests`, nor the two shared counts it takes.
+        (Protocol::Http, None) => response::refusal_problem(&by.policy, &by.answers, &decision),
+        (Protocol::Http, Some(respond)) => respond(&rejected(decision)),
+        (Protocol::Grpc(content_type), _) => {
+            crate::grpc::answered_as(rejected(decision).grpc_response(), content_type)
+        }
+    };
+    response::finish_rejection(response, retry_after_secs, headers)
 }

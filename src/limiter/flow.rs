@@ -12,6 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
 
 use super::{Admission, Answered, Ask, Limiter, Prepared, UnitsWait, Verdict};
 use crate::store::CheckFuture;
@@ -53,7 +54,7 @@ impl Decided {
 /// A request's decision that waits (see the [module docs](self)); a future of its [`Resolved`].
 pub(crate) struct Deciding(Step);
 
-/// [`Limiter::wait_for_slot`]'s future: the verdict once a slot is had (or time is up), and the
+/// [`wait_for_slot`]'s future: the verdict once a slot is had (or time is up), and the
 /// request it was for.
 pub(super) type SlotWait = Pin<Box<dyn Future<Output = (Verdict, Ask)> + Send>>;
 
@@ -123,8 +124,8 @@ pub(super) fn start(limiter: &Arc<Limiter>, prepared: Prepared) -> Decided {
 /// slot.
 #[inline]
 fn checking(limiter: &Arc<Limiter>, ask: Ask) -> Decided {
-    if limiter.queues_first(&ask) {
-        let wait = Box::pin(limiter.clone().wait_for_slot(ask, false));
+    if queues_first(limiter, &ask) {
+        let wait = Box::pin(wait_for_slot(limiter.clone(), ask, false));
         return Deciding::later(Step::WaitingForSlot {
             limiter: limiter.clone(),
             wait,
@@ -170,7 +171,7 @@ fn after(limiter: &Arc<Limiter>, verdict: Verdict, ask: &mut Ask) -> Option<Deci
         }),
         Verdict::AwaitSlot => Deciding::later(Step::WaitingForSlot {
             limiter: limiter.clone(),
-            wait: Box::pin(limiter.clone().wait_for_slot(ask.clone(), true)),
+            wait: Box::pin(wait_for_slot(limiter.clone(), ask.clone(), true)),
         }),
         Verdict::Retake => {
             ask.exact();
@@ -225,6 +226,62 @@ impl Future for Deciding {
                 }
                 Decided::Later(Deciding(step)) => self.0 = step,
             }
+        }
+    }
+}
+
+/// The first pause of a request polling for a concurrency slot; it doubles up to [`MAX_SLOT_POLL`].
+const FIRST_SLOT_POLL: Duration = Duration::from_millis(5);
+
+/// The longest pause of a request polling for a concurrency slot released by another instance.
+const MAX_SLOT_POLL: Duration = Duration::from_millis(100);
+
+/// Whether a request should queue behind others of its key waiting for a slot, rather than
+/// ask the store before them (first come, first served).
+fn queues_first(limiter: &Limiter, ask: &Ask) -> bool {
+    limiter.may_wait_for_slots() && limiter.slot_queues.is_waiting(ask.key.as_str())
+}
+
+/// Waits for a concurrency slot, up to the policy's `max_delay` from the request's arrival,
+/// first come first served among this instance's requests of the key: the head of the key's
+/// queue asks the store again when this instance releases a slot of the key, and otherwise
+/// polls (every [`FIRST_SLOT_POLL`], doubling up to [`MAX_SLOT_POLL`]) for slots released
+/// elsewhere or by a lease's expiry. `just_refused` says the store has just refused the
+/// request, so the head waits before asking again.
+async fn wait_for_slot(limiter: Arc<Limiter>, mut ask: Ask, just_refused: bool) -> (Verdict, Ask) {
+    let arrived = tokio::time::Instant::now() - ask.started.elapsed();
+    let deadline = arrived + limiter.policy.mode().max_delay();
+    let place = limiter.slot_queues.join(ask.key.as_str());
+    let (_turn, mut wait_first) = match place.try_turn() {
+        Some(turn) => (turn, just_refused),
+        None => match tokio::time::timeout_at(deadline, place.turn()).await {
+            // The requests ahead have asked the store since: ask at once.
+            Ok(turn) => (turn, false),
+            // Out of time in the queue: one last look (it may admit, without a delay).
+            Err(_) => {
+                ask.started = Instant::now();
+                let result = limiter.check_within(&ask, Duration::ZERO).await;
+                let waited = arrived.elapsed();
+                let verdict = limiter.judge_after(result, &mut ask, Duration::ZERO, waited);
+                return (verdict, ask);
+            }
+        },
+    };
+    let mut poll = FIRST_SLOT_POLL;
+    loop {
+        if wait_first {
+            let pause = poll.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+            // Woken by a release here, or polling for one elsewhere.
+            let _ = tokio::time::timeout(pause, place.freed()).await;
+            poll = (poll * 2).min(MAX_SLOT_POLL);
+        }
+        wait_first = true;
+        let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
+        ask.started = Instant::now();
+        let result = limiter.check_within(&ask, budget).await;
+        match limiter.judge_after(result, &mut ask, budget, arrived.elapsed()) {
+            Verdict::AwaitSlot => continue,
+            verdict => return (verdict, ask),
         }
     }
 }

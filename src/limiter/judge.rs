@@ -9,8 +9,9 @@ use std::time::Duration;
 use crate::decision::{Decision, RuleState};
 use crate::limiter::slots::Lease;
 use crate::limiter::telemetry::Outcome;
+use crate::policy::StateOf;
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Mode, OnStoreError};
+use crate::policy::{Mode, OnStoreError, StorageKey};
 use crate::response::{LimitHeaders, TooManyRequests};
 use crate::store::StoreError;
 
@@ -43,7 +44,7 @@ impl Limiter {
         span.record("store_latency_us", took.as_micros() as u64);
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
-        let (result, charged) = match self.judge_take(result, ask) {
+        let (result, charged) = match super::prefetch::judge_take(self, result, ask) {
             Some((result, Some((taken, after)))) => (result, Charged::Taken(taken, after)),
             Some((result, None)) => (result, Charged::Told),
             None => return Verdict::Retake,
@@ -233,5 +234,67 @@ impl Limiter {
     fn outcome(&self, ask: &Ask, outcome: Outcome) -> Outcome {
         ask.span.record("outcome", outcome.label());
         outcome
+    }
+}
+
+/// What a refusal is counted and logged as, and whether one for want of a slot may wait for it.
+impl Limiter {
+    /// Counts a refusal (or, in shadow mode, what would have been one) of `key` by `rules`; the
+    /// time it read, for the caller to share.
+    pub(super) fn count_refusal(
+        &self,
+        outcome: Outcome,
+        key: &StorageKey,
+        rules: impl Iterator<Item = usize>,
+    ) -> tokio::time::Instant {
+        let metrics = self.metrics();
+        metrics.request(outcome);
+        metrics.rule_refusals(rules);
+        let now = tokio::time::Instant::now();
+        self.top_refused.record(key.kind(), key.identity(), now);
+        now
+    }
+
+    /// Logs a refusal at `info`, with the count of refusals not logged since the last line.
+    pub(super) fn log_rejection(
+        &self,
+        rejected: &TooManyRequests,
+        key: &StorageKey,
+        message: &str,
+    ) {
+        let rules: Vec<&str> = rejected.violated_rules().collect();
+        tracing::info!(
+            policy = self.policy.name(),
+            rule = %rules.join(", "),
+            key_kind = key.kind(),
+            key = key.identity(),
+            retry_after_s = rejected.retry_after_secs(),
+            unlogged_refusals = self.refusals.take_unlogged(),
+            "{message}"
+        );
+    }
+
+    /// Whether a request refused for want of a concurrency slot may wait for one: the policy has a
+    /// concurrency limit, in delay mode.
+    pub(super) fn may_wait_for_slots(&self) -> bool {
+        self.policy.concurrency().is_some() && !self.policy.mode().max_delay().is_zero()
+    }
+
+    /// Whether `decision` refused for want of a slot alone: every other state admits, or is a rate
+    /// rule that would within `budget` (a reservation, once a slot is free). A refusal by the
+    /// quota or the duplicate guard is final however long one waits for a slot.
+    pub(super) fn only_slot_missing(&self, decision: &Decision, budget: Duration) -> bool {
+        let states = decision.rules.len();
+        self.may_wait_for_slots()
+            && decision.rules.last().is_some_and(RuleState::refused)
+            && decision.rules.iter().enumerate().all(|(index, state)| {
+                match (self.policy.state_of(index, states), state.retry_after) {
+                    (_, None) | (StateOf::Concurrency, _) => true,
+                    (StateOf::Rule(rule), Some(retry)) => {
+                        !self.policy.rules()[rule].is_duplicate_guard() && retry <= budget
+                    }
+                    (StateOf::Quota, Some(_)) => false,
+                }
+            })
     }
 }

@@ -11,13 +11,10 @@ mod holding_body;
 mod judge;
 mod log_budget;
 pub(crate) mod metered;
-mod named;
-mod observe;
 mod operate;
 mod prefetch;
 mod prepare;
 pub(crate) mod refusals;
-mod settings;
 pub(crate) mod slots;
 pub(crate) mod store_error_log;
 pub(crate) mod telemetry;
@@ -29,9 +26,10 @@ pub(crate) use admission::{Admission, OnResponse};
 pub(crate) use answer::{Answered, Refusal};
 pub(crate) use charge::{Charge, Charged, Settling};
 pub(crate) use flow::{Decided, Deciding, Resolved};
+pub(crate) use prefetch::give_back_unspent;
 
 use std::fmt;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -46,6 +44,7 @@ use crate::limiter::telemetry::PolicyMetrics;
 use crate::limiter::top_refused::{
     DEFAULT_TOP_REFUSED, DEFAULT_TOP_REFUSED_GENERATION, TopRefused,
 };
+use crate::operate::HeavyHitter;
 use crate::policy::quota::QuotaLookup;
 use crate::policy::{Applied, Policy, PolicyError, StorageKey};
 use crate::response::{AnswerPlan, Protocol, TooManyRequests};
@@ -209,7 +208,7 @@ enum Verdict {
     Admit(Admission),
     /// Wait this long (a reserved admission), then as `Admit`.
     Delay(Duration, Admission),
-    /// Wait for a concurrency slot ([`Limiter::wait_for_slot`]): only the slot was missing, and the
+    /// Wait for a concurrency slot ([`flow`]'s wait for one): only the slot was missing, and the
     /// policy's mode lets the request wait.
     AwaitSlot,
     /// Answer at once.
@@ -316,6 +315,67 @@ impl Limiter {
                 .collect()
         });
         limiters.get(index)?.clone()
+    }
+
+    /// The policy it applies.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Sends GitHub's `X-RateLimit-*` headers too.
+    pub(crate) fn set_legacy_headers(&mut self, enabled: bool) {
+        self.legacy_headers = enabled;
+        self.settings_changed();
+    }
+
+    /// Answers HTTP refusals with `handler` (`None`: the problem body).
+    pub(crate) fn set_on_rejected(&mut self, handler: Option<RejectHandler>) {
+        self.on_rejected = handler;
+        self.settings_changed();
+    }
+
+    /// Remembers at most `capacity` refused identities (a cache of its own from now on).
+    pub(crate) fn set_refusal_cache(&mut self, capacity: usize) {
+        self.refusals = Arc::new(Refusals::new(capacity));
+        self.settings_changed();
+    }
+
+    /// Tracks at most `capacity` heavy hitters (a summary of its own from now on).
+    pub(crate) fn set_top_refused_capacity(&mut self, capacity: usize) {
+        self.top_refused = Arc::new(TopRefused::new(capacity, DEFAULT_TOP_REFUSED_GENERATION));
+        self.settings_changed();
+    }
+
+    /// Counts its give-backs and settles on their way to the store in `settling`.
+    pub(crate) fn track_settles(&mut self, settling: Arc<Settling>) {
+        self.settling = Some(settling);
+        self.settings_changed();
+    }
+
+    /// Its store-failure log.
+    pub(crate) fn store_errors(&self) -> &StoreErrorLog {
+        &self.store_errors
+    }
+
+    /// The `n` identities refused most recently.
+    pub(crate) fn top_refused(&self, n: usize) -> Vec<HeavyHitter> {
+        self.top_refused.top(n, tokio::time::Instant::now())
+    }
+
+    /// How many requests it let through in shadow mode that its policy refused.
+    pub(crate) fn shadow_refusals(&self) -> u64 {
+        self.shadow_refusals.load(Ordering::Relaxed)
+    }
+
+    /// The layer's metric handles.
+    pub(super) fn metrics(&self) -> &PolicyMetrics {
+        self.metrics
+            .get_or_init(|| PolicyMetrics::new(&self.policy, self.store.name()))
+    }
+
+    /// Counts `units` reserved by a metered admission made outside the flow (an outbound call).
+    pub(crate) fn count_reserved(&self, units: u64) {
+        self.metrics().metered("reserved", units);
     }
 
     /// The store.

@@ -1,10 +1,14 @@
-//! What an operator asks of a running limiter: an identity's usage of each rule, and a reset.
+//! What an operator (or a [`RateLimiter`](crate::RateLimiter)'s caller) asks of a running limiter
+//! about an identity: its usage of each rule, a peek, a refund, a reset.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Limiter;
+use crate::decision::Decision;
 use crate::operate::{OperatorError, RuleUsage};
-use crate::policy::{Rule, StorageKey, is_storable_identity};
+use crate::policy::quota::QuotaLookup;
+use crate::policy::{Applied, Rule, StorageKey, is_storable_identity};
 use crate::store::{CheckRequest, StoreError};
 
 impl Limiter {
@@ -78,13 +82,68 @@ impl Limiter {
         self.store().reset(&request).await?;
         self.refusals.forget_key(key.as_str());
         // Units held ahead here go at once (other instances hear of it from the store).
-        self.forget_units(key.as_str());
+        super::prefetch::forget_key(self, key.as_str());
         tracing::info!(
             policy = self.policy.name(),
             key = key.identity(),
             "rate-limit counts reset"
         );
         Ok(())
+    }
+
+    /// What a check of cost 1 for `identity` would find now, recording nothing (see
+    /// [`Store::peek`](crate::Store::peek)), under the rules that count it.
+    pub(crate) async fn peek_named(
+        self: &Arc<Self>,
+        identity: &str,
+    ) -> Result<Decision, StoreError> {
+        let (limiter, key, quota) = self.named(identity)?;
+        let request = limiter.store_request(&key, quota.as_ref());
+        limiter.store().peek(&request).await
+    }
+
+    /// Gives back `cost` units charged to `identity` (see [`Store::refund`](crate::Store::refund)),
+    /// and forgets the refusal this instance cached for it: the units may admit it now.
+    pub(crate) async fn refund_named(
+        self: &Arc<Self>,
+        identity: &str,
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let (limiter, key, quota) = self.named(identity)?;
+        let request = limiter.store_request(&key, quota.as_ref()).cost(cost);
+        let decision = limiter.store().refund(&request).await?;
+        limiter.refusals.forget_key(key.as_str());
+        Ok(decision)
+    }
+
+    /// The limiter that counts `identity`: a `rules` override's, or this one.
+    fn counting(self: &Arc<Self>, identity: &str) -> Arc<Limiter> {
+        let overrides = self.policy.overrides();
+        if !overrides.is_empty()
+            && let Some((index, Applied::Rules(_))) =
+                overrides.find_identity(self.policy.named_key(identity).identity())
+            && let Some(own) = self.overriding(index)
+        {
+            return own;
+        }
+        self.clone()
+    }
+
+    /// The limiter that counts `identity`, its key and its quota.
+    fn named(
+        self: &Arc<Self>,
+        identity: &str,
+    ) -> Result<(Arc<Limiter>, StorageKey, Option<QuotaLookup>), StoreError> {
+        if identity.is_empty() {
+            return Err(StoreError::Config(
+                "an empty identity names no rate-limit key".into(),
+            ));
+        }
+        let limiter = self.counting(identity);
+        let policy = &limiter.policy;
+        let key = policy.named_key(identity);
+        let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
+        Ok((limiter, key, quota))
     }
 }
 

@@ -1,5 +1,6 @@
-//! Preparing a request: its key, an override, a cost no rule admits, units in hand, a cached
-//! refusal; what [`flow`](super::flow) starts from.
+//! Preparing a request: its key (found in the request, or the identity a
+//! [`RateLimiter`](crate::RateLimiter) names), an override, a cost no rule admits, units in hand,
+//! a cached refusal; what [`flow`](super::flow) starts from.
 
 use super::{Ask, Decided, Limiter, Prepared, Price, Refusal, Spent, flow, prefetch};
 use std::sync::Arc;
@@ -190,7 +191,7 @@ impl Limiter {
             return Prepared::Respond(refusal, protocol.clone());
         }
         // Units in hand admit at once: no store call, no span.
-        match self.spend_prefetched(&key, cost, quota.as_ref(), true) {
+        match prefetch::spend(self, &key, cost, quota.as_ref(), true) {
             Spent::Admit(admission, _) if !receipt => Prepared::Admit(admission),
             Spent::Admit(admission, charged) => {
                 Prepared::Admit(admission.charging(self.clone(), key, price, quota, charged))
@@ -211,7 +212,7 @@ impl Limiter {
                             let _ = tokio::time::timeout_at(deadline, landed).await;
                         }
                         let may_wait = tokio::time::Instant::now() < deadline;
-                        match limiter.spend_prefetched(&key, cost, quota.as_ref(), may_wait) {
+                        match prefetch::spend(&limiter, &key, cost, quota.as_ref(), may_wait) {
                             Spent::Admit(admission, _) if !receipt => {
                                 return Prepared::Admit(admission);
                             }
@@ -272,9 +273,56 @@ impl Limiter {
         {
             self.refusals.count_unlogged();
             self.count_refusal(Outcome::CachedRefusal, &ask.key, decision.violated());
-            self.untake(&ask);
+            prefetch::untake(self, &ask);
             return Prepared::Respond(Refusal::Limited(decision), ask.protocol.clone());
         }
         Prepared::Check(ask)
+    }
+
+    /// [`Limiter::decide`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
+    /// check of `price.cost` requests, reserving `price.units` in the metered rules).
+    pub(crate) fn decide_named(self: &Arc<Self>, identity: &str, price: Price) -> Decided {
+        flow::start(self, self.prepare_identity(identity, price))
+    }
+
+    /// [`Limiter::prepare`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
+    /// check): its key is the identity under the policy's prefix and name, whatever the policy's
+    /// `Key` and scope; an override applies by that identity, a quota by it too, in its default
+    /// tier.
+    fn prepare_identity(self: &Arc<Self>, identity: &str, price: Price) -> Prepared {
+        let policy = &self.policy;
+        let cost = price.cost;
+        let protocol = Protocol::Http;
+        if identity.is_empty() {
+            self.metrics().request(Outcome::NoKey);
+            let refusal = Refusal::NoKey(StatusCode::BAD_REQUEST);
+            return Prepared::Respond(refusal, protocol.clone());
+        }
+        if cost == 0 {
+            tracing::error!(
+                policy = policy.name(),
+                "a rate-limit check of cost 0 counts nothing: ask for a cost of at least 1"
+            );
+            return Prepared::Respond(Refusal::ZeroCost, protocol.clone());
+        }
+        let key = policy.named_key(identity);
+        let overrides = policy.overrides();
+        if !overrides.is_empty()
+            && let Some(found) = overrides.find_identity(key.identity())
+        {
+            let by_override = self.prepare_overridden(found, &key, &protocol, |own| {
+                own.prepare_identity(identity, price)
+            });
+            if let Some(prepared) = by_override {
+                return prepared;
+            }
+        }
+        let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
+        // A handle's caller may give an admission back by its receipt.
+        let price = match policy.metering() {
+            Some(metering) => Price::new(price.cost, price.estimate.min(metering.max_estimate)),
+            None => price,
+        };
+        self.prepare_found(key, price, quota, protocol, true)
     }
 }

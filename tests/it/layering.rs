@@ -456,3 +456,36 @@ fn files_stay_small_and_the_doors_only_start_the_flow() {
     let sample = "/// doc\nfn a() {}\n\n// note\nfn b() {} // why\n#[cfg(test)]\nmod tests {\nfn c() {}\n}\n";
     assert_eq!(lines_of_code(sample), 2);
 }
+
+/// The limiter hands each request to parts that own their state (the prefetch table, the slots
+/// and their queues, the refusal cache, the telemetry, the settling), rather than doing all of it
+/// itself: `impl Limiter` stays in the four files ARCHITECTURE.md names.
+#[test]
+fn the_limiter_is_implemented_in_four_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut implementing: Vec<String> = files
+        .iter()
+        .filter(|file| {
+            let code = code_of(&fs::read_to_string(file).expect("a source file"));
+            code.lines()
+                .any(|line| line.trim_start().starts_with("impl Limiter {"))
+        })
+        .map(|file| {
+            let path = file.strip_prefix(root).expect("under the crate");
+            path.display().to_string()
+        })
+        .collect();
+    implementing.sort();
+    assert_eq!(
+        implementing,
+        [
+            "src/limiter/judge.rs",
+            "src/limiter/mod.rs",
+            "src/limiter/operate.rs",
+            "src/limiter/prepare.rs",
+        ],
+        "files with `impl Limiter`"
+    );
+}

@@ -13,6 +13,11 @@
 //! earliest window of the policy that charged them ends (spent later, they would count in a
 //! window that didn't charge them): the caller says when.
 //!
+//!
+//! The table (`table.rs`) owns the units; this module's functions are what a request does with
+//! it, handed its limiter (for the store, the metrics and the headers): [`spend`] before asking,
+//! [`judge_take`] after, [`forget_key`] on a reset, [`give_back_unspent`] at shutdown.
+//!
 //! [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
 
 mod table;
@@ -54,257 +59,264 @@ pub(crate) enum Spent {
     Ask(u64),
 }
 
-impl Limiter {
-    /// Admits a request of `cost` for `key` from units in hand, or says to wait for a take in
-    /// flight (if `may_wait`), or how many units to ask for ahead.
-    pub(super) fn spend_prefetched(
-        self: &Arc<Self>,
-        key: &StorageKey,
-        cost: u64,
-        quota: Option<&QuotaLookup>,
-        may_wait: bool,
-    ) -> Spent {
-        let Some(prefetched) = &self.prefetched else {
-            return Spent::Ask(0);
-        };
-        let may_take_ahead = prefetched.may_take_ahead(self.store());
-        match prefetched.spend(key.as_str(), cost, Instant::now(), may_wait, may_take_ahead) {
-            Spend::Local {
-                decision,
-                charged,
-                take_ahead,
-            } => {
-                if take_ahead > 0 {
-                    self.take_ahead(prefetched, key, quota, take_ahead);
-                }
-                let metrics = self.metrics();
-                metrics.request(Outcome::Allowed);
-                metrics.prefetch("spent", cost);
-                metrics.admitted(&decision);
-                let headers =
-                    LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
-                let admission = Admission {
-                    headers: Some(headers),
-                    lease: None,
-                    decision: Some(decision),
-                    charge: None,
-                    uncounted: false,
-                };
-                let charged = charged.map_or(Charged::Unknown, |(take, after)| {
-                    Charged::Taken(take, after)
-                });
-                Spent::Admit(admission, charged)
+/// Admits a request of `cost` for `key` from units in hand, or says to wait for a take in
+/// flight (if `may_wait`), or how many units to ask for ahead.
+pub(super) fn spend(
+    limiter: &Arc<Limiter>,
+    key: &StorageKey,
+    cost: u64,
+    quota: Option<&QuotaLookup>,
+    may_wait: bool,
+) -> Spent {
+    let Some(prefetched) = &limiter.prefetched else {
+        return Spent::Ask(0);
+    };
+    let may_take_ahead = prefetched.may_take_ahead(limiter.store());
+    match prefetched.spend(key.as_str(), cost, Instant::now(), may_wait, may_take_ahead) {
+        Spend::Local {
+            decision,
+            charged,
+            take_ahead,
+        } => {
+            if take_ahead > 0 {
+                take_units_ahead(limiter, prefetched, key, quota, take_ahead);
             }
-            Spend::Wait {
-                landed,
-                certain,
-                expired,
-            } => {
-                self.expired(key, expired, quota);
-                Spent::Wait(landed, certain)
-            }
-            Spend::Ask { extra, expired } => {
-                self.expired(key, expired, quota);
-                Spent::Ask(extra)
-            }
+            let metrics = limiter.metrics();
+            metrics.request(Outcome::Allowed);
+            metrics.prefetch("spent", cost);
+            metrics.admitted(&decision);
+            let headers = LimitHeaders::new(
+                &limiter.answers,
+                &limiter.policy,
+                &decision,
+                limiter.legacy_headers,
+            );
+            let admission = Admission {
+                headers: Some(headers),
+                lease: None,
+                decision: Some(decision),
+                charge: None,
+                uncounted: false,
+            };
+            let charged = charged.map_or(Charged::Unknown, |(take, after)| {
+                Charged::Taken(take, after)
+            });
+            Spent::Admit(admission, charged)
         }
-    }
-
-    /// Forgets the units `ask` would have asked for ahead: it won't ask (answered from the
-    /// refusal cache).
-    pub(super) fn untake(&self, ask: &Ask) {
-        if let Some(prefetched) = &self.prefetched
-            && ask.extra > 0
-        {
-            prefetched.untook(ask.key.as_str(), ask.price.cost, ask.extra);
+        Spend::Wait {
+            landed,
+            certain,
+            expired,
+        } => {
+            count_expired(limiter, key, expired, quota);
+            Spent::Wait(landed, certain)
         }
-    }
-
-    /// Units that sat in hand past their end: counted; a token bucket's are given back, as far
-    /// as time has not repaid them already (its window never ends, so they would be lost for
-    /// every instance), the others' window ended and took them along.
-    fn expired(self: &Arc<Self>, key: &StorageKey, expired: Expired, quota: Option<&QuotaLookup>) {
-        if expired.units == 0 {
-            return;
+        Spend::Ask { extra, expired } => {
+            count_expired(limiter, key, expired, quota);
+            Spent::Ask(extra)
         }
-        self.metrics().prefetch("expired", expired.units);
-        if self.policy.algorithm() == Algorithm::TokenBucket {
-            for (charged, units) in &expired.receipts {
-                self.give_back(key, *units, quota, charged);
-            }
-        }
-    }
-
-    /// Gives `units` of `key` back to the store, where the take answered `charged` charged
-    /// them, in the background.
-    fn give_back(
-        self: &Arc<Self>,
-        key: &StorageKey,
-        units: u64,
-        quota: Option<&QuotaLookup>,
-        charged: &Decision,
-    ) {
-        let request = self.store_request(key, quota).cost(units);
-        // A failure leaves the units counted: on the safe side.
-        self.store().give_back(&request, charged).then(drop);
-    }
-
-    /// Takes `units` of `key` ahead in the background: in hand once the store admits them, else
-    /// forgotten (near the limit, the next request asks for its cost alone).
-    fn take_ahead(
-        self: &Arc<Self>,
-        prefetched: &Arc<Prefetched>,
-        key: &StorageKey,
-        quota: Option<&QuotaLookup>,
-        units: u64,
-    ) {
-        let request = self.store_request(key, quota).cost(units);
-        let started = Instant::now();
-        let mut check = self.store().check(&request);
-        let (limiter, held) = (self.clone(), prefetched.clone());
-        let (charged_key, quota) = (key.clone(), quota.cloned());
-        let land = move |result: Result<Decision, StoreError>| {
-            limiter
-                .metrics()
-                .store_call(started.elapsed(), result.as_ref().map(|_| ()));
-            match result {
-                Ok(decision) if decision.allowed => {
-                    let charged = (&charged_key, quota.as_ref());
-                    let decision = Arc::new(decision);
-                    limiter.landed(&held, charged, (0, units), &decision, started);
-                }
-                // Refused: nothing in hand; failed: the units may be charged, on the safe side.
-                _ => held.untook(charged_key.as_str(), 0, units),
-            }
-        };
-        if let Some(result) = check.take_ready() {
-            land(result);
-        } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { land(check.await) });
-        } else {
-            prefetched.untook(key.as_str(), 0, units);
-        }
-    }
-
-    /// `extra` units (beyond a request's `cost`) taken with `decision`, asked for at `started`,
-    /// are in hand: until the earliest window that charged them ends. Returns the decision as
-    /// the requester tells it.
-    fn landed(
-        &self,
-        prefetched: &Prefetched,
-        charged: (&StorageKey, Option<&QuotaLookup>),
-        (cost, extra): (u64, u64),
-        decision: &Arc<Decision>,
-        started: Instant,
-    ) -> Decision {
-        let now = Instant::now();
-        let until = started + self.units_last(decision, charged.1);
-        self.metrics().prefetch("taken", extra);
-        prefetched.took(charged, cost, extra, decision, until, now)
-    }
-
-    /// Judges a check's answer for units taken ahead: `None` when a take was refused (the
-    /// request then asks for its cost alone), else the answer the request goes on with, the
-    /// units in hand counted in what it tells, and the store's answer to the take (what the
-    /// request's own charge was answered, when it differs from what it tells).
-    pub(super) fn judge_take(
-        &self,
-        result: Result<Decision, StoreError>,
-        ask: &Ask,
-    ) -> Option<TakeAnswer> {
-        let Some(prefetched) = self.prefetched.as_ref().filter(|_| ask.extra > 0) else {
-            return Some((result, None));
-        };
-        let (key, cost, extra) = (ask.key.as_str(), ask.price.cost, ask.extra);
-        match result {
-            Ok(decision) if decision.allowed => {
-                let charged = (&ask.key, ask.quota.as_ref());
-                let started = tokio_instant(ask.started);
-                let taken = Arc::new(decision);
-                let told = self.landed(prefetched, charged, (cost, extra), &taken, started);
-                // The request's own units are the take's first: `extra` come after them.
-                Some((Ok(told), Some((taken, extra))))
-            }
-            Ok(_) => {
-                prefetched.untook(key, cost, extra);
-                None
-            }
-            Err(error) => {
-                prefetched.untook(key, cost, extra);
-                Some((Err(error), None))
-            }
-        }
-    }
-
-    /// How long units taken with `decision` may be spent, from when they were asked for: until
-    /// the earliest window that charged them ends, in the store's time (counted from the ask,
-    /// which is no later than the store's reading: never past the end). A token bucket's units
-    /// stay valid until time has repaid the take (its full time), and at most [`IDLE`].
-    fn units_last(&self, decision: &Decision, quota: Option<&QuotaLookup>) -> Duration {
-        let now = decision.now_unix_ms;
-        let policy = &self.policy;
-        if policy.algorithm() == Algorithm::TokenBucket {
-            // Until the take's full time, when time has repaid it: the bucket may then be full
-            // again, having forgotten the charge of the units still in hand (spent later, they
-            // would pass the burst). Its store time is read to the millisecond, so a
-            // millisecond less. And at most IDLE, unused.
-            let now_us = now.saturating_mul(1_000).saturating_add(999);
-            let until_full = decision
-                .rules
-                .iter()
-                .filter_map(|state| state.bucket_full_at_us)
-                .map(|full_at| full_at.saturating_sub(now_us))
-                .min()
-                .unwrap_or(0);
-            return IDLE.min(Duration::from_micros(until_full));
-        }
-        let window_left = |period: u64| {
-            let period = period.max(1);
-            period - now % period
-        };
-        let rules = policy
-            .rules()
-            .iter()
-            .map(|rule| window_left(rule.period_ms()));
-        let day = policy.quota().zip(quota).map(|(quota, _)| {
-            let day = quota.day_ms().max(1);
-            let start = now - (now + day - quota.day_start_offset_ms() % day) % day;
-            start + day - now
-        });
-        Duration::from_millis(rules.chain(day).min().unwrap_or(0))
     }
 }
 
-impl Limiter {
-    /// Drops the units this limiter (and its overrides') holds ahead for `key`: it was reset.
-    pub(crate) fn forget_units(&self, key: &str) {
-        let overriding = self.overriding.get().into_iter().flatten().flatten();
-        let limiters = std::iter::once(self).chain(overriding.map(|own| &**own));
-        for limiter in limiters {
-            if let Some(prefetched) = &limiter.prefetched {
-                prefetched.key_reset(key);
-            }
-        }
+/// Forgets the units `ask` would have asked for ahead: it won't ask (answered from the
+/// refusal cache).
+pub(super) fn untake(limiter: &Limiter, ask: &Ask) {
+    if let Some(prefetched) = &limiter.prefetched
+        && ask.extra > 0
+    {
+        prefetched.untook(ask.key.as_str(), ask.price.cost, ask.extra);
     }
+}
 
-    /// Gives back every unit this limiter (and its overrides') took ahead and didn't spend, and
-    /// waits for the store: for an instance shutting down. A fixed window's or sliding counter's
-    /// units come back only while their window lasts; a failure leaves them counted.
-    pub(crate) async fn give_back_prefetched(&self) {
-        let overriding = self.overriding.get().into_iter().flatten().flatten();
-        let limiters = std::iter::once(self).chain(overriding.map(|own| &**own));
-        for limiter in limiters {
-            let Some(prefetched) = &limiter.prefetched else {
-                continue;
-            };
-            for (key, quota, receipts) in prefetched.drain() {
-                for (charged, units) in receipts {
-                    let request = limiter.store_request(&key, quota.as_ref()).cost(units);
-                    let _ = limiter.store().give_back(&request, &charged).await;
-                }
+/// Units that sat in hand past their end: counted; a token bucket's are given back, as far
+/// as time has not repaid them already (its window never ends, so they would be lost for
+/// every instance), the others' window ended and took them along.
+fn count_expired(
+    limiter: &Arc<Limiter>,
+    key: &StorageKey,
+    expired: Expired,
+    quota: Option<&QuotaLookup>,
+) {
+    if expired.units == 0 {
+        return;
+    }
+    limiter.metrics().prefetch("expired", expired.units);
+    if limiter.policy.algorithm() == Algorithm::TokenBucket {
+        for (charged, units) in &expired.receipts {
+            give_back(limiter, key, *units, quota, charged);
+        }
+    }
+}
+
+/// Gives `units` of `key` back to the store, where the take answered `charged` charged
+/// them, in the background.
+fn give_back(
+    limiter: &Arc<Limiter>,
+    key: &StorageKey,
+    units: u64,
+    quota: Option<&QuotaLookup>,
+    charged: &Decision,
+) {
+    let request = limiter.store_request(key, quota).cost(units);
+    // A failure leaves the units counted: on the safe side.
+    limiter.store().give_back(&request, charged).then(drop);
+}
+
+/// Takes `units` of `key` ahead in the background: in hand once the store admits them, else
+/// forgotten (near the limit, the next request asks for its cost alone).
+fn take_units_ahead(
+    limiter: &Arc<Limiter>,
+    prefetched: &Arc<Prefetched>,
+    key: &StorageKey,
+    quota: Option<&QuotaLookup>,
+    units: u64,
+) {
+    let request = limiter.store_request(key, quota).cost(units);
+    let started = Instant::now();
+    let mut check = limiter.store().check(&request);
+    let (limiter, held) = (limiter.clone(), prefetched.clone());
+    let (charged_key, quota) = (key.clone(), quota.cloned());
+    let land = move |result: Result<Decision, StoreError>| {
+        limiter
+            .metrics()
+            .store_call(started.elapsed(), result.as_ref().map(|_| ()));
+        match result {
+            Ok(decision) if decision.allowed => {
+                let charged = (&charged_key, quota.as_ref());
+                let decision = Arc::new(decision);
+                landed(&limiter, &held, charged, (0, units), &decision, started);
+            }
+            // Refused: nothing in hand; failed: the units may be charged, on the safe side.
+            _ => held.untook(charged_key.as_str(), 0, units),
+        }
+    };
+    if let Some(result) = check.take_ready() {
+        land(result);
+    } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { land(check.await) });
+    } else {
+        prefetched.untook(key.as_str(), 0, units);
+    }
+}
+
+/// `extra` units (beyond a request's `cost`) taken with `decision`, asked for at `started`,
+/// are in hand: until the earliest window that charged them ends. Returns the decision as
+/// the requester tells it.
+fn landed(
+    limiter: &Limiter,
+    prefetched: &Prefetched,
+    charged: (&StorageKey, Option<&QuotaLookup>),
+    (cost, extra): (u64, u64),
+    decision: &Arc<Decision>,
+    started: Instant,
+) -> Decision {
+    let now = Instant::now();
+    let until = started + units_last(limiter, decision, charged.1);
+    limiter.metrics().prefetch("taken", extra);
+    prefetched.took(charged, cost, extra, decision, until, now)
+}
+
+/// Judges a check's answer for units taken ahead: `None` when a take was refused (the
+/// request then asks for its cost alone), else the answer the request goes on with, the
+/// units in hand counted in what it tells, and the store's answer to the take (what the
+/// request's own charge was answered, when it differs from what it tells).
+pub(super) fn judge_take(
+    limiter: &Limiter,
+    result: Result<Decision, StoreError>,
+    ask: &Ask,
+) -> Option<TakeAnswer> {
+    let Some(prefetched) = limiter.prefetched.as_ref().filter(|_| ask.extra > 0) else {
+        return Some((result, None));
+    };
+    let (key, cost, extra) = (ask.key.as_str(), ask.price.cost, ask.extra);
+    match result {
+        Ok(decision) if decision.allowed => {
+            let charged = (&ask.key, ask.quota.as_ref());
+            let started = tokio_instant(ask.started);
+            let taken = Arc::new(decision);
+            let told = landed(limiter, prefetched, charged, (cost, extra), &taken, started);
+            // The request's own units are the take's first: `extra` come after them.
+            Some((Ok(told), Some((taken, extra))))
+        }
+        Ok(_) => {
+            prefetched.untook(key, cost, extra);
+            None
+        }
+        Err(error) => {
+            prefetched.untook(key, cost, extra);
+            Some((Err(error), None))
+        }
+    }
+}
+
+/// How long units taken with `decision` may be spent, from when they were asked for: until
+/// the earliest window that charged them ends, in the store's time (counted from the ask,
+/// which is no later than the store's reading: never past the end). A token bucket's units
+/// stay valid until time has repaid the take (its full time), and at most [`IDLE`].
+fn units_last(limiter: &Limiter, decision: &Decision, quota: Option<&QuotaLookup>) -> Duration {
+    let now = decision.now_unix_ms;
+    let policy = &limiter.policy;
+    if policy.algorithm() == Algorithm::TokenBucket {
+        // Until the take's full time, when time has repaid it: the bucket may then be full
+        // again, having forgotten the charge of the units still in hand (spent later, they
+        // would pass the burst). Its store time is read to the millisecond, so a
+        // millisecond less. And at most IDLE, unused.
+        let now_us = now.saturating_mul(1_000).saturating_add(999);
+        let until_full = decision
+            .rules
+            .iter()
+            .filter_map(|state| state.bucket_full_at_us)
+            .map(|full_at| full_at.saturating_sub(now_us))
+            .min()
+            .unwrap_or(0);
+        return IDLE.min(Duration::from_micros(until_full));
+    }
+    let window_left = |period: u64| {
+        let period = period.max(1);
+        period - now % period
+    };
+    let rules = policy
+        .rules()
+        .iter()
+        .map(|rule| window_left(rule.period_ms()));
+    let day = policy.quota().zip(quota).map(|(quota, _)| {
+        let day = quota.day_ms().max(1);
+        let start = now - (now + day - quota.day_start_offset_ms() % day) % day;
+        start + day - now
+    });
+    Duration::from_millis(rules.chain(day).min().unwrap_or(0))
+}
+
+/// Drops the units `limiter` (and its overrides') holds ahead for `key`: it was reset.
+pub(crate) fn forget_key(limiter: &Limiter, key: &str) {
+    for each in with_overrides(limiter) {
+        if let Some(prefetched) = &each.prefetched {
+            prefetched.key_reset(key);
+        }
+    }
+}
+
+/// Gives back every unit `limiter` (and its overrides') took ahead and didn't spend, and waits
+/// for the store: for an instance shutting down. A fixed window's or sliding counter's units come
+/// back only while their window lasts; a failure leaves them counted.
+pub(crate) async fn give_back_unspent(limiter: &Limiter) {
+    for each in with_overrides(limiter) {
+        let Some(prefetched) = &each.prefetched else {
+            continue;
+        };
+        for (key, quota, receipts) in prefetched.drain() {
+            for (charged, units) in receipts {
+                let request = each.store_request(&key, quota.as_ref()).cost(units);
+                let _ = each.store().give_back(&request, &charged).await;
             }
         }
     }
+}
+
+/// `limiter` and the limiters of its `rules` overrides made so far.
+fn with_overrides(limiter: &Limiter) -> impl Iterator<Item = &Limiter> {
+    let overriding = limiter.overriding.get().into_iter().flatten().flatten();
+    std::iter::once(limiter).chain(overriding.map(|own| &**own))
 }
 
 /// `started` (a wall-clock instant) on tokio's clock, which tests may pause.

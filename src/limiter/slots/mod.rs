@@ -3,7 +3,6 @@
 
 mod lease;
 mod queue;
-mod wait;
 
 pub(crate) use lease::Lease;
 pub(crate) use queue::SlotQueues;
