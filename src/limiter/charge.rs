@@ -3,12 +3,10 @@
 //! turns out not to count, and by [`Admitted::refund`](crate::Admitted::refund).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::StatusCode;
-use tokio::sync::Notify;
-use tokio::sync::futures::Notified;
 
+use super::settling::InFlight;
 use super::{Limiter, Price};
 use crate::decision::Decision;
 use crate::policy::StorageKey;
@@ -182,46 +180,8 @@ impl Charge {
                 .log(limiter.policy.name(), &error, failed),
         }
         if let Some(settling) = &limiter.settling {
-            settling.landed.notify_waiters();
+            settling.wake();
         }
-    }
-}
-
-/// The give-backs and settles of a limiter's charges on their way to the store, and a wake-up
-/// as each lands: what an outbound layer's calls waiting for room listen to.
-#[derive(Debug, Default)]
-pub(crate) struct Settling {
-    in_flight: AtomicUsize,
-    landed: Notify,
-}
-
-/// One give-back on its way to the store, counted while it lives.
-struct InFlight(Arc<Settling>);
-
-impl InFlight {
-    fn new(settling: Arc<Settling>) -> Self {
-        settling.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(settling)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.landed.notify_waiters();
-    }
-}
-
-impl Settling {
-    /// Whether one is on its way.
-    pub(crate) fn any_in_flight(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) > 0
-    }
-
-    /// Ready when the next one lands (`enable` it before asking the store, so that one landing
-    /// meanwhile is not missed).
-    pub(crate) fn landed(&self) -> Notified<'_> {
-        self.landed.notified()
     }
 }
 

@@ -15,6 +15,7 @@ mod operate;
 mod prefetch;
 mod prepare;
 pub(crate) mod refusals;
+mod settling;
 pub(crate) mod slots;
 pub(crate) mod store_error_log;
 pub(crate) mod telemetry;
@@ -24,9 +25,10 @@ use prefetch::Spent;
 
 pub(crate) use admission::{Admission, OnResponse};
 pub(crate) use answer::{Answered, Refusal};
-pub(crate) use charge::{Charge, Charged, Settling};
+pub(crate) use charge::{Charge, Charged};
 pub(crate) use flow::{Decided, Deciding, Resolved};
 pub(crate) use prefetch::give_back_unspent;
+pub(crate) use settling::Settling;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
