@@ -23,12 +23,6 @@ use tower_redis_ratelimit::{
     Algorithm, Key, MemoryStore, Policy, RateLimitLayer, RateLimiter, RedisStore, Rule, Store,
 };
 
-/// Waits for give-backs a networked store runs in the background (a response doesn't wait for
-/// them): long enough for a loopback round trip many times over.
-async fn background_give_backs() {
-    tokio::time::sleep(Duration::from_millis(300)).await;
-}
-
 /// A policy `name` of one rule, `limit` per `secs`, counted by `algorithm` under `prefix`.
 fn one_rule(name: &str, prefix: &str, algorithm: Algorithm, limit: u64, secs: u64) -> Policy {
     Policy::builder(name)
@@ -117,7 +111,7 @@ async fn a_count_only_success_settled_after_a_roll_gives_nothing_to_the_new_wind
         for request in slow {
             assert_eq!(request.await.unwrap(), StatusCode::OK);
         }
-        background_give_backs().await;
+        timed.until_calls_land().await;
         assert_eq!(
             status_of(&app, "/fail").await,
             StatusCode::TOO_MANY_REQUESTS,
@@ -146,7 +140,7 @@ async fn a_count_only_success_settled_in_its_window_gives_its_charge_back() {
         }
         release.notify_waiters();
         assert_eq!(slow.await.unwrap(), StatusCode::OK);
-        background_give_backs().await;
+        timed.until_calls_land().await;
         for _ in 0..3 {
             assert_eq!(
                 status_of(&app, "/fail").await,
@@ -222,7 +216,7 @@ async fn a_sliding_log_gives_back_the_admission_s_own_entry() {
         timed.at(t0 + 3_500);
         release.notify_waiters();
         assert_eq!(slow.await.unwrap(), StatusCode::OK);
-        background_give_backs().await;
+        timed.until_calls_land().await;
         assert_eq!(
             status_of(&app, "/fail").await,
             StatusCode::UNAUTHORIZED,
@@ -472,7 +466,7 @@ async fn a_token_bucket_s_idle_units_add_nothing_once_time_repaid_them() {
         }
         assert_eq!(admitted, 100, "{}", timed.name);
         assert!(a.check("global").await.is_err(), "{}", timed.name);
-        background_give_backs().await;
+        timed.until_calls_land().await;
         let fresh = RateLimiter::new(policy, timed.store.clone());
         assert!(
             fresh.check("global").await.is_err(),
@@ -512,7 +506,7 @@ async fn an_abandoned_or_panicked_request_keeps_its_count_only_charge() {
             .layer(RateLimitLayer::new(policy, timed.store.clone()));
         let task = tokio::spawn(async move { status_of(&panicking, "/panic").await });
         assert!(task.await.unwrap_err().is_panic());
-        background_give_backs().await;
+        timed.until_calls_land().await;
         assert_eq!(
             status_of(&app, "/fail").await,
             StatusCode::TOO_MANY_REQUESTS,

@@ -151,9 +151,7 @@ async fn call(app: &Router, timed: &Timed, uri: &str) -> Response<Body> {
 }
 
 async fn settled(timed: &Timed) {
-    if timed.name == "redis" {
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
+    timed.until_calls_land().await;
 }
 
 /// How many calls of `uri` are admitted in a row before the first 429, and that 429.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::routing::get;
 use common::redis_server::{TestRedis, command_calls, has_functions, store_call_command};
 use common::{recording_usage, request_from, send};
@@ -681,5 +681,76 @@ async fn a_batch_writes_a_hot_bucket_or_sliding_counter_once_and_counts_exactly(
                 .unwrap();
             assert_eq!(count, 30, "{algorithm}");
         }
+    }
+}
+
+/// A test can wait for the calls a response leaves behind rather than sleep for them: once
+/// `until_calls_land_for_tests` returns, Redis has run the request's check and its `count_only`
+/// give-back, even one Redis held back (the handler of `/pause` pauses writes for 200 ms, after
+/// its check, so the give-back, sent after the response, waits at the server: a test that read
+/// the counts at once would find its request a call short).
+#[tokio::test]
+async fn a_test_waits_for_the_give_backs_a_response_leaves_until_they_land() {
+    let redis = TestRedis::own();
+    let mut client = redis.client();
+    let store_call = store_call_command(&mut client);
+    let store = RedisStore::from_url(&redis.url)
+        .expect("a Redis URL")
+        .timeout(Duration::from_secs(10));
+    let policy = hourly("landing", "calls", Algorithm::FixedWindow)
+        .count_only(|status| status != StatusCode::OK)
+        .build()
+        .unwrap();
+    let url = redis.url.clone();
+    let pausing = move |Path(used): Path<String>| {
+        let url = url.clone();
+        async move {
+            if used != "pause" {
+                return "ok";
+            }
+            let mut pauser = redis::Client::open(url.as_str())
+                .and_then(|client| client.get_connection())
+                .expect("a connection");
+            redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(200)
+                .arg("WRITE")
+                .query::<()>(&mut pauser)
+                .expect("writes paused");
+            "ok"
+        }
+    };
+    let app = Router::new()
+        .route("/{used}", get(pausing))
+        .layer(RateLimitLayer::new(policy, store.clone()));
+    // The first request loads the library. A call of the store's own after it runs after its
+    // give-back (one queue, one connection, in order): the count starts after both, whatever
+    // the hook does.
+    assert_eq!(
+        send(&app, request_from(PEER, "/1")).await.status(),
+        StatusCode::OK
+    );
+    let rules = [Rule::per_hour(1_000)];
+    let after = CheckRequest::new("landing:{after}", &rules, Algorithm::FixedWindow);
+    store.peek(&after).await.expect("a peek");
+    let start = command_calls(&mut client)
+        .get(store_call)
+        .copied()
+        .unwrap_or(0);
+    for request in 1..=3 {
+        assert_eq!(
+            send(&app, request_from(PEER, "/pause")).await.status(),
+            StatusCode::OK
+        );
+        store.until_calls_land_for_tests().await;
+        let calls = command_calls(&mut client)
+            .get(store_call)
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(
+            calls - start,
+            2 * request,
+            "a check and a give-back per request, landed"
+        );
     }
 }

@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::Shared;
@@ -83,6 +83,9 @@ impl Reply {
 #[derive(Default)]
 pub(super) struct Batcher {
     queue: Mutex<Queue>,
+    /// Woken when the last batch handed to a sender has been answered (see
+    /// [`Batcher::is_idle`]).
+    idle: Notify,
 }
 
 /// At most this many script calls are in flight at once per store (see the module's notes).
@@ -96,6 +99,9 @@ struct Queue {
     /// no timer of its own (see [`Shared::check_batched`]).
     in_flight_deadline: Option<Instant>,
     waiting: VecDeque<Waiter>,
+    /// Batches taken from the queue (or sent alone) whose answers are not all handed out yet:
+    /// counted once per batch, so that a test can wait for every call to land, answers applied.
+    landing: usize,
 }
 
 impl Batcher {
@@ -156,7 +162,30 @@ impl Batcher {
             .min()
             .expect("a batch of at least one check");
         queue.in_flight_deadline = Some(deadline);
+        queue.landing += 1;
         Some((batch, deadline))
+    }
+
+    /// A batch taken from the queue has been answered, every answer handed out.
+    fn landed(&self) {
+        let mut queue = self.lock();
+        queue.landing = queue.landing.saturating_sub(1);
+        if queue.landing == 0 && queue.waiting.is_empty() {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Whether nothing is queued and every batch taken has been answered.
+    #[cfg(any(debug_assertions, feature = "test-hooks"))]
+    pub(super) fn is_idle(&self) -> bool {
+        let queue = self.lock();
+        queue.landing == 0 && queue.waiting.is_empty()
+    }
+
+    /// Ready when the last batch in flight has been answered.
+    #[cfg(any(debug_assertions, feature = "test-hooks"))]
+    pub(super) fn idle(&self) -> tokio::sync::futures::Notified<'_> {
+        self.idle.notified()
     }
 
     /// Gives up the queue when no task can send it (the runtime is shutting down): the waiting
@@ -166,6 +195,8 @@ impl Batcher {
         queue.in_flight = queue.in_flight.saturating_sub(1);
         queue.in_flight_deadline = None;
         queue.waiting.clear();
+        queue.landing = 0;
+        self.idle.notify_waiters();
     }
 }
 
@@ -198,6 +229,7 @@ impl Shared {
             } else {
                 queue.in_flight += 1;
                 queue.in_flight_deadline = Some(deadline);
+                queue.landing += 1;
                 Err(member)
             }
         };
@@ -246,6 +278,7 @@ impl Shared {
             };
             queue.in_flight += 1;
             queue.in_flight_deadline = Some(deadline);
+            queue.landing += 1;
             runtime
         };
         let abandon = Abandon::new(self.clone());
@@ -267,6 +300,7 @@ impl Shared {
             let (replies, decisions) = call.answers().await;
             let Some((next, next_deadline)) = self.batcher.next_batch() else {
                 answer(replies, decisions);
+                self.batcher.landed();
                 break;
             };
             // The next call goes out before this one's answers are handed out (waking the
@@ -275,6 +309,7 @@ impl Shared {
             call = Call::start(&self, next, next_deadline);
             call.send().await;
             answer(replies, decisions);
+            self.batcher.landed();
         }
         abandon.armed = false;
     }
@@ -358,6 +393,8 @@ struct HandOver<'a>(&'a Arc<Shared>);
 
 impl Drop for HandOver<'_> {
     fn drop(&mut self) {
+        // The lone call has landed (or was given up with its request).
+        self.0.batcher.landed();
         let Some((batch, deadline)) = self.0.batcher.next_batch() else {
             return;
         };

@@ -55,6 +55,35 @@ impl RedisStore {
             .store(generic, Ordering::Relaxed);
     }
 
+    /// Waits until every call handed to the store's group commit has landed and its answer has
+    /// been applied: the give-backs, settles and releases a response starts in the background
+    /// included. For tests that read what those wrote, rather than sleep for it.
+    ///
+    /// # Panics
+    ///
+    /// When calls are still landing after 10 s (a test that never lets its calls end).
+    #[doc(hidden)]
+    pub async fn until_calls_land_for_tests(&self) {
+        let batcher = &self.shared.batcher;
+        let landed = async {
+            loop {
+                let idle = batcher.idle();
+                let mut idle = std::pin::pin!(idle);
+                idle.as_mut().enable();
+                if batcher.is_idle() {
+                    return;
+                }
+                idle.await;
+            }
+        };
+        if tokio::time::timeout(std::time::Duration::from_secs(10), landed)
+            .await
+            .is_err()
+        {
+            panic!("the store's calls were still landing after 10 s");
+        }
+    }
+
     /// Sends `requests` as one batch, in order, bypassing the queue: for tests that compare a
     /// batch with the same checks one at a time.
     #[doc(hidden)]

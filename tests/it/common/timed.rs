@@ -13,11 +13,21 @@ pub struct Timed {
     pub store: Arc<dyn Store>,
     set_time: Box<dyn Fn(u64) + Send + Sync>,
     redis: Option<(TestRedis, String)>,
+    /// The Redis store, whose background calls a case may wait for.
+    redis_store: Option<RedisStore>,
 }
 
 impl Timed {
     pub fn at(&self, unix_ms: u64) {
         (self.set_time)(unix_ms);
+    }
+
+    /// Waits until the give-backs, settles and releases a response started in the background have
+    /// landed, their answers applied (Redis; the memory store's land before the response ends).
+    pub async fn until_calls_land(&self) {
+        if let Some(store) = &self.redis_store {
+            store.until_calls_land_for_tests().await;
+        }
     }
 
     /// Every key the case wrote under its prefix expires (Redis).
@@ -36,6 +46,7 @@ pub fn both_stores(test: &str, start: u64) -> Vec<(Timed, String)> {
     let redis_store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
     redis_store.fix_time_for_tests(Some(start * 1_000));
     let fixed = redis_store.clone();
+    let landing = redis_store.clone();
     let prefix = unique_prefix(test);
     vec![
         (
@@ -44,6 +55,7 @@ pub fn both_stores(test: &str, start: u64) -> Vec<(Timed, String)> {
                 store: Arc::new(memory),
                 set_time: Box::new(move |ms| clock.set(ms)),
                 redis: None,
+                redis_store: None,
             },
             "rl".to_owned(),
         ),
@@ -53,6 +65,7 @@ pub fn both_stores(test: &str, start: u64) -> Vec<(Timed, String)> {
                 store: Arc::new(redis_store),
                 set_time: Box::new(move |ms| fixed.fix_time_for_tests(Some(ms * 1_000))),
                 redis: Some((redis, prefix.clone())),
+                redis_store: Some(landing),
             },
             prefix,
         ),
