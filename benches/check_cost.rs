@@ -221,8 +221,16 @@ fn handled(limiter: RateLimiter) -> Router {
     Router::new().route("/", get(hello)).with_state(limiter)
 }
 
-/// The router of `setup`, and its Redis store if it has one.
+/// The app of `setup` as `axum::serve` runs it: its routes made once (`with_state`, as a
+/// served router's are for each connection), not again for each request, which a router called
+/// directly does and a served one never pays.
 fn app(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore>) {
+    let (routes, store) = routes(setup, redis_url, prefix);
+    (routes.with_state(()), store)
+}
+
+/// The router of `setup`, and its Redis store if it has one.
+fn routes(setup: &str, redis_url: &str, prefix: &str) -> (Router, Option<RedisStore>) {
     let policy = || {
         Policy::builder("cost")
             .prefix(prefix)
