@@ -467,15 +467,16 @@ async fn a_blast_through_two_layers_on_redis_is_exact_within_their_units() {
     assert!(admitted >= 3_000 - 2 * 100, "{admitted} admitted");
     // Takes grow to three quarters of the max and more (the rest is in hand when the next is
     // taken ahead), and the last requests near the limit ask for their cost alone: about a
-    // hundred checks, up to ~250 on a loaded machine (more requests near the limit, after a
-    // refused take, ask for their cost alone). With a check per request that found no units while
-    // a take was in flight, the store saw over 600.
+    // hundred checks, up to ~250 on a loaded machine and 403 once on two cores shared with a
+    // build (more requests near the limit, after a refused take, ask for their cost alone: 348
+    // of the 403 asked for 1 or 2). With a check per request that found no units while a take
+    // was in flight, the store saw over 600.
     let mut by_cost = std::collections::BTreeMap::new();
     for cost in costs.lock().unwrap().iter() {
         *by_cost.entry(*cost).or_insert(0) += 1;
     }
     let checks: u64 = by_cost.values().sum();
-    assert!(checks < 400, "{checks} store checks ({by_cost:?} by cost)");
+    assert!(checks < 500, "{checks} store checks ({by_cost:?} by cost)");
     let mut client = redis.client();
     common::redis_server::assert_every_key_expires(&mut client, &prefix);
 }
