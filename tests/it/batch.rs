@@ -367,12 +367,21 @@ async fn the_queue_survives_timeouts_and_dropped_requests() {
         .map(|_| tokio::spawn(check(store.clone(), rules.clone())))
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
+    // A test waiting meanwhile for every call to land hears when they have, the dropped one's
+    // included (the hook panics after 10 s).
+    let landing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.until_calls_land_for_tests().await })
+    };
     leader.abort();
     redis.resume();
     for task in queued {
         // They may have timed out while Redis was paused; they must not hang.
         let _ = task.await.unwrap();
     }
+    landing
+        .await
+        .expect("every call landed, and the hook heard it");
     for _ in 0..3 {
         assert!(check(store.clone(), rules.clone()).await.unwrap().allowed);
     }

@@ -84,7 +84,8 @@ impl Reply {
 pub(super) struct Batcher {
     queue: Mutex<Queue>,
     /// Woken when the last batch handed to a sender has been answered (see
-    /// [`Batcher::is_idle`]).
+    /// [`Batcher::is_idle`]); only the tests' builds keep count.
+    #[cfg(any(debug_assertions, feature = "test-hooks"))]
     idle: Notify,
 }
 
@@ -100,8 +101,21 @@ struct Queue {
     in_flight_deadline: Option<Instant>,
     waiting: VecDeque<Waiter>,
     /// Batches taken from the queue (or sent alone) whose answers are not all handed out yet:
-    /// counted once per batch, so that a test can wait for every call to land, answers applied.
+    /// counted once per batch, so that a test can wait for every call to land, answers applied
+    /// (`RedisStore::until_calls_land_for_tests`). Only the tests' builds keep count.
+    #[cfg(any(debug_assertions, feature = "test-hooks"))]
     landing: usize,
+}
+
+impl Queue {
+    /// A batch taken from the queue, or sent alone (see [`Queue::landing`]).
+    #[inline]
+    fn took(&mut self) {
+        #[cfg(any(debug_assertions, feature = "test-hooks"))]
+        {
+            self.landing += 1;
+        }
+    }
 }
 
 impl Batcher {
@@ -162,16 +176,24 @@ impl Batcher {
             .min()
             .expect("a batch of at least one check");
         queue.in_flight_deadline = Some(deadline);
-        queue.landing += 1;
+        queue.took();
         Some((batch, deadline))
     }
 
-    /// A batch taken from the queue has been answered, every answer handed out.
+    /// A batch taken from the queue (or sent alone) has been answered, every answer handed out.
+    /// Counted in the tests' builds only (see [`Queue::landing`]): production pays no lock for it.
     fn landed(&self) {
-        let mut queue = self.lock();
-        queue.landing = queue.landing.saturating_sub(1);
-        if queue.landing == 0 && queue.waiting.is_empty() {
-            self.idle.notify_waiters();
+        #[cfg(any(debug_assertions, feature = "test-hooks"))]
+        {
+            let idle = {
+                let mut queue = self.lock();
+                debug_assert!(queue.landing > 0, "a batch landed that was never taken");
+                queue.landing = queue.landing.saturating_sub(1);
+                queue.landing == 0 && queue.waiting.is_empty()
+            };
+            if idle {
+                self.idle.notify_waiters();
+            }
         }
     }
 
@@ -195,8 +217,15 @@ impl Batcher {
         queue.in_flight = queue.in_flight.saturating_sub(1);
         queue.in_flight_deadline = None;
         queue.waiting.clear();
-        queue.landing = 0;
-        self.idle.notify_waiters();
+        // The sender dropped had one batch taken; a sender that finished is handing out its
+        // last answers meanwhile, and still counts.
+        #[cfg(any(debug_assertions, feature = "test-hooks"))]
+        {
+            queue.landing = queue.landing.saturating_sub(1);
+            if queue.landing == 0 {
+                self.idle.notify_waiters();
+            }
+        }
     }
 }
 
@@ -229,7 +258,7 @@ impl Shared {
             } else {
                 queue.in_flight += 1;
                 queue.in_flight_deadline = Some(deadline);
-                queue.landing += 1;
+                queue.took();
                 Err(member)
             }
         };
@@ -278,7 +307,7 @@ impl Shared {
             };
             queue.in_flight += 1;
             queue.in_flight_deadline = Some(deadline);
-            queue.landing += 1;
+            queue.took();
             runtime
         };
         let abandon = Abandon::new(self.clone());
@@ -393,18 +422,18 @@ struct HandOver<'a>(&'a Arc<Shared>);
 
 impl Drop for HandOver<'_> {
     fn drop(&mut self) {
-        // The lone call has landed (or was given up with its request).
-        self.0.batcher.landed();
-        let Some((batch, deadline)) = self.0.batcher.next_batch() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let abandon = Abandon::new(self.0.clone());
-                runtime.spawn(self.0.clone().send_batches(batch, deadline, abandon));
+        if let Some((batch, deadline)) = self.0.batcher.next_batch() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let abandon = Abandon::new(self.0.clone());
+                    runtime.spawn(self.0.clone().send_batches(batch, deadline, abandon));
+                }
+                Err(_) => self.0.batcher.abandon(),
             }
-            Err(_) => self.0.batcher.abandon(),
         }
+        // The lone call has landed (or was given up with its request), and what queued behind
+        // it is taken, or answered if it ran out of time: said last, as `send_batches` does.
+        self.0.batcher.landed();
     }
 }
 

@@ -57,7 +57,9 @@ impl RedisStore {
 
     /// Waits until every call handed to the store's group commit has landed and its answer has
     /// been applied: the give-backs, settles and releases a response starts in the background
-    /// included. For tests that read what those wrote, rather than sleep for it.
+    /// included. For tests that read what those wrote, rather than sleep for it. Not covered: a
+    /// prefetching policy's takes ahead (a task of their own, seen once it runs), a call whose
+    /// request was dropped while Redis ran it, and a Redis Cluster store (no group commit).
     ///
     /// # Panics
     ///
