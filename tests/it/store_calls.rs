@@ -49,6 +49,11 @@ fn refunding(limiter: RateLimiter) -> Router {
         .with_state(limiter)
 }
 
+/// How many times Redis has run `command` (as `INFO commandstats` names it).
+fn calls_of(client: &mut redis::Connection, command: &str) -> u64 {
+    command_calls(client).get(command).copied().unwrap_or(0)
+}
+
 /// The commands Redis ran for `REQUESTS` requests to `app`, one after another, each counted once
 /// the store calls it started have all landed (`calls_per_request` of them each): per command, as
 /// `INFO commandstats` names it, less the test's own reads.
@@ -66,7 +71,7 @@ async fn commands_of(
     let landed = |client: &mut redis::Connection, wanted: u64| {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let calls = command_calls(client).get(store_call).copied().unwrap_or(0);
+            let calls = calls_of(client, store_call);
             if calls >= wanted || Instant::now() > deadline {
                 return calls;
             }
@@ -74,10 +79,7 @@ async fn commands_of(
         }
     };
     // The warm-up's calls (the library's load among them) land before the count starts.
-    let first = command_calls(&mut client)
-        .get(store_call)
-        .copied()
-        .unwrap_or(0);
+    let first = calls_of(&mut client, store_call);
     landed(&mut client, first.max(calls_per_request));
     let before = command_calls(&mut client);
     for _ in 0..REQUESTS {
@@ -733,20 +735,14 @@ async fn a_test_waits_for_the_give_backs_a_response_leaves_until_they_land() {
     let rules = [Rule::per_hour(1_000)];
     let after = CheckRequest::new("landing:{after}", &rules, Algorithm::FixedWindow);
     store.peek(&after).await.expect("a peek");
-    let start = command_calls(&mut client)
-        .get(store_call)
-        .copied()
-        .unwrap_or(0);
+    let start = calls_of(&mut client, store_call);
     for request in 1..=3 {
         assert_eq!(
             send(&app, request_from(PEER, "/pause")).await.status(),
             StatusCode::OK
         );
         store.until_calls_land_for_tests().await;
-        let calls = command_calls(&mut client)
-            .get(store_call)
-            .copied()
-            .unwrap_or(0);
+        let calls = calls_of(&mut client, store_call);
         assert_eq!(
             calls - start,
             2 * request,
