@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use ::redis::Cmd;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::reply::RuleLimit;
@@ -11,8 +12,8 @@ use crate::policy::{Algorithm, Rule};
 use crate::store::{Call, CheckRequest};
 
 /// What the reply needs to know of each rule of `request`, in its rule order (the quota last).
-fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
-    let mut limits: Vec<RuleLimit> = request
+fn rule_limits(request: &CheckRequest<'_>) -> RuleLimits {
+    let mut limits: RuleLimits = request
         .rules
         .iter()
         .map(|rule| RuleLimit {
@@ -45,6 +46,13 @@ fn rule_limits(request: &CheckRequest<'_>) -> Vec<RuleLimit> {
     limits
 }
 
+/// What the reply needs to know of a check's rules, kept in place for the common policies (up
+/// to three rules, the quota and the concurrency limit counted): no allocation of its own.
+pub(super) type RuleLimits = SmallVec<[RuleLimit; 3]>;
+
+/// Where a check's keys end in its packing, kept in place for up to four keys.
+type KeyEnds = SmallVec<[usize; 4]>;
+
 /// The shape of a lease's release (see `lua/batch.lua`): its one key is the leases.
 const RELEASE_SHAPE: &str = "rl|1";
 
@@ -63,21 +71,22 @@ pub(super) struct Member {
 /// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<leases key>]
 /// [<block key>]`), then
 /// its shape: `<algorithm>|<key count>|<cost>|<options>|<limit>|<period>[|<burst>]…` (a limit,
-/// period and, for a token bucket, burst per counted rule), all back to back in one buffer, so a
-/// check costs one allocation whatever its rules, and a batch copies them once. Checks of one
-/// policy and cost have the same shape, which a batch sends once and the script parses once.
+/// period and, for a token bucket, burst per counted rule), then what rides with its entry (its
+/// receipt), all back to back in one buffer, so a check costs one allocation whatever its rules,
+/// and a batch copies them once. Checks of one policy and cost have the same shape, which a
+/// batch sends once and the script parses once.
 pub(super) struct PackedCheck {
-    /// The keys, then the shape (keys are written here directly).
+    /// The keys, then the shape, then the receipt (keys are written here directly).
     data: String,
     /// Where each key ends in `data`; the shape follows the last.
-    ends: Vec<usize>,
+    ends: KeyEnds,
     /// What the reply needs to know of each rule.
-    pub(super) limits: Vec<RuleLimit>,
-    /// What rides with the check's shape number in its entry (see `lua/batch.lua`): a
-    /// give-back's receipt, `@<checked ms>,<delay ms>[,<bucket full time µs> per counted rule]`;
-    /// a release's lease, `@<id>`; a claim, `#<id>,<lasting ms>`; empty for every other check (and
-    /// then no allocation).
-    receipt: String,
+    pub(super) limits: RuleLimits,
+    /// Where the shape ends in `data` and what rides with the check's shape number in its entry
+    /// (see `lua/batch.lua`) starts: a give-back's receipt, `@<checked ms>,<delay ms>[,<bucket
+    /// full time µs> per counted rule]`; a release's lease, `@<id>`; a claim, `#<id>,<lasting
+    /// ms>`; nothing for every other check.
+    receipt_at: usize,
     /// Where its cost piece lies in `data`, for a give-back that may go as one entry with
     /// identical ones of its batch (`merge.rs`); None for every other check.
     cost_piece: Option<std::ops::Range<usize>>,
@@ -105,11 +114,18 @@ impl PackedCheck {
             + usize::from(concurrency.is_some())
             + usize::from(block_ms > 0)
             + usize::from(matches!(request.call, Call::GiveBack(_)));
+        // A receipt: two numbers, and a full time per token bucket rule; a claim: two numbers.
+        let receipt = match request.call {
+            Call::GiveBack(_) => 44 + rules * 21,
+            _ => 0,
+        } + if request.claim.is_some() { 44 } else { 0 };
         let mut packed = PackedCheck {
-            data: String::with_capacity(keys * (2 * request.key.len() + 48) + rules * 24 + 32),
-            ends: Vec::with_capacity(keys),
+            data: String::with_capacity(
+                keys * (2 * request.key.len() + 48) + rules * 24 + 32 + receipt,
+            ),
+            ends: KeyEnds::new(),
             limits: rule_limits(request),
-            receipt: String::new(),
+            receipt_at: 0,
             cost_piece: None,
         };
         for rule in counted() {
@@ -240,12 +256,13 @@ impl PackedCheck {
                 piece(data, rule.burst_size());
             }
         }
+        packed.receipt_at = packed.data.len();
         if let Call::GiveBack(charged) = request.call {
-            packed.receipt = receipt_of(request, charged);
+            write_receipt(&mut packed.data, request, charged);
         }
         if let Some(claim) = request.claim {
             let mut number = itoa::Buffer::new();
-            let receipt = &mut packed.receipt;
+            let receipt = &mut packed.data;
             receipt.push('#');
             receipt.push_str(number.format(claim.id));
             receipt.push(',');
@@ -259,15 +276,18 @@ impl PackedCheck {
     /// id, and its entry names no rule.
     pub(super) fn release(request: &CheckRequest<'_>, lease: u64) -> Self {
         let mut packed = PackedCheck {
-            data: String::with_capacity(2 * request.key.len() + 24),
-            ends: Vec::with_capacity(1),
-            limits: Vec::new(),
-            receipt: format!("@{lease}"),
+            data: String::with_capacity(2 * request.key.len() + 48),
+            ends: KeyEnds::new(),
+            limits: RuleLimits::new(),
+            receipt_at: 0,
             cost_piece: None,
         };
         write_leases_key(&mut packed.data, request);
         packed.end_key();
         packed.data.push_str(RELEASE_SHAPE);
+        packed.receipt_at = packed.data.len();
+        packed.data.push('@');
+        packed.data.push_str(itoa::Buffer::new().format(lease));
         packed
     }
 
@@ -292,19 +312,23 @@ impl PackedCheck {
     ) -> PackedCheck {
         let mut ids: Vec<&str> = std::iter::once(self)
             .chain(others)
-            .map(|release| release.receipt.trim_start_matches('@'))
+            .map(|release| release.receipt().trim_start_matches('@'))
             .collect();
         // (Ids are decimal numbers: the shorter is the smaller.)
         ids.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
-        let mut receipt =
-            String::with_capacity(ids.iter().map(|id| id.len() + 1).sum::<usize>() + 1);
-        receipt.push('@');
-        receipt.push_str(&ids.join(" "));
+        let head = &self.data[..self.receipt_at];
+        let mut data =
+            String::with_capacity(head.len() + ids.iter().map(|id| id.len() + 1).sum::<usize>());
+        data.push_str(head);
+        for (index, id) in ids.into_iter().enumerate() {
+            data.push(if index == 0 { '@' } else { ' ' });
+            data.push_str(id);
+        }
         PackedCheck {
-            data: self.data.clone(),
+            data,
             ends: self.ends.clone(),
-            limits: Vec::new(),
-            receipt,
+            limits: RuleLimits::new(),
+            receipt_at: self.receipt_at,
             cost_piece: None,
         }
     }
@@ -312,7 +336,12 @@ impl PackedCheck {
     /// What makes two give-backs the same but for how many there are: their keys, shape and
     /// receipt (where each key ends: [`PackedCheck::same_keys`]).
     pub(super) fn identity(&self) -> (&str, &str) {
-        (&self.data, &self.receipt)
+        self.data.split_at(self.receipt_at)
+    }
+
+    /// What rides with its shape's number (see [`PackedCheck::receipt_at`]).
+    fn receipt(&self) -> &str {
+        &self.data[self.receipt_at..]
     }
 
     /// Whether `other`, of the same [`identity`](PackedCheck::identity), splits it into the same
@@ -344,11 +373,13 @@ impl PackedCheck {
         }
         let cost_end = data.len();
         data.push_str(&self.data[range.end..]);
+        // The cost piece lies in the shape, after the keys and before the receipt.
+        let receipt_at = self.receipt_at - range.end + cost_end;
         Some(PackedCheck {
             data,
             ends: self.ends.clone(),
             limits: self.limits.clone(),
-            receipt: self.receipt.clone(),
+            receipt_at,
             cost_piece: Some(range.start..cost_end),
         })
     }
@@ -368,7 +399,7 @@ impl PackedCheck {
 
     /// Its shape (see [`PackedCheck`]).
     fn shape(&self) -> &str {
-        &self.data[self.ends.last().copied().unwrap_or(0)..]
+        &self.data[self.ends.last().copied().unwrap_or(0)..self.receipt_at]
     }
 
     pub(super) fn key_count(&self) -> usize {
@@ -381,13 +412,16 @@ impl PackedCheck {
     }
 }
 
-/// The receipt of a give-back of `request` for the admission answered `charged` (see
-/// [`PackedCheck::receipt`]): when it was checked and its delay, then per counted rule the full
-/// time of its token bucket (0 when the store didn't say: nothing goes back to that rule).
-fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -> String {
+/// Appends the receipt of a give-back of `request` for the admission answered `charged` (see
+/// [`PackedCheck::receipt_at`]): when it was checked and its delay, then per counted rule the
+/// full time of its token bucket (0 when the store didn't say: nothing goes back to that rule).
+fn write_receipt(
+    receipt: &mut String,
+    request: &CheckRequest<'_>,
+    charged: &crate::decision::Decision,
+) {
     let delay_ms = u64::try_from(charged.delay.as_millis()).unwrap_or(u64::MAX);
     let mut number = itoa::Buffer::new();
-    let mut receipt = String::with_capacity(40);
     receipt.push('@');
     receipt.push_str(number.format(charged.now_unix_ms));
     receipt.push(',');
@@ -399,7 +433,6 @@ fn receipt_of(request: &CheckRequest<'_>, charged: &crate::decision::Decision) -
             receipt.push_str(number.format(state.bucket_full_at_us.unwrap_or(0)));
         }
     }
-    receipt
 }
 
 /// Appends the key of `request`'s concurrency leases: a list of lease ids in expiry order
@@ -447,7 +480,7 @@ pub(super) fn batch_command<'a>(
                 shapes.len()
             }
         };
-        shape_numbers.push((number, check.receipt.as_str()));
+        shape_numbers.push((number, check.receipt()));
         keys += check.key_count();
         bytes += check.data.len() + 4;
     }
@@ -469,16 +502,18 @@ pub(super) fn batch_command<'a>(
     for shape in shapes {
         command.arg(shape);
     }
+    // One buffer for every entry with a receipt (an argument is copied into the command).
+    let mut entry = Vec::new();
     for (number, receipt) in shape_numbers {
         if receipt.is_empty() {
             command.arg(number);
         } else {
             // A give-back's receipt, a release's lease or a claim rides with its shape's number
             // (see lua/batch.lua).
-            let mut entry = Vec::with_capacity(8 + receipt.len());
+            entry.clear();
             entry.extend_from_slice(itoa::Buffer::new().format(number).as_bytes());
             entry.extend_from_slice(receipt.as_bytes());
-            command.arg(entry);
+            command.arg(&entry[..]);
         }
     }
     command
