@@ -5,13 +5,14 @@
 mod admission;
 mod answer;
 mod charge;
-pub(crate) mod claim;
+mod claim;
 mod flow;
 mod holding_body;
 mod judge;
 mod log_budget;
 pub(crate) mod metered;
 mod operate;
+pub(crate) mod outgoing;
 mod prefetch;
 mod prepare;
 pub(crate) mod refusals;
@@ -28,7 +29,7 @@ pub(crate) use answer::{Answered, Refusal};
 pub(crate) use charge::{Charge, Charged};
 pub(crate) use flow::{Decided, Deciding, Resolved};
 pub(crate) use prefetch::give_back_unspent;
-pub(crate) use settling::Settling;
+use settling::Settling;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,8 +89,8 @@ pub(crate) struct Limiter {
     overriding: OnceLock<Box<[Option<Arc<Limiter>>]>>,
     /// Units taken ahead for hot identities, under a policy that prefetches.
     prefetched: Option<Arc<prefetch::Prefetched>>,
-    /// Its give-backs and settles on their way to the store, under an outbound layer (whose
-    /// calls waiting for room listen).
+    /// Its give-backs and settles on their way to the store, under an outgoing door (whose
+    /// calls waiting for room listen: [`outgoing`]).
     settling: Option<Arc<Settling>>,
 }
 
@@ -348,15 +349,14 @@ impl Limiter {
         self.settings_changed();
     }
 
-    /// Counts its give-backs and settles on their way to the store in `settling`.
-    pub(crate) fn track_settles(&mut self, settling: Arc<Settling>) {
-        self.settling = Some(settling);
-        self.settings_changed();
-    }
-
-    /// Its store-failure log.
-    pub(crate) fn store_errors(&self) -> &StoreErrorLog {
-        &self.store_errors
+    /// The limiter of a door that waits rather than refuses ([`outgoing`]): it counts its
+    /// give-backs and settles on their way to the store, so that its calls waiting for room ask
+    /// again as each lands.
+    pub(crate) fn outgoing(policy: Policy, store: Arc<dyn Store>) -> Self {
+        Limiter {
+            settling: Some(Arc::default()),
+            ..Limiter::new(policy, store)
+        }
     }
 
     /// The `n` identities refused most recently.

@@ -8,7 +8,6 @@ use http::{Extensions, Uri};
 use reqwest_middleware::{Error, Middleware, Next};
 
 use super::{ObeyRetryAfter, OutboundError, OutboundLayer};
-use crate::limiter::metered::Usage;
 use crate::meter::Estimate;
 
 /// Limits a `reqwest` client (feature `reqwest-middleware`). A request that is not sent fails
@@ -62,7 +61,7 @@ impl Middleware for OutboundLayer {
             None => 1,
         };
         let reservation = shared
-            .wait_for_slot(&upstream, units)
+            .admit(&upstream, units)
             .await
             .map_err(Error::middleware)?;
         let mut response = match next.run(request, extensions).await {
@@ -75,11 +74,18 @@ impl Middleware for OutboundLayer {
             }
         };
         let status = response.status();
-        shared.learn(&upstream, status, response.headers()).await;
-        if let Some(tab) = reservation {
-            let reserved = Usage::of(response.extensions_mut()).hold(tab);
-            super::answered(&reserved, status, response.headers());
-        }
+        // The headers are cloned (a map of a few entries) so the extensions can be borrowed
+        // mutably beside them: reqwest's response has no `into_parts`.
+        let headers = response.headers().clone();
+        shared
+            .answered(
+                &upstream,
+                reservation,
+                status,
+                &headers,
+                response.extensions_mut(),
+            )
+            .await;
         Ok(response)
     }
 }

@@ -197,17 +197,17 @@ use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
+use crate::limiter::Limiter;
 use crate::limiter::metered::{Reserved, Tab, Usage};
-use crate::limiter::{Limiter, Settling};
-use crate::policy::{OnStoreError, Policy, PolicyError, StorageKey, is_storable_identity};
-use crate::store::{CheckRequest, Store, StoreError};
+use crate::limiter::outgoing::{self, NotSent, Upstream};
+use crate::policy::{Policy, PolicyError, StorageKey, is_storable_identity};
+use crate::store::{Store, StoreError};
 
 mod announced;
 #[cfg(feature = "reqwest-middleware")]
 mod middleware;
 mod pause;
 mod retry;
-mod room;
 mod vendor;
 
 use announced::Announced;
@@ -263,9 +263,9 @@ pub struct OutboundLayer {
 struct Shared {
     policy: Policy,
     store: Arc<dyn Store>,
-    /// What counts the calls: the policy with its rules widened by the margin, in the store;
-    /// with it the store-failure log (a failing store fails every request), the metrics, and
-    /// what settles a metered call's reservation.
+    /// What counts and decides the calls ([`outgoing`]): the policy with its rules widened by
+    /// the margin, in the store; with it the store-failure log (a failing store fails every
+    /// request), the metrics, and what settles a metered call's reservation.
     limiter: Arc<Limiter>,
     max_wait: Duration,
     pause_cap: Duration,
@@ -275,9 +275,6 @@ struct Shared {
     paused: Arc<LocalPauses>,
     /// What the upstreams' last answers to this instance announced is left.
     announced: Arc<Announced>,
-    /// The metered calls' settles on their way to the store: calls waiting for room ask again
-    /// as each lands.
-    settling: Arc<Settling>,
 }
 
 impl OutboundLayer {
@@ -316,10 +313,9 @@ impl OutboundLayer {
             crate::limiter::store_can_do(&policy, &store)?;
         }
         let store: Arc<dyn Store> = Arc::new(store);
-        let settling = Arc::default();
         Ok(OutboundLayer {
             shared: Arc::new(Shared {
-                limiter: counting(&policy, &store, DEFAULT_MARGIN, &settling),
+                limiter: counting(&policy, &store, DEFAULT_MARGIN),
                 policy,
                 store,
                 max_wait: DEFAULT_MAX_WAIT,
@@ -327,7 +323,6 @@ impl OutboundLayer {
                 key: None,
                 paused: Arc::default(),
                 announced: Arc::default(),
-                settling,
             }),
         })
     }
@@ -351,7 +346,7 @@ impl OutboundLayer {
     /// windows. Zero counts exactly the policy's periods.
     pub fn margin(mut self, margin: Duration) -> Self {
         let shared = Arc::make_mut(&mut self.shared);
-        shared.limiter = counting(&shared.policy, &shared.store, margin, &shared.settling);
+        shared.limiter = counting(&shared.policy, &shared.store, margin);
         self
     }
 
@@ -442,7 +437,7 @@ where
             let upstream = upstream?;
             // A metered call's reservation: held until the answer (a call sent without one
             // keeps it), then handed to the response.
-            let reservation = shared.wait_for_slot(&upstream, units).await?;
+            let reservation = shared.admit(&upstream, units).await?;
             let response = match inner.call(request).await {
                 Ok(response) => response,
                 Err(error) => {
@@ -452,27 +447,26 @@ where
                 }
             };
             let (mut parts, body) = response.into_parts();
-            shared.learn(&upstream, parts.status, &parts.headers).await;
-            if let Some(tab) = reservation {
-                let reserved = Usage::of(&mut parts.extensions).hold(tab);
-                answered(&reserved, parts.status, &parts.headers);
-            }
+            let (status, headers) = (parts.status, &parts.headers);
+            shared
+                .answered(
+                    &upstream,
+                    reservation,
+                    status,
+                    headers,
+                    &mut parts.extensions,
+                )
+                .await;
             Ok(Response::from_parts(parts, body))
         })
     }
 }
 
 /// What counts an outbound layer's calls: `policy` over periods longer by `margin`, with a block
-/// that makes each check see a pause, in `store`, its settles tracked in `settling`.
-fn counting(
-    policy: &Policy,
-    store: &Arc<dyn Store>,
-    margin: Duration,
-    settling: &Arc<Settling>,
-) -> Arc<Limiter> {
-    let mut limiter = Limiter::new(policy.counted_outbound(margin, SEES_PAUSES), store.clone());
-    limiter.track_settles(settling.clone());
-    Arc::new(limiter)
+/// that makes each check see a pause, in `store`.
+fn counting(policy: &Policy, store: &Arc<dyn Store>, margin: Duration) -> Arc<Limiter> {
+    let policy = policy.counted_outbound(margin, SEES_PAUSES);
+    Arc::new(Limiter::outgoing(policy, store.clone()))
 }
 
 /// Gives a metered call's reservation back when the call was `not_sent` (an outbound layer
@@ -531,113 +525,37 @@ impl Shared {
         self.policy.estimate(parts)
     }
 
-    /// Reserves the next slot of `upstream` and sleeps until it (after a pause, if one is on);
-    /// `Ok` when the request may go, with a metered call's reservation.
-    async fn wait_for_slot(
-        &self,
-        upstream: &str,
-        units: u64,
-    ) -> Result<Option<Tab>, OutboundError> {
+    /// Waits until a call of `units` to `upstream` may go (the one door's admission, for the
+    /// tower service and the reqwest middleware alike): `Ok` with a metered call's reservation,
+    /// which [`Shared::answered`] hands to the response.
+    async fn admit(&self, upstream: &str, units: u64) -> Result<Option<Tab>, OutboundError> {
         let key = self.key_of(upstream);
-        let deadline = Instant::now() + self.max_wait;
-        if self.policy.metering().is_some() {
-            return self.wait_for_room(upstream, key, units, deadline).await;
-        }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // Paused by an answer to this instance, or its requests announced used up: no need
-            // to ask the store.
-            if let Some(wait) = self.known_wait(key.as_str(), None) {
-                self.hold(upstream, wait, left).await?;
-                continue;
-            }
-            let request = self.limiter.store_request(&key, None).max_delay(left);
-            match self.store.check(&request).await {
-                Ok(decision) if decision.allowed => {
-                    // Not delayed: the check saw every pause, just now.
-                    if decision.delay.is_zero() {
-                        self.announced.sent(key.as_str(), None);
-                        return Ok(None);
-                    }
-                    tokio::time::sleep(decision.delay).await;
-                    // Paused while it waited, here or on another instance: the slot is not used
-                    // (it still counts, which only errs on the safe side); wait for the pause's
-                    // end, then take a new slot behind every other.
-                    match self.pause_left(&request).await? {
-                        None => {
-                            self.announced.sent(key.as_str(), None);
-                            return Ok(None);
-                        }
-                        Some(pause) => {
-                            let left = deadline.saturating_duration_since(Instant::now());
-                            self.hold(upstream, pause, left).await?;
-                        }
-                    }
-                }
-                Ok(decision) => {
-                    // Paused by the upstream, and the pause ends in time: wait, then queue.
-                    let retry_after = decision.retry_after().unwrap_or(self.max_wait);
-                    self.hold(upstream, retry_after, left).await?;
-                }
-                Err(error) => return self.store_failed(error).map(|()| None),
-            }
-        }
+        outgoing::send_when_free(&self.limiter, key, units, self.max_wait, self)
+            .await
+            .map_err(|not_sent| match not_sent {
+                NotSent::WouldWait(retry_after) => OutboundError::WouldWait {
+                    upstream: upstream.to_owned(),
+                    retry_after,
+                },
+                NotSent::Store(error) => OutboundError::Store(error),
+            })
     }
 
-    /// How long a call to `key` needing `tokens` (a metered call's estimate) waits by what this
-    /// instance knows, without asking the store: a pause it learnt, or an announcement that
-    /// less is left than the call needs (within the pause cap).
-    fn known_wait(&self, key: &str, tokens: Option<u64>) -> Option<Duration> {
-        let announced = self.announced.wait(key, tokens, Instant::now());
-        self.paused.left(key).max(announced)
-    }
-
-    /// Sleeps for `pause` when it ends within `left` of the request's maximum wait; else the
-    /// request is not sent.
-    async fn hold(
+    /// What follows an answer of `status` and `headers` from `upstream` (both doors): the pause
+    /// it announces, stored, and what it says is left, kept; a metered call's `reservation`
+    /// handed to the response (`extensions`) and settled by the answer as far as it tells.
+    async fn answered(
         &self,
         upstream: &str,
-        pause: Duration,
-        left: Duration,
-    ) -> Result<(), OutboundError> {
-        if pause >= left {
-            return Err(OutboundError::WouldWait {
-                upstream: upstream.to_owned(),
-                retry_after: pause,
-            });
-        }
-        tokio::time::sleep(pause).await;
-        Ok(())
-    }
-
-    /// How long the pause of `request`'s key has left, if one is on: this instance's own pause,
-    /// or else the store's (one read). A store failure is answered as a check's is.
-    async fn pause_left(
-        &self,
-        request: &CheckRequest<'_>,
-    ) -> Result<Option<Duration>, OutboundError> {
-        if let Some(pause) = self.paused.left(request.key) {
-            return Ok(Some(pause));
-        }
-        match self.store.pause_left(request).await {
-            Ok(pause) => Ok(pause),
-            Err(error) => self.store_failed(error).map(|()| None),
-        }
-    }
-
-    /// A store failure, answered by the policy: `Ok` (send anyway, with a warning) when it fails
-    /// open.
-    fn store_failed(&self, error: StoreError) -> Result<(), OutboundError> {
-        match self.policy.on_store_error() {
-            OnStoreError::Allow => {
-                self.limiter.store_errors().log(
-                    self.policy.name(),
-                    &error,
-                    "sending the outbound request anyway",
-                );
-                Ok(())
-            }
-            OnStoreError::Deny => Err(error.into()),
+        reservation: Option<Tab>,
+        status: StatusCode,
+        headers: &HeaderMap,
+        extensions: &mut http::Extensions,
+    ) {
+        self.learn(upstream, status, headers).await;
+        if let Some(tab) = reservation {
+            let reserved = Usage::of(extensions).hold(tab);
+            answered(&reserved, status, headers);
         }
     }
 
@@ -664,19 +582,21 @@ impl Shared {
         let key = self.key_of(upstream);
         // Held here at once, before the store has it (and even if the store fails).
         self.paused.set(key.as_str(), Instant::now() + pause);
-        let request = self.limiter.store_request(&key, None);
-        match self.store.pause(&request, pause).await {
-            Ok(()) => tracing::info!(
-                policy = self.policy.name(),
-                upstream,
-                pause_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
-                "the upstream asked for a pause"
-            ),
-            Err(error) => self.limiter.store_errors().log(
-                self.policy.name(),
-                &error,
-                format_args!("could not pause the key of upstream {upstream:?}"),
-            ),
-        }
+        outgoing::pause(&self.limiter, &key, upstream, pause).await;
+    }
+}
+
+impl Upstream for Shared {
+    fn known_wait(&self, key: &str, units: Option<u64>) -> Option<Duration> {
+        let announced = self.announced.wait(key, units, Instant::now());
+        self.paused.left(key).max(announced)
+    }
+
+    fn paused(&self, key: &str) -> Option<Duration> {
+        self.paused.left(key)
+    }
+
+    fn sent(&self, key: &str, units: Option<u64>) {
+        self.announced.sent(key, units);
     }
 }

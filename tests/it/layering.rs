@@ -457,6 +457,54 @@ fn files_stay_small_and_the_doors_only_start_the_flow() {
     assert_eq!(lines_of_code(sample), 2);
 }
 
+/// Every door starts the limiter's flow and none calls a store itself: the layer, the extractor,
+/// the handle, gRPC's answers, a config file's routes and the outbound layer (its tower service
+/// and its reqwest middleware), whose waiting for a slot, a pause or room, and whose answer to a
+/// store failure, are the flow's (`src/limiter/outgoing.rs`).
+#[test]
+fn no_door_calls_a_store_itself() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut doors = vec![
+        root.join("src/extract.rs"),
+        root.join("src/rate_limiter.rs"),
+        root.join("src/grpc.rs"),
+        root.join("src/config/layer.rs"),
+    ];
+    rust_files(&root.join("src/layer"), &mut doors);
+    rust_files(&root.join("src/outbound"), &mut doors);
+    // A store's calls, on a store held or borrowed (`store.check(`, `store().give_back(`).
+    let calls = [
+        "check",
+        "peek",
+        "refund",
+        "give_back",
+        "overdraw",
+        "release",
+        "release_then",
+        "reset",
+        "pause",
+        "pause_left",
+    ];
+    let mut found = Vec::new();
+    for door in &doors {
+        let code = code_of(&fs::read_to_string(door).expect("a door"));
+        for call in calls {
+            for receiver in ["store.", "store()."] {
+                if code.contains(&format!("{receiver}{call}(")) {
+                    let path = door.strip_prefix(root).expect("under the crate");
+                    found.push(format!("{}: {receiver}{call}(", path.display()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "doors that call a store: {found:?}");
+    // The search itself finds such a call.
+    let sample = code_of("let answer = self.store.check(&request).await; // store.pause(\n");
+    assert!(sample.contains("store.check("));
+    assert!(!sample.contains("store.pause("));
+    assert!(doors.len() >= 10, "the doors read: {doors:?}");
+}
+
 /// The limiter hands each request to parts that own their state (the prefetch table, the slots
 /// and their queues, the refusal cache, the telemetry, the settling), rather than doing all of it
 /// itself: `impl Limiter` stays in the four files ARCHITECTURE.md names.
