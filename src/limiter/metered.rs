@@ -23,7 +23,9 @@ use crate::store::{CheckFuture, StoreError};
 ///
 /// An axum extractor that never fails. Clones share one tally: move one into a streamed body and
 /// record as the stream ends; the request settles when its body has ended and the last clone
-/// is dropped. On a route without a meter it records nothing (said once, at WARN).
+/// is dropped (an outbound call's, when its response and the last clone are dropped: one rule,
+/// the answer that carries it over and its last clone gone). On a route without a meter it
+/// records nothing (said once, at WARN).
 ///
 /// ```
 /// use axum::{Router, routing::post};
