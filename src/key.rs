@@ -94,18 +94,21 @@ fn push_ip(out: &mut String, net: ipnet::IpNet) {
     out.push_str("ip:");
     match net {
         ipnet::IpNet::V4(v4) if v4.prefix_len() == 32 => {
+            // Bytes on the stack, appended once: a `String`'s push checks its room per char.
+            let mut text = arrayvec::ArrayString::<15>::new();
             for (index, octet) in v4.addr().octets().into_iter().enumerate() {
                 if index > 0 {
-                    out.push('.');
+                    text.push('.');
                 }
                 if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
+                    text.push(char::from(b'0' + octet / 100));
                 }
                 if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
+                    text.push(char::from(b'0' + octet / 10 % 10));
                 }
-                out.push(char::from(b'0' + octet % 10));
+                text.push(char::from(b'0' + octet % 10));
             }
+            out.push_str(&text);
         }
         net if net.prefix_len() == net.max_prefix_len() => {
             let _ = write!(out, "{}", net.addr());

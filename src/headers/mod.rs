@@ -186,14 +186,19 @@ where
 
 /// Writes a list of `name;<first>=a;<second>=b` items. The names were serialised by sfv when the
 /// limiter was built and the parameters are non-negative integers, whose sf form is plain decimal
-/// digits, so this only appends; the buffer is sized exactly, so the `HeaderValue` takes it over
-/// without a second allocation.
+/// digits, so this only appends: into a buffer on the stack, copied once into the `HeaderValue`
+/// (a value past it, of many rules or long names, is sized first and taken over whole).
 fn write_list<'a>(
     items: impl Iterator<Item = (&'a SfName, u64, u64)> + Clone,
     first: &str,
     second: &str,
 ) -> HeaderValue {
     let items = items.map(|(name, a, b)| (name, a.min(SF_INTEGER_MAX), b.min(SF_INTEGER_MAX)));
+    let mut on_stack = arrayvec::ArrayString::<STACK_VALUE>::new();
+    if append_list(&mut on_stack, items.clone(), first, second).is_ok() {
+        return HeaderValue::from_str(&on_stack)
+            .expect("structured-field serialisation only emits printable ASCII");
+    }
     let count = items.clone().count();
     let len = items
         .clone()
@@ -203,20 +208,34 @@ fn write_list<'a>(
         .sum::<usize>()
         + ", ".len() * count.saturating_sub(1);
     let mut out = String::with_capacity(len);
+    append_list(&mut out, items, first, second).expect("a String takes any length");
+    header_value(out)
+}
+
+/// The longest list value written on the stack: a few rules' worth.
+const STACK_VALUE: usize = 192;
+
+/// Appends the list `items` (see [`write_list`]) to `out`; an error when `out` is full.
+fn append_list<'a>(
+    out: &mut impl std::fmt::Write,
+    items: impl Iterator<Item = (&'a SfName, u64, u64)>,
+    first: &str,
+    second: &str,
+) -> std::fmt::Result {
     let mut digits = itoa::Buffer::new();
     for (index, (name, a, b)) in items.enumerate() {
         if index > 0 {
-            out.push_str(", ");
+            out.write_str(", ")?;
         }
-        out.push_str(&name.0);
+        out.write_str(&name.0)?;
         for (key, value) in [(first, a), (second, b)] {
-            out.push(';');
-            out.push_str(key);
-            out.push('=');
-            out.push_str(digits.format(value));
+            out.write_char(';')?;
+            out.write_str(key)?;
+            out.write_char('=')?;
+            out.write_str(digits.format(value))?;
         }
     }
-    header_value(out)
+    Ok(())
 }
 
 /// How many decimal digits `value` has.

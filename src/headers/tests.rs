@@ -92,6 +92,32 @@ fn ratelimit_value_matches_example_byte_for_byte() {
     assert_eq!(value.as_bytes(), RATELIMIT_EXAMPLE.as_bytes());
 }
 
+/// A value of many rules passes the stack buffer it is first written in: it comes out whole, as
+/// a short one does.
+#[test]
+fn a_ratelimit_value_of_many_rules_is_written_whole() {
+    let names: Vec<SfName> = (1..=12)
+        .map(|rule| SfName::new(&format!("{rule}000000-per-{rule}86400s")).unwrap())
+        .collect();
+    let entries = names.iter().enumerate().map(|(at, name)| RuleEntry {
+        name,
+        remaining: 9_999_999_999 - at as u64,
+        reset_secs: 86_400 + at as u64,
+    });
+    let value = ratelimit_header_value(entries.clone());
+    let expected: Vec<String> = entries
+        .map(|entry| {
+            format!(
+                "{};r={};t={}",
+                entry.name.0, entry.remaining, entry.reset_secs
+            )
+        })
+        .collect();
+    let expected = expected.join(", ");
+    assert!(expected.len() > 192, "{}", expected.len());
+    assert_eq!(value.to_str().unwrap(), expected);
+}
+
 #[test]
 fn parses_the_examples() {
     let parsed = parse(&map(&[

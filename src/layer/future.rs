@@ -33,9 +33,10 @@ pin_project! {
     {
         // The limiter deciding (a store answering later, units in flight, a slot, a delay); the
         // request waits with the service that was polled ready for it.
+        // Boxed: only a request that waits (a remote store's answer, a slot, a delay) pays for
+        // it, and the future of every other stays small (it is moved a few times on its way).
         Deciding {
-            deciding: Deciding,
-            waiting: Option<(S, Request<ReqBody>)>,
+            waiting: Option<Box<(Deciding, S, Request<ReqBody>)>>,
         },
         // Admitted: the inner service runs; its response gets what the admission holds.
         Inner {
@@ -74,8 +75,7 @@ where
     pub(crate) fn deciding(deciding: Deciding, service: S, request: Request<ReqBody>) -> Self {
         ResponseFuture {
             state: State::Deciding {
-                deciding,
-                waiting: Some((service, request)),
+                waiting: Some(Box::new((deciding, service, request))),
             },
         }
     }
@@ -93,9 +93,12 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Deciding { deciding, waiting } => {
+                StateProj::Deciding { waiting } => {
+                    let (deciding, _, _) = &mut **waiting
+                        .as_mut()
+                        .expect("ResponseFuture polled after it completed");
                     let settled = ready!(Pin::new(deciding).poll(cx));
-                    let (mut service, mut request) = waiting
+                    let (_, mut service, mut request) = *waiting
                         .take()
                         .expect("ResponseFuture polled after it completed");
                     state.set(match settled {

@@ -32,8 +32,9 @@ pub(crate) struct Admission {
     /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
     /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
     /// charged (unlimited, a shadow pass, a store failure let through), or when nothing would give
-    /// it back (a request's admission without `count_only`).
-    pub(super) charge: Option<Charge>,
+    /// it back (a request's admission without `count_only`). Boxed: most admissions have none,
+    /// and every admission is moved a few times on its way.
+    pub(super) charge: Option<Box<Charge>>,
     /// A metered policy let the request through without a reservation (unlimited, a shadow
     /// pass, a store failure let through): what it records counts nowhere, and its `Usage` says
     /// so rather than blaming a missing meter.
@@ -71,7 +72,7 @@ impl Admission {
         quota: Option<QuotaLookup>,
         charged: Charged,
     ) -> Self {
-        self.charge = Some(Charge::new(limiter, key, price, quota, charged));
+        self.charge = Some(Box::new(Charge::new(limiter, key, price, quota, charged)));
         self
     }
 
@@ -100,7 +101,7 @@ impl Admission {
             return Ok(nothing_charged());
         };
         charge.answered(self.decision.take());
-        charge.refund().await
+        (*charge).refund().await
     }
 
     /// Settles a reservation of metered units at `used`, and waits for the store: what it then
@@ -110,7 +111,7 @@ impl Admission {
             return Ok(nothing_charged());
         };
         charge.answered(self.decision.take());
-        super::metered::settle_now(charge, used).await
+        super::metered::settle_now(*charge, used).await
     }
 
     /// Puts the rate-limit headers on a response's `headers`; the slot is held as long as the
@@ -144,7 +145,7 @@ impl Admission {
             .meter
             .unit_arc()
             .clone();
-        Some(Usage::of(extensions).hold(Tab::new(charge, decision, unit)))
+        Some(Usage::of(extensions).hold(Tab::new(*charge, decision, unit)))
     }
 
     /// What the response of a request about to be called with `extensions` waits for: its
@@ -158,10 +159,10 @@ impl Admission {
         }
         let charge = self
             .charge
-            .filter(Charge::kept_or_given_back_after_response)
+            .filter(|charge| charge.kept_or_given_back_after_response())
             .map(|mut charge| {
                 charge.answered(self.decision);
-                Box::new(charge)
+                charge
             });
         OnResponse {
             headers: self.headers,
