@@ -1,6 +1,6 @@
 //! [`Admission`]: what an admitted request holds until its answer (its headers, its concurrency
-//! slot, the store's decision, its charge), and [`OnResponse`], the part of it a response waits
-//! for. The doors keep these whole: only the limiter looks inside.
+//! slot, the store's decision, its charge, a meter's reservation), from the store's answer to the
+//! response's. The doors keep it whole: only the limiter looks inside.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +39,9 @@ pub(crate) struct Admission {
     /// pass, a store failure let through): what it records counts nowhere, and its `Usage` says
     /// so rather than blaming a missing meter.
     pub(super) uncounted: bool,
+    /// A meter's reservation, once the request is called ([`Admission::on_call`]): settled once
+    /// the body has ended and the request's `Usage` is gone.
+    pub(super) tab: Option<Reserved>,
 }
 
 impl Admission {
@@ -50,6 +53,7 @@ impl Admission {
             decision: None,
             charge: None,
             uncounted: false,
+            tab: None,
         }
     }
 
@@ -150,49 +154,23 @@ impl Admission {
 
     /// What the response of a request about to be called with `extensions` waits for: its
     /// headers, what its body holds (a slot, a meter's reservation), and under `count_only` the
-    /// charge its status settles (boxed: only such policies pay for its size). Under a meter the
-    /// request's [`Usage`] goes into its extensions.
-    pub(crate) fn on_call(mut self, extensions: &mut http::Extensions) -> OnResponse {
-        let tab = self.metering(extensions, true);
+    /// charge its status settles, answered by the decision (which nothing else reads after).
+    /// Under a meter the request's [`Usage`] goes into its extensions.
+    pub(crate) fn on_call(mut self, extensions: &mut http::Extensions) -> Admission {
+        self.tab = self.metering(extensions, true);
         if self.uncounted {
             Usage::of(extensions).let_through();
         }
-        let charge = self
+        let decision = self.decision.take();
+        self.charge = self
             .charge
+            .take()
             .filter(|charge| charge.kept_or_given_back_after_response())
             .map(|mut charge| {
-                charge.answered(self.decision);
+                charge.answered(decision);
                 charge
             });
-        OnResponse {
-            headers: self.headers,
-            lease: self.lease,
-            charge,
-            tab,
-        }
-    }
-}
-
-/// What an admitted request's response gets once the service answers ([`Admission::on_response`]).
-pub(crate) struct OnResponse {
-    headers: Option<LimitHeaders>,
-    lease: Option<Box<Lease>>,
-    charge: Option<Box<Charge>>,
-    /// A meter's reservation, settled once the body has ended and the request's `Usage` is
-    /// gone.
-    tab: Option<Reserved>,
-}
-
-impl OnResponse {
-    /// What the response of a request the limiter didn't check gets: nothing.
-    #[cfg_attr(not(feature = "config"), allow(dead_code))]
-    pub(crate) fn nothing() -> Self {
-        OnResponse {
-            headers: None,
-            lease: None,
-            charge: None,
-            tab: None,
-        }
+        self
     }
 
     /// The service's response, answered: a `count_only` charge settled by its status, the slot

@@ -167,7 +167,7 @@ impl Limiter {
             lease,
             decision: Some(decision),
             charge,
-            uncounted: false,
+            ..Admission::unchecked()
         };
         if delay.is_zero() {
             Verdict::Admit(admission)

@@ -2,7 +2,7 @@
 //! [`RateLimiter`](crate::RateLimiter) names), an override, a cost no rule admits, units in hand,
 //! a cached refusal; what [`flow`](super::flow) starts from.
 
-use super::{Ask, Decided, Limiter, Prepared, Price, Refusal, Spent, flow, prefetch};
+use super::{Ask, Decided, Limiter, Prepared, Price, Refusal, flow, prefetch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -191,51 +191,7 @@ impl Limiter {
             return Prepared::Respond(refusal, protocol.clone());
         }
         // Units in hand admit at once: no store call, no span.
-        match prefetch::spend(self, &key, cost, quota.as_ref(), true) {
-            Spent::Admit(admission, _) if !receipt => Prepared::Admit(admission),
-            Spent::Admit(admission, charged) => {
-                Prepared::Admit(admission.charging(self.clone(), key, price, quota, charged))
-            }
-            Spent::Ask(extra) => self.prepare_ask(key, price, quota, protocol, extra, receipt),
-            Spent::Wait(landed, certain) => {
-                let limiter = self.clone();
-                let deadline = tokio::time::Instant::now() + prefetch::WAIT_AT_MOST;
-                Prepared::AwaitUnits(Box::pin(async move {
-                    let (mut landed, mut certain) = (landed, certain);
-                    // Until units are in hand, or no take is in flight, or the wait is too long:
-                    // a take in flight may bring fewer units than those waiting want. (A take
-                    // in the background lands for certain: no timer.)
-                    let extra = loop {
-                        if certain {
-                            landed.await;
-                        } else {
-                            let _ = tokio::time::timeout_at(deadline, landed).await;
-                        }
-                        let may_wait = tokio::time::Instant::now() < deadline;
-                        match prefetch::spend(&limiter, &key, cost, quota.as_ref(), may_wait) {
-                            Spent::Admit(admission, _) if !receipt => {
-                                return Prepared::Admit(admission);
-                            }
-                            Spent::Admit(admission, charged) => {
-                                let own = limiter.clone();
-                                let admission = admission.charging(own, key, price, quota, charged);
-                                return Prepared::Admit(admission);
-                            }
-                            Spent::Wait(next, sure) => (landed, certain) = (next, sure),
-                            Spent::Ask(extra) => break extra,
-                        }
-                    };
-                    // Told as this limiter's, which may be an override's.
-                    match limiter.prepare_ask(key, price, quota, protocol, extra, receipt) {
-                        Prepared::Check(ask) => Prepared::CheckBy(limiter, ask),
-                        Prepared::Respond(refusal, protocol) => {
-                            Prepared::RespondBy(limiter, refusal, protocol)
-                        }
-                        other => other,
-                    }
-                }))
-            }
-        }
+        prefetch::prepare(self, key, price, quota, protocol, receipt)
     }
 
     /// A request about to ask the store for its cost and `extra` units ahead: answered from the

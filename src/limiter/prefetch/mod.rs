@@ -15,7 +15,7 @@
 //!
 //!
 //! The table (`table.rs`) owns the units; this module's functions are what a request does with
-//! it, handed its limiter (for the store, the metrics and the headers): [`spend`] before asking,
+//! it, handed its limiter (for the store, the metrics and the headers): [`prepare`] before asking,
 //! [`judge_take`] after, [`forget_key`] on a reset, [`give_back_unspent`] at shutdown.
 //!
 //! [`PolicyBuilder::prefetch`]: crate::PolicyBuilder::prefetch
@@ -30,92 +30,143 @@ pub(crate) use table::{Expired, IDLE, Prefetched, Spend, WAIT_AT_MOST};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::futures::OwnedNotified;
 // Tokio's clock, which tests can pause and move with the stores' clocks.
 use tokio::time::Instant;
 
-use super::{Admission, Ask, Charged, Limiter};
+use super::{Admission, Ask, Charged, Limiter, Prepared, Price};
 use crate::decision::Decision;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
 use crate::policy::{Algorithm, StorageKey};
 use crate::response::LimitHeaders;
+use crate::response::Protocol;
 use crate::store::{ResetListener, StoreError};
 
-/// What a request of a prefetching policy does before asking the store.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "returned at once, never stored: boxing the admission would allocate per request"
-)]
-pub(crate) enum Spent {
-    /// Admitted from units in hand (its charge still to be made: of the request's key and
-    /// quota, answered by the take that charged its units).
-    Admit(Admission, Charged),
-    /// Wait for a take in flight (for certain it lands, or at most [`WAIT_AT_MOST`]), then
-    /// spend again.
-    Wait(OwnedNotified, bool),
-    /// Ask the store for its cost and this many units ahead (0 under a policy that doesn't
-    /// prefetch).
-    Ask(u64),
+/// What a request of `price` for `key` (and the day's `quota`) comes to before it asks the store
+/// (`receipt`: its admission keeps its charge): admitted at once from units in hand; waiting for
+/// a take in flight, then doing as it then finds; or asking the store for its cost and, under a
+/// prefetching policy, units ahead.
+pub(super) fn prepare(
+    limiter: &Arc<Limiter>,
+    key: StorageKey,
+    price: Price,
+    quota: Option<QuotaLookup>,
+    protocol: Protocol,
+    receipt: bool,
+) -> Prepared {
+    match spend(limiter, &key, price.cost, quota.as_ref(), true) {
+        Spend::Local {
+            decision, charged, ..
+        } => admit(limiter, key, price, quota, receipt, decision, charged),
+        Spend::Ask { extra, .. } => {
+            limiter.prepare_ask(key, price, quota, protocol, extra, receipt)
+        }
+        Spend::Wait {
+            landed, certain, ..
+        } => {
+            let limiter = limiter.clone();
+            let deadline = Instant::now() + WAIT_AT_MOST;
+            Prepared::AwaitUnits(Box::pin(async move {
+                let (mut landed, mut certain) = (landed, certain);
+                // Until units are in hand, or no take is in flight, or the wait is too long: a
+                // take in flight may bring fewer units than those waiting want. (A take in the
+                // background lands for certain: no timer.)
+                let extra = loop {
+                    if certain {
+                        landed.await;
+                    } else {
+                        let _ = tokio::time::timeout_at(deadline, landed).await;
+                    }
+                    let may_wait = Instant::now() < deadline;
+                    match spend(&limiter, &key, price.cost, quota.as_ref(), may_wait) {
+                        Spend::Local {
+                            decision, charged, ..
+                        } => return admit(&limiter, key, price, quota, receipt, decision, charged),
+                        Spend::Wait {
+                            landed: next,
+                            certain: sure,
+                            ..
+                        } => (landed, certain) = (next, sure),
+                        Spend::Ask { extra, .. } => break extra,
+                    }
+                };
+                // Told as this limiter's, which may be an override's.
+                match limiter.prepare_ask(key, price, quota, protocol, extra, receipt) {
+                    Prepared::Check(ask) => Prepared::CheckBy(limiter, ask),
+                    Prepared::Respond(refusal, protocol) => {
+                        Prepared::RespondBy(limiter, refusal, protocol)
+                    }
+                    other => other,
+                }
+            }))
+        }
+    }
 }
 
-/// Admits a request of `cost` for `key` from units in hand, or says to wait for a take in
-/// flight (if `may_wait`), or how many units to ask for ahead.
-pub(super) fn spend(
+/// The table's answer to a request of `cost` for `key`, its side work done: a hot identity's
+/// next take started in the background, units that sat in hand too long counted (and a token
+/// bucket's given back). A policy that doesn't prefetch asks for its cost alone.
+fn spend(
     limiter: &Arc<Limiter>,
     key: &StorageKey,
     cost: u64,
     quota: Option<&QuotaLookup>,
     may_wait: bool,
-) -> Spent {
+) -> Spend {
     let Some(prefetched) = &limiter.prefetched else {
-        return Spent::Ask(0);
+        return Spend::Ask {
+            extra: 0,
+            expired: Expired::default(),
+        };
     };
     let may_take_ahead = prefetched.may_take_ahead(limiter.store());
-    match prefetched.spend(key.as_str(), cost, Instant::now(), may_wait, may_take_ahead) {
-        Spend::Local {
-            decision,
-            charged,
-            take_ahead,
-        } => {
-            if take_ahead > 0 {
-                take_units_ahead(limiter, prefetched, key, quota, take_ahead);
-            }
-            let metrics = limiter.metrics();
-            metrics.request(Outcome::Allowed);
-            metrics.prefetch("spent", cost);
-            metrics.admitted(&decision);
-            let headers = LimitHeaders::new(
-                &limiter.answers,
-                &limiter.policy,
-                &decision,
-                limiter.legacy_headers,
-            );
-            let admission = Admission {
-                headers: Some(headers),
-                lease: None,
-                decision: Some(decision),
-                charge: None,
-                uncounted: false,
-            };
-            let charged = charged.map_or(Charged::Unknown, |(take, after)| {
-                Charged::Taken(take, after)
-            });
-            Spent::Admit(admission, charged)
+    let mut spent = prefetched.spend(key.as_str(), cost, Instant::now(), may_wait, may_take_ahead);
+    match &mut spent {
+        Spend::Local { take_ahead, .. } if *take_ahead > 0 => {
+            take_units_ahead(limiter, prefetched, key, quota, *take_ahead);
         }
-        Spend::Wait {
-            landed,
-            certain,
-            expired,
-        } => {
-            count_expired(limiter, key, expired, quota);
-            Spent::Wait(landed, certain)
-        }
-        Spend::Ask { extra, expired } => {
-            count_expired(limiter, key, expired, quota);
-            Spent::Ask(extra)
+        Spend::Local { .. } => {}
+        Spend::Wait { expired, .. } | Spend::Ask { expired, .. } => {
+            count_expired(limiter, key, std::mem::take(expired), quota);
         }
     }
+    spent
+}
+
+/// The admission of a request from units in hand, which the store answered `decision` (the
+/// take that charged them answered `charged`): its headers, and its charge when it keeps one.
+fn admit(
+    limiter: &Arc<Limiter>,
+    key: StorageKey,
+    price: Price,
+    quota: Option<QuotaLookup>,
+    receipt: bool,
+    decision: Decision,
+    charged: Option<(Arc<Decision>, u64)>,
+) -> Prepared {
+    let metrics = limiter.metrics();
+    metrics.request(Outcome::Allowed);
+    metrics.prefetch("spent", price.cost);
+    metrics.admitted(&decision);
+    let headers = LimitHeaders::new(
+        &limiter.answers,
+        &limiter.policy,
+        &decision,
+        limiter.legacy_headers,
+    );
+    let admission = Admission {
+        headers: Some(headers),
+        lease: None,
+        decision: Some(decision),
+        ..Admission::unchecked()
+    };
+    if !receipt {
+        return Prepared::Admit(admission);
+    }
+    let charged = charged.map_or(Charged::Unknown, |(take, after)| {
+        Charged::Taken(take, after)
+    });
+    Prepared::Admit(admission.charging(limiter.clone(), key, price, quota, charged))
 }
 
 /// Forgets the units `ask` would have asked for ahead: it won't ask (answered from the
