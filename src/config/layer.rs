@@ -23,7 +23,7 @@ use crate::RateLimitLayer;
 use crate::layer::ResponseFuture;
 use crate::layer::limit_call;
 use crate::limiter::telemetry;
-use crate::limiter::{Admission, Limiter, RejectHandler};
+use crate::limiter::{Limiter, OnResponse, RejectHandler};
 use crate::policy::Policy;
 use crate::response::TooManyRequests;
 use crate::store::Store;
@@ -600,7 +600,7 @@ where
             });
         match route {
             Some(route) => limit_call(&route.limiter, &mut self.inner, request),
-            None => ResponseFuture::inner(self.inner.call(request), Admission::unchecked()),
+            None => ResponseFuture::inner(self.inner.call(request), OnResponse::nothing()),
         }
     }
 }

@@ -12,7 +12,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{BoxError, Service};
 
-use crate::limiter::{Admission, Deciding, Resolved};
+use crate::limiter::{Deciding, OnResponse, Resolved};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::layer::RateLimit).
@@ -42,7 +42,7 @@ pin_project! {
         Inner {
             #[pin]
             future: S::Future,
-            admission: Option<Admission>,
+            on_response: Option<OnResponse>,
         },
         // Answered by the limiter (429, 503, missing key).
         Done {
@@ -55,11 +55,11 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn inner(future: S::Future, admission: Admission) -> Self {
+    pub(crate) fn inner(future: S::Future, on_response: OnResponse) -> Self {
         ResponseFuture {
             state: State::Inner {
                 future,
-                admission: Some(admission),
+                on_response: Some(on_response),
             },
         }
     }
@@ -103,7 +103,7 @@ where
                         .expect("ResponseFuture polled after it completed");
                     state.set(match settled {
                         Resolved::Admitted(admission) => State::Inner {
-                            admission: Some(admission.on_call(request.extensions_mut())),
+                            on_response: Some(admission.on_call(request.extensions_mut())),
                             future: service.call(request),
                         },
                         Resolved::Answered(answered) => State::Done {
@@ -111,12 +111,15 @@ where
                         },
                     });
                 }
-                StateProj::Inner { future, admission } => {
+                StateProj::Inner {
+                    future,
+                    on_response,
+                } => {
                     let response = ready!(future.poll(cx))?;
-                    let admission = admission
+                    let on_response = on_response
                         .take()
                         .expect("ResponseFuture polled after it completed");
-                    return Poll::Ready(Ok(admission.apply(response)));
+                    return Poll::Ready(Ok(on_response.apply(response)));
                 }
                 StateProj::Done { response } => {
                     return Poll::Ready(Ok(response

@@ -93,8 +93,8 @@ where
     // service, no state to wait in.
     match decided {
         Decided::Now(Resolved::Admitted(admission)) => {
-            let admission = admission.on_call(request.extensions_mut());
-            ResponseFuture::inner(inner.call(request), admission)
+            let on_response = admission.on_call(request.extensions_mut());
+            ResponseFuture::inner(inner.call(request), on_response)
         }
         Decided::Now(Resolved::Answered(answered)) => ResponseFuture::respond(answered.response()),
         Decided::Later(deciding) => {

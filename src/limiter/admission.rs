@@ -1,6 +1,6 @@
 //! [`Admission`]: what an admitted request holds until its answer (its headers, its concurrency
-//! slot, the store's decision, its charge, a meter's reservation), from the store's answer to the
-//! response's. The doors keep it whole: only the limiter looks inside.
+//! slot, the store's decision, its charge), and [`OnResponse`], the part of it a response waits
+//! for. The doors keep these whole: only the limiter looks inside.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,16 +32,13 @@ pub(crate) struct Admission {
     /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
     /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
     /// charged (unlimited, a shadow pass, a store failure let through), or when nothing would give
-    /// it back (a request's admission without `count_only`). Boxed: most admissions have none,
-    /// and every admission is moved a few times on its way.
-    pub(super) charge: Option<Box<Charge>>,
+    /// it back (a request's admission without `count_only`). In place, not boxed: a handle's
+    /// admission always has one, and a receipt costs it no allocation (`tests/allocations.rs`).
+    pub(super) charge: Option<Charge>,
     /// A metered policy let the request through without a reservation (unlimited, a shadow
     /// pass, a store failure let through): what it records counts nowhere, and its `Usage` says
     /// so rather than blaming a missing meter.
     pub(super) uncounted: bool,
-    /// A meter's reservation, once the request is called ([`Admission::on_call`]): settled once
-    /// the body has ended and the request's `Usage` is gone.
-    pub(super) tab: Option<Reserved>,
 }
 
 impl Admission {
@@ -53,7 +50,6 @@ impl Admission {
             decision: None,
             charge: None,
             uncounted: false,
-            tab: None,
         }
     }
 
@@ -76,7 +72,7 @@ impl Admission {
         quota: Option<QuotaLookup>,
         charged: Charged,
     ) -> Self {
-        self.charge = Some(Box::new(Charge::new(limiter, key, price, quota, charged)));
+        self.charge = Some(Charge::new(limiter, key, price, quota, charged));
         self
     }
 
@@ -105,7 +101,7 @@ impl Admission {
             return Ok(nothing_charged());
         };
         charge.answered(self.decision.take());
-        (*charge).refund().await
+        charge.refund().await
     }
 
     /// Settles a reservation of metered units at `used`, and waits for the store: what it then
@@ -115,7 +111,7 @@ impl Admission {
             return Ok(nothing_charged());
         };
         charge.answered(self.decision.take());
-        super::metered::settle_now(*charge, used).await
+        super::metered::settle_now(charge, used).await
     }
 
     /// Puts the rate-limit headers on a response's `headers`; the slot is held as long as the
@@ -149,28 +145,54 @@ impl Admission {
             .meter
             .unit_arc()
             .clone();
-        Some(Usage::of(extensions).hold(Tab::new(*charge, decision, unit)))
+        Some(Usage::of(extensions).hold(Tab::new(charge, decision, unit)))
     }
 
     /// What the response of a request about to be called with `extensions` waits for: its
     /// headers, what its body holds (a slot, a meter's reservation), and under `count_only` the
-    /// charge its status settles, answered by the decision (which nothing else reads after).
-    /// Under a meter the request's [`Usage`] goes into its extensions.
-    pub(crate) fn on_call(mut self, extensions: &mut http::Extensions) -> Admission {
-        self.tab = self.metering(extensions, true);
+    /// charge its status settles (boxed: only such policies pay for its size). Under a meter the
+    /// request's [`Usage`] goes into its extensions.
+    pub(crate) fn on_call(mut self, extensions: &mut http::Extensions) -> OnResponse {
+        let tab = self.metering(extensions, true);
         if self.uncounted {
             Usage::of(extensions).let_through();
         }
-        let decision = self.decision.take();
-        self.charge = self
+        let charge = self
             .charge
-            .take()
-            .filter(|charge| charge.kept_or_given_back_after_response())
+            .filter(Charge::kept_or_given_back_after_response)
             .map(|mut charge| {
-                charge.answered(decision);
-                charge
+                charge.answered(self.decision);
+                Box::new(charge)
             });
-        self
+        OnResponse {
+            headers: self.headers,
+            lease: self.lease,
+            charge,
+            tab,
+        }
+    }
+}
+
+/// What an admitted request's response gets once the service answers ([`Admission::on_response`]).
+pub(crate) struct OnResponse {
+    headers: Option<LimitHeaders>,
+    lease: Option<Box<Lease>>,
+    charge: Option<Box<Charge>>,
+    /// A meter's reservation, settled once the body has ended and the request's `Usage` is
+    /// gone.
+    tab: Option<Reserved>,
+}
+
+impl OnResponse {
+    /// What the response of a request the limiter didn't check gets: nothing.
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn nothing() -> Self {
+        OnResponse {
+            headers: None,
+            lease: None,
+            charge: None,
+            tab: None,
+        }
     }
 
     /// The service's response, answered: a `count_only` charge settled by its status, the slot

@@ -53,10 +53,14 @@ impl Limiter {
         }
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
-        let (result, charged) = match super::prefetch::judge_take(self, result, ask) {
-            Some((result, Some((taken, after)))) => (result, Charged::Taken(taken, after)),
-            Some((result, None)) => (result, Charged::Told),
-            None => return Verdict::Retake,
+        let (result, charged) = if ask.extra == 0 {
+            (result, Charged::Told)
+        } else {
+            match super::prefetch::judge_take(self, result, ask) {
+                Some((result, Some((taken, after)))) => (result, Charged::Taken(taken, after)),
+                Some((result, None)) => (result, Charged::Told),
+                None => return Verdict::Retake,
+            }
         };
         let decision = match result {
             Ok(decision) => decision,
@@ -158,16 +162,14 @@ impl Limiter {
         // Given back by the caller (a handle's), under count_only if the response doesn't count,
         // or settled by a meter (a shadow pass or a store failure charged nothing); made only
         // for them.
-        let charge = ask
-            .receipt
-            .then(|| Box::new(ask.take_charge(self.clone(), charged)));
+        let charge = ask.receipt.then(|| ask.take_charge(self.clone(), charged));
         let delay = decision.delay;
         let admission = Admission {
             headers: Some(headers),
             lease,
             decision: Some(decision),
             charge,
-            ..Admission::unchecked()
+            uncounted: false,
         };
         if delay.is_zero() {
             Verdict::Admit(admission)

@@ -22,7 +22,7 @@ pub(crate) mod store_error_log;
 pub(crate) mod telemetry;
 pub(crate) mod top_refused;
 
-pub(crate) use admission::Admission;
+pub(crate) use admission::{Admission, OnResponse};
 pub(crate) use answer::{Answered, Refusal};
 pub(crate) use charge::{Charge, Charged};
 pub(crate) use flow::{Decided, Deciding, Resolved};

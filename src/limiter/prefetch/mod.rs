@@ -54,6 +54,9 @@ pub(super) fn prepare(
     protocol: Protocol,
     receipt: bool,
 ) -> Prepared {
+    if limiter.prefetched.is_none() {
+        return limiter.prepare_ask(key, price, quota, protocol, 0, receipt);
+    }
     match spend(limiter, &key, price.cost, quota.as_ref(), true) {
         Spend::Local {
             decision, charged, ..
