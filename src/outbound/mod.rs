@@ -248,7 +248,8 @@ pub enum OutboundError {
     /// braces or control characters.
     #[error("{0:?} can't key an outbound limit")]
     BadKey(String),
-    /// The store failed and the policy fails closed ([`OnStoreError::Deny`]).
+    /// The store failed and the policy fails closed
+    /// ([`OnStoreError::Deny`](crate::OnStoreError::Deny)).
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -37,11 +37,18 @@ async fn drain(limiter: &RateLimiter) -> u64 {
 }
 
 /// Instance A holds units ahead; `reset` runs elsewhere; a fresh instance and A together are
-/// admitted the limit, not the limit and A's units. `settle`: what runs between the reset and
-/// A's next check (a networked store's notice is on its way).
-async fn a_reset_reaches_the_units_in_hand<S, R, F>(store: S, prefix: &str, reset: R)
-where
+/// admitted the limit, not the limit and A's units. `listening`: awaited after A's first check
+/// (a networked store's subscription to reset notices coming up); `reset` resets, and returns
+/// once A has heard of it.
+async fn a_reset_reaches_the_units_in_hand<S, L, FL, R, F>(
+    store: S,
+    prefix: &str,
+    listening: L,
+    reset: R,
+) where
     S: Store + Clone,
+    L: FnOnce() -> FL,
+    FL: std::future::Future<Output = ()>,
     R: FnOnce() -> F,
     F: std::future::Future<Output = ()>,
 {
@@ -56,7 +63,7 @@ where
     // The first check registers A for notices; a Redis subscription takes a round trip, and
     // no unit is taken ahead before it is up.
     a.check("global").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    listening().await;
     for _ in 0..40 {
         a.check("global").await.unwrap();
     }
@@ -77,9 +84,14 @@ where
 async fn a_reset_reaches_units_in_hand_in_memory() {
     let store = MemoryStore::new();
     let resetter = RateLimiter::new(hot("rl"), store.clone());
-    a_reset_reaches_the_units_in_hand(store, "rl", || async move {
-        resetter.reset("global").await.unwrap();
-    })
+    a_reset_reaches_the_units_in_hand(
+        store,
+        "rl",
+        || async {},
+        || async move {
+            resetter.reset("global").await.unwrap();
+        },
+    )
     .await;
 }
 
@@ -89,11 +101,18 @@ async fn a_reset_reaches_units_in_hand_on_redis() {
     let prefix = unique_prefix("reset-units");
     let store = RedisStore::from_url(&redis.url).unwrap();
     let resetter = RateLimiter::new(hot(&prefix), RedisStore::from_url(&redis.url).unwrap());
-    a_reset_reaches_the_units_in_hand(store, &prefix, || async move {
-        resetter.reset("global").await.unwrap();
-        // The notice crosses Redis to A's subscription: the bound the docs state.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    })
+    let (up, heard) = (store.clone(), store.clone());
+    let heard_prefix = prefix.as_str();
+    a_reset_reaches_the_units_in_hand(
+        store,
+        &prefix,
+        || async move { up.until_resets_live_for_tests(true).await },
+        || async move {
+            resetter.reset("global").await.unwrap();
+            // The notice crosses Redis to A's subscription.
+            heard.until_reset_heard_for_tests(heard_prefix).await;
+        },
+    )
     .await;
 }
 
@@ -105,20 +124,27 @@ async fn a_reset_in_another_process_reaches_units_in_hand() {
     let store = RedisStore::from_url(&redis.url).unwrap();
     let url = redis.url.clone();
     let child_prefix = prefix.clone();
-    a_reset_reaches_the_units_in_hand(store, &prefix, || async move {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "reset_units::reset_from_another_process",
-                "--nocapture",
-            ])
-            .env("RESET_UNITS_URL", url)
-            .env("RESET_UNITS_PREFIX", child_prefix)
-            .status()
-            .unwrap();
-        assert!(status.success(), "the resetting process failed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    })
+    let (up, heard) = (store.clone(), store.clone());
+    let heard_prefix = prefix.clone();
+    a_reset_reaches_the_units_in_hand(
+        store,
+        &prefix,
+        || async move { up.until_resets_live_for_tests(true).await },
+        || async move {
+            let status = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "reset_units::reset_from_another_process",
+                    "--nocapture",
+                ])
+                .env("RESET_UNITS_URL", url)
+                .env("RESET_UNITS_PREFIX", child_prefix)
+                .status()
+                .unwrap();
+            assert!(status.success(), "the resetting process failed");
+            heard.until_reset_heard_for_tests(&heard_prefix).await;
+        },
+    )
     .await;
 }
 
@@ -142,15 +168,16 @@ async fn a_dropped_subscription_forgets_the_units_in_hand() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("reset-lost");
     let costs = Arc::new(Mutex::new(Vec::new()));
+    let store = RedisStore::from_url(&redis.url).unwrap();
     let a = RateLimiter::new(
         hot(&prefix),
         Recording {
-            store: RedisStore::from_url(&redis.url).unwrap(),
+            store: store.clone(),
             costs: costs.clone(),
         },
     );
     a.check("global").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.until_resets_live_for_tests(true).await;
     for _ in 0..40 {
         a.check("global").await.unwrap();
     }
@@ -166,7 +193,9 @@ async fn a_dropped_subscription_forgets_the_units_in_hand() {
         .query(&mut client)
         .unwrap();
     assert!(killed >= 1, "no subscription to kill");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // (Waited for by the subscription's own fall, which tells A that notices were lost; it comes
+    // back a second later, and tells A again.)
+    store.until_resets_live_for_tests(false).await;
     a.check("global").await.unwrap();
     assert_eq!(
         costs.lock().unwrap().get(asked),
@@ -188,10 +217,17 @@ async fn a_store_over_your_pool_hears_resets_through_the_url_it_is_given() {
         .reset_notices_from(&redis.url)
         .unwrap();
     let resetter = RateLimiter::new(hot(&prefix), RedisStore::from_url(&redis.url).unwrap());
-    a_reset_reaches_the_units_in_hand(store, &prefix, || async move {
-        resetter.reset("global").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    })
+    let (up, heard) = (store.clone(), store.clone());
+    let heard_prefix = prefix.as_str();
+    a_reset_reaches_the_units_in_hand(
+        store,
+        &prefix,
+        || async move { up.until_resets_live_for_tests(true).await },
+        || async move {
+            resetter.reset("global").await.unwrap();
+            heard.until_reset_heard_for_tests(heard_prefix).await;
+        },
+    )
     .await;
     // Once used (or cloned), the store can't be given a URL any more.
     let used = RedisStore::from_url(&redis.url).unwrap();

@@ -30,6 +30,12 @@ pub(super) struct ResetFeed {
     live: Arc<AtomicBool>,
     /// Whether a subscription task runs (cleared when it ends, however it ends).
     started: AtomicBool,
+    /// What the tests wait on (`RedisStore::until_reset_heard_for_tests`): the keys of the
+    /// notices heard, and a wake-up at each notice and each change of `live`.
+    #[cfg(any(debug_assertions, feature = "test-hooks"))]
+    pub(super) heard: Mutex<Vec<String>>,
+    #[cfg(any(debug_assertions, feature = "test-hooks"))]
+    pub(super) changed: tokio::sync::Notify,
 }
 
 impl ResetFeed {
@@ -47,6 +53,23 @@ impl ResetFeed {
         for listener in self.listeners() {
             listener.key_reset(key);
         }
+        #[cfg(any(debug_assertions, feature = "test-hooks"))]
+        {
+            let mut heard = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
+            // The latest only: a debug build serving for days keeps no growing list.
+            if heard.len() >= 1024 {
+                heard.drain(..512);
+            }
+            heard.push(key.to_owned());
+            drop(heard);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Whether notices are heard now.
+    #[cfg(any(debug_assertions, feature = "test-hooks"))]
+    pub(super) fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
     }
 
     /// Says whether notices are heard from now on, and tells every listener that some may have
@@ -56,6 +79,8 @@ impl ResetFeed {
         for listener in self.listeners() {
             listener.notices_lost();
         }
+        #[cfg(any(debug_assertions, feature = "test-hooks"))]
+        self.changed.notify_waiters();
     }
 
     /// The listeners still there (called outside the lock: a listener may take its own locks).

@@ -86,6 +86,62 @@ impl RedisStore {
         }
     }
 
+    /// Waits until this store's reset subscription has heard the notice of a reset of a key
+    /// that contains `key_part` (a test's own prefix, say: the notices of every test on the same
+    /// Redis are heard). For tests that read what a notice did, rather than sleep for it.
+    ///
+    /// # Panics
+    ///
+    /// When none has come after 10 s.
+    #[doc(hidden)]
+    pub async fn until_reset_heard_for_tests(&self, key_part: &str) {
+        let resets = &self.shared.resets;
+        self.until_resets_for_tests(|| {
+            resets
+                .heard
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .any(|key| key.contains(key_part))
+        })
+        .await;
+    }
+
+    /// Waits until this store's reset subscription is up (`live`), or down: for tests of what
+    /// an instance does then, rather than sleep for the subscription.
+    ///
+    /// # Panics
+    ///
+    /// When it is not so after 10 s.
+    #[doc(hidden)]
+    pub async fn until_resets_live_for_tests(&self, live: bool) {
+        let resets = &self.shared.resets;
+        self.until_resets_for_tests(|| resets.is_live() == live)
+            .await;
+    }
+
+    /// Waits until `done` says so, asked again at each notice and change of the subscription.
+    async fn until_resets_for_tests(&self, done: impl Fn() -> bool) {
+        let resets = &self.shared.resets;
+        let waited = async {
+            loop {
+                let changed = resets.changed.notified();
+                let mut changed = std::pin::pin!(changed);
+                changed.as_mut().enable();
+                if done() {
+                    return;
+                }
+                changed.await;
+            }
+        };
+        if tokio::time::timeout(std::time::Duration::from_secs(10), waited)
+            .await
+            .is_err()
+        {
+            panic!("the store's reset subscription was not as awaited after 10 s");
+        }
+    }
+
     /// Sends `requests` as one batch, in order, bypassing the queue: for tests that compare a
     /// batch with the same checks one at a time.
     #[doc(hidden)]
