@@ -101,16 +101,25 @@ async fn a_reset_reaches_units_in_hand_on_redis() {
     let prefix = unique_prefix("reset-units");
     let store = RedisStore::from_url(&redis.url).unwrap();
     let resetter = RateLimiter::new(hot(&prefix), RedisStore::from_url(&redis.url).unwrap());
+    a_reset_reaches_the_units_in_hand_on(store, &prefix, resetter).await;
+}
+
+/// [`a_reset_reaches_the_units_in_hand`] over the Redis `store`, reset by `resetter`: once A's
+/// subscription is up, and until A has heard the notice of its reset.
+async fn a_reset_reaches_the_units_in_hand_on(
+    store: RedisStore,
+    prefix: &str,
+    resetter: RateLimiter,
+) {
     let (up, heard) = (store.clone(), store.clone());
-    let heard_prefix = prefix.as_str();
     a_reset_reaches_the_units_in_hand(
         store,
-        &prefix,
+        prefix,
         || async move { up.until_resets_live_for_tests(true).await },
         || async move {
             resetter.reset("global").await.unwrap();
             // The notice crosses Redis to A's subscription.
-            heard.until_reset_heard_for_tests(heard_prefix).await;
+            heard.until_reset_heard_for_tests(prefix).await;
         },
     )
     .await;
@@ -217,18 +226,7 @@ async fn a_store_over_your_pool_hears_resets_through_the_url_it_is_given() {
         .reset_notices_from(&redis.url)
         .unwrap();
     let resetter = RateLimiter::new(hot(&prefix), RedisStore::from_url(&redis.url).unwrap());
-    let (up, heard) = (store.clone(), store.clone());
-    let heard_prefix = prefix.as_str();
-    a_reset_reaches_the_units_in_hand(
-        store,
-        &prefix,
-        || async move { up.until_resets_live_for_tests(true).await },
-        || async move {
-            resetter.reset("global").await.unwrap();
-            heard.until_reset_heard_for_tests(heard_prefix).await;
-        },
-    )
-    .await;
+    a_reset_reaches_the_units_in_hand_on(store, &prefix, resetter).await;
     // Once used (or cloned), the store can't be given a URL any more.
     let used = RedisStore::from_url(&redis.url).unwrap();
     let _clone = used.clone();

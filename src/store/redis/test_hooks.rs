@@ -67,23 +67,12 @@ impl RedisStore {
     #[doc(hidden)]
     pub async fn until_calls_land_for_tests(&self) {
         let batcher = &self.shared.batcher;
-        let landed = async {
-            loop {
-                let idle = batcher.idle();
-                let mut idle = std::pin::pin!(idle);
-                idle.as_mut().enable();
-                if batcher.is_idle() {
-                    return;
-                }
-                idle.await;
-            }
-        };
-        if tokio::time::timeout(std::time::Duration::from_secs(10), landed)
-            .await
-            .is_err()
-        {
-            panic!("the store's calls were still landing after 10 s");
-        }
+        until(
+            || batcher.idle(),
+            || batcher.is_idle(),
+            "the store's calls were still landing",
+        )
+        .await;
     }
 
     /// Waits until this store's reset subscription has heard the notice of a reset of a key
@@ -96,15 +85,16 @@ impl RedisStore {
     #[doc(hidden)]
     pub async fn until_reset_heard_for_tests(&self, key_part: &str) {
         let resets = &self.shared.resets;
-        self.until_resets_for_tests(|| {
+        let heard = || {
             resets
                 .heard
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .iter()
                 .any(|key| key.contains(key_part))
-        })
-        .await;
+        };
+        let changed = || resets.changed.notified();
+        until(changed, heard, "no reset notice of the key was heard").await;
     }
 
     /// Waits until this store's reset subscription is up (`live`), or down: for tests of what
@@ -116,30 +106,9 @@ impl RedisStore {
     #[doc(hidden)]
     pub async fn until_resets_live_for_tests(&self, live: bool) {
         let resets = &self.shared.resets;
-        self.until_resets_for_tests(|| resets.is_live() == live)
-            .await;
-    }
-
-    /// Waits until `done` says so, asked again at each notice and change of the subscription.
-    async fn until_resets_for_tests(&self, done: impl Fn() -> bool) {
-        let resets = &self.shared.resets;
-        let waited = async {
-            loop {
-                let changed = resets.changed.notified();
-                let mut changed = std::pin::pin!(changed);
-                changed.as_mut().enable();
-                if done() {
-                    return;
-                }
-                changed.await;
-            }
-        };
-        if tokio::time::timeout(std::time::Duration::from_secs(10), waited)
-            .await
-            .is_err()
-        {
-            panic!("the store's reset subscription was not as awaited after 10 s");
-        }
+        let changed = || resets.changed.notified();
+        let done = || resets.is_live() == live;
+        until(changed, done, "the reset subscription was not as awaited").await;
     }
 
     /// Sends `requests` as one batch, in order, bypassing the queue: for tests that compare a
@@ -155,5 +124,35 @@ impl RedisStore {
             .collect();
         let deadline = Instant::now() + self.timeout;
         self.shared.call(&members, deadline).await
+    }
+}
+
+/// Waits until `done` says so, asked again at each wake-up `wake` makes (listened to before
+/// asking, so that none is missed).
+///
+/// # Panics
+///
+/// With `what` when it has not come after 10 s.
+async fn until<'a>(
+    wake: impl Fn() -> tokio::sync::futures::Notified<'a>,
+    done: impl Fn() -> bool,
+    what: &str,
+) {
+    let waited = async {
+        loop {
+            let woken = wake();
+            let mut woken = std::pin::pin!(woken);
+            woken.as_mut().enable();
+            if done() {
+                return;
+            }
+            woken.await;
+        }
+    };
+    if tokio::time::timeout(std::time::Duration::from_secs(10), waited)
+        .await
+        .is_err()
+    {
+        panic!("{what} after 10 s");
     }
 }
