@@ -225,22 +225,32 @@ impl Limiter {
 
     /// A store failure, answered as the policy says: let through unchecked, or refused with 503.
     fn store_failed(&self, error: &StoreError, ask: &Ask) -> Verdict {
-        let name = self.policy.name();
-        match self.policy.on_store_error() {
-            OnStoreError::Allow => {
-                self.metrics()
-                    .request(self.outcome(ask, Outcome::StoreErrorAllowed));
-                self.store_errors
-                    .log(name, error, "letting the request through");
-                Verdict::Admit(Admission::let_through(self))
-            }
-            OnStoreError::Deny => {
-                self.metrics()
-                    .request(self.outcome(ask, Outcome::StoreErrorDenied));
-                self.store_errors.log(name, error, "refusing the request");
-                Verdict::Respond(Refusal::StoreUnavailable, ask.protocol.clone())
-            }
+        let doing = ("letting the request through", "refusing the request");
+        if self.store_failure_lets_through(error, doing) {
+            self.metrics()
+                .request(self.outcome(ask, Outcome::StoreErrorAllowed));
+            Verdict::Admit(Admission::let_through(self))
+        } else {
+            self.metrics()
+                .request(self.outcome(ask, Outcome::StoreErrorDenied));
+            Verdict::Respond(Refusal::StoreUnavailable, ask.protocol.clone())
         }
+    }
+
+    /// Whether the policy lets a request through when the store fails (`OnStoreError`); the
+    /// failure is logged within its budget as what the door does, `doing.0` when it lets it
+    /// through, `doing.1` when not. Every door's answer to a store failure.
+    pub(super) fn store_failure_lets_through(
+        &self,
+        error: &StoreError,
+        doing: (&str, &str),
+    ) -> bool {
+        let (lets_through, what) = match self.policy.on_store_error() {
+            OnStoreError::Allow => (true, doing.0),
+            OnStoreError::Deny => (false, doing.1),
+        };
+        self.store_errors.log(self.policy.name(), error, what);
+        lets_through
     }
 
     /// `outcome`, recorded on the check's span too.

@@ -26,7 +26,7 @@ use super::claim::WaitingTurn;
 use super::metered::Tab;
 use super::{Charge, Charged, Limiter, Price, Settling};
 use crate::decision::Decision;
-use crate::policy::{OnStoreError, StorageKey};
+use crate::policy::StorageKey;
 use crate::store::{CheckRequest, StoreError};
 
 /// What a door knows of its upstream without asking the store.
@@ -216,18 +216,14 @@ pub(crate) async fn pause(limiter: &Limiter, key: &StorageKey, upstream: &str, p
 /// A store failure, answered by the policy: `Ok` (send anyway, with a warning) when it fails
 /// open; logged either way, as any door's.
 fn store_failed(limiter: &Limiter, error: StoreError) -> Result<(), NotSent> {
-    let name = limiter.policy.name();
-    match limiter.policy.on_store_error() {
-        OnStoreError::Allow => {
-            let log = &limiter.store_errors;
-            log.log(name, &error, "sending the outbound request anyway");
-            Ok(())
-        }
-        OnStoreError::Deny => {
-            let log = &limiter.store_errors;
-            log.log(name, &error, "not sending the outbound request");
-            Err(NotSent::Store(error))
-        }
+    let doing = (
+        "sending the outbound request anyway",
+        "not sending the outbound request",
+    );
+    if limiter.store_failure_lets_through(&error, doing) {
+        Ok(())
+    } else {
+        Err(NotSent::Store(error))
     }
 }
 
