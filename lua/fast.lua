@@ -80,12 +80,15 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
       local max_in_flight, lease, held, earliest = shape.max_in_flight, 0, 0, nil
       if max_in_flight > 0 then
         local leases_key = KEYS[key_at + shape.in_flight_at]
-        held, earliest = leases_current(leases_key)
-        if held >= max_in_flight then
-          handed_count, handed_quota = count, quota_limit > 0 and used or nil
-          return nil
+        lease, held, earliest = lease_take_known(leases_key, max_in_flight, now + shape.lease)
+        if lease == nil then
+          held, earliest = leases_current(leases_key)
+          if held >= max_in_flight then
+            handed_count, handed_quota = count, quota_limit > 0 and used or nil
+            return nil
+          end
+          lease, held, earliest = lease_take(leases_key, held, earliest, now + shape.lease)
         end
-        lease, held, earliest = lease_take(leases_key, held, earliest, now + shape.lease)
       end
       -- The admission's short form, written in place: this is the hottest line of the store.
       if count == 0 then

@@ -34,35 +34,39 @@ end
 local last_digits = {}
 local made_ms, made_ms_text
 
+-- The text of `low` (0 to 999) in three digits, made and kept.
+local function three_digits(low)
+  local digits = string.format('%03d', low)
+  last_digits[low] = digits
+  return digits
+end
+
 -- The text of lease id `id` (a number of 16 digits or so), whose expiry is `expiry`.
 local function id_text(id, expiry)
   if expiry ~= made_ms then
     made_ms, made_ms_text = expiry, string.format('%d', expiry)
   end
   local low = id - expiry * 1000
-  local digits = last_digits[low]
-  if digits == nil then
-    digits = string.format('%03d', low)
-    last_digits[low] = digits
-  end
-  return made_ms_text .. digits
+  return made_ms_text .. (last_digits[low] or three_digits(low))
 end
 
 -- The leases of each key the batch has read (why they hold: logs_known, lua/common.lua): how
 -- many are held; a window on the first ids of the list (up to LEASE_WINDOW, as text, from `from`
 -- on: the ones before it were released), and whether it holds them all; the last id taken (a
--- number; nil: not read), the expiry the batch gave the key, and the ids taken but not yet
--- pushed (their texts, in order). Forgotten at each batch.
+-- number; nil: not read), the expiry the batch gave the key, the ids taken but not yet pushed
+-- (numbers, in order: their texts are made when they are pushed) and the earliest's expiry while
+-- takes are all that changed the list since it was read (nil: ask leases_current). Forgotten at
+-- each batch.
 local LEASE_WINDOW = 16
 local leases_held, leases_window, leases_from, leases_whole, leases_tail, leases_expiry =
   {}, {}, {}, {}, {}, {}
-local leases_pending = {}
+local leases_pending, leases_earliest = {}, {}
 
 local function forget_leases()
   if next(leases_window) ~= nil then
     leases_held, leases_window, leases_from, leases_whole, leases_tail, leases_expiry =
       {}, {}, {}, {}, {}, {}
-    leases_pending = {}
+    leases_pending, leases_earliest = {}, {}
   end
   if next(expiry_known) ~= nil then
     expiry_known = {}
@@ -78,12 +82,23 @@ local function leases_flush(key)
   end
   leases_pending[key] = nil
   local count, length = pending.n, nil
+  local expires = floor(pending[count] / 1000)
+  for i = 1, count do
+    -- (id_text, inline: a hot key pushes a batch's worth.)
+    local id = pending[i]
+    local low = id % 1000
+    local expiry = (id - low) / 1000
+    if expiry ~= made_ms then
+      made_ms, made_ms_text = expiry, string.format('%d', expiry)
+    end
+    pending[i] = made_ms_text .. (last_digits[low] or three_digits(low))
+  end
   for first = 1, count, ZADD_BATCH do
     length = call('RPUSH', key, unpack(pending, first, math.min(first + ZADD_BATCH - 1, count)))
   end
   -- A list the push made (it held nothing) takes the expiry; one that holds others keeps one
   -- this batch set already, as late.
-  local expires, set = expiry_of(pending[count]), leases_expiry[key]
+  local set = leases_expiry[key]
   local created = length == count
   if created or not set or expires > set then
     expire_at_least(key, expires, created)
@@ -106,7 +121,7 @@ local function leases_read(key, size)
   leases_flush(key)
   size = math.max(size or LEASE_WINDOW, LEASE_WINDOW)
   local window = call('LRANGE', key, 0, size - 1)
-  leases_window[key], leases_from[key] = window, 1
+  leases_window[key], leases_from[key], leases_earliest[key] = window, 1, nil
   leases_whole[key] = #window < size
   return window
 end
@@ -158,7 +173,7 @@ local function leases_current(key, size)
     leases_flush(key)
     held = call('LLEN', key)
   end
-  leases_held[key] = held
+  leases_held[key], leases_earliest[key] = held, earliest
   return held, earliest
 end
 
@@ -199,13 +214,12 @@ local function lease_take(key, held, earliest, expires)
     end
   end
   local id = math.max(expires * 1000 + now_us % 1000, tail + 1)
-  local name = id_text(id, floor(id / 1000))
   local pending = leases_pending[key]
   if pending == nil then
-    leases_pending[key] = {name, n = 1}
+    leases_pending[key] = {id, n = 1}
   else
     local count = pending.n + 1
-    pending[count], pending.n = name, count
+    pending[count], pending.n = id, count
   end
   leases_tail[key] = id
   held = held + 1
@@ -213,8 +227,39 @@ local function lease_take(key, held, earliest, expires)
   earliest = earliest or floor(id / 1000)
   if leases_whole[key] then
     local window = leases_window[key]
-    window[#window + 1] = name
+    window[#window + 1] = id_text(id, floor(id / 1000))
+    -- (A window that holds them all is where the earliest is read.)
+    leases_earliest[key] = nil
+  else
+    leases_earliest[key] = earliest
   end
+  return id, held, earliest
+end
+
+-- A take of a hot key, as leases_current and lease_take would make it, for every check of a key
+-- but its batch's first (that one, and any check after a release or a read of the list, goes
+-- the long way): the lease's id, and the leases held after; nil when there is no lease to take
+-- (`max_in_flight` are held) or the batch doesn't know the key's leases as they stand. `expires`
+-- as lease_take's. The earliest lease's expiry is the one the batch knows.
+local function lease_take_known(key, max_in_flight, expires)
+  local pending, earliest = leases_pending[key], leases_earliest[key]
+  if pending == nil or earliest == nil or earliest <= now then
+    return nil
+  end
+  local held = leases_held[key]
+  if held >= max_in_flight then
+    return nil
+  end
+  local id = leases_tail[key] + 1
+  local base = expires * 1000 + now_us % 1000
+  if id < base then
+    id = base
+  end
+  local count = pending.n + 1
+  pending[count], pending.n = id, count
+  leases_tail[key] = id
+  held = held + 1
+  leases_held[key] = held
   return id, held, earliest
 end
 

@@ -211,6 +211,63 @@ fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_
 }
 
 #[test]
+fn a_hot_keys_checks_in_one_batch_take_leases_past_expired_ones_up_to_the_limit() {
+    // A batch's first check of a key reads its leases; the checks after it take theirs from what
+    // the batch knows (lua/leases.lua, lease_take_known) until a release or a full list sends
+    // them the long way again: every answer is the model's, expired leases ended first.
+    let redis = TestRedis::shared();
+    let mut client = redis.client();
+    let prefix = unique_prefix("lua-hot-leases");
+    let (rule, leases) = lease_keys(&prefix);
+    let keys = (rule.as_str(), leases.as_str());
+    let mut now_ms = hour_ahead();
+    let mut held = BTreeMap::new();
+    take_one_a_millisecond(&mut client, keys, &mut now_ms, &mut held);
+    // The two earliest leases expire as the next batch runs.
+    now_ms = *held.values().min().unwrap() + 1;
+    let mut check_batch = |entries: &[Entry], held: &mut BTreeMap<u64, u64>, now_ms: u64| {
+        held.retain(|_, expiry| *expiry > now_ms);
+        let answers = run(&mut client, keys, now_ms, entries);
+        let mut answered = answers.into_iter();
+        let mut taken = Vec::new();
+        for entry in entries {
+            match entry {
+                Entry::Check => {
+                    let answer = answered.next().unwrap();
+                    assert_eq!(answer, model_check(held, now_ms, answer.0), "{entries:?}");
+                    taken.extend(answer.0);
+                }
+                Entry::Release(id) => {
+                    assert!(held.remove(id).is_some(), "lease {id} held");
+                }
+                Entry::Releases(_) => unreachable!(),
+            }
+        }
+        taken
+    };
+    // 20 checks: 18 take the slots left, 2 are refused.
+    let taken = check_batch(&vec![Entry::Check; 20], &mut held, now_ms);
+    assert_eq!(taken.len(), 18, "46 held after the two expired");
+    assert_eq!(held.len() as u64, MOST);
+    // Releases between checks, in a batch of the same millisecond (nothing more expires): each
+    // sends the next check the long way, and it finds the slot.
+    let entries = [
+        Entry::Release(taken[3]),
+        Entry::Check,
+        Entry::Check,
+        Entry::Release(taken[0]),
+        Entry::Release(taken[17]),
+        Entry::Check,
+        Entry::Check,
+        Entry::Check,
+    ];
+    let again = check_batch(&entries, &mut held, now_ms);
+    assert_eq!(again.len(), 3, "as many taken as released");
+    let count: u64 = redis::cmd("LLEN").arg(&leases).query(&mut client).unwrap();
+    assert_eq!(count, held.len() as u64);
+}
+
+#[test]
 fn releases_joined_as_one_entry_end_their_leases_wherever_they_are() {
     let redis = TestRedis::shared();
     let mut client = redis.client();
