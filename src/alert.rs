@@ -63,6 +63,8 @@ pub(crate) type AlertReport = fn(quota: &str, percent: u8, outcome: &'static str
 /// Counts of what became of a quota's alerts.
 #[derive(Debug, Default)]
 pub struct AlertStats {
+    /// Alerts the queue took (each then sent or failed).
+    queued: AtomicU64,
     sent: AtomicU64,
     failed: AtomicU64,
     dropped: AtomicU64,
@@ -71,18 +73,26 @@ pub struct AlertStats {
 impl AlertStats {
     /// Alerts the notifier delivered.
     pub fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
+        self.sent.load(Ordering::Acquire)
     }
 
     /// Alerts the notifier gave up on.
     pub fn failed(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
+        self.failed.load(Ordering::Acquire)
     }
 
     /// Alerts dropped before the notifier saw them: the queue was full, or there was no tokio
     /// runtime to run the notifier on.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Alerts queued and not yet delivered or given up on: the notifier's backlog. Once every
+    /// request that could fire an alert has ended, 0 means the notifier has seen them all.
+    pub fn pending(&self) -> u64 {
+        // (Read the outcomes first: an alert is counted queued before it can have one.)
+        let done = self.sent() + self.failed();
+        self.queued.load(Ordering::Acquire).saturating_sub(done)
     }
 }
 
@@ -141,17 +151,20 @@ impl AlertQueue {
             ));
             *sender = Some(new_sender);
         }
-        let result = sender.as_ref().map(|sender| sender.try_send(alert));
+        // Counted queued before the notifier can see it, so `pending` never misses it.
+        self.stats.queued.fetch_add(1, Ordering::AcqRel);
+        let result = match sender.as_ref() {
+            Some(sender) => sender.try_send(alert),
+            None => Err(mpsc::error::TrySendError::Closed(alert)),
+        };
         drop(sender);
-        match result {
-            Some(Err(mpsc::error::TrySendError::Full(alert))) => {
-                self.drop_alert(&alert, "the alert queue is full", report);
-            }
-            Some(Err(mpsc::error::TrySendError::Closed(alert))) => {
-                self.drop_alert(&alert, "the alert task has stopped", report);
-            }
-            Some(Ok(())) | None => {}
-        }
+        let (alert, why) = match result {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(alert)) => (alert, "the alert queue is full"),
+            Err(mpsc::error::TrySendError::Closed(alert)) => (alert, "the alert task has stopped"),
+        };
+        self.stats.queued.fetch_sub(1, Ordering::AcqRel);
+        self.drop_alert(&alert, why, report);
     }
 
     fn drop_alert(&self, alert: &QuotaAlert, why: &str, report: AlertReport) {
@@ -177,11 +190,11 @@ async fn drain(
     while let Some(alert) = receiver.recv().await {
         match notifier.notify(&alert).await {
             Ok(()) => {
-                stats.sent.fetch_add(1, Ordering::Relaxed);
+                stats.sent.fetch_add(1, Ordering::Release);
                 report(&quota, alert.percent, "sent");
             }
             Err(error) => {
-                stats.failed.fetch_add(1, Ordering::Relaxed);
+                stats.failed.fetch_add(1, Ordering::Release);
                 report(&quota, alert.percent, "failed");
                 tracing::warn!(
                     user = %alert.user,

@@ -28,16 +28,22 @@ impl QuotaNotifier for Recorder {
 }
 
 impl Recorder {
-    /// The alerts so far, once `count` have arrived (or after 5 s), sorted by percent.
-    async fn wait_for(&self, count: usize) -> Vec<QuotaAlert> {
+    /// The alerts, sorted by percent, once the queues of `quotas` hold none (or after 5 s): called
+    /// when the requests that could fire one have ended, it has them all, duplicates included.
+    async fn all_of(&self, quotas: &[&Quota]) -> Vec<QuotaAlert> {
+        let pending = || -> u64 {
+            quotas
+                .iter()
+                .map(|quota| quota.alert_stats().unwrap().pending())
+                .sum()
+        };
         for _ in 0..500 {
-            if self.0.lock().unwrap().len() >= count {
+            if pending() == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        // A little longer, so a duplicate would have shown up too.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(pending(), 0, "the notifier saw every alert within 5 s");
         let mut alerts = self.0.lock().unwrap().clone();
         alerts.sort_by_key(|alert| alert.percent);
         alerts
@@ -56,13 +62,13 @@ fn quota(prefix: &str, notifier: impl QuotaNotifier) -> Quota {
         .unwrap()
 }
 
-/// An app instance: `GET /` with a per-second rule and the daily quota.
-fn instance(prefix: &str, store: impl Store, notifier: impl QuotaNotifier) -> Router {
+/// An app instance: `GET /` with a per-second rule and the daily `quota`.
+fn instance(prefix: &str, store: impl Store, quota: &Quota) -> Router {
     let policy = Policy::builder("api")
         .prefix(prefix)
         .key(Key::user())
         .rule(Rule::per_second(10_000))
-        .quota(quota(prefix, notifier))
+        .quota(quota.clone())
         .build()
         .unwrap();
     Router::new()
@@ -70,8 +76,9 @@ fn instance(prefix: &str, store: impl Store, notifier: impl QuotaNotifier) -> Ro
         .layer(RateLimitLayer::new(policy, store))
 }
 
-/// 150 racing requests of one free user over `apps`: 100 admitted, one alert at 80 and one at 100.
-async fn race(apps: Vec<Router>, recorder: &Recorder) {
+/// 150 racing requests of one free user over `apps`, whose quotas are `quotas`: 100 admitted,
+/// one alert at 80 and one at 100.
+async fn race(apps: Vec<Router>, recorder: &Recorder, quotas: &[&Quota]) {
     let tasks: Vec<_> = (0..150)
         .map(|n| {
             let app = apps[n % apps.len()].clone();
@@ -80,7 +87,7 @@ async fn race(apps: Vec<Router>, recorder: &Recorder) {
         .collect();
     let (admitted, refused) = common::admitted_and_refused(tasks).await;
     assert_eq!((admitted, refused), (100, 50));
-    let alerts = recorder.wait_for(2).await;
+    let alerts = recorder.all_of(quotas).await;
     let summary: Vec<(u8, u64, u64, &str, &str)> = alerts
         .iter()
         .map(|a| (a.percent, a.used, a.limit, a.user.as_str(), a.tier.as_str()))
@@ -100,9 +107,11 @@ async fn race(apps: Vec<Router>, recorder: &Recorder) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_memory_a_race_alerts_once_per_threshold() {
     let recorder = Recorder::default();
+    let quota = quota("mem", recorder.clone());
     race(
-        vec![instance("mem", MemoryStore::new(), recorder.clone())],
+        vec![instance("mem", MemoryStore::new(), &quota)],
         &recorder,
+        &[&quota],
     )
     .await;
 }
@@ -117,24 +126,30 @@ async fn two_instances_sharing_a_redis_alert_once_per_threshold() {
             .unwrap()
             .timeout(Duration::from_secs(10))
     };
-    // Two instances: separate pools and layers, one Redis, one place the alerts end up.
-    let apps = vec![
-        instance(&prefix, store(), recorder.clone()),
-        instance(&prefix, store(), recorder.clone()),
+    // Two instances: separate pools, layers and alert queues, one Redis, one place the alerts
+    // end up.
+    let quotas = [
+        quota(&prefix, recorder.clone()),
+        quota(&prefix, recorder.clone()),
     ];
-    race(apps, &recorder).await;
+    let apps = vec![
+        instance(&prefix, store(), &quotas[0]),
+        instance(&prefix, store(), &quotas[1]),
+    ];
+    race(apps, &recorder, &[&quotas[0], &quotas[1]]).await;
 }
 
 #[tokio::test]
 async fn the_tier_decides_the_limit_and_the_alert_says_it() {
     let recorder = Recorder::default();
-    let app = instance("tiers", MemoryStore::new(), recorder.clone());
+    let quota = quota("tiers", recorder.clone());
+    let app = instance("tiers", MemoryStore::new(), &quota);
     for _ in 0..4_000 {
         let mut request = from_user("dave");
         request.extensions_mut().insert(Tier::new("pro"));
         assert_eq!(send(&app, request).await.status(), StatusCode::OK);
     }
-    let alerts = recorder.wait_for(1).await;
+    let alerts = recorder.all_of(&[&quota]).await;
     assert_eq!(alerts.len(), 1);
     assert_eq!(
         (
@@ -185,6 +200,11 @@ async fn a_full_queue_drops_and_counts_and_never_blocks() {
     }
     let stats = quota.alert_stats().unwrap();
     assert_eq!((stats.sent(), stats.failed(), stats.dropped()), (0, 0, 2));
+    assert_eq!(
+        stats.pending(),
+        2,
+        "the one the notifier holds and the one queued"
+    );
 }
 
 #[cfg(feature = "webhook")]
@@ -338,7 +358,7 @@ async fn a_settle_past_a_threshold_of_a_metered_quota_alerts_once() {
     let policy = Policy::builder("llm")
         .key(Key::user())
         .rule(Rule::per_minute(100))
-        .quota(quota)
+        .quota(quota.clone())
         .meter(Meter::new("tokens").estimate(|_| 500))
         .build()
         .unwrap();
@@ -351,8 +371,8 @@ async fn a_settle_past_a_threshold_of_a_metered_quota_alerts_once() {
             .unwrap();
     }
     // 7 000, then 8 200 (past 80 %: its reservation took it to 7 500, its settle to 8 200), then
-    // 8 300: one alert, at 80 %.
-    let alerts = recorder.wait_for(1).await;
+    // 8 300: one alert, at 80 %. (A settle in memory is made as its body ends.)
+    let alerts = recorder.all_of(&[&quota]).await;
     assert_eq!(
         alerts.iter().map(|alert| alert.percent).collect::<Vec<_>>(),
         [80]
@@ -365,13 +385,14 @@ async fn a_settle_past_a_threshold_of_a_metered_quota_alerts_once() {
 #[tokio::test]
 async fn an_alert_beside_a_concurrency_limit_counts_the_quota() {
     let recorder = Recorder::default();
+    let quota = quota("alerts-slots", recorder.clone());
     let policy = Policy::builder("api-slots")
         .prefix("alerts-slots")
         .key(Key::user())
         .rule(Rule::per_second(10_000))
         .max_in_flight(5)
         .lease(Duration::from_secs(30))
-        .quota(quota("alerts-slots", recorder.clone()))
+        .quota(quota.clone())
         .build()
         .unwrap();
     let app = Router::new()
@@ -384,7 +405,7 @@ async fn an_alert_beside_a_concurrency_limit_counts_the_quota() {
             .await
             .unwrap();
     }
-    let alerts = recorder.wait_for(1).await;
+    let alerts = recorder.all_of(&[&quota]).await;
     assert_eq!(alerts.len(), 1, "{alerts:?}");
     assert_eq!(
         (alerts[0].percent, alerts[0].used, alerts[0].limit),
