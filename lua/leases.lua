@@ -29,17 +29,11 @@ end
 
 -- The texts of the three last digits of an id ('000' to '999'), made as needed, and the text of
 -- the last expiry (ms) an id was made for: an id's text is the two joined, which costs Redis a
--- fraction of formatting the whole number (string.format, needed: Redis would print a number
--- this large in exponent form).
+-- fraction of formatting the whole number (string.format, needed: Lua's own text of a number
+-- this large is in exponent form). Only a window that holds a whole list needs an id's text; the
+-- list gets its ids as numbers (leases_flush).
 local last_digits = {}
 local made_ms, made_ms_text
-
--- The text of `low` (0 to 999) in three digits, made and kept.
-local function three_digits(low)
-  local digits = string.format('%03d', low)
-  last_digits[low] = digits
-  return digits
-end
 
 -- The text of lease id `id` (a number of 16 digits or so), whose expiry is `expiry`.
 local function id_text(id, expiry)
@@ -47,14 +41,19 @@ local function id_text(id, expiry)
     made_ms, made_ms_text = expiry, string.format('%d', expiry)
   end
   local low = id - expiry * 1000
-  return made_ms_text .. (last_digits[low] or three_digits(low))
+  local digits = last_digits[low]
+  if digits == nil then
+    digits = string.format('%03d', low)
+    last_digits[low] = digits
+  end
+  return made_ms_text .. digits
 end
 
 -- The leases of each key the batch has read (why they hold: logs_known, lua/common.lua): how
 -- many are held; a window on the first ids of the list (up to LEASE_WINDOW, as text, from `from`
 -- on: the ones before it were released), and whether it holds them all; the last id taken (a
 -- number; nil: not read), the expiry the batch gave the key, the ids taken but not yet pushed
--- (numbers, in order: their texts are made when they are pushed) and the earliest's expiry while
+-- (numbers, in order, pushed as they are) and the earliest's expiry while
 -- takes are all that changed the list since it was read (nil: ask leases_current). Forgotten at
 -- each batch.
 local LEASE_WINDOW = 16
@@ -83,16 +82,8 @@ local function leases_flush(key)
   leases_pending[key] = nil
   local count, length = pending.n, nil
   local expires = floor(pending[count] / 1000)
-  for i = 1, count do
-    -- (id_text, inline: a hot key pushes a batch's worth.)
-    local id = pending[i]
-    local low = id % 1000
-    local expiry = (id - low) / 1000
-    if expiry ~= made_ms then
-      made_ms, made_ms_text = expiry, string.format('%d', expiry)
-    end
-    pending[i] = made_ms_text .. (last_digits[low] or three_digits(low))
-  end
+  -- (As numbers: Redis writes an argument that is an integer below 2^53 in all its digits, as
+  -- id_text does, for a fraction of what making its text in Lua costs.)
   for first = 1, count, ZADD_BATCH do
     length = call('RPUSH', key, unpack(pending, first, math.min(first + ZADD_BATCH - 1, count)))
   end
