@@ -53,9 +53,8 @@ end
 -- many are held; a window on the first ids of the list (up to LEASE_WINDOW, as text, from `from`
 -- on: the ones before it were released), and whether it holds them all; the last id taken (a
 -- number; nil: not read), the expiry the batch gave the key, the ids taken but not yet pushed
--- (numbers, in order, pushed as they are) and the earliest's expiry while
--- takes are all that changed the list since it was read (nil: ask leases_current). Forgotten at
--- each batch.
+-- (numbers, in order, pushed as they are) and the earliest's expiry while takes are all that
+-- changed the list since it was read (nil: ask leases_current). Forgotten at each batch.
 local LEASE_WINDOW = 16
 local leases_held, leases_window, leases_from, leases_whole, leases_tail, leases_expiry =
   {}, {}, {}, {}, {}, {}
