@@ -162,6 +162,35 @@ fn take_one_a_millisecond(
     ids
 }
 
+/// Runs `entries` (checks and single releases) as one batch at `now_ms`, every answer compared
+/// with the model `held` (its leases expired by then ended first): each check's lease, if it took
+/// one.
+fn run_against_model(
+    client: &mut redis::Connection,
+    keys: (&str, &str),
+    now_ms: u64,
+    entries: &[Entry],
+    held: &mut BTreeMap<u64, u64>,
+) -> Vec<Option<u64>> {
+    held.retain(|_, expiry| *expiry > now_ms);
+    let mut answered = run(client, keys, now_ms, entries).into_iter();
+    let mut leases = Vec::new();
+    for entry in entries {
+        match entry {
+            Entry::Release(id) => {
+                assert!(held.remove(id).is_some(), "lease {id} released twice");
+            }
+            Entry::Releases(_) => unreachable!("joined releases are not modelled here"),
+            Entry::Check => {
+                let answer = answered.next().unwrap();
+                assert_eq!(answer, model_check(held, now_ms, answer.0), "{entries:?}");
+                leases.push(answer.0);
+            }
+        }
+    }
+    leases
+}
+
 #[test]
 fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_order() {
     let redis = TestRedis::shared();
@@ -189,22 +218,8 @@ fn a_batch_keeps_the_count_and_the_earliest_lease_of_checks_and_releases_in_any_
             }
         }
         entries.push(Entry::Check);
-        let answers = run(&mut client, keys, now_ms, &entries);
-        let mut answered = answers.into_iter();
-        for entry in &entries {
-            match entry {
-                Entry::Release(id) => {
-                    assert!(held.remove(id).is_some(), "lease {id} released twice");
-                }
-                Entry::Releases(_) => unreachable!(),
-                Entry::Check => {
-                    let answer = answered.next().unwrap();
-                    let expected = model_check(&mut held, now_ms, answer.0);
-                    assert_eq!(answer, expected, "{entries:?}");
-                    assert!(answer.0.is_some(), "a slot was free");
-                }
-            }
-        }
+        let leases = run_against_model(&mut client, keys, now_ms, &entries, &mut held);
+        assert!(leases.iter().all(Option::is_some), "a slot was free");
     }
     let count: u64 = redis::cmd("LLEN").arg(&leases).query(&mut client).unwrap();
     assert_eq!(count, held.len() as u64);
@@ -226,24 +241,8 @@ fn a_hot_keys_checks_in_one_batch_take_leases_past_expired_ones_up_to_the_limit(
     // The two earliest leases expire as the next batch runs.
     now_ms = *held.values().min().unwrap() + 1;
     let mut check_batch = |entries: &[Entry], held: &mut BTreeMap<u64, u64>, now_ms: u64| {
-        held.retain(|_, expiry| *expiry > now_ms);
-        let answers = run(&mut client, keys, now_ms, entries);
-        let mut answered = answers.into_iter();
-        let mut taken = Vec::new();
-        for entry in entries {
-            match entry {
-                Entry::Check => {
-                    let answer = answered.next().unwrap();
-                    assert_eq!(answer, model_check(held, now_ms, answer.0), "{entries:?}");
-                    taken.extend(answer.0);
-                }
-                Entry::Release(id) => {
-                    assert!(held.remove(id).is_some(), "lease {id} held");
-                }
-                Entry::Releases(_) => unreachable!(),
-            }
-        }
-        taken
+        let leases = run_against_model(&mut client, keys, now_ms, entries, held);
+        leases.into_iter().flatten().collect::<Vec<_>>()
     };
     // 20 checks: 18 take the slots left, 2 are refused.
     let taken = check_batch(&vec![Entry::Check; 20], &mut held, now_ms);
