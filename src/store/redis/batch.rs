@@ -23,7 +23,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::Poll;
 
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Shared;
@@ -86,7 +86,7 @@ pub(super) struct Batcher {
     /// Woken when the last batch handed to a sender has been answered (see
     /// [`Batcher::is_idle`]); only the tests' builds keep count.
     #[cfg(any(debug_assertions, feature = "test-hooks"))]
-    idle: Notify,
+    idle: tokio::sync::Notify,
 }
 
 /// At most this many script calls are in flight at once per store (see the module's notes).

@@ -487,38 +487,53 @@ pub(super) fn each_gets(
 }
 
 /// The decisions of `merged`'s entries as each member's: those of an entry that stands for
-/// several give-backs go to each of them.
+/// several give-backs go to each of them (the last of them gets the decision itself, the others
+/// a copy; no list per entry).
 fn fan_out(
     decisions: Vec<Result<Decision, StoreError>>,
     merged: &Merged,
     members: &[Member],
 ) -> Vec<Result<Decision, StoreError>> {
-    // Per entry, the answers of its members, handed out in order.
-    let mut answers: Vec<std::vec::IntoIter<Result<Decision, StoreError>>> = decisions
+    /// An entry's answer, as its members are handed it in order.
+    enum Answer {
+        /// A decision, and how many members are still to get it.
+        Decision(Option<Decision>, usize),
+        /// An error, one per member (each names its own timeout).
+        Errors(std::vec::IntoIter<Result<Decision, StoreError>>),
+    }
+    let mut answers: Vec<Answer> = decisions
         .into_iter()
         .enumerate()
-        .map(|(entry, decision)| {
-            let count = merged.members_of(entry);
-            let copies = match decision {
-                Ok(decision) => vec![decision; count].into_iter().map(Ok).collect(),
-                Err(error) => {
-                    let timeouts = merged
-                        .entry_of()
-                        .iter()
-                        .zip(members)
-                        .filter(|(of, _)| **of == entry)
-                        .map(|(_, member)| member.timeout);
-                    each_gets(error, timeouts)
-                }
-            };
-            copies.into_iter()
+        .map(|(entry, decision)| match decision {
+            Ok(decision) => Answer::Decision(Some(decision), merged.members_of(entry)),
+            Err(error) => {
+                let timeouts = merged
+                    .entry_of()
+                    .iter()
+                    .zip(members)
+                    .filter(|(of, _)| **of == entry)
+                    .map(|(_, member)| member.timeout);
+                Answer::Errors(each_gets(error, timeouts).into_iter())
+            }
         })
         .collect();
     merged
         .entry_of()
         .iter()
         .map(|&entry| {
-            answers[entry].next().unwrap_or_else(|| {
+            let answer = match answers.get_mut(entry) {
+                Some(Answer::Decision(decision, left)) => {
+                    *left = left.saturating_sub(1);
+                    if *left == 0 {
+                        decision.take().map(Ok)
+                    } else {
+                        decision.clone().map(Ok)
+                    }
+                }
+                Some(Answer::Errors(errors)) => errors.next(),
+                None => None,
+            };
+            answer.unwrap_or_else(|| {
                 Err(StoreError::Protocol(
                     "a merged entry answered too few".into(),
                 ))
@@ -540,5 +555,83 @@ impl fmt::Display for SharedError {
 impl std::error::Error for SharedError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.0.source()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Algorithm, Rule};
+    use crate::store::CheckRequest;
+
+    fn member(check: PackedCheck, timeout_ms: u64) -> Member {
+        Member {
+            check,
+            replicas: None,
+            deadline: Instant::now(),
+            timeout: Duration::from_millis(timeout_ms),
+        }
+    }
+
+    fn decision(now_unix_ms: u64) -> Decision {
+        Decision {
+            allowed: true,
+            rules: Vec::new(),
+            now_unix_ms,
+            delay: Duration::ZERO,
+            quota_alerts: Vec::new(),
+            lease: None,
+        }
+    }
+
+    fn said(answers: &[Result<Decision, StoreError>]) -> Vec<String> {
+        answers
+            .iter()
+            .map(|answer| match answer {
+                Ok(decision) => format!("ok {}", decision.now_unix_ms),
+                Err(error) => format!("{error:?}"),
+            })
+            .collect()
+    }
+
+    /// Three identical give-backs go as one entry, a check as another: each member is handed its
+    /// entry's answer, a decision copied to each of the give-backs, an error naming each member's
+    /// own timeout.
+    #[test]
+    fn merged_give_backs_each_get_their_entry_s_answer() {
+        let rules = [Rule::per_minute(30)];
+        let charged = decision(5_000);
+        let request = CheckRequest::new("rl:api:global", &rules, Algorithm::FixedWindow);
+        let give_back = || PackedCheck::new(&request.giving_back(&charged), false);
+        let members = [
+            member(give_back(), 10),
+            member(PackedCheck::new(&request, false), 20),
+            member(give_back(), 30),
+            member(give_back(), 40),
+        ];
+        let merged = Merged::of(&members).expect("the give-backs merge");
+        assert_eq!(merged.entry_of(), [0, 1, 0, 0]);
+
+        let answers = fan_out(
+            vec![Ok(decision(7)), Err(StoreError::Timeout(Duration::ZERO))],
+            &merged,
+            &members,
+        );
+        assert_eq!(said(&answers), ["ok 7", "Timeout(20ms)", "ok 7", "ok 7"]);
+
+        let answers = fan_out(
+            vec![Err(StoreError::Timeout(Duration::ZERO)), Ok(decision(9))],
+            &merged,
+            &members,
+        );
+        assert_eq!(
+            said(&answers),
+            ["Timeout(10ms)", "ok 9", "Timeout(30ms)", "Timeout(40ms)"]
+        );
+
+        // An entry the reply left out answers its members with an error, never a panic.
+        let answers = fan_out(vec![Ok(decision(7))], &merged, &members);
+        assert!(answers[1].is_err());
+        assert!(answers[3].is_ok());
     }
 }

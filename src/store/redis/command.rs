@@ -128,18 +128,15 @@ impl PackedCheck {
             receipt_at: 0,
             cost_piece: None,
         };
+        // The check's own keys share their stem, found once (see [`OwnKeys`]).
+        let mut own = OwnKeys::of(request);
         for rule in counted() {
-            write_rule_key(&mut packed.data, request, rule);
+            write_rule_key(&mut own, &mut packed.data, request.algorithm, rule);
             packed.end_key();
         }
         if let Some(guard) = guard {
             let mut window = itoa::Buffer::new();
-            write_key(
-                &mut packed.data,
-                request.key,
-                request.identity,
-                &["dup", window.format(guard.period_ms())],
-            );
+            own.write(&mut packed.data, &["dup", window.format(guard.period_ms())]);
             packed.end_key();
         }
         if let Some(quota) = quota {
@@ -157,21 +154,21 @@ impl PackedCheck {
             packed.end_key();
         }
         if concurrency.is_some() {
-            write_leases_key(&mut packed.data, request);
+            own.write(&mut packed.data, &["leases"]);
             packed.end_key();
         }
         if block_ms > 0 {
-            write_key(&mut packed.data, request.key, request.identity, &["block"]);
+            own.write(&mut packed.data, &["block"]);
             packed.end_key();
         }
         if let Call::GiveBack(_) = request.call {
-            write_reset_marker(&mut packed.data, request);
+            own.write(&mut packed.data, &["reset"]);
             packed.end_key();
         }
         // A claim's key follows the shape's keys, outside its count: a check with a claim has
         // the shape of one without (lua/claims.lua).
         if request.claim.is_some() {
-            write_key(&mut packed.data, request.key, request.identity, &["claims"]);
+            own.write(&mut packed.data, &["claims"]);
             packed.end_key();
         }
         let data = &mut packed.data;
@@ -245,7 +242,12 @@ impl PackedCheck {
                 if index > 0 {
                     data.push(',');
                 }
-                data.push_str(itoa::Buffer::new().format(option));
+                // Most options are off: a zero needs no formatting.
+                if option == 0 {
+                    data.push('0');
+                } else {
+                    data.push_str(itoa::Buffer::new().format(option));
+                }
             }
         }
         let with_burst = request.algorithm == Algorithm::TokenBucket;
@@ -526,11 +528,10 @@ pub(super) fn batch_command<'a>(
 /// key (a policy can't hold the same rule twice) and keeps rule sets that share a key apart, as in
 /// the memory store. A token bucket's burst is not part of it: its state (the time the bucket is
 /// full again) means the same whatever the burst, so a new burst keeps the count.
-fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
-    let code = algorithm_code(request.algorithm);
+fn write_rule_key(own: &mut OwnKeys<'_>, key: &mut String, algorithm: Algorithm, rule: &Rule) {
     let (mut period, mut limit) = (itoa::Buffer::new(), itoa::Buffer::new());
     let parts = [
-        code,
+        algorithm_code(algorithm),
         period.format(rule.period_ms()),
         limit.format(rule.limit()),
     ];
@@ -540,7 +541,40 @@ fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
     } else {
         &parts[..]
     };
-    write_key(key, request.key, request.identity, parts);
+    own.write(key, parts);
+}
+
+/// Writes the keys of one check's identity (its counters, guard, leases, block, reset marker,
+/// claims): their stem, `<prefix>:{<identity>}:<name>` (see [`write_key`]), is found and written
+/// once, and copied for each later key, rather than taken apart again per key.
+struct OwnKeys<'a> {
+    base: &'a str,
+    identity: &'a str,
+    /// Where the first key's stem lies in the packing, once written.
+    stem: Option<std::ops::Range<usize>>,
+}
+
+impl<'a> OwnKeys<'a> {
+    fn of(request: &CheckRequest<'a>) -> Self {
+        OwnKeys {
+            base: request.key,
+            identity: request.identity,
+            stem: None,
+        }
+    }
+
+    /// Appends the key of `parts` to `key` (the packing the stem was first written into).
+    fn write(&mut self, key: &mut String, parts: &[&str]) {
+        match &self.stem {
+            Some(stem) => key.extend_from_within(stem.clone()),
+            None => {
+                let start = key.len();
+                write_stem(key, self.base, self.identity);
+                self.stem = Some(start..key.len());
+            }
+        }
+        write_parts(key, parts);
+    }
 }
 
 /// Appends the store key of `parts` under `base` (a policy's or a quota's key,
@@ -550,6 +584,12 @@ fn write_rule_key(key: &mut String, request: &CheckRequest<'_>, rule: &Rule) {
 /// Cluster slot. A `base` that doesn't end with `identity` is the tag whole:
 /// `<prefix>:{<base>}:<part>…`.
 fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
+    write_stem(key, base, identity);
+    write_parts(key, parts);
+}
+
+/// Appends the stem of [`write_key`]'s key: `<prefix>:{<identity>}:<name>`, or `<prefix>:{<base>}`.
+fn write_stem(key: &mut String, base: &str, identity: &str) {
     // A prefix can't contain ':' (policies refuse it), so the key's first part is the prefix.
     let prefix = base.split_once(':').map_or(base, |(prefix, _)| prefix);
     let name = base
@@ -571,6 +611,10 @@ fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
             key.push('}');
         }
     }
+}
+
+/// Appends `:<part>` for each of `parts`.
+fn write_parts(key: &mut String, parts: &[&str]) {
     for part in parts {
         key.push(':');
         key.push_str(part);
@@ -589,13 +633,10 @@ mod tests {
         let rules = [Rule::per_minute(10), Rule::per_hour(100)];
         let request = CheckRequest::new("rl:login:ip:2001:db8::/64", &rules, Algorithm::SlidingLog)
             .identity("ip:2001:db8::/64");
-        let keys: Vec<String> = rules
-            .iter()
-            .map(|rule| {
-                let mut key = String::new();
-                write_rule_key(&mut key, &request, rule);
-                key
-            })
+        // The second key's stem is the first's, copied (`OwnKeys`).
+        let keys: Vec<String> = PackedCheck::new(&request, false)
+            .keys()
+            .map(|key| String::from_utf8(key.to_vec()).unwrap())
             .collect();
         assert_eq!(
             keys,

@@ -48,19 +48,27 @@ impl Merged {
         let mut entries: Vec<(usize, Option<PackedCheck>)> = Vec::with_capacity(members.len());
         let mut entry_of = Vec::with_capacity(members.len());
         let mut first: Vec<usize> = Vec::with_capacity(members.len());
+        // The entry last merged into: a hot key's give-backs or releases mostly follow each
+        // other, found without hashing their keys again.
+        let mut last: Option<((&str, &str), usize)> = None;
         for (index, member) in members.iter().enumerate() {
             let check = &member.check;
             let identity = merges(check);
-            if let Some(identity) = identity
-                && let Some(&entry) = seen.get(&identity)
-                && members[first[entry]].check.same_keys(check)
-            {
-                entries[entry].0 += 1;
-                entry_of.push(entry);
-                continue;
-            }
             if let Some(identity) = identity {
+                let entry = match last {
+                    Some((known, entry)) if known == identity => Some(entry),
+                    _ => seen.get(&identity).copied(),
+                };
+                if let Some(entry) = entry
+                    && members[first[entry]].check.same_keys(check)
+                {
+                    entries[entry].0 += 1;
+                    entry_of.push(entry);
+                    last = Some((identity, entry));
+                    continue;
+                }
                 seen.insert(identity, entries.len());
+                last = Some((identity, entries.len()));
             }
             entry_of.push(entries.len());
             first.push(index);
@@ -69,20 +77,21 @@ impl Merged {
         if entries.len() == members.len() {
             return None;
         }
-        // Per entry of several releases, its members but the first.
-        let mut joining: HashMap<usize, Vec<&PackedCheck>> = HashMap::new();
-        for (index, (&entry, member)) in entry_of.iter().zip(members).enumerate() {
-            if entries[entry].0 > 1 && first[entry] != index && member.check.releases() {
-                joining.entry(entry).or_default().push(&member.check);
-            }
-        }
         for (entry, (count, sent)) in entries.iter_mut().enumerate() {
             if *count > 1 {
                 let head = &members[first[entry]].check;
-                *sent = Some(match joining.remove(&entry) {
-                    Some(others) => head.joined(others.into_iter()),
+                *sent = Some(if head.releases() {
+                    // Its members but the first, in order.
+                    let others = entry_of
+                        .iter()
+                        .zip(members)
+                        .skip(first[entry] + 1)
+                        .filter(|(of, _)| **of == entry)
+                        .map(|(_, member)| &member.check);
+                    head.joined(others)
+                } else {
                     // (A sum past what the script counts exactly: the batch goes unmerged.)
-                    None => head.times(*count as u64)?,
+                    head.times(*count as u64)?
                 });
             }
         }
