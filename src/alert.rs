@@ -88,7 +88,8 @@ impl AlertStats {
     }
 
     /// Alerts queued and not yet delivered or given up on: the notifier's backlog. Once every
-    /// request that could fire an alert has ended, 0 means the notifier has seen them all.
+    /// request that could fire an alert has ended, 0 means the notifier has seen them all (and
+    /// `ratelimit_quota_alerts_total` counts each outcome).
     pub fn pending(&self) -> u64 {
         // (Read the outcomes first: an alert is counted queued before it can have one.)
         let done = self.sent() + self.failed();
@@ -189,13 +190,14 @@ async fn drain(
 ) {
     while let Some(alert) = receiver.recv().await {
         match notifier.notify(&alert).await {
+            // Reported before counted: once `pending` reads 0, the metrics have every outcome.
             Ok(()) => {
-                stats.sent.fetch_add(1, Ordering::Release);
                 report(&quota, alert.percent, "sent");
+                stats.sent.fetch_add(1, Ordering::Release);
             }
             Err(error) => {
-                stats.failed.fetch_add(1, Ordering::Release);
                 report(&quota, alert.percent, "failed");
+                stats.failed.fetch_add(1, Ordering::Release);
                 tracing::warn!(
                     user = %alert.user,
                     percent = alert.percent,

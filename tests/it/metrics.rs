@@ -231,7 +231,7 @@ async fn quota_alerts_count_as_sent_or_failed() {
         .unwrap();
     let policy = builder("m_quota")
         .rule(Rule::per_minute(100))
-        .quota(quota)
+        .quota(quota.clone())
         .build()
         .unwrap();
     let (app, _) = app(policy, MemoryStore::new());
@@ -239,14 +239,19 @@ async fn quota_alerts_count_as_sent_or_failed() {
         statuses(&app, 6, || from_user("erin")).await,
         [200, 200, 200, 200, 200, 429]
     );
+    // The counter is bumped after the notifier returns: wait for the queue to drain.
+    let stats = quota.alert_stats().expect("a quota with alerts");
     for _ in 0..500 {
-        if notifier.0.lock().unwrap().len() == 2 {
+        if stats.pending() == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The counter is bumped after the notifier returns: give the drain task a moment.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        notifier.0.lock().unwrap().len(),
+        2,
+        "both alerts reached the notifier"
+    );
     let alerts = |percent, outcome| {
         value(
             "ratelimit_quota_alerts_total",
