@@ -47,6 +47,7 @@
 //! cargo bench --bench check_cost -- 5 5          # 5 rounds of 5 s
 //! cargo bench --bench check_cost -- 1 20 redis-c64   # the setups whose name has `redis-c64`
 //! cargo bench --bench check_cost -- 5 3 'bare-c64|=memory-c64'   # either (`=`: exactly)
+//! cargo bench --bench check_cost -- 3 4 'redis-c256'   # 256 tasks, only when named
 //! ```
 //!
 //! Timings on two shared cores move by tens of percent from minute to minute; instructions don't.
@@ -539,8 +540,11 @@ fn main() {
         println!("Redis at REDIS_URL, shared: its CPU time is not measured");
     }
     let prefix = format!("check-cost-{}", std::process::id());
-    let cases: Vec<(&str, usize)> = [64, 1]
+    // 256 tasks saturate these cores, where 64 leave them partly idle: run only when named.
+    let saturated = only.contains("c256").then_some(256);
+    let cases: Vec<(&str, usize)> = [Some(64), saturated, Some(1)]
         .into_iter()
+        .flatten()
         .flat_map(|concurrency| SETUPS.map(|setup| (setup, concurrency)))
         .filter(|(setup, concurrency)| {
             let name = format!("{setup}-c{concurrency}");

@@ -31,7 +31,8 @@ use super::command::Member;
 use crate::decision::Decision;
 use crate::store::{Answered, Deferred, StoreError};
 
-/// At most this many checks go in one script call.
+/// At most this many checks go in one script call (a lease's release is not counted: it costs
+/// Redis about a tenth of a check, and a hot key's go as one entry; the keys bound them).
 const MAX_CHECKS: usize = 128;
 /// At most this many keys go in one script call (unless one check alone has more).
 const MAX_KEYS: usize = 1024;
@@ -144,7 +145,7 @@ impl Batcher {
     fn next_batch_locked(&self, timed_out: &mut Vec<Waiter>) -> Option<(Vec<Waiter>, Instant)> {
         let mut queue = self.lock();
         let now = Instant::now();
-        let (mut keys, mut bytes) = (0, 0);
+        let (mut checks, mut keys, mut bytes) = (0, 0, 0);
         let mut batch = Vec::new();
         while let Some(waiter) = queue.waiting.front() {
             if waiter.decision.is_closed() || waiter.member.deadline <= now {
@@ -153,13 +154,17 @@ impl Batcher {
             }
             let (more_keys, more_bytes) =
                 (waiter.member.check.key_count(), waiter.member.check.len());
+            // A lease's release costs Redis a tenth of a check, and a hot key's go as one entry
+            // (`merge.rs`): it counts against the keys and bytes, not the checks.
+            let more_checks = usize::from(!waiter.member.check.releases());
             if !batch.is_empty()
-                && (batch.len() == MAX_CHECKS
+                && (checks + more_checks > MAX_CHECKS
                     || keys + more_keys > MAX_KEYS
                     || bytes + more_bytes > MAX_BYTES)
             {
                 break;
             }
+            checks += more_checks;
             keys += more_keys;
             bytes += more_bytes;
             batch.extend(queue.waiting.pop_front());
@@ -470,6 +475,7 @@ mod tests {
     use crate::policy::{Algorithm, Rule};
     use crate::store::CheckRequest;
     use crate::store::redis::RedisStore;
+    use crate::store::redis::command::PackedCheck;
 
     /// A call handed over with nothing in flight starts a task to send it; a runtime shutting down
     /// may drop that task before it ever runs. The queue must not stay "in flight" for good
@@ -501,5 +507,53 @@ mod tests {
             !answered.load(Ordering::Relaxed),
             "dropped unrun, as the docs say"
         );
+    }
+
+    /// A batch takes at most `MAX_CHECKS` checks; a lease's release (a tenth of a check's work,
+    /// a hot key's merged into one entry) counts against its keys and bytes only, so a hot key's
+    /// batch of leases holds as many checks as a plain one.
+    #[test]
+    fn a_batch_counts_checks_not_releases() {
+        let rules = [Rule::per_minute(10)];
+        let request = CheckRequest::new("rl:{k}", &rules, Algorithm::FixedWindow).identity("k");
+        let waiter = |check: PackedCheck| Waiter {
+            member: Member {
+                check,
+                replicas: None,
+                deadline: Instant::now() + std::time::Duration::from_secs(60),
+                timeout: std::time::Duration::from_secs(60),
+            },
+            decision: Reply::Then(Box::new(|_| {})),
+        };
+        let batcher = Batcher::default();
+        let taken = |checks: usize, releases: usize| {
+            {
+                let mut queue = batcher.lock();
+                queue.in_flight = 1;
+                for lease in 0..releases as u64 {
+                    queue
+                        .waiting
+                        .push_back(waiter(PackedCheck::release(&request, lease)));
+                    if (lease as usize) < checks {
+                        queue
+                            .waiting
+                            .push_back(waiter(PackedCheck::new(&request, false)));
+                    }
+                }
+                for _ in releases..checks {
+                    queue
+                        .waiting
+                        .push_back(waiter(PackedCheck::new(&request, false)));
+                }
+            }
+            let (batch, _) = batcher.next_batch().expect("a batch");
+            let left = batcher.lock().waiting.len();
+            batcher.lock().waiting.clear();
+            (batch.len(), left)
+        };
+        assert_eq!(taken(MAX_CHECKS + 5, 0), (MAX_CHECKS, 5));
+        assert_eq!(taken(MAX_CHECKS + 5, MAX_CHECKS), (2 * MAX_CHECKS, 5));
+        // Releases alone are bounded by the keys.
+        assert_eq!(taken(0, MAX_KEYS + 3), (MAX_KEYS, 3));
     }
 }
