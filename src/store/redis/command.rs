@@ -87,9 +87,20 @@ pub(super) struct PackedCheck {
     /// full time µs> per counted rule]`; a release's lease, `@<id>`; a claim, `#<id>,<lasting
     /// ms>`; nothing for every other check.
     receipt_at: usize,
-    /// Where its cost piece lies in `data`, for a give-back that may go as one entry with
-    /// identical ones of its batch (`merge.rs`); None for every other check.
-    cost_piece: Option<std::ops::Range<usize>>,
+    /// Whether, and how, it may go as one entry with others of its batch (`merge.rs`).
+    merging: Merging,
+}
+
+/// How a packed check may go as one entry with others of its batch (see `merge.rs`).
+#[derive(Clone)]
+enum Merging {
+    /// It goes alone.
+    Alone,
+    /// A give-back that adds up with identical ones: where its cost piece lies in its packing.
+    AddsUp(std::ops::Range<usize>),
+    /// A lease's release, joined with the releases of the same key: its lease's id (the first
+    /// one's, once joined).
+    Releases(u64),
 }
 
 impl PackedCheck {
@@ -126,7 +137,7 @@ impl PackedCheck {
             ends: KeyEnds::new(),
             limits: rule_limits(request),
             receipt_at: 0,
-            cost_piece: None,
+            merging: Merging::Alone,
         };
         // The check's own keys share their stem, found once (see [`OwnKeys`]).
         let mut own = OwnKeys::of(request);
@@ -204,7 +215,7 @@ impl PackedCheck {
             && concurrency.is_none()
             && request.claim.is_none()
         {
-            packed.cost_piece = Some(cost_start..data.len());
+            packed.merging = Merging::AddsUp(cost_start..data.len());
         }
         // The options are one piece, empty when there are none (the script's lean functions of
         // the common case take checks without options).
@@ -282,7 +293,7 @@ impl PackedCheck {
             ends: KeyEnds::new(),
             limits: RuleLimits::new(),
             receipt_at: 0,
-            cost_piece: None,
+            merging: Merging::Releases(lease),
         };
         write_leases_key(&mut packed.data, request);
         packed.end_key();
@@ -295,13 +306,13 @@ impl PackedCheck {
 
     /// Whether it may go as one entry with identical give-backs of its batch (see `merge.rs`).
     pub(super) fn adds_up(&self) -> bool {
-        self.cost_piece.is_some()
+        matches!(self.merging, Merging::AddsUp(_))
     }
 
     /// Whether it is a lease's release, which may go as one entry with the releases of the same
     /// leases in its batch (see `merge.rs`).
     pub(super) fn releases(&self) -> bool {
-        self.limits.is_empty() && self.shape() == RELEASE_SHAPE
+        matches!(self.merging, Merging::Releases(_))
     }
 
     /// These releases of one key's leases (see [`PackedCheck::releases`]) as one entry: the
@@ -312,17 +323,23 @@ impl PackedCheck {
         &'a self,
         others: impl Iterator<Item = &'a PackedCheck>,
     ) -> PackedCheck {
-        let mut ids: Vec<&str> = std::iter::once(self)
+        // Sorted by number, written from their text (a sort of the texts compared about 250
+        // instructions' worth per id; formatting the numbers anew, about 100).
+        let mut ids: Vec<(u64, &str)> = std::iter::once(self)
             .chain(others)
-            .map(|release| release.receipt().trim_start_matches('@'))
+            .filter_map(|release| match release.merging {
+                // (A release's receipt is `@<id>`.)
+                Merging::Releases(id) => Some((id, release.receipt().get(1..).unwrap_or_default())),
+                _ => None,
+            })
             .collect();
-        // (Ids are decimal numbers: the shorter is the smaller.)
-        ids.sort_unstable_by(|a, b| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
+        ids.sort_unstable_by_key(|&(id, _)| id);
         let head = &self.data[..self.receipt_at];
-        let mut data =
-            String::with_capacity(head.len() + ids.iter().map(|id| id.len() + 1).sum::<usize>());
+        let mut data = String::with_capacity(
+            head.len() + ids.iter().map(|(_, id)| id.len() + 1).sum::<usize>(),
+        );
         data.push_str(head);
-        for (index, id) in ids.into_iter().enumerate() {
+        for (index, (_, id)) in ids.iter().enumerate() {
             data.push(if index == 0 { '@' } else { ' ' });
             data.push_str(id);
         }
@@ -331,7 +348,7 @@ impl PackedCheck {
             ends: self.ends.clone(),
             limits: RuleLimits::new(),
             receipt_at: self.receipt_at,
-            cost_piece: None,
+            merging: Merging::Releases(ids.first().map_or(0, |&(id, _)| id)),
         }
     }
 
@@ -357,7 +374,9 @@ impl PackedCheck {
     /// script's numbers (doubles) no longer count exactly.
     pub(super) fn times(&self, times: u64) -> Option<PackedCheck> {
         const EXACT: u64 = 1 << 53;
-        let range = self.cost_piece.clone()?;
+        let Merging::AddsUp(range) = self.merging.clone() else {
+            return None;
+        };
         let piece = &self.data[range.clone()];
         let mut parts = piece.splitn(3, ':');
         let cost: u64 = parts.next()?.parse().ok()?;
@@ -382,7 +401,7 @@ impl PackedCheck {
             ends: self.ends.clone(),
             limits: self.limits.clone(),
             receipt_at,
-            cost_piece: Some(range.start..cost_end),
+            merging: Merging::AddsUp(range.start..cost_end),
         })
     }
 
