@@ -245,3 +245,36 @@ fn a_quota_adds_no_allocation_of_its_own_to_an_admission() {
 /// What a quota adds to a memory-store admission: 8.00 at 8d402f1; 7.00 since its counter is
 /// looked up by the borrowed key; 2.00 since each tier's `RateLimit-Policy` is made once.
 const QUOTA_EXTRA: f64 = 2.05;
+
+/// What `count_only` adds to an admission whose response counts, pinned: its charge, boxed for
+/// the response to settle, holds the store's decision rather than boxing it apart.
+#[test]
+fn a_count_only_charge_does_not_box_its_receipt_apart() {
+    let plain = Policy::builder("alloc-plain")
+        .rule(Rule::per_hour(1_000_000))
+        .build()
+        .unwrap();
+    let count_only = Policy::builder("alloc-count-only")
+        .rule(Rule::per_hour(1_000_000))
+        .count_only(|status| status.is_server_error())
+        .build()
+        .unwrap();
+    let plain = allocations_per_request(
+        route().layer(RateLimitLayer::new(plain, MemoryStore::new())),
+        from_peer,
+    );
+    let count_only = allocations_per_request(
+        route().layer(RateLimitLayer::new(count_only, MemoryStore::new())),
+        from_peer,
+    );
+    println!("plain {plain:.2}, count_only {count_only:.2}");
+    assert!(
+        count_only - plain <= COUNT_ONLY_EXTRA,
+        "count_only adds {:.2} allocations to an admission",
+        count_only - plain
+    );
+}
+
+/// What `count_only` adds to a memory-store admission: 2.97 while the charge's receipt was
+/// boxed apart from it; 1.97 since the charge owns the decision.
+const COUNT_ONLY_EXTRA: f64 = 2.0;

@@ -20,6 +20,33 @@ use crate::policy::quota::QuotaLookup;
 use crate::response::LimitHeaders;
 use crate::store::StoreError;
 
+/// What the store told an admission.
+pub(crate) enum Told {
+    /// Nothing: nothing was checked, or the store failed open.
+    Nothing,
+    /// Its decision, with nothing to give back (a request's admission without `count_only`:
+    /// nothing would).
+    Decision(Decision),
+    /// Its decision inside its charge, which owns it as the receipt a give-back reads: given
+    /// back by [`Admitted::refund`](crate::Admitted::refund), under `count_only` when the
+    /// response doesn't count, or settled by a meter. In place, not boxed: a handle's admission
+    /// always has one, and a receipt costs it no allocation (`tests/allocations.rs`).
+    Charge(Charge),
+}
+
+impl Told {
+    /// The charge, taken out when `wanted`: what is left is the decision.
+    fn take_charge_if(&mut self, wanted: impl FnOnce(&Charge) -> bool) -> Option<Charge> {
+        if !matches!(self, Told::Charge(charge) if wanted(charge)) {
+            return None;
+        }
+        match std::mem::replace(self, Told::Nothing) {
+            Told::Charge(charge) => Some(charge),
+            _ => None,
+        }
+    }
+}
+
 /// An admitted request: what its response gets, and what it holds until then.
 pub(crate) struct Admission {
     /// The rate-limit headers (none when nothing was checked, or the store failed open).
@@ -27,14 +54,9 @@ pub(crate) struct Admission {
     /// The concurrency slot, held until the response body is done (boxed: only a policy with
     /// `max_in_flight` has one, and every admission is moved a few times on its way).
     pub(super) lease: Option<Box<Lease>>,
-    /// The store's decision, for a handle's caller.
-    pub(super) decision: Option<Decision>,
-    /// What was charged, and where: given back by [`Admitted::refund`](crate::Admitted::refund),
-    /// or under a `count_only` policy when the response doesn't count. `None` when nothing was
-    /// charged (unlimited, a shadow pass, a store failure let through), or when nothing would give
-    /// it back (a request's admission without `count_only`). In place, not boxed: a handle's
-    /// admission always has one, and a receipt costs it no allocation (`tests/allocations.rs`).
-    pub(super) charge: Option<Charge>,
+    /// What the store told it: its decision (for a handle's caller), held by its charge when
+    /// something may give the charge back.
+    pub(super) told: Told,
     /// A metered policy let the request through without a reservation (unlimited, a shadow
     /// pass, a store failure let through): what it records counts nowhere, and its `Usage` says
     /// so rather than blaming a missing meter.
@@ -47,8 +69,7 @@ impl Admission {
         Admission {
             headers: None,
             lease: None,
-            decision: None,
-            charge: None,
+            told: Told::Nothing,
             uncounted: false,
         }
     }
@@ -62,8 +83,9 @@ impl Admission {
         }
     }
 
-    /// This admission with its charge: `price` to `key` (and `quota`) by `limiter`, answered
-    /// `charged`.
+    /// This admission with its charge: `price` to `key` (and `quota`) by `limiter`, whose units'
+    /// whereabouts `charged` says. The charge holds the admission's decision from then on (an
+    /// admission without a decision charged nothing).
     pub(super) fn charging(
         mut self,
         limiter: Arc<Limiter>,
@@ -72,13 +94,20 @@ impl Admission {
         quota: Option<QuotaLookup>,
         charged: Charged,
     ) -> Self {
-        self.charge = Some(Charge::new(limiter, key, price, quota, charged));
+        if let Told::Decision(decision) = self.told {
+            let charge = Charge::new(limiter, key, price, quota, decision, charged);
+            self.told = Told::Charge(charge);
+        }
         self
     }
 
     /// The store's decision (none when nothing was checked, or the store failed open).
     pub(crate) fn decision(&self) -> Option<&Decision> {
-        self.decision.as_ref()
+        match &self.told {
+            Told::Nothing => None,
+            Told::Decision(decision) => Some(decision),
+            Told::Charge(charge) => Some(charge.decision()),
+        }
     }
 
     /// Whether the admission holds a concurrency slot.
@@ -96,21 +125,19 @@ impl Admission {
 
     /// Gives the charge back where it was charged, and waits for the store: what it then finds
     /// for the key. An admission that charged nothing finds nothing to give back.
-    pub(crate) async fn refund(mut self) -> Result<Decision, StoreError> {
-        let Some(mut charge) = self.charge.take() else {
+    pub(crate) async fn refund(self) -> Result<Decision, StoreError> {
+        let Told::Charge(charge) = self.told else {
             return Ok(nothing_charged());
         };
-        charge.answered(self.decision.take());
         charge.refund().await
     }
 
     /// Settles a reservation of metered units at `used`, and waits for the store: what it then
     /// finds for the key. One that charged nothing finds nothing to settle.
-    pub(crate) async fn settle_usage(mut self, used: u64) -> Result<Decision, StoreError> {
-        let Some(mut charge) = self.charge.take() else {
+    pub(crate) async fn settle_usage(self, used: u64) -> Result<Decision, StoreError> {
+        let Told::Charge(charge) = self.told else {
             return Ok(nothing_charged());
         };
-        charge.answered(self.decision.take());
         super::metered::settle_now(charge, used).await
     }
 
@@ -129,15 +156,13 @@ impl Admission {
         self.metering(extensions, false)
     }
 
-    /// [`Admission::meter_into`]; `last` when the admission's decision is needed no more (it
-    /// moves into the charge rather than being copied).
+    /// [`Admission::meter_into`]; `last` when the admission's decision is needed no more (else
+    /// it keeps a copy of the decision its charge takes along).
     fn metering(&mut self, extensions: &mut http::Extensions, last: bool) -> Option<Reserved> {
-        let charge = self.charge.take_if(|charge| charge.is_metered())?;
-        let decision = if last {
-            self.decision.take()
-        } else {
-            self.decision.clone()
-        };
+        let charge = self.told.take_charge_if(Charge::is_metered)?;
+        if !last {
+            self.told = Told::Decision(charge.decision().clone());
+        }
         let unit = charge
             .limiter()
             .policy()
@@ -145,7 +170,7 @@ impl Admission {
             .meter
             .unit_arc()
             .clone();
-        Some(Usage::of(extensions).hold(Tab::new(charge, decision, unit)))
+        Some(Usage::of(extensions).hold(Tab::new(charge, unit)))
     }
 
     /// What the response of a request about to be called with `extensions` waits for: its
@@ -158,12 +183,9 @@ impl Admission {
             Usage::of(extensions).let_through();
         }
         let charge = self
-            .charge
-            .filter(Charge::kept_or_given_back_after_response)
-            .map(|mut charge| {
-                charge.answered(self.decision);
-                Box::new(charge)
-            });
+            .told
+            .take_charge_if(Charge::kept_or_given_back_after_response)
+            .map(Box::new);
         OnResponse {
             headers: self.headers,
             lease: self.lease,

@@ -15,27 +15,26 @@ use crate::store::gcra::Bucket;
 use crate::store::{CheckFuture, StoreError};
 
 /// The units one admitted request was charged, and where: its key, its day's quota, and the
-/// store's answer to the charge (the receipt a give-back reads: when it was checked, its delay,
-/// a token bucket's full time per rule).
+/// store's answer, which the charge owns from the moment the store gives it (the receipt a
+/// give-back reads: when it was checked, its delay, a token bucket's full time per rule).
 pub(crate) struct Charge {
     limiter: Arc<Limiter>,
     key: StorageKey,
     /// Its cost in requests, and the units it reserved in the metered rules and quota.
     price: Price,
     quota: Option<QuotaLookup>,
-    /// The store's answer to the charge.
+    /// The admission's decision, as its caller is told it.
+    decision: Decision,
+    /// Which answer says where the units went.
     charged: Charged,
 }
 
-/// The store's answer to a charge: what a give-back reads.
+/// Which of the store's answers says where a charge's units went: what a give-back reads.
 pub(crate) enum Charged {
-    /// Not known (nothing goes back).
+    /// None is known (nothing goes back).
     Unknown,
-    /// The admission's own decision, which it carries (given with [`Charge::answered`]).
-    Told,
-    /// The admission's decision, given (boxed: only a charge given back after its admission, a
-    /// `count_only` response's or a receipt's, pays for its size).
-    Own(Box<Decision>),
+    /// The admission's own decision.
+    Own,
     /// A take's of units ahead, shared by the requests it admits (each told its decision as
     /// held), and how many of the take's units come after this charge's: a token bucket's charge
     /// is its slice of the take's time, which ends that many intervals before the take's full
@@ -43,23 +42,15 @@ pub(crate) enum Charged {
     Taken(Arc<Decision>, u64),
 }
 
-impl Charged {
-    fn decision(&self) -> Option<&Decision> {
-        match self {
-            Charged::Unknown | Charged::Told => None,
-            Charged::Own(decision) => Some(decision),
-            Charged::Taken(decision, _) => Some(decision),
-        }
-    }
-}
-
 impl Charge {
-    /// The charge of `price` to `key` (and `quota`), answered `charged` by the store.
+    /// The charge of `price` to `key` (and `quota`) that admitted a request with `decision`, its
+    /// units' whereabouts said by `charged`.
     pub(crate) fn new(
         limiter: Arc<Limiter>,
         key: StorageKey,
         price: Price,
         quota: Option<QuotaLookup>,
+        decision: Decision,
         charged: Charged,
     ) -> Self {
         Charge {
@@ -67,7 +58,22 @@ impl Charge {
             key,
             price,
             quota,
+            decision,
             charged,
+        }
+    }
+
+    /// The admission's decision, as its caller is told it.
+    pub(crate) fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The store's answer that says where the units went, if one is known.
+    fn receipt(&self) -> Option<&Decision> {
+        match &self.charged {
+            Charged::Unknown => None,
+            Charged::Own => Some(&self.decision),
+            Charged::Taken(take, _) => Some(take),
         }
     }
 
@@ -88,13 +94,6 @@ impl Charge {
         let limiter = &self.limiter;
         limiter.refusals.forget_key(self.key.as_str());
         limiter.alert_quota(decision, self.quota.as_ref());
-    }
-
-    /// The admission's own decision, the store's answer to a charge that was [`Charged::Told`].
-    pub(crate) fn answered(&mut self, decision: Option<Decision>) {
-        if let (Charged::Told, Some(decision)) = (&self.charged, decision) {
-            self.charged = Charged::Own(Box::new(decision));
-        }
     }
 
     /// Keeps the charge if a response of `status` counts, else gives it back: at once with an
@@ -159,7 +158,7 @@ impl Charge {
             .store_request(&self.key, self.quota.as_ref())
             .cost(price.cost)
             .units(price.units);
-        let Some(charged) = self.charged.decision() else {
+        let Some(charged) = self.receipt() else {
             return limiter.store().peek(&request.cost(1).units(1));
         };
         match &self.charged {

@@ -1,7 +1,7 @@
 //! Judging a request by the store's answer: the verdict, what it is counted and logged as, and
 //! what an admission holds (headers, slot, charge).
 
-use super::{Admission, Ask, Charged, Limiter, Refusal, Verdict};
+use super::{Admission, Ask, Charged, Limiter, Refusal, Told, Verdict};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -54,11 +54,11 @@ impl Limiter {
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
         let (result, charged) = if ask.extra == 0 {
-            (result, Charged::Told)
+            (result, Charged::Own)
         } else {
             match super::prefetch::judge_take(self, result, ask) {
                 Some((result, Some((taken, after)))) => (result, Charged::Taken(taken, after)),
-                Some((result, None)) => (result, Charged::Told),
+                Some((result, None)) => (result, Charged::Own),
                 None => return Verdict::Retake,
             }
         };
@@ -162,13 +162,16 @@ impl Limiter {
         // Given back by the caller (a handle's), under count_only if the response doesn't count,
         // or settled by a meter (a shadow pass or a store failure charged nothing); made only
         // for them.
-        let charge = ask.receipt.then(|| ask.take_charge(self.clone(), charged));
         let delay = decision.delay;
         let admission = Admission {
             headers: Some(headers),
             lease,
-            decision: Some(decision),
-            charge,
+            // The charge holds the decision, when one is made.
+            told: if ask.receipt {
+                Told::Charge(ask.take_charge(self.clone(), decision, charged))
+            } else {
+                Told::Decision(decision)
+            },
             uncounted: false,
         };
         if delay.is_zero() {
@@ -195,7 +198,7 @@ impl Limiter {
         );
         Verdict::Admit(Admission {
             headers: Some(headers),
-            decision: Some(decision),
+            told: Told::Decision(decision),
             ..Admission::let_through(self)
         })
     }

@@ -232,22 +232,21 @@ pub(crate) struct Tab {
     /// code recorded nothing (one report per request).
     header_used: AtomicU64,
     header_reported: AtomicBool,
-    /// The charge and the store's answer to it (the receipt a give-back reads, boxed into the
-    /// charge only when one is made), until it settles or a response that doesn't count takes
-    /// it back whole.
-    charge: Mutex<Option<(Charge, Option<Decision>)>>,
+    /// The charge (and its receipt), until it settles or a response that doesn't count takes it
+    /// back whole.
+    charge: Mutex<Option<Charge>>,
 }
 
 impl Tab {
-    /// The reservation `charge` made (the store answered it `decision`), of its meter's unit.
-    pub(crate) fn new(charge: Charge, decision: Option<Decision>, unit: Arc<str>) -> Self {
+    /// The reservation `charge` made, of its meter's unit.
+    pub(crate) fn new(charge: Charge, unit: Arc<str>) -> Self {
         Tab {
             unit,
             used: AtomicU64::new(0),
             recorded: AtomicBool::new(false),
             header_used: AtomicU64::new(0),
             header_reported: AtomicBool::new(false),
-            charge: Mutex::new(Some((charge, decision))),
+            charge: Mutex::new(Some(charge)),
         }
     }
 
@@ -267,16 +266,15 @@ impl Tab {
     /// is no report, said once at WARN).
     fn answered(&self, status: StatusCode, headers: &HeaderMap) {
         let mut held = self.charge.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some((charge, _)) = held.as_ref() else {
+        let Some(charge) = held.as_ref() else {
             return;
         };
         let counts_only_some = charge.limiter().policy().counts_only_some();
         if counts_only_some && !charge.limiter().policy().counts(status) {
             // Under count_only, a response that doesn't count settles to zero: its whole charge
             // goes back.
-            if let Some((mut charge, decision)) = held.take() {
+            if let Some(charge) = held.take() {
                 drop(held);
-                charge.answered(decision);
                 charge.keep_or_give_back(status);
             }
             return;
@@ -330,7 +328,7 @@ impl Tab {
             .then_some(*self.header_used.get_mut());
         let used = if *self.recorded.get_mut() {
             if header.is_some() {
-                let policy = charge.0.limiter().policy();
+                let policy = charge.limiter().policy();
                 if policy.metering().is_some_and(|metering| {
                     !metering.warned_two_reports.swap(true, Ordering::Relaxed)
                 }) {
@@ -349,7 +347,7 @@ impl Tab {
         } else {
             // Nothing reported: the reservation stands at the estimate (the unit an estimate of
             // 0 was charged, only so that it needed room, goes back).
-            let price = charge.0.price();
+            let price = charge.price();
             if price.estimate >= price.units {
                 return;
             }
@@ -371,9 +369,8 @@ impl Tab {
     }
 }
 
-/// Settles `charge` (the store answered it `decision`) at `used` units, in the background.
-fn settle_at((mut charge, decision): (Charge, Option<Decision>), used: u64) {
-    charge.answered(decision);
+/// Settles `charge` at `used` units, in the background.
+fn settle_at(charge: Charge, used: u64) {
     if let Some(call) = settle_call(&charge, used) {
         charge.finish(
             call,

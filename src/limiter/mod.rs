@@ -22,7 +22,7 @@ pub(crate) mod store_error_log;
 pub(crate) mod telemetry;
 pub(crate) mod top_refused;
 
-pub(crate) use admission::{Admission, OnResponse};
+pub(crate) use admission::{Admission, OnResponse, Told};
 pub(crate) use answer::{Answered, Refusal};
 pub(crate) use charge::{Charge, Charged};
 pub(crate) use flow::{Decided, Deciding, Resolved};
@@ -148,11 +148,24 @@ pub(crate) struct Ask {
 }
 
 impl Ask {
-    /// The charge of this request's cost, answered `charged`: its key and quota move into it
-    /// (the request is resolved, and asks nothing more).
-    fn take_charge(&mut self, limiter: Arc<Limiter>, charged: Charged) -> Charge {
+    /// The charge of this request's cost, which admitted it with `decision` (`charged` says
+    /// where its units went): its key and quota move into it (the request is resolved, and asks
+    /// nothing more).
+    fn take_charge(
+        &mut self,
+        limiter: Arc<Limiter>,
+        decision: crate::Decision,
+        charged: Charged,
+    ) -> Charge {
         let key = std::mem::take(&mut self.key);
-        Charge::new(limiter, key, self.price, self.quota.take(), charged)
+        Charge::new(
+            limiter,
+            key,
+            self.price,
+            self.quota.take(),
+            decision,
+            charged,
+        )
     }
 
     /// This request asking for its cost alone, after a take of units ahead was refused.

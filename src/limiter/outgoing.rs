@@ -163,8 +163,8 @@ fn reservation(limiter: &Arc<Limiter>, key: StorageKey, price: Price, decision: 
         .map(|meter| meter.unit_arc().clone())
         .unwrap_or_default();
     limiter.count_reserved(price.units);
-    let charge = Charge::new(limiter.clone(), key, price, None, Charged::Told);
-    Tab::new(charge, Some(decision), unit)
+    let charge = Charge::new(limiter.clone(), key, price, None, decision, Charged::Own);
+    Tab::new(charge, unit)
 }
 
 /// Sleeps for `pause` when it ends within `left` of the call's maximum wait; else the call is

@@ -33,7 +33,7 @@ use std::time::Duration;
 // Tokio's clock, which tests can pause and move with the stores' clocks.
 use tokio::time::Instant;
 
-use super::{Admission, Ask, Charged, Limiter, Prepared, Price};
+use super::{Admission, Ask, Charged, Limiter, Prepared, Price, Told};
 use crate::decision::Decision;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
@@ -160,7 +160,7 @@ fn admit(
     let admission = Admission {
         headers: Some(headers),
         lease: None,
-        decision: Some(decision),
+        told: Told::Decision(decision),
         ..Admission::unchecked()
     };
     if !receipt {
