@@ -12,7 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Admission, Answered, Ask, Limiter, Prepared, UnitsWait, Verdict};
 use crate::store::CheckFuture;
@@ -249,7 +249,8 @@ fn queues_first(limiter: &Limiter, ask: &Ask) -> bool {
 /// elsewhere or by a lease's expiry. `just_refused` says the store has just refused the
 /// request, so the head waits before asking again.
 async fn wait_for_slot(limiter: Arc<Limiter>, mut ask: Ask, just_refused: bool) -> (Verdict, Ask) {
-    let arrived = tokio::time::Instant::now() - ask.started.elapsed();
+    let arrived =
+        tokio::time::Instant::now() - ask.started.map_or(Duration::ZERO, |at| at.elapsed());
     let deadline = arrived + limiter.policy.mode().max_delay();
     let place = limiter.slot_queues.join(ask.key.as_str());
     let (_turn, mut wait_first) = match place.try_turn() {
@@ -259,7 +260,7 @@ async fn wait_for_slot(limiter: Arc<Limiter>, mut ask: Ask, just_refused: bool) 
             Ok(turn) => (turn, false),
             // Out of time in the queue: one last look (it may admit, without a delay).
             Err(_) => {
-                ask.started = Instant::now();
+                ask.asked_again();
                 let result = limiter.check_within(&ask, Duration::ZERO).await;
                 let waited = arrived.elapsed();
                 let verdict = limiter.judge_after(result, &mut ask, Duration::ZERO, waited);
@@ -277,7 +278,7 @@ async fn wait_for_slot(limiter: Arc<Limiter>, mut ask: Ask, just_refused: bool) 
         }
         wait_first = true;
         let budget = deadline.saturating_duration_since(tokio::time::Instant::now());
-        ask.started = Instant::now();
+        ask.asked_again();
         let result = limiter.check_within(&ask, budget).await;
         match limiter.judge_after(result, &mut ask, budget, arrived.elapsed()) {
             Verdict::AwaitSlot => continue,

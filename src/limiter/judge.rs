@@ -37,11 +37,9 @@ impl Limiter {
     ) -> Verdict {
         // An in-process store answers within a microsecond, which the span's and the metric's
         // units round to nothing: only a remote store's call is timed (two clock reads).
-        let took = if self.store.is_remote() {
-            ask.started.elapsed()
-        } else {
-            Duration::ZERO
-        };
+        let took = ask
+            .started
+            .map_or(Duration::ZERO, |started| started.elapsed());
         // The refusal log and the alerts below belong to the check's span (when it is on: a
         // span a subscriber doesn't want still costs its field lookups to record into).
         let span = (!ask.span.is_disabled()).then(|| ask.span.clone());

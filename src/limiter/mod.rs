@@ -138,8 +138,9 @@ pub(crate) struct Ask {
     protocol: Protocol,
     /// The check's span (`rate_limit`, at `debug`): policy, key kind, outcome, store latency.
     span: tracing::Span,
-    /// When the store was asked.
-    started: Instant,
+    /// When the store was asked; None when it is in-process (it answers at once: a clock read
+    /// saved per request).
+    started: Option<Instant>,
     /// Units asked for ahead, beyond the cost (a prefetching policy's hot identity).
     extra: u64,
     /// Whether an admission keeps its charge (its receipt): for a handle's caller, and under
@@ -171,7 +172,14 @@ impl Ask {
     /// This request asking for its cost alone, after a take of units ahead was refused.
     pub(crate) fn exact(&mut self) {
         self.extra = 0;
-        self.started = Instant::now();
+        self.asked_again();
+    }
+
+    /// The store is asked again now (its call is timed only when it is remote).
+    pub(crate) fn asked_again(&mut self) {
+        if self.started.is_some() {
+            self.started = Some(Instant::now());
+        }
     }
 
     /// The request as the refusal cache knows it.

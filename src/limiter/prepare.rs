@@ -219,7 +219,7 @@ impl Limiter {
             quota,
             protocol,
             span,
-            started: Instant::now(),
+            started: self.store.is_remote().then(Instant::now),
             extra,
             receipt,
         };

@@ -147,11 +147,21 @@ impl Refusals {
         last == 0 || self.millis_since_epoch(now) >= last.saturating_add(longest)
     }
 
+    /// Now, when a cached refusal may stand; None when none was ever remembered (the clock is
+    /// read only once one was: a limiter that never refused reads it for nothing here).
+    fn now_if_any_may_stand(&self) -> Option<Instant> {
+        if self.last_remembered.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let now = Instant::now();
+        (!self.none_stands(now)).then_some(now)
+    }
+
     /// Forgets the refusal cached for `asking`'s identity, after the store admitted it (at another
     /// cost or tier): the admission used quota, so that refusal's retry time may have moved.
     pub(crate) fn forget(&self, asking: Asking<'_>) {
         if let Some(cache) = &self.cache
-            && !self.none_stands(Instant::now())
+            && self.now_if_any_may_stand().is_some()
         {
             cache.remove(asking.key);
         }
@@ -161,7 +171,7 @@ impl Refusals {
     /// refusal can stand, it costs an atomic load, not a look at every shard of the cache.)
     pub(crate) fn forget_key(&self, key: &str) {
         if let Some(cache) = &self.cache
-            && !self.none_stands(Instant::now())
+            && self.now_if_any_may_stand().is_some()
         {
             cache.remove(key);
         }
@@ -170,10 +180,7 @@ impl Refusals {
     /// The cached refusal of `asking`, moved forward to now, if one stands.
     pub(crate) fn answer(&self, asking: Asking<'_>) -> Option<Decision> {
         let cache = self.cache.as_ref()?;
-        let now = Instant::now();
-        if self.none_stands(now) {
-            return None;
-        }
+        let now = self.now_if_any_may_stand()?;
         let entry = cache.get(asking.key)?;
         if now >= entry.until
             || asking.cost != entry.cost

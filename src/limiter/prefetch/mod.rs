@@ -286,7 +286,7 @@ pub(super) fn judge_take(
     match result {
         Ok(decision) if decision.allowed => {
             let charged = (&ask.key, ask.quota.as_ref());
-            let started = tokio_instant(ask.started);
+            let started = ask.started.map_or_else(Instant::now, tokio_instant);
             let taken = Arc::new(decision);
             let told = landed(limiter, prefetched, charged, (cost, extra), &taken, started);
             // The request's own units are the take's first: `extra` come after them.
