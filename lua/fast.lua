@@ -27,6 +27,27 @@ local function fires_alert(shape, before, units)
 end
 
 
+-- The start of the quota's day at `now`, the batch's time: worked out once per shape and batch
+-- (a hot identity's checks share both).
+local function quota_today(shape, now)
+  if shape.quota_now ~= now then
+    shape.quota_now, shape.quota_start = now, quota_day_start(shape, now)
+  end
+  return shape.quota_start
+end
+
+-- quota_add, with the count of a day the batch has met charged in place.
+local function quota_charge(shape, key, start, units)
+  local days = quota_days[key]
+  local known = days and days[start]
+  if known == nil then
+    return quota_add(shape, key, start, units)
+  end
+  local used = known[1] + units
+  known[1] = used
+  return used
+end
+
 -- Writes the full reply's head (its length, negated: see lua/batch.lua; allowed; no delay) of a
 -- check of `rules` rules after item n; returns the index of its last item.
 local function reply_head(out, n, rules, allowed)
@@ -69,8 +90,8 @@ fast.fw = function(KEYS, key_at, shape, now, out, n)
       local quota_limit, used, quota_start = shape.quota_limit, 0, 0
       if quota_limit > 0 then
         local quota_key, units = KEYS[key_at + shape.quota_at], shape.quota_cost
-        quota_start = quota_day_start(shape, now)
-        used = quota_add(shape, quota_key, quota_start, units)
+        quota_start = quota_today(shape, now)
+        used = quota_charge(shape, quota_key, quota_start, units)
         if used > quota_limit or (shape.thresholds > 0 and fires_alert(shape, used - units, units))
         then
           handed_count, handed_quota = count, used
@@ -283,8 +304,8 @@ fast.admit = function(KEYS, base, shape, now, out, n)
   local quota_limit, quota_count, quota_start = shape.quota_limit, 0, 0
   if quota_limit > 0 then
     local key, units = KEYS[base + shape.quota_at], shape.quota_cost
-    quota_start = quota_day_start(shape, now)
-    quota_count = quota_add(shape, key, quota_start, units)
+    quota_start = quota_today(shape, now)
+    quota_count = quota_charge(shape, key, quota_start, units)
     if quota_count > quota_limit or fires_alert(shape, quota_count - units, units) then
       for j = 1, rules do
         algorithm.undo(shape, j, KEYS[base + j], costs[j], false)
