@@ -65,7 +65,7 @@ local function wait_until_frees(previous, current, period, elapsed)
   end
   return period - elapsed + (first_at_most(current, current - 1, period, 0) or period)
 end
--- (end of the helpers checked by tests/redis.rs)
+-- (end of the helpers checked by tests/it/algorithms.rs)
 
 -- Per rule: the window's start, its count and the previous one's, and the time elapsed in it.
 local sc_start, sc_current, sc_previous, sc_elapsed = {}, {}, {}, {}

@@ -305,7 +305,7 @@ fn storage_keys_separate_policies_and_routes() {
         .rule(Rule::per_second(1))
         .build()
         .unwrap();
-    // Without axum's MatchedPath (tested through a router in tests/it/layer.rs) paths are made up
+    // Without axum's MatchedPath (tested through a router in tests/it/keys.rs) paths are made up
     // by the client, so they share one bucket rather than minting new ones.
     let get = found(routed.storage_key(&request("/x", http::Method::GET, peer)));
     let other_path = found(routed.storage_key(&request("/y", http::Method::GET, peer)));

@@ -4,11 +4,13 @@
 mod common;
 
 mod alerts;
+mod algorithms;
 mod batch;
 #[cfg(feature = "cluster")]
 mod cluster;
 #[cfg(feature = "cluster")]
 mod cluster_failover;
+mod composition;
 mod concurrency;
 #[cfg(feature = "config")]
 mod config;
@@ -25,8 +27,9 @@ mod count_only;
 mod derive;
 mod give_back;
 mod grpc;
-mod layer;
+mod keys;
 mod layering;
+mod limits;
 mod logging;
 mod metered;
 mod metered_store;
@@ -37,19 +40,22 @@ mod outbound;
 mod outbound_metered;
 mod overrides;
 mod prefetch;
+mod quota;
 mod rate_limiter;
-mod redis;
 mod redis_clients;
 mod redis_versions;
 mod refusal_cache;
 mod reset_units;
+mod responses;
 mod retry_after;
 mod script_wire;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod store_calls;
+mod store_failures;
 #[cfg(feature = "metrics")]
 mod store_faults;
+mod stores_agree;
 mod tcp;
 #[cfg(feature = "tls")]
 mod tls;

@@ -1,7 +1,7 @@
 //! Retry-After keeps its promise, on both stores: a client that waits as long as it says is
-//! admitted. Through a penalty block (every algorithm, with and without the duplicate guard), and
-//! in delay mode behind the refusal cache, which must not refuse what the store would hold and
-//! admit.
+//! admitted. With two rules broken (it counts to when both admit), through a penalty block (every
+//! algorithm, with and without the duplicate guard), and in delay mode behind the refusal cache,
+//! which must not refuse what the store would hold and admit.
 
 use crate::common;
 
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::routing::get;
 use common::redis_server::{TestRedis, unique_prefix};
-use common::{request_from, retry_after_secs, send};
+use common::{app, assert_refused, clock, policy, request_from, retry_after_secs, send, store_at};
 use http::StatusCode;
 use tower_redis_ratelimit::store::{CheckRequest, ManualClock};
 use tower_redis_ratelimit::{
@@ -218,4 +218,29 @@ async fn delay_mode_holds_what_fits_after_a_cached_refusal_on_redis() {
     let redis = TestRedis::shared();
     let store = RedisStore::from_url(&redis.url).expect("a valid Redis URL");
     delay_mode_holds_what_fits_after_a_cached_refusal(store).await;
+}
+
+#[tokio::test]
+async fn retry_after_counts_to_when_every_violated_rule_admits() {
+    let clock = clock();
+    let app = app(
+        policy([Rule::per_second(1), Rule::new(2, Duration::from_secs(10))])
+            .build()
+            .unwrap(),
+        store_at(&clock),
+    );
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    clock.advance(Duration::from_millis(1_500));
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    clock.advance(Duration::from_millis(200));
+    // Now at 1.7 s: the per-second rule frees at 2.5 s, the 10-second rule at 10 s.
+    let refused = send(&app, request_from(PEER, "/")).await;
+    assert_eq!(retry_after_secs(&refused), 9);
+    assert_refused(refused, &["1-per-1s", "2-per-10s"]).await;
 }

@@ -1,4 +1,5 @@
 //! What each kind of policy costs Redis per request, counted in commands (`INFO commandstats`): a
+//! request is one round trip whatever its rules, its quota, duplicate guard and block included; a
 //! check runs only the commands its rules and options need, and the work a request leaves for
 //! after its response (a give-back, a settle, a lease's release) is one more entry of a batch,
 //! never a script call of its own beside it. On every Redis version the suite runs on.
@@ -11,8 +12,11 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::get;
-use common::redis_server::{TestRedis, command_calls, has_functions, store_call_command};
-use common::{recording_usage, request_from, send};
+use common::redis_server::{
+    TestRedis, command_calls, has_functions, store_call_command, unique_prefix,
+};
+use common::redis_store::{self, assert_every_key_expires, store};
+use common::{app, recording_usage, request_from, send};
 use http::StatusCode;
 use tower_redis_ratelimit::meter::Meter;
 use tower_redis_ratelimit::quota::Quota;
@@ -749,4 +753,115 @@ async fn a_test_waits_for_the_give_backs_a_response_leaves_until_they_land() {
             "a check and a give-back per request, landed"
         );
     }
+}
+
+#[tokio::test]
+async fn one_round_trip_per_request_whatever_the_rules() {
+    // A server of our own, so no other test's commands are counted.
+    let redis = TestRedis::own();
+    let prefix = unique_prefix("trips");
+    let policy = Policy::builder("trips")
+        .prefix(&prefix)
+        .rule(Rule::per_second(1_000))
+        .rule(Rule::per_minute(10_000))
+        .rule(Rule::per_hour(100_000))
+        .build()
+        .unwrap();
+    let app = app(policy, store(&redis));
+    // The first request loads the library (FCALL, "Function not found", FUNCTION LOAD, FCALL).
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    let before = redis_store::command_calls(&redis);
+    for _ in 0..50 {
+        assert_eq!(
+            send(&app, request_from(PEER, "/")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let after = redis_store::command_calls(&redis);
+    let mut sent: HashMap<&str, u64> = after
+        .iter()
+        .map(|(name, calls)| {
+            (
+                name.as_str(),
+                calls - before.get(name).copied().unwrap_or(0),
+            )
+        })
+        // The test's own reading connections: INFO, and the CLIENT SETINFO that redis-rs sends
+        // when it connects (a command Redis 6.2 counts though it lacks the subcommand; Valkey
+        // counts it as `client|setinfo`).
+        .filter(|(name, calls)| {
+            let command = name.split('|').next().unwrap_or(name);
+            *calls > 0 && !["info", "client"].contains(&command)
+        })
+        .collect();
+    // Redis counts the commands a script runs too: one TIME per script run, and per rule the
+    // sliding log's trim, its oldest and newest members' reads (which give its count), add and
+    // expiry. Anything the client sent besides FCALL (a pool health check's PING, a second read)
+    // would show up or change these counts.
+    let rules = 3;
+    let mut client = redis.client();
+    let mut wanted = HashMap::from([
+        (store_call_command(&mut client), 50),
+        ("time", 50),
+        ("zremrangebyscore", 50 * rules),
+        ("zrange", 2 * 50 * rules),
+        ("zadd", 50 * rules),
+    ]);
+    if has_functions(&mut client) {
+        // Redis 7: PEXPIREAT … GT extends the expiry in one command.
+        wanted.insert("pexpireat", 50 * rules);
+    } else {
+        // Redis 6.2 reads the expiry (PTTL) and extends it (PEXPIRE) unless it already reaches
+        // far enough: not when an earlier request of the same millisecond extended it.
+        wanted.insert("pttl", 50 * rules);
+        let extended = sent.get("pexpire").copied().unwrap_or(0);
+        assert!((1..=50 * rules).contains(&extended), "{sent:?}");
+        sent.remove("pexpire");
+    }
+    assert_eq!(sent, wanted);
+}
+
+#[tokio::test]
+async fn a_quota_rides_in_the_same_round_trip() {
+    let redis = TestRedis::own();
+    let prefix = unique_prefix("quota-trips");
+    let quota = tower_redis_ratelimit::Quota::builder("daily")
+        .prefix(&prefix)
+        .key(tower_redis_ratelimit::Key::ip())
+        .tier("free", 1_000)
+        .build()
+        .unwrap();
+    let policy = Policy::builder("trips")
+        .prefix(&prefix)
+        .rule(Rule::per_second(1_000))
+        .rule(Rule::per_minute(10_000))
+        .prevent_duplicate(Duration::from_millis(1))
+        .block_for(Duration::from_secs(1))
+        .quota(quota)
+        .build()
+        .unwrap();
+    let app = app(policy, store(&redis));
+    assert_eq!(
+        send(&app, request_from(PEER, "/")).await.status(),
+        StatusCode::OK
+    );
+    let before = redis_store::command_calls(&redis);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(
+            send(&app, request_from(PEER, "/")).await.status(),
+            StatusCode::OK
+        );
+    }
+    let after = redis_store::command_calls(&redis);
+    let call = store_call_command(&mut redis.client());
+    let calls = after[call] - before.get(call).copied().unwrap_or(0);
+    assert_eq!(
+        calls, 20,
+        "one {call} per request, quota, guard and block included"
+    );
+    assert_every_key_expires(&redis, &prefix);
 }

@@ -14,10 +14,10 @@ use http::{Request, Response, StatusCode};
 use tower::ServiceExt;
 use tower_redis_ratelimit::headers::{self, RateLimitHeaders};
 use tower_redis_ratelimit::quota::QuotaThreshold;
-use tower_redis_ratelimit::store::{CheckRequest, QuotaRequest};
+use tower_redis_ratelimit::store::{CheckRequest, ManualClock, QuotaRequest};
 use tower_redis_ratelimit::{
-    Algorithm, Key, LimitPolicy, LimitStore, Limited, Mode, Policy, PolicyBuilder, PolicyError,
-    Quota, RateLimitLayer, Rule, Store, UserId, policy::Cost, quota::Tier,
+    Algorithm, Key, LimitPolicy, LimitStore, Limited, MemoryStore, Mode, Policy, PolicyBuilder,
+    PolicyError, Quota, RateLimitLayer, Rule, Store, UserId, policy::Cost, quota::Tier,
 };
 
 /// A router with `GET /` answering "hello", limited by `policy` in `store`.
@@ -25,6 +25,21 @@ pub fn app(policy: Policy, store: impl Store) -> Router {
     Router::new()
         .route("/", get(|| async { "hello" }).post(|| async { "posted" }))
         .layer(RateLimitLayer::new(policy, store))
+}
+
+/// A policy "test" of `rules` under the prefix "t", for a test to finish building.
+pub fn policy(rules: impl IntoIterator<Item = Rule>) -> PolicyBuilder {
+    Policy::builder("test").prefix("t").rules(rules)
+}
+
+/// A clock at the start of an hour, so fixed windows of every test period start at 0.
+pub fn clock() -> ManualClock {
+    ManualClock::new(1_700_000_000_000 - 1_700_000_000_000 % 3_600_000)
+}
+
+/// A memory store on `clock`.
+pub fn store_at(clock: &ManualClock) -> MemoryStore {
+    MemoryStore::builder().clock(clock.clone()).build()
 }
 
 /// `GET /` from a fixed peer, as the user `user` (a `UserId` an authentication layer would set).
@@ -529,6 +544,7 @@ pub mod prometheus;
 pub mod recording;
 pub mod redis_cluster;
 pub mod redis_server;
+pub mod redis_store;
 pub mod redis_tls;
 pub mod timed;
 
