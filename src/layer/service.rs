@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower::{BoxError, Service};
 
 use super::future::ResponseFuture;
-use crate::limiter::{Decided, Limiter, Resolved};
+use crate::limiter::{Layered, Limiter};
 use crate::policy::Policy;
 use crate::store::Store;
 
@@ -86,22 +86,20 @@ pub(crate) fn limit_call<S, ReqBody, ResBody>(
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
-    let (parts, body) = request.into_parts();
-    let decided = limiter.decide(&parts);
-    let mut request = Request::from_parts(parts, body);
+    let (mut parts, body) = request.into_parts();
     // Decided at once (an in-process store, units in hand, an answer): no clone of the inner
     // service, no state to wait in.
-    match decided {
-        Decided::Now(Resolved::Admitted(admission)) => {
-            let on_response = admission.on_call(request.extensions_mut());
+    match limiter.decide_layered(&mut parts) {
+        Layered::Call(on_response) => {
+            let request = Request::from_parts(parts, body);
             ResponseFuture::inner(inner.call(request), on_response)
         }
-        Decided::Now(Resolved::Answered(answered)) => ResponseFuture::respond(answered.response()),
-        Decided::Later(deciding) => {
+        Layered::Answer(response) => ResponseFuture::respond(response),
+        Layered::Wait(deciding) => {
             // The service that was polled ready goes with the request; a fresh clone stays.
             let fresh = inner.clone();
             let service = std::mem::replace(inner, fresh);
-            ResponseFuture::deciding(deciding, service, request)
+            ResponseFuture::deciding(deciding, service, Request::from_parts(parts, body))
         }
     }
 }

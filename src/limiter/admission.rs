@@ -207,13 +207,20 @@ pub(crate) struct OnResponse {
 
 impl OnResponse {
     /// What the response of a request the limiter didn't check gets: nothing.
-    #[cfg_attr(not(feature = "config"), allow(dead_code))]
     pub(crate) fn nothing() -> Self {
         OnResponse {
             headers: None,
             lease: None,
             charge: None,
             tab: None,
+        }
+    }
+
+    /// What the response of an admission that holds nothing gets: its rate-limit `headers`.
+    pub(crate) fn with_headers(headers: LimitHeaders) -> Self {
+        OnResponse {
+            headers: Some(headers),
+            ..OnResponse::nothing()
         }
     }
 

@@ -14,8 +14,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use super::{Admission, Answered, Ask, Limiter, Prepared, UnitsWait, Verdict};
-use crate::store::CheckFuture;
+use super::{Admission, Answered, Ask, Limiter, OnResponse, Prepared, UnitsWait, Verdict};
+use axum::body::Body;
+use http::Response;
+
+use crate::decision::Decision;
+use crate::store::{CheckFuture, StoreError};
 
 /// How a request's decision ends: what a door turns into its own answer.
 #[allow(
@@ -39,6 +43,31 @@ pub(crate) enum Decided {
     Now(Resolved),
     /// Waiting for something: the store's answer, units in flight, a slot, a delay.
     Later(Deciding),
+}
+
+/// What a layer does with a request: call its service, the response getting what the
+/// admission holds; answer it; or wait for the decision (see [`Limiter::decide_layered`]).
+pub(crate) enum Layered {
+    /// Admitted: call the service; its response gets this.
+    Call(OnResponse),
+    /// Answered by the limiter (a refusal, a denial, a store that fails closed).
+    Answer(Response<Body>),
+    /// Deciding: wait for it.
+    Wait(Deciding),
+}
+
+impl Layered {
+    /// What a layer does with the request of `extensions` (where an admission puts what its
+    /// handler reads: a meter's `Usage`), as far as the flow `decided` it.
+    pub(super) fn of(decided: Decided, extensions: &mut http::Extensions) -> Self {
+        match decided {
+            Decided::Now(Resolved::Admitted(admission)) => {
+                Layered::Call(admission.on_call(extensions))
+            }
+            Decided::Now(Resolved::Answered(answered)) => Layered::Answer(answered.response()),
+            Decided::Later(deciding) => Layered::Wait(deciding),
+        }
+    }
 }
 
 impl Decided {
@@ -140,17 +169,35 @@ fn asking(limiter: &Arc<Limiter>, mut ask: Ask) -> Decided {
     loop {
         let mut check = limiter.check(&ask);
         let Some(result) = check.take_ready() else {
-            return Deciding::later(Step::Checking {
-                limiter: limiter.clone(),
-                ask,
-                check,
-            });
+            return Decided::Later(awaiting(limiter, ask, check));
         };
         let verdict = limiter.judge(result, &mut ask);
         if let Some(decided) = after(limiter, verdict, &mut ask) {
             return decided;
         }
     }
+}
+
+/// The flow from the store's `result` for `ask` on (an answer had at once).
+pub(super) fn judged(
+    limiter: &Arc<Limiter>,
+    mut ask: Ask,
+    result: Result<Decision, StoreError>,
+) -> Decided {
+    let verdict = limiter.judge(result, &mut ask);
+    match after(limiter, verdict, &mut ask) {
+        Some(decided) => decided,
+        None => asking(limiter, ask),
+    }
+}
+
+/// The flow from the store's `check` of `ask` on, which answers later.
+pub(super) fn awaiting(limiter: &Arc<Limiter>, ask: Ask, check: CheckFuture) -> Deciding {
+    Deciding(Step::Checking {
+        limiter: limiter.clone(),
+        ask,
+        check,
+    })
 }
 
 /// What follows the store's `verdict` on `ask`; `None` to ask the store again (for the cost

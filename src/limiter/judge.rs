@@ -2,9 +2,10 @@
 //! what an admission holds (headers, slot, charge).
 
 use super::{Admission, Ask, Charged, Limiter, Refusal, Told, Verdict};
+use crate::limiter::refusals::Asking;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::decision::{Decision, RuleState};
 use crate::limiter::slots::Lease;
@@ -35,20 +36,12 @@ impl Limiter {
         budget: Duration,
         waited: Duration,
     ) -> Verdict {
-        // An in-process store answers within a microsecond, which the span's and the metric's
-        // units round to nothing: only a remote store's call is timed (two clock reads).
-        let took = ask
-            .started
-            .map_or(Duration::ZERO, |started| started.elapsed());
         // The refusal log and the alerts below belong to the check's span (when it is on: a
         // span a subscriber doesn't want still costs its field lookups to record into).
         let span = (!ask.span.is_disabled()).then(|| ask.span.clone());
         let _entered = span.as_ref().map(tracing::Span::enter);
-        let result = self.whole(result, ask);
-        self.metrics().store_call(took, result.as_ref().map(|_| ()));
-        if let Some(span) = &span {
-            span.record("store_latency_us", took.as_micros() as u64);
-        }
+        let result = self.whole(result, ask.quota.is_some());
+        self.count_store_call(result.as_ref().map(|_| ()), ask.started, &ask.span);
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
         // of an admission is answered by its decision, or the take's.
         let (result, charged) = if ask.extra == 0 {
@@ -77,15 +70,31 @@ impl Limiter {
         self.refused(decision, ask)
     }
 
+    /// Counts the store's answer to a check asked at `started` (a remote store's; `None` for an
+    /// in-process one, whose microsecond the span's and the metric's units round to nothing, so
+    /// it is not timed) as a store call, its latency recorded on the check's `span`.
+    pub(super) fn count_store_call(
+        &self,
+        result: Result<(), &StoreError>,
+        started: Option<Instant>,
+        span: &tracing::Span,
+    ) {
+        let took = started.map_or(Duration::ZERO, |started| started.elapsed());
+        self.metrics().store_call(took, result);
+        if !span.is_disabled() {
+            span.record("store_latency_us", took.as_micros() as u64);
+        }
+    }
+
     /// The store's answer, if it answered for every rule (and the quota and the slot): anything
     /// else is a broken store, not a decision.
     fn whole(
         &self,
         result: Result<Decision, StoreError>,
-        ask: &Ask,
+        with_quota: bool,
     ) -> Result<Decision, StoreError> {
         let expected = self.policy.rules().len()
-            + usize::from(ask.quota.is_some())
+            + usize::from(with_quota)
             + usize::from(self.policy.concurrency().is_some());
         result.and_then(|decision| {
             if decision.rules.len() == expected {
@@ -128,16 +137,8 @@ impl Limiter {
         charged: Charged,
         waited: Duration,
     ) -> Verdict {
-        let metrics = self.metrics();
-        // An admission (of another cost) used quota: a refusal cached before it may now have to
-        // wait longer.
-        self.refusals.forget(ask.asking());
-        metrics.admitted(&decision);
-        if self.policy.metering().is_some() {
-            metrics.metered("reserved", ask.price.units);
-        }
-        let headers =
-            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+        self.count_admission(&decision, ask.asking(), &ask.span, waited);
+        let headers = self.limit_headers(&decision);
         let waiting = self.may_wait_for_slots().then(|| self.slot_queues.clone());
         let lease = decision.lease.map(|id| {
             let (store, policy) = (self.store.clone(), self.policy.clone());
@@ -151,12 +152,6 @@ impl Limiter {
                 errors,
             ))
         });
-        if (decision.delay + waited).is_zero() {
-            metrics.request(self.outcome(ask, Outcome::Allowed));
-        } else {
-            metrics.request(self.outcome(ask, Outcome::Delayed));
-            metrics.delay(decision.delay + waited);
-        }
         // Given back by the caller (a handle's), under count_only if the response doesn't count,
         // or settled by a meter (a shadow pass or a store failure charged nothing); made only
         // for them.
@@ -179,14 +174,43 @@ impl Limiter {
         }
     }
 
+    /// Counts an admission of `asking` by `decision` (after it `waited` for a slot), and says so
+    /// on the check's `span`. A refusal cached for it is forgotten: the admission (of another
+    /// cost) used quota, so a refusal cached before it may now have to wait longer.
+    pub(super) fn count_admission(
+        &self,
+        decision: &Decision,
+        asking: Asking<'_>,
+        span: &tracing::Span,
+        waited: Duration,
+    ) {
+        let metrics = self.metrics();
+        self.refusals.forget(asking);
+        metrics.admitted(decision);
+        if self.policy.metering().is_some() {
+            metrics.metered("reserved", asking.units);
+        }
+        let delayed = decision.delay + waited;
+        if delayed.is_zero() {
+            metrics.request(self.outcome(span, Outcome::Allowed));
+        } else {
+            metrics.request(self.outcome(span, Outcome::Delayed));
+            metrics.delay(delayed);
+        }
+    }
+
+    /// The rate-limit headers of `decision`.
+    pub(super) fn limit_headers(&self, decision: &Decision) -> LimitHeaders {
+        LimitHeaders::new(&self.answers, &self.policy, decision, self.legacy_headers)
+    }
+
     /// A refusal in shadow mode: let through, with the headers, counted and logged as what it
     /// would have been.
     fn shadow_pass(&self, decision: Decision, ask: &Ask) -> Verdict {
         self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
-        let outcome = self.outcome(ask, Outcome::ShadowRefused);
+        let outcome = self.outcome(&ask.span, Outcome::ShadowRefused);
         self.count_refusal(outcome, &ask.key, decision.violated());
-        let headers =
-            LimitHeaders::new(&self.answers, &self.policy, &decision, self.legacy_headers);
+        let headers = self.limit_headers(&decision);
         let rejected =
             TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
         self.log_rejection(
@@ -214,7 +238,7 @@ impl Limiter {
             let max_delay = self.policy.mode().max_delay();
             self.refusals.remember(ask.asking(), &decision, max_delay);
         }
-        let outcome = self.outcome(ask, Outcome::Refused);
+        let outcome = self.outcome(&ask.span, Outcome::Refused);
         let now = self.count_refusal(outcome, &ask.key, decision.violated());
         if self.refusals.may_log(now) {
             let rejected =
@@ -229,11 +253,11 @@ impl Limiter {
         let doing = ("letting the request through", "refusing the request");
         if self.store_failure_lets_through(error, doing) {
             self.metrics()
-                .request(self.outcome(ask, Outcome::StoreErrorAllowed));
+                .request(self.outcome(&ask.span, Outcome::StoreErrorAllowed));
             Verdict::Admit(Admission::let_through(self))
         } else {
             self.metrics()
-                .request(self.outcome(ask, Outcome::StoreErrorDenied));
+                .request(self.outcome(&ask.span, Outcome::StoreErrorDenied));
             Verdict::Respond(Refusal::StoreUnavailable, ask.protocol.clone())
         }
     }
@@ -254,10 +278,10 @@ impl Limiter {
         lets_through
     }
 
-    /// `outcome`, recorded on the check's span too.
-    fn outcome(&self, ask: &Ask, outcome: Outcome) -> Outcome {
-        if !ask.span.is_disabled() {
-            ask.span.record("outcome", outcome.label());
+    /// `outcome`, recorded on the check's `span` too.
+    fn outcome(&self, span: &tracing::Span, outcome: Outcome) -> Outcome {
+        if !span.is_disabled() {
+            span.record("outcome", outcome.label());
         }
         outcome
     }

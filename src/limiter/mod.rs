@@ -25,7 +25,7 @@ pub(crate) mod top_refused;
 pub(crate) use admission::{Admission, OnResponse, Told};
 pub(crate) use answer::{Answered, Refusal};
 pub(crate) use charge::{Charge, Charged};
-pub(crate) use flow::{Decided, Deciding, Resolved};
+pub(crate) use flow::{Decided, Deciding, Layered, Resolved};
 pub(crate) use prefetch::give_back_unspent;
 use settling::Settling;
 
@@ -47,7 +47,7 @@ use crate::limiter::top_refused::{
 };
 use crate::operate::HeavyHitter;
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Applied, Policy, PolicyError, StorageKey};
+use crate::policy::{Applied, Mode, Policy, PolicyError, StorageKey};
 use crate::response::{AnswerPlan, Protocol, TooManyRequests};
 use crate::store::{Abilities, CheckRequest, QuotaRequest, Store};
 
@@ -87,6 +87,14 @@ pub(crate) struct Limiter {
     overriding: OnceLock<Box<[Option<Arc<Limiter>>]>>,
     /// Units taken ahead for hot identities, under a policy that prefetches.
     prefetched: Option<Arc<prefetch::Prefetched>>,
+    /// Whether its policy is plain: none of the options a request's flow has steps for beyond
+    /// the store's check (an override, a quota, a meter, units taken ahead, a concurrency limit,
+    /// `count_only`, a mode other than enforce). Decided when it is built, so a layer's
+    /// admission under it skips those steps ([`Limiter::decide_layered`]).
+    plain: bool,
+    /// Whether its store is remote ([`Store::is_remote`]): only a remote store's checks are
+    /// timed.
+    remote: bool,
     /// Its give-backs and settles on their way to the store, under an outgoing door (whose
     /// calls waiting for room listen: [`outgoing`]).
     settling: Option<Arc<Settling>>,
@@ -267,6 +275,8 @@ impl Limiter {
         let prefetched = prefetch::Prefetched::of(&policy);
         Limiter {
             answers: AnswerPlan::new(&policy),
+            plain: is_plain(&policy, prefetched.is_some()),
+            remote: store.is_remote(),
             policy,
             store,
             legacy_headers: false,
@@ -293,6 +303,8 @@ impl Limiter {
         let prefetched = prefetch::Prefetched::of(&policy);
         Limiter {
             answers: AnswerPlan::new(&policy),
+            plain: is_plain(&policy, prefetched.is_some()),
+            remote: self.remote,
             policy,
             store: self.store.clone(),
             legacy_headers: self.legacy_headers,
@@ -411,10 +423,25 @@ impl Limiter {
 
     /// [`Limiter::check`], reserving at most `max_delay` ahead.
     fn check_within(&self, ask: &Ask, max_delay: Duration) -> crate::store::CheckFuture {
+        let price = Price {
+            cost: ask.price.cost + ask.extra,
+            ..ask.price
+        };
+        self.check_of(&ask.key, ask.quota.as_ref(), price, max_delay)
+    }
+
+    /// Asks the store about a request of `price` for `key` and the day's `quota`, reserving at most `max_delay` ahead.
+    fn check_of(
+        &self,
+        key: &StorageKey,
+        quota: Option<&QuotaLookup>,
+        price: Price,
+        max_delay: Duration,
+    ) -> crate::store::CheckFuture {
         let request = self
-            .store_request(&ask.key, ask.quota.as_ref())
-            .cost(ask.price.cost + ask.extra)
-            .units(ask.price.units)
+            .store_request(key, quota)
+            .cost(price.cost)
+            .units(price.units)
             .max_delay(max_delay);
         self.store.check(&request)
     }
@@ -444,6 +471,18 @@ impl Limiter {
             .quota(quota)
             .concurrency(policy.concurrency())
     }
+}
+
+/// Whether `policy` (which takes units ahead: `prefetches`) is plain (see [`Limiter`]'s
+/// `plain`).
+fn is_plain(policy: &Policy, prefetches: bool) -> bool {
+    policy.overrides().is_empty()
+        && policy.quota().is_none()
+        && policy.meter().is_none()
+        && !prefetches
+        && policy.concurrency().is_none()
+        && !policy.counts_only_some()
+        && policy.mode() == Mode::Enforce
 }
 
 /// Refuses `policy` when it needs an ability `store` lacks ([`Abilities`]), naming the option

@@ -2,13 +2,14 @@
 //! [`RateLimiter`](crate::RateLimiter) names), an override, a cost no rule admits, units in hand,
 //! a cached refusal; what [`flow`](super::flow) starts from.
 
-use super::{Ask, Decided, Limiter, Prepared, Price, Refusal, flow, prefetch};
+use super::{Ask, Decided, Layered, Limiter, OnResponse, Prepared, Price, Refusal, flow, prefetch};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::StatusCode;
 
+use crate::limiter::refusals::Asking;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
 use crate::policy::{Applied, KeyLookup, Mode, StorageKey};
@@ -31,6 +32,66 @@ impl Limiter {
     /// [`flow`]), carried as far as it goes without waiting.
     pub(crate) fn decide(self: &Arc<Self>, parts: &http::request::Parts) -> Decided {
         flow::start(self, self.prepare(parts))
+    }
+
+    /// [`Limiter::decide`] for a layer, which turns an admission at once into what its response
+    /// gets (a meter's `Usage` going into the request's `extensions`) and a refusal into its
+    /// answer. Under a plain policy (decided when the limiter was built: none of the options the
+    /// flow has steps for), an admission the store gives at once is counted and made here,
+    /// without the flow's general steps; anything else (a refusal, a remembered one, a cost no
+    /// rule admits, a store that answers later or fails) goes on in the flow from where it is.
+    pub(crate) fn decide_layered(self: &Arc<Self>, parts: &mut http::request::Parts) -> Layered {
+        if !self.plain {
+            return Layered::of(self.decide(parts), &mut parts.extensions);
+        }
+        // A plain policy's preparation: its key, its cost (one no rule admits, and a request
+        // without a key, go the whole way), a refusal the cache remembers.
+        let policy = &self.policy;
+        let KeyLookup::Found(key) = policy.storage_key(parts) else {
+            return Layered::of(self.decide(parts), &mut parts.extensions);
+        };
+        let cost = policy.cost(parts);
+        if policy.too_costly(cost).is_some() {
+            let protocol = Protocol::of(&parts.headers);
+            let prepared = self.prepare_found(key, Price::new(cost, 1), None, protocol, false);
+            return Layered::of(flow::start(self, prepared), &mut parts.extensions);
+        }
+        // The store is asked before the request's `Ask` is made: an admission at once needs
+        // none. The protocol matters only to the limiter's own answer, read when one is given.
+        let price = Price::new(cost, 1);
+        let asking = Asking {
+            key: key.as_str(),
+            cost,
+            units: price.units,
+            quota: None,
+        };
+        if let Some(refusal) = self.remembered_refusal(&key, asking) {
+            return Layered::Answer(refusal.respond(self, &Protocol::of(&parts.headers)));
+        }
+        let started = self.remote.then(Instant::now);
+        let mut check = self.check_of(&key, None, price, policy.mode().max_delay());
+        let result = check.take_ready();
+        match result {
+            // Whole (a state per rule: a plain policy has no quota, no slot), admitted at once.
+            Some(Ok(decision))
+                if decision.allowed
+                    && decision.delay.is_zero()
+                    && decision.rules.len() == self.policy.rules().len() =>
+            {
+                let span = self.check_span(&key);
+                self.count_store_call(Ok(()), started, &span);
+                self.count_admission(&decision, asking, &span, Duration::ZERO);
+                Layered::Call(OnResponse::with_headers(self.limit_headers(&decision)))
+            }
+            Some(result) => {
+                let ask = self.asked(key, price, Protocol::of(&parts.headers), started);
+                Layered::of(flow::judged(self, ask, result), &mut parts.extensions)
+            }
+            None => {
+                let ask = self.asked(key, price, Protocol::of(&parts.headers), started);
+                Layered::Wait(flow::awaiting(self, ask, check))
+            }
+        }
     }
 
     /// Finds a request's key and cost, or what to do without a store check.
@@ -205,34 +266,65 @@ impl Limiter {
         extra: u64,
         receipt: bool,
     ) -> Prepared {
-        let policy = &self.policy;
-        let span = tracing::debug_span!(
-            "rate_limit",
-            policy = policy.name(),
-            key_kind = key.kind(),
-            outcome = tracing::field::Empty,
-            store_latency_us = tracing::field::Empty,
-        );
-        let ask = Ask {
+        let mut ask = Ask {
+            span: self.check_span(&key),
             key,
             price,
             quota,
             protocol,
-            span,
-            started: self.store.is_remote().then(Instant::now),
+            started: None,
             extra,
             receipt,
         };
-        // Shadow mode asks the store every time: it counts what it lets through.
-        if policy.mode() != Mode::Shadow
-            && let Some(decision) = self.refusals.answer(ask.asking())
-        {
-            self.refusals.count_unlogged();
-            self.count_refusal(Outcome::CachedRefusal, &ask.key, decision.violated());
+        if let Some(refusal) = self.remembered_refusal(&ask.key, ask.asking()) {
             prefetch::untake(self, &ask);
-            return Prepared::Respond(Refusal::Limited(decision), ask.protocol.clone());
+            return Prepared::Respond(refusal, ask.protocol.clone());
         }
+        ask.started = self.remote.then(Instant::now);
         Prepared::Check(ask)
+    }
+
+    /// A plain policy's request (of a layer: no receipt), which asked the store at `started`.
+    fn asked(
+        &self,
+        key: StorageKey,
+        price: Price,
+        protocol: Protocol,
+        started: Option<Instant>,
+    ) -> Ask {
+        Ask {
+            span: self.check_span(&key),
+            key,
+            price,
+            quota: None,
+            protocol,
+            started,
+            extra: 0,
+            receipt: false,
+        }
+    }
+
+    /// The span of a check of `key` (`rate_limit`, at `debug`).
+    fn check_span(&self, key: &StorageKey) -> tracing::Span {
+        tracing::debug_span!(
+            "rate_limit",
+            policy = self.policy.name(),
+            key_kind = key.kind(),
+            outcome = tracing::field::Empty,
+            store_latency_us = tracing::field::Empty,
+        )
+    }
+
+    /// The refusal the refusal cache remembers for `asking` (of `key`), counted, if one stands.
+    fn remembered_refusal(&self, key: &StorageKey, asking: Asking<'_>) -> Option<Refusal> {
+        // Shadow mode asks the store every time: it counts what it lets through.
+        if self.policy.mode() == Mode::Shadow {
+            return None;
+        }
+        let decision = self.refusals.answer(asking)?;
+        self.refusals.count_unlogged();
+        self.count_refusal(Outcome::CachedRefusal, key, decision.violated());
+        Some(Refusal::Limited(decision))
     }
 
     /// [`Limiter::decide`] for an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s
