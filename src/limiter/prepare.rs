@@ -72,10 +72,12 @@ impl Limiter {
         let mut check = self.check_of(&key, None, price, policy.mode().max_delay());
         let result = check.take_ready();
         match result {
-            // Whole (a state per rule: a plain policy has no quota, no slot), admitted at once.
+            // Whole (a state per rule: a plain policy has no quota, no slot), admitted at once,
+            // holding no lease.
             Some(Ok(decision))
                 if decision.allowed
                     && decision.delay.is_zero()
+                    && decision.lease.is_none()
                     && decision.rules.len() == self.policy.rules().len() =>
             {
                 let span = self.check_span(&key);
