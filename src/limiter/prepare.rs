@@ -65,7 +65,7 @@ impl Limiter {
                 return Prepared::Respond(refusal, protocol.clone());
             }
         };
-        if (self.book.is_some() || !policy.overrides().is_empty())
+        if (self.run_time_overrides().is_some() || !policy.overrides().is_empty())
             && let Some(found) = self.find_override(key.identity(), Some(parts))
         {
             let by_override =
@@ -322,7 +322,7 @@ impl Limiter {
             return Prepared::Respond(Refusal::ZeroCost, protocol.clone());
         }
         let key = policy.named_key(identity);
-        if (self.book.is_some() || !policy.overrides().is_empty())
+        if (self.run_time_overrides().is_some() || !policy.overrides().is_empty())
             && let Some(found) = self.find_override(key.identity(), None)
         {
             let by_override = self.prepare_overridden(found, &key, &protocol, |own| {

@@ -262,3 +262,75 @@ fn the_operations_futures_are_send() {
     send(layer.remove_override(Override::identity("10.0.0.1")));
     send(layer.overrides());
 }
+
+#[tokio::test]
+async fn a_hashed_key_is_set_and_listed_by_its_hash_alone() {
+    let policy = Policy::builder("keys")
+        .key(Key::header("x-api-key"))
+        .rule(Rule::new(5, MINUTE))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(policy, MemoryStore::new());
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .layer(layer.clone());
+    layer
+        .set_override(Override::identity("sk-live-secret").deny())
+        .await
+        .unwrap();
+    let with_key = |key: &'static str| {
+        let mut request = request_from("192.0.2.1:1", "/");
+        request
+            .headers_mut()
+            .insert("x-api-key", http::HeaderValue::from_static(key));
+        request
+    };
+    assert_eq!(
+        send(&app, with_key("sk-live-secret")).await.status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        send(&app, with_key("sk-other")).await.status(),
+        StatusCode::OK
+    );
+    let listed = layer.overrides().await.unwrap();
+    assert!(listed[0].target.starts_with("header#"), "{listed:?}");
+    assert!(!listed[0].target.contains("secret"), "{listed:?}");
+}
+
+#[tokio::test]
+async fn counts_carry_over_under_every_algorithm() {
+    use tower_redis_ratelimit::Algorithm;
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::TokenBucket,
+    ] {
+        let clock = clock();
+        let policy = Policy::builder("algorithms")
+            .key(Key::user())
+            .rule(Rule::new(5, MINUTE))
+            .algorithm(algorithm)
+            .build()
+            .unwrap();
+        let store = store_at(&clock);
+        let (one, other) = (
+            RateLimiter::new(policy.clone(), store.clone()),
+            RateLimiter::new(policy, store),
+        );
+        for _ in 0..3 {
+            one.check("alice").await.unwrap();
+        }
+        one.set_override(Override::identity("alice").rules([Rule::new(20, MINUTE)]))
+            .await
+            .unwrap();
+        // The token bucket carries the time owed: 3 units of 12 s are 36 s, 12 of the new 3 s.
+        let left = if algorithm == Algorithm::TokenBucket {
+            8
+        } else {
+            17
+        };
+        assert_eq!(admitted(&other, "alice").await, left, "{algorithm:?}");
+    }
+}
