@@ -115,6 +115,7 @@ pub mod policy;
 pub mod quota;
 mod rate_limiter;
 pub mod response;
+mod run_time_overrides;
 pub mod store;
 
 pub use decision::Decision;

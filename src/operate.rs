@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use crate::PolicyError;
 use crate::store::StoreError;
 
 /// Why an operator's action on an identity failed.
@@ -20,9 +21,42 @@ pub enum OperatorError {
     /// doesn't name its keys.
     #[error("policy {0:?} counts per route: an identity alone doesn't name its keys")]
     RouteScoped(String),
+    /// An override can't be set: its rules are refused as the policy refuses bad rules, or it
+    /// names what the policy's key can't yield (a non-address under `Key::ip`, an identity under
+    /// `Key::global`). Nothing was stored.
+    #[error("override refused: {0}")]
+    InvalidOverride(#[source] PolicyError),
     /// The store failed, or can't do this.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// An override set at run time, as
+/// [`RateLimiter::overrides`](crate::RateLimiter::overrides) lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SetOverride {
+    /// Whom it is for, as the logs show it: an identity as the policy's key stores it
+    /// (`user:alice`; a header's or query's value only as its hash, `header#…`), a client
+    /// address, or a network (`10.0.0.0/8`).
+    pub target: String,
+    /// What it does.
+    pub action: OverrideAction,
+    /// How long it has left, in milliseconds (`None`: until removed).
+    pub left_ms: Option<u64>,
+}
+
+/// What an override set at run time does (see [`SetOverride`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OverrideAction {
+    /// Lets the requests through, counted nowhere.
+    Unlimited,
+    /// Refuses them (403), counted nowhere.
+    Deny,
+    /// Counts them by these rules, named as in the `RateLimit-Policy` header (`20-per-60s`).
+    Rules(Vec<String>),
 }
 
 /// One rule's state for one identity, as [`RateLimitLayer::inspect`](crate::RateLimitLayer::inspect)

@@ -71,7 +71,7 @@ use crate::store::{Store, StoreError};
 /// stores it, in its default tier.
 #[derive(Clone)]
 pub struct RateLimiter {
-    limiter: Arc<Limiter>,
+    pub(crate) limiter: Arc<Limiter>,
 }
 
 impl RateLimiter {

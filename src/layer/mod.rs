@@ -44,7 +44,7 @@ use crate::store::Store;
 /// ```
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    limiter: Arc<Limiter>,
+    pub(crate) limiter: Arc<Limiter>,
 }
 
 impl RateLimitLayer {

@@ -29,9 +29,10 @@ pub(crate) use flow::{Decided, Deciding, Layered, Resolved};
 pub(crate) use prefetch::give_back_unspent;
 use settling::Settling;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -47,9 +48,9 @@ use crate::limiter::top_refused::{
 };
 use crate::operate::HeavyHitter;
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Applied, Mode, Policy, PolicyError, StorageKey};
+use crate::policy::{Applied, Mode, Policy, PolicyError, Rule, StorageKey};
 use crate::response::{AnswerPlan, Protocol, TooManyRequests};
-use crate::store::{Abilities, CheckRequest, QuotaRequest, Store};
+use crate::store::{Abilities, CheckRequest, OverrideBook, QuotaRequest, Store};
 
 pub(crate) type RejectHandler = Arc<dyn Fn(&TooManyRequests) -> Response<Body> + Send + Sync>;
 
@@ -85,6 +86,12 @@ pub(crate) struct Limiter {
     /// request from this limiter's settings; a change of settings forgets them
     /// ([`Limiter::settings_changed`]), so a layer's setters reach them.
     overriding: OnceLock<Box<[Option<Arc<Limiter>>]>>,
+    /// The overrides set at run time for its policy, as its store keeps them (none for an
+    /// override's own limiter, or a store that keeps none).
+    book: Option<Arc<OverrideBook>>,
+    /// The limiter of each rule set a run-time override counts by, made at its first request
+    /// (forgotten, as `overriding` is, when the settings change).
+    run_time: Arc<Mutex<RunTimeLimiters>>,
     /// Units taken ahead for hot identities, under a policy that prefetches.
     prefetched: Option<Arc<prefetch::Prefetched>>,
     /// Whether its policy is plain: none of the options a request's flow has steps for beyond
@@ -99,6 +106,9 @@ pub(crate) struct Limiter {
     /// calls waiting for room listen: [`outgoing`]).
     settling: Option<Arc<Settling>>,
 }
+
+/// The limiters of the rule sets run-time overrides count by.
+type RunTimeLimiters = HashMap<Box<[Rule]>, Arc<Limiter>>;
 
 /// What a request costs: requests in the rules that count them, units in the metered ones.
 #[derive(Debug, Clone, Copy)]
@@ -273,12 +283,15 @@ impl Limiter {
             0
         };
         let prefetched = prefetch::Prefetched::of(&policy);
+        let book = store.override_book(policy.key_base());
         Limiter {
             answers: AnswerPlan::new(&policy),
             plain: is_plain(&policy, prefetched.is_some()),
             remote: store.is_remote(),
             policy,
             store,
+            book,
+            run_time: Arc::default(),
             legacy_headers: false,
             on_rejected: None,
             shadow_refusals: Arc::new(AtomicU64::new(0)),
@@ -307,6 +320,8 @@ impl Limiter {
             remote: self.remote,
             policy,
             store: self.store.clone(),
+            book: None,
+            run_time: Arc::default(),
             legacy_headers: self.legacy_headers,
             on_rejected: self.on_rejected.clone(),
             shadow_refusals: self.shadow_refusals.clone(),
@@ -334,6 +349,42 @@ impl Limiter {
     /// Forgets the override limiters made from the settings before a change.
     fn settings_changed(&mut self) {
         self.overriding = OnceLock::new();
+        self.run_time = Arc::default();
+    }
+
+    /// The limiter of a run-time override counting by `rules`: made at its first use, from
+    /// this limiter's settings; `None` when its rules don't make a policy (refused when it was
+    /// set, so only a store written by another version could hold them).
+    pub(super) fn run_time_limiter(&self, rules: &[Rule]) -> Option<Arc<Limiter>> {
+        /// At most this many rule sets are kept: more are made again.
+        const KEPT: usize = 1024;
+        let mut made = self.run_time.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(limiter) = made.get(rules) {
+            return Some(limiter.clone());
+        }
+        match self.policy.run_time_policy(rules) {
+            Ok(policy) => {
+                if made.len() >= KEPT {
+                    made.clear();
+                }
+                let limiter = Arc::new(self.with_policy(policy));
+                made.insert(rules.into(), limiter.clone());
+                Some(limiter)
+            }
+            Err(error) => {
+                tracing::error!(
+                    policy = self.policy.name(),
+                    %error,
+                    "an override set at run time has rules this policy can't take: ignored"
+                );
+                None
+            }
+        }
+    }
+
+    /// The overrides set at run time for its policy, when any is set.
+    pub(super) fn run_time_overrides(&self) -> Option<&OverrideBook> {
+        self.book.as_deref().filter(|book| !book.is_empty())
     }
 
     /// The limiter of override `index`, when it has rules.
@@ -470,6 +521,7 @@ impl Limiter {
             .block_for(policy.block_for())
             .quota(quota)
             .concurrency(policy.concurrency())
+            .counted_as(policy.counted_as())
     }
 }
 

@@ -5,10 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Limiter;
+use super::prepare::Found;
+use super::telemetry;
+use crate::PolicyError;
 use crate::decision::Decision;
-use crate::operate::{OperatorError, RuleUsage};
+use crate::operate::{OperatorError, OverrideAction, RuleUsage, SetOverride};
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Applied, Rule, StorageKey, is_storable_identity};
+use crate::policy::{
+    Applied, Override, OverrideTarget, Rule, StorageKey, StoredAction, Whom, is_storable_identity,
+};
 use crate::store::{CheckRequest, StoreError};
 
 impl Limiter {
@@ -116,17 +121,126 @@ impl Limiter {
         Ok(decision)
     }
 
-    /// The limiter that counts `identity`: a `rules` override's, or this one.
+    /// The limiter that counts `identity`: a `rules` override's (set at run time or the
+    /// policy's), or this one.
     fn counting(self: &Arc<Self>, identity: &str) -> Arc<Limiter> {
-        let overrides = self.policy.overrides();
-        if !overrides.is_empty()
-            && let Some((index, Applied::Rules(_))) =
-                overrides.find_identity(self.policy.named_key(identity).identity())
-            && let Some(own) = self.overriding(index)
-        {
-            return own;
+        let key = self.policy.named_key(identity);
+        let own = match self.find_override(key.identity(), None) {
+            Some(Found::Static(index, Applied::Rules(_))) => self.overriding(index),
+            Some(Found::RunTime(over)) => match over.action() {
+                StoredAction::Rules(rules) => self.run_time_limiter(rules),
+                StoredAction::Unlimited | StoredAction::Deny => None,
+            },
+            _ => None,
+        };
+        own.unwrap_or_else(|| self.clone())
+    }
+
+    /// See [`RateLimiter::set_override`](crate::RateLimiter::set_override): checked, then kept
+    /// in the store, lasting `lasting` (`None`: until removed).
+    pub(crate) async fn set_override(
+        &self,
+        over: Override,
+        lasting: Option<Duration>,
+    ) -> Result<(), OperatorError> {
+        let policy = &self.policy;
+        if over.names_empty_identity() {
+            return Err(OperatorError::BadIdentity(String::new()));
         }
-        self.clone()
+        let stored = over
+            .stored(policy.key())
+            .map_err(|reason| self.invalid_override(reason))?;
+        if let Whom::Identity(identity) = stored.whom()
+            && !is_storable_identity(identity)
+        {
+            return Err(OperatorError::BadIdentity(identity.clone()));
+        }
+        if let StoredAction::Rules(rules) = stored.action() {
+            // Refused as the policy refuses bad rules, before anything is stored.
+            policy
+                .run_time_policy(rules)
+                .map_err(OperatorError::InvalidOverride)?;
+        }
+        let whom = stored.whom().clone();
+        let action = shown_action(stored.action());
+        self.store()
+            .set_override(policy.key_base(), stored, lasting)
+            .await?;
+        self.forget_refusals_of(&whom);
+        telemetry::override_changed(policy.name(), "set");
+        tracing::info!(
+            policy = policy.name(),
+            target = whom.shown(),
+            action,
+            lasting_ms = lasting.map(millis),
+            "rate-limit override set"
+        );
+        Ok(())
+    }
+
+    /// See [`RateLimiter::remove_override`](crate::RateLimiter::remove_override).
+    pub(crate) async fn remove_override(
+        &self,
+        target: OverrideTarget,
+    ) -> Result<(), OperatorError> {
+        let policy = &self.policy;
+        if target.is_empty_identity() {
+            return Err(OperatorError::BadIdentity(String::new()));
+        }
+        let whom = target
+            .stored(policy.key())
+            .map_err(|reason| self.invalid_override(reason))?;
+        self.store()
+            .remove_override(policy.key_base(), &whom)
+            .await?;
+        self.forget_refusals_of(&whom);
+        telemetry::override_changed(policy.name(), "removed");
+        tracing::info!(
+            policy = policy.name(),
+            target = whom.shown(),
+            "rate-limit override removed"
+        );
+        Ok(())
+    }
+
+    /// See [`RateLimiter::overrides`](crate::RateLimiter::overrides).
+    pub(crate) async fn overrides(&self) -> Result<Vec<SetOverride>, OperatorError> {
+        let listed = self.store().list_overrides(self.policy.key_base()).await?;
+        Ok(listed
+            .iter()
+            .map(|listed| SetOverride {
+                target: listed.whom().shown(),
+                action: match listed.action() {
+                    StoredAction::Unlimited => OverrideAction::Unlimited,
+                    StoredAction::Deny => OverrideAction::Deny,
+                    StoredAction::Rules(rules) => OverrideAction::Rules(
+                        rules.iter().map(|rule| rule.name().into_owned()).collect(),
+                    ),
+                },
+                left_ms: listed.left().map(millis),
+            })
+            .collect())
+    }
+
+    /// An override this policy refuses, and why.
+    fn invalid_override(&self, reason: String) -> OperatorError {
+        OperatorError::InvalidOverride(PolicyError::InvalidOverride {
+            policy: self.policy.name().to_owned(),
+            index: 0,
+            reason,
+        })
+    }
+
+    /// Forgets what this instance remembers of `whom` (its cached refusal, units held ahead):
+    /// its next check asks the store, under its new limits. A network's identities are not
+    /// known here: their cached refusals stand until they expire.
+    fn forget_refusals_of(&self, whom: &Whom) {
+        if let Whom::Identity(identity) = whom
+            && let Some(key) = self.policy.storage_key_of(identity)
+        {
+            self.refusals.forget_key(key.as_str());
+            super::prefetch::forget_key(self, key.as_str());
+        }
     }
 
     /// The limiter that counts `identity`, its key and its quota.
@@ -144,6 +258,19 @@ impl Limiter {
         let key = policy.named_key(identity);
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));
         Ok((limiter, key, quota))
+    }
+}
+
+/// What an override does, for its log line.
+fn shown_action(action: &StoredAction) -> String {
+    match action {
+        StoredAction::Unlimited => "unlimited".to_owned(),
+        StoredAction::Deny => "deny".to_owned(),
+        StoredAction::Rules(rules) => rules
+            .iter()
+            .map(|rule| rule.name().into_owned())
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }
 

@@ -12,8 +12,15 @@ use http::StatusCode;
 use crate::limiter::refusals::Asking;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Applied, KeyLookup, Mode, StorageKey};
+use crate::policy::{Applied, KeyLookup, Mode, StorageKey, StoredAction, StoredOverride};
 use crate::response::Protocol;
+
+/// The override a request falls under: one of the policy's (its index, what it does), or one
+/// set at run time.
+pub(super) enum Found<'a> {
+    Static(usize, &'a Applied),
+    RunTime(Arc<StoredOverride>),
+}
 
 /// What an override does to a request.
 enum Overridden {
@@ -41,7 +48,8 @@ impl Limiter {
     /// without the flow's general steps; anything else (a refusal, a remembered one, a cost no
     /// rule admits, a store that answers later or fails) goes on in the flow from where it is.
     pub(crate) fn decide_layered(self: &Arc<Self>, parts: &mut http::request::Parts) -> Layered {
-        if !self.plain {
+        // An override set at run time makes any policy's request go the whole way while it is.
+        if !self.plain || self.run_time_overrides().is_some() {
             return Layered::of(self.decide(parts), &mut parts.extensions);
         }
         // A plain policy's preparation: its key, its cost (one no rule admits, and a request
@@ -121,9 +129,8 @@ impl Limiter {
                 return Prepared::Respond(refusal, protocol.clone());
             }
         };
-        let overrides = policy.overrides();
-        if !overrides.is_empty()
-            && let Some(found) = overrides.find(key.identity(), parts, policy.client_ip())
+        if (self.run_time_overrides().is_some() || !policy.overrides().is_empty())
+            && let Some(found) = self.find_override(key.identity(), Some(parts))
         {
             let by_override =
                 self.prepare_overridden(found, &key, &protocol, |own| own.prepare(parts));
@@ -146,7 +153,7 @@ impl Limiter {
     /// or prepared by the limiter of its own rules (`prepare_by`), which then answers for it.
     pub(super) fn prepare_overridden(
         &self,
-        found: (usize, &Applied),
+        found: Found<'_>,
         key: &StorageKey,
         protocol: &Protocol,
         prepare_by: impl FnOnce(&Arc<Limiter>) -> Prepared,
@@ -165,15 +172,28 @@ impl Limiter {
 
     /// What an override found for `key` does: decides the request (unlimited, denied), hands it
     /// to the limiter of its own rules, or nothing.
-    fn overridden(&self, (index, applied): (usize, &Applied), key: &StorageKey) -> Overridden {
+    fn overridden(&self, found: Found<'_>, key: &StorageKey) -> Overridden {
         let policy = &self.policy;
-        match applied {
-            Applied::Unlimited => {
+        let (deny, unlimited) = match &found {
+            Found::Static(_, applied) => (
+                matches!(applied, Applied::Deny),
+                matches!(applied, Applied::Unlimited),
+            ),
+            Found::RunTime(over) => {
+                self.metrics().override_applied();
+                (
+                    matches!(over.action(), StoredAction::Deny),
+                    matches!(over.action(), StoredAction::Unlimited),
+                )
+            }
+        };
+        match found {
+            _ if unlimited => {
                 self.metrics().request(Outcome::OverrideUnlimited);
                 Overridden::Unlimited
             }
             // Shadow mode refuses nothing, a deny list included: it says what it would do.
-            Applied::Deny if policy.mode() == Mode::Shadow => {
+            _ if deny && policy.mode() == Mode::Shadow => {
                 self.metrics().request(Outcome::ShadowRefused);
                 self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
@@ -184,7 +204,7 @@ impl Limiter {
                 );
                 Overridden::Unlimited
             }
-            Applied::Deny => {
+            _ if deny => {
                 self.metrics().request(Outcome::OverrideDenied);
                 tracing::debug!(
                     policy = policy.name(),
@@ -194,10 +214,51 @@ impl Limiter {
                 );
                 Overridden::Denied
             }
-            Applied::Rules(_) => self
+            Found::Static(index, _) => self
                 .overriding(index)
                 .map_or(Overridden::No, Overridden::By),
+            Found::RunTime(over) => match over.action() {
+                StoredAction::Rules(rules) => self
+                    .run_time_limiter(rules)
+                    .map_or(Overridden::No, Overridden::By),
+                StoredAction::Unlimited | StoredAction::Deny => Overridden::No,
+            },
         }
+    }
+
+    /// The override of a request whose key yielded `identity` (as store keys hold it; `parts`:
+    /// the request, `None` for an identity a handle names, matched by that identity alone).
+    /// Precedence, stated once: an identity (or client address) before a network; for each, an
+    /// override set at run time before the policy's own.
+    pub(super) fn find_override(
+        &self,
+        identity: &str,
+        parts: Option<&http::request::Parts>,
+    ) -> Option<Found<'_>> {
+        let policy = &self.policy;
+        let statics = policy.overrides();
+        let run_time = self.run_time_overrides();
+        let address = || {
+            parts
+                .and_then(|parts| policy.client_ip().client_addr(parts))
+                .map(|address| address.to_canonical())
+        };
+        if let Some(over) = run_time.and_then(|book| book.find_exact(identity, address)) {
+            return Some(Found::RunTime(over));
+        }
+        if let Some((index, applied)) = statics.find_exact(identity, parts, policy.client_ip()) {
+            return Some(Found::Static(index, applied));
+        }
+        let parts = parts?;
+        if let Some(over) = run_time
+            .filter(|book| book.has_networks())
+            .and_then(|book| book.find_network(address))
+        {
+            return Some(Found::RunTime(over));
+        }
+        statics
+            .find_network(parts, policy.client_ip())
+            .map(|(index, applied)| Found::Static(index, applied))
     }
 
     /// The rest of [`Limiter::prepare`] once the key is known: a cost no rule admits, a cached
@@ -356,9 +417,8 @@ impl Limiter {
             return Prepared::Respond(Refusal::ZeroCost, protocol.clone());
         }
         let key = policy.named_key(identity);
-        let overrides = policy.overrides();
-        if !overrides.is_empty()
-            && let Some(found) = overrides.find_identity(key.identity())
+        if (self.run_time_overrides().is_some() || !policy.overrides().is_empty())
+            && let Some(found) = self.find_override(key.identity(), None)
         {
             let by_override = self.prepare_overridden(found, &key, &protocol, |own| {
                 own.prepare_identity(identity, price)

@@ -129,6 +129,8 @@ mod handles {
         prefetch_units: Option<[Counter; 3]>,
         /// Under a meter: its units reserved, used, given back and overdrawn.
         metered_units: Option<[Counter; 4]>,
+        /// Requests an override set at run time applied to.
+        overrides_applied: Counter,
     }
 
     impl PolicyMetrics {
@@ -152,6 +154,7 @@ mod handles {
             PolicyMetrics {
                 requests,
                 rule_refusals: per_rule("ratelimit_rule_refusals_total"),
+                overrides_applied: counter!("ratelimit_overrides_applied_total", "policy" => name.clone()),
                 near_limit: per_rule("ratelimit_near_limit_total"),
                 delay: histogram!("ratelimit_delay_seconds", "policy" => name.clone()),
                 store_durations: STORE_OUTCOMES.map(|outcome| {
@@ -200,6 +203,11 @@ mod handles {
             self.requests[outcome as usize].increment(1);
         }
 
+        /// Counts a request an override set at run time applied to.
+        pub(crate) fn override_applied(&self) {
+            self.overrides_applied.increment(1);
+        }
+
         /// Counts a refusal against each rule that refused (a rule index past the rules is the
         /// quota's).
         pub(crate) fn rule_refusals(&self, rules: impl Iterator<Item = usize>) {
@@ -245,6 +253,16 @@ mod handles {
         .increment(1);
     }
 
+    /// Counts a change of the overrides set at run time for `policy` (`set` or `removed`).
+    pub(crate) fn override_changed(policy: &str, change: &'static str) {
+        counter!(
+            "ratelimit_overrides_changed_total",
+            "policy" => policy.to_owned(),
+            "change" => change
+        )
+        .increment(1);
+    }
+
     /// Counts a reload of a configuration (`applied` or `refused`).
     #[cfg_attr(not(feature = "config"), allow(dead_code))]
     pub(crate) fn config_reload(outcome: &'static str) {
@@ -265,6 +283,7 @@ mod handles {
             PolicyMetrics
         }
         pub(crate) fn request(&self, _outcome: Outcome) {}
+        pub(crate) fn override_applied(&self) {}
         pub(crate) fn rule_refusals(&self, _rules: impl Iterator<Item = usize>) {}
         pub(crate) fn admitted(&self, _decision: &Decision) {}
         pub(crate) fn delay(&self, _delay: Duration) {}
@@ -274,14 +293,15 @@ mod handles {
     }
 
     pub(crate) fn quota_alert(_quota: &str, _percent: u8, _outcome: &'static str) {}
+    pub(crate) fn override_changed(_policy: &str, _change: &'static str) {}
 
     #[cfg_attr(not(feature = "config"), allow(dead_code))]
     pub(crate) fn config_reload(_outcome: &'static str) {}
 }
 
-#[cfg_attr(not(feature = "config"), allow(unused_imports))]
-pub(crate) use handles::config_reload;
 pub(crate) use handles::{PolicyMetrics, quota_alert};
+#[cfg_attr(not(feature = "config"), allow(unused_imports))]
+pub(crate) use handles::{config_reload, override_changed};
 
 #[cfg(test)]
 mod tests {

@@ -45,6 +45,9 @@ pub struct PolicyBuilder {
     lease: Option<Duration>,
     overrides: Vec<Override>,
     meter: Option<Meter>,
+    /// The rules of the policy whose run-time override this builds: each rule is counted in the
+    /// counter of the one of its period there ([`Policy::run_time_policy`]).
+    counted_as_of: Option<Box<[Rule]>>,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -83,6 +86,7 @@ impl PolicyBuilder {
             lease: None,
             overrides: Vec::new(),
             meter: None,
+            counted_as_of: None,
         }
     }
 
@@ -404,6 +408,8 @@ impl PolicyBuilder {
         let overrides = std::mem::take(&mut self.overrides);
         // What a `rules` override's policy is built from: this one, but for its rules.
         let base = (!overrides.is_empty()).then(|| self.clone());
+        // And an override's set at run time (not for such an override's own policy).
+        let run_time_base = self.counted_as_of.is_none().then(|| Box::new(self.clone()));
         let CheckedParts {
             rules,
             counted_rules,
@@ -428,6 +434,10 @@ impl PolicyBuilder {
         }
         .check()?;
         self.rules = rules;
+        let counted_as = self
+            .counted_as_of
+            .as_deref()
+            .map(|base| counted_as(&self.rules, base));
         let concurrency = concurrency.map(|(n, lease)| {
             let limit = ConcurrencyLimit::new(n, lease);
             // `<n>-in-flight`: always a valid rule name.
@@ -503,8 +513,18 @@ impl PolicyBuilder {
                 }),
             key_base,
             overrides,
+            run_time_base,
+            counted_as,
             fell_back: std::sync::atomic::AtomicBool::new(false),
         })))
+    }
+
+    /// The policy of a run-time override with `rules`, over a policy of `base` rules: see
+    /// [`Policy::run_time_policy`].
+    pub(super) fn run_time(mut self, rules: &[Rule], base: &[Rule]) -> Result<Policy, PolicyError> {
+        self.rules = rules.to_vec();
+        self.counted_as_of = Some(base.into());
+        self.build_quietly()
     }
 
     /// The most one request may cost under `rule`.
@@ -514,6 +534,38 @@ impl PolicyBuilder {
             _ => rule.limit(),
         }
     }
+}
+
+/// The limit each of `rules` is counted under: the limit of the rule of `base` of the same period
+/// and metering (one that is exactly the same first, each of `base` taken once), or its own.
+fn counted_as(rules: &[Rule], base: &[Rule]) -> Box<[u64]> {
+    let mut taken = vec![false; base.len()];
+    let mut counted: Vec<Option<u64>> = vec![None; rules.len()];
+    let same_period = |rule: &Rule, other: &Rule| {
+        !rule.is_duplicate_guard()
+            && !other.is_duplicate_guard()
+            && rule.period_ms() == other.period_ms()
+            && rule.is_metered() == other.is_metered()
+    };
+    for exact in [true, false] {
+        for (index, rule) in rules.iter().enumerate() {
+            if counted[index].is_some() {
+                continue;
+            }
+            let found = base.iter().enumerate().position(|(at, other)| {
+                !taken[at] && same_period(rule, other) && (!exact || rule.limit() == other.limit())
+            });
+            if let Some(at) = found {
+                taken[at] = true;
+                counted[index] = Some(base[at].limit());
+            }
+        }
+    }
+    rules
+        .iter()
+        .zip(counted)
+        .map(|(rule, counted)| counted.unwrap_or(rule.limit()))
+        .collect()
 }
 
 /// A request's cost from a header: a whole number of at least 1; absent or anything else: 1.

@@ -26,7 +26,7 @@ pub use builder::PolicyBuilder;
 pub(crate) use concurrency_limit::ConcurrencyLimit;
 pub use options::{Cost, CostFn, CountsFn, MissingKey};
 pub(crate) use overrides::{Applied, Overrides};
-pub use overrides::{Override, OverrideTarget};
+pub use overrides::{Override, OverrideTarget, StoredAction, StoredOverride, Whom};
 // The plain parts and the checks, shared with the derive macro.
 use storage_key::push_route;
 pub(crate) use storage_key::{KeyLookup, StorageKey, is_storable_identity};
@@ -105,6 +105,12 @@ pub(super) struct Inner {
     pub(super) key_base: String,
     /// Identities and networks treated apart.
     pub(super) overrides: Overrides,
+    /// What the policy of an override set at run time is built from: this policy's builder
+    /// (none for such a policy, nor for a policy derived from another).
+    pub(super) run_time_base: Option<Box<PolicyBuilder>>,
+    /// The limit each rule's counter is kept under, when it differs from the rule's own: a
+    /// run-time override's rule shares the counter of the policy's rule of its period.
+    pub(super) counted_as: Option<Box<[u64]>>,
     /// Whether a request without its key has been counted by client IP yet: said once, at WARN
     /// (the limiter often runs before the layer that sets the key).
     pub(super) fell_back: std::sync::atomic::AtomicBool,
@@ -317,6 +323,8 @@ impl Policy {
             }),
             key_base: inner.key_base.clone(),
             overrides: inner.overrides.clone(),
+            run_time_base: None,
+            counted_as: inner.counted_as.clone(),
             fell_back: std::sync::atomic::AtomicBool::new(false),
         }))
     }
@@ -363,6 +371,33 @@ impl Policy {
     /// The identities and networks this policy treats apart.
     pub(crate) fn overrides(&self) -> &Overrides {
         &self.0.overrides
+    }
+
+    /// `prefix:name:`, the start of every store key of this policy: what a store keeps its
+    /// run-time overrides under.
+    pub(crate) fn key_base(&self) -> &str {
+        &self.0.key_base
+    }
+
+    /// The policy of an override set at run time with `rules`: this one with `rules` instead of
+    /// its own, each rule counted in the counter of this policy's rule of the same period (and
+    /// metering) when there is one, so that what an identity has used carries over. Refused as
+    /// [`build`](PolicyBuilder::build) refuses bad rules.
+    pub(crate) fn run_time_policy(&self, rules: &[Rule]) -> Result<Policy, PolicyError> {
+        let Some(base) = self.0.run_time_base.as_deref() else {
+            return Err(PolicyError::InvalidOverride {
+                policy: self.name().to_owned(),
+                index: 0,
+                reason: "this policy is an override's own: set overrides on the policy".to_owned(),
+            });
+        };
+        base.clone().run_time(rules, &self.0.rules)
+    }
+
+    /// The limits the counters of the rules are kept under (see [`Policy::run_time_policy`]),
+    /// when they differ from the rules' own.
+    pub(crate) fn counted_as(&self) -> Option<&[u64]> {
+        self.0.counted_as.as_deref()
     }
 
     /// The store key of a request, or what to do when it has none.

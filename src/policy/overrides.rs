@@ -98,6 +98,104 @@ impl OverrideTarget {
     }
 }
 
+/// An override set at run time, as a store keeps it: whom (as store keys hold it) and what it
+/// does. Made by [`Override::stored`] once the policy has checked it.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredOverride {
+    pub(crate) whom: Whom,
+    pub(crate) action: StoredAction,
+}
+
+/// Whom a stored override is for.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Whom {
+    /// An identity as store keys hold it (`user:alice`, `header#…`).
+    Identity(String),
+    /// A client address (a policy keyed by client IP).
+    Address(IpAddr),
+    /// A client network.
+    Network(IpNet),
+}
+
+/// What a stored override does.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoredAction {
+    /// Let through, counted nowhere.
+    Unlimited,
+    /// Refused (403).
+    Deny,
+    /// Counted by these rules instead of the policy's.
+    Rules(Vec<Rule>),
+}
+
+impl Whom {
+    /// As the logs show it: the stored identity (an API key only as its hash), the address or
+    /// the network.
+    pub(crate) fn shown(&self) -> String {
+        match self {
+            Whom::Identity(identity) => identity.clone(),
+            Whom::Address(address) => address.to_string(),
+            Whom::Network(network) => network.to_string(),
+        }
+    }
+}
+
+impl Override {
+    /// Whether it names an identity, and that identity is empty.
+    pub(crate) fn names_empty_identity(&self) -> bool {
+        matches!(&self.target, Target::Identity(identity) if identity.is_empty())
+    }
+
+    /// Whom this override is for as store keys hold it under a policy keyed by `key`, and what
+    /// it does; an error says why it can't be (an empty identity, a non-address for
+    /// [`Key::ip`], an identity under [`Key::global`], an empty rule list).
+    pub(crate) fn stored(&self, key: &Key) -> Result<StoredOverride, String> {
+        let whom = OverrideTarget(self.target.clone()).stored(key)?;
+        let action = match &self.action {
+            Action::Unlimited => StoredAction::Unlimited,
+            Action::Deny => StoredAction::Deny,
+            Action::Rules(rules) if rules.is_empty() => {
+                return Err("rules must list at least one rule".to_owned());
+            }
+            Action::Rules(rules) => StoredAction::Rules(rules.clone()),
+        };
+        Ok(StoredOverride { whom, action })
+    }
+}
+
+impl OverrideTarget {
+    /// Whom this target names as store keys hold it under a policy keyed by `key`.
+    pub(crate) fn stored(&self, key: &Key) -> Result<Whom, String> {
+        Ok(match &self.0 {
+            Target::Identity(identity) => match stored_identity(key, identity)? {
+                Stored::Identity(text) => Whom::Identity(text),
+                Stored::Address(address) => Whom::Address(address),
+            },
+            Target::Cidr(network) => Whom::Network(*network),
+        })
+    }
+
+    /// Whether it names an identity, and that identity is empty.
+    pub(crate) fn is_empty_identity(&self) -> bool {
+        matches!(&self.0, Target::Identity(identity) if identity.is_empty())
+    }
+}
+
+impl StoredOverride {
+    /// Whom it is for.
+    pub(crate) fn whom(&self) -> &Whom {
+        &self.whom
+    }
+
+    /// What it does.
+    pub(crate) fn action(&self) -> &StoredAction {
+        &self.action
+    }
+}
+
 /// What a matching override makes of a request.
 #[derive(Debug, Clone)]
 pub(crate) enum Applied {
@@ -171,34 +269,38 @@ impl Overrides {
         self.applied.is_empty()
     }
 
-    /// The override of a request whose key yielded `identity` (as store keys hold it): an exact
-    /// identity (or client address) first, then the first network holding the client's address.
-    /// Its index and what it does.
-    pub(crate) fn find(
+    /// The override of a request by its identity (or client address) alone.
+    pub(crate) fn find_exact(
         &self,
         identity: &str,
-        parts: &Parts,
+        parts: Option<&Parts>,
         client_ip: &ClientIp,
     ) -> Option<(usize, &Applied)> {
         let index = self.by_identity.get(identity).copied().or_else(|| {
-            if self.by_address.is_empty() && self.by_network.is_empty() {
+            if self.by_address.is_empty() {
                 return None;
             }
-            let address = client_ip.client_addr(parts)?.to_canonical();
-            self.by_address.get(&address).copied().or_else(|| {
-                self.by_network
-                    .iter()
-                    .find(|(network, _)| network.contains(&address))
-                    .map(|&(_, index)| index)
-            })
+            let address = client_ip.client_addr(parts?)?.to_canonical();
+            self.by_address.get(&address).copied()
         })?;
         Some((index, &self.applied[index]))
     }
 
-    /// The override of an identity the app names (a handle's): by that identity alone, there
-    /// being no client address.
-    pub(crate) fn find_identity(&self, identity: &str) -> Option<(usize, &Applied)> {
-        let index = *self.by_identity.get(identity)?;
+    /// The override of a request by the first network holding its client address.
+    pub(crate) fn find_network(
+        &self,
+        parts: &Parts,
+        client_ip: &ClientIp,
+    ) -> Option<(usize, &Applied)> {
+        if self.by_network.is_empty() {
+            return None;
+        }
+        let address = client_ip.client_addr(parts)?.to_canonical();
+        let index = self
+            .by_network
+            .iter()
+            .find(|(network, _)| network.contains(&address))
+            .map(|&(_, index)| index)?;
         Some((index, &self.applied[index]))
     }
 

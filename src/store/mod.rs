@@ -15,11 +15,12 @@ use std::time::Duration;
 use crate::decision::Decision;
 use crate::policy::ConcurrencyLimit;
 use crate::policy::quota::QuotaThreshold;
-use crate::policy::{Algorithm, Rule};
+use crate::policy::{Algorithm, Rule, StoredOverride, Whom};
 
 mod check_future;
 pub(crate) mod gcra;
 mod memory;
+pub(crate) mod overrides;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
@@ -27,6 +28,8 @@ pub use self::check_future::CheckFuture;
 #[cfg(feature = "redis")]
 pub(crate) use self::check_future::{Answered, Deferred};
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
+#[doc(hidden)]
+pub use self::overrides::{Listed, OverrideBook};
 #[cfg(feature = "tls")]
 pub use self::redis::TlsOptions;
 #[cfg(feature = "redis")]
@@ -156,6 +159,10 @@ pub struct CheckRequest<'a> {
     /// A claim's peek of the units ahead and its own: a token bucket answers, past its burst,
     /// when they will have gone one after another, not "never" (`lua/claims.lua`).
     pub(crate) past_burst: bool,
+    /// The limit each rule's counter is kept under, by rule, when it differs from the rule's own
+    /// (a run-time override's rule shares the counter of the policy's rule of its period): the
+    /// counter's key names it, the check counts by the rule's own limit.
+    pub(crate) counted_as: Option<&'a [u64]>,
 }
 
 /// A metered call's place in the line of calls waiting for room (`src/limiter/claim.rs`), which
@@ -294,7 +301,22 @@ impl<'a> CheckRequest<'a> {
             call: Call::Check,
             claim: None,
             past_burst: false,
+            counted_as: None,
         }
+    }
+
+    /// Keeps each rule's counter under the limit of the same index in `counted_as` (see
+    /// [`CheckRequest::counted_as`]).
+    pub(crate) fn counted_as(mut self, counted_as: Option<&'a [u64]>) -> Self {
+        self.counted_as = counted_as.filter(|limits| limits.len() == self.rules.len());
+        self
+    }
+
+    /// The limit the counter of rule `index` (`rule`) is kept under.
+    pub(crate) fn counted_limit(&self, index: usize, rule: &Rule) -> u64 {
+        self.counted_as
+            .and_then(|limits| limits.get(index).copied())
+            .unwrap_or_else(|| rule.limit())
     }
 
     /// This check as a metered call that waits its turn: see [`Claim`].
@@ -615,6 +637,7 @@ pub trait Store: Send + Sync + 'static {
             max_delay: Duration::ZERO,
             quota: None,
             concurrency: None,
+            counted_as: None,
             ..*request
         };
         let check = self.check(&inspection);
@@ -668,7 +691,58 @@ pub trait Store: Send + Sync + 'static {
     fn name(&self) -> &'static str {
         "custom"
     }
+
+    /// The overrides set at run time for the policy whose keys start with `policy`
+    /// (`prefix:name:`), which a limiter reads before each check; `None` (the default): the
+    /// store keeps none.
+    #[doc(hidden)]
+    fn override_book(&self, policy: &str) -> Option<Arc<OverrideBook>> {
+        let _ = policy;
+        None
+    }
+
+    /// Sets `over` for the policy whose keys start with `policy`, lasting `lasting` (`None`:
+    /// until removed), for every instance sharing the store. The default refuses with
+    /// [`StoreError::Config`].
+    #[doc(hidden)]
+    fn set_override(
+        &self,
+        policy: &str,
+        over: StoredOverride,
+        lasting: Option<Duration>,
+    ) -> ActionFuture {
+        let _ = (policy, over, lasting);
+        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
+    }
+
+    /// Removes the override of `whom` under the policy whose keys start with `policy`. The
+    /// default refuses with [`StoreError::Config`].
+    #[doc(hidden)]
+    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
+        let _ = (policy, whom);
+        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
+    }
+
+    /// The overrides set under the policy whose keys start with `policy`. The default refuses
+    /// with [`StoreError::Config`].
+    #[doc(hidden)]
+    fn list_overrides(&self, policy: &str) -> ListFuture {
+        let _ = policy;
+        Box::pin(std::future::ready(Err(no_overrides(self.name()))))
+    }
 }
+
+/// What a store that keeps no run-time overrides answers.
+fn no_overrides(store: &str) -> StoreError {
+    StoreError::Config(format!(
+        "the {store} store can't keep overrides set at run time"
+    ))
+}
+
+/// What [`Store::list_overrides`] answers.
+#[doc(hidden)]
+pub type ListFuture =
+    Pin<Box<dyn Future<Output = Result<Vec<Listed>, StoreError>> + Send + 'static>>;
 
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn check(&self, request: &CheckRequest<'_>) -> CheckFuture {
@@ -733,6 +807,27 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn release_then(&self, request: &CheckRequest<'_>, lease: u64, released: Released) {
         (**self).release_then(request, lease, released);
+    }
+
+    fn override_book(&self, policy: &str) -> Option<Arc<OverrideBook>> {
+        (**self).override_book(policy)
+    }
+
+    fn set_override(
+        &self,
+        policy: &str,
+        over: StoredOverride,
+        lasting: Option<Duration>,
+    ) -> ActionFuture {
+        (**self).set_override(policy, over, lasting)
+    }
+
+    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
+        (**self).remove_override(policy, whom)
+    }
+
+    fn list_overrides(&self, policy: &str) -> ListFuture {
+        (**self).list_overrides(policy)
     }
 }
 

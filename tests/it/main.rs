@@ -48,6 +48,7 @@ mod refusal_cache;
 mod reset_units;
 mod responses;
 mod retry_after;
+mod run_time_overrides;
 mod script_wire;
 #[cfg(feature = "sentinel")]
 mod sentinel;

@@ -41,21 +41,24 @@ pub(super) enum Tally {
 }
 
 impl Counter {
-    pub(super) fn new(algorithm: Algorithm, rule: &Rule) -> Self {
+    /// The counter of `rule`, kept under the limit `counted_as` (the rule's own but for a
+    /// run-time override's rule: see `CheckRequest::counted_as`).
+    pub(super) fn new(algorithm: Algorithm, rule: &Rule, counted_as: u64) -> Self {
         Counter {
             metered: rule.is_metered(),
-            tally: Tally::new(algorithm, rule),
+            tally: Tally::new(algorithm, rule, counted_as),
         }
     }
 
-    /// Whether this counter keeps the count of `rule` under `algorithm`.
-    pub(super) fn counts(&self, algorithm: Algorithm, rule: &Rule) -> bool {
-        self.metered == rule.is_metered() && self.tally.counts(algorithm, rule)
+    /// Whether this counter keeps the count of `rule` under `algorithm`, kept under the limit
+    /// `counted_as`.
+    pub(super) fn counts(&self, algorithm: Algorithm, rule: &Rule, counted_as: u64) -> bool {
+        self.metered == rule.is_metered() && self.tally.counts(algorithm, rule, counted_as)
     }
 }
 
 impl Tally {
-    fn new(algorithm: Algorithm, rule: &Rule) -> Self {
+    fn new(algorithm: Algorithm, rule: &Rule, counted_as: u64) -> Self {
         // Policies refuse zero periods; a rule passed to a store directly must not divide by zero.
         let period_ms = rule.period_ms().max(1);
         let limit = rule.limit();
@@ -64,18 +67,29 @@ impl Tally {
             return Tally::Log(SlidingLog::new(limit, period_ms));
         }
         match algorithm {
-            Algorithm::FixedWindow => Tally::Window(FixedWindow::new(limit, period_ms)),
-            Algorithm::SlidingLog => Tally::Log(SlidingLog::new(limit, period_ms)),
-            Algorithm::SlidingCounter => Tally::Weighted(SlidingCounter::new(limit, period_ms)),
-            Algorithm::TokenBucket => {
-                Tally::Bucket(TokenBucket::new(limit, period_ms, rule.burst_size()))
+            Algorithm::FixedWindow => {
+                Tally::Window(FixedWindow::new(limit, period_ms).counted_as(counted_as))
             }
+            Algorithm::SlidingLog => {
+                Tally::Log(SlidingLog::new(limit, period_ms).counted_as(counted_as))
+            }
+            Algorithm::SlidingCounter => {
+                Tally::Weighted(SlidingCounter::new(limit, period_ms).counted_as(counted_as))
+            }
+            Algorithm::TokenBucket => Tally::Bucket(
+                TokenBucket::new(limit, period_ms, rule.burst_size()).counted_as(counted_as),
+            ),
         }
     }
 
-    fn counts(&self, algorithm: Algorithm, rule: &Rule) -> bool {
+    fn counts(&self, algorithm: Algorithm, rule: &Rule, counted_as: u64) -> bool {
         // As `new` sets them.
-        let (limit, period_ms) = (rule.limit(), rule.period_ms().max(1));
+        let period_ms = rule.period_ms().max(1);
+        let limit = if rule.is_duplicate_guard() {
+            rule.limit()
+        } else {
+            counted_as
+        };
         if rule.is_duplicate_guard() {
             return matches!(self, Tally::Log(log) if log.counts(limit, period_ms));
         }
@@ -96,10 +110,19 @@ impl Counter {
     /// Takes `rule`'s burst, if this is a token bucket of another: its state (when the bucket
     /// is full again) means the same whatever the burst, as the Redis store's key says too.
     pub(super) fn fit_burst(&mut self, rule: &Rule) {
-        if let Tally::Bucket(bucket) = &mut self.tally
-            && !rule.is_duplicate_guard()
-        {
-            bucket.fit_burst(rule.burst_size());
+        if rule.is_duplicate_guard() {
+            return;
+        }
+        // A counter shared by a run-time override's rule counts by the limit of the rule
+        // checking it.
+        match &mut self.tally {
+            Tally::Window(window) => window.fit_limit(rule.limit()),
+            Tally::Log(log) => log.fit_limit(rule.limit()),
+            Tally::Weighted(weighted) => weighted.fit_limit(rule.limit()),
+            Tally::Bucket(bucket) => {
+                bucket.fit_limit(rule.limit());
+                bucket.fit_burst(rule.burst_size());
+            }
         }
     }
 

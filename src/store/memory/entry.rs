@@ -41,7 +41,10 @@ impl Entry {
         let counters = request
             .rules
             .iter()
-            .map(|rule| Counter::new(request.algorithm, rule))
+            .enumerate()
+            .map(|(index, rule)| {
+                Counter::new(request.algorithm, rule, request.counted_limit(index, rule))
+            })
             .collect();
         Entry {
             key: request.key.into(),
@@ -71,9 +74,10 @@ impl Entry {
     pub(super) fn arrange(&mut self, request: &CheckRequest<'_>) {
         for (index, rule) in request.rules.iter().enumerate() {
             let algorithm = request.algorithm;
+            let counted_as = request.counted_limit(index, rule);
             let found = self.counters[index.min(self.counters.len())..]
                 .iter()
-                .position(|counter| counter.counts(algorithm, rule));
+                .position(|counter| counter.counts(algorithm, rule, counted_as));
             match found {
                 Some(0) => self.counters[index].fit_burst(rule),
                 Some(offset) => {
@@ -81,7 +85,8 @@ impl Entry {
                     self.counters[index].fit_burst(rule);
                 }
                 None => {
-                    self.counters.push(Counter::new(algorithm, rule));
+                    self.counters
+                        .push(Counter::new(algorithm, rule, counted_as));
                     let last = self.counters.len() - 1;
                     self.counters.swap(index, last);
                 }

@@ -26,9 +26,11 @@ use hashbrown::HashTable;
 use self::entry::Entry;
 use self::quota::QuotaTable;
 use super::{
-    ActionFuture, Call, CheckFuture, CheckRequest, PauseFuture, ResetListener, ResetWatch, Store,
+    ActionFuture, Call, CheckFuture, CheckRequest, ListFuture, OverrideBook, PauseFuture,
+    ResetListener, ResetWatch, Store,
 };
 use crate::decision::Decision;
+use crate::policy::{StoredOverride, Whom};
 
 mod claims;
 mod clock;
@@ -69,7 +71,7 @@ struct Shared {
     /// Metered calls waiting for room ([`claims`]); locked before a shard, never after.
     claims: Mutex<claims::Claims>,
     hasher: RandomState,
-    clock: Box<dyn Clock>,
+    clock: Arc<dyn Clock>,
     max_keys_per_shard: usize,
     /// The most quota counters kept (the store's `max_keys`).
     max_keys: usize,
@@ -79,6 +81,9 @@ struct Shared {
     next_lease: AtomicU64,
     /// Who hears of resets ([`Store::watch_resets`]): told at once, inside `reset`.
     reset_listeners: Mutex<Vec<Weak<dyn ResetListener>>>,
+    /// Overrides set at run time, a book per policy (by `prefix:name:`), shared by every
+    /// limiter over the store.
+    books: Mutex<std::collections::HashMap<String, Arc<OverrideBook>>>,
 }
 
 /// The keys of one shard. A `HashTable` rather than a `HashMap`, so that the one keyed hash that
@@ -141,6 +146,19 @@ impl MemoryStore {
     }
 
     /// The keyed hash of `key`, and its shard, locked.
+    /// The book of run-time overrides of the policy whose keys start with `policy`, made at
+    /// its first use.
+    fn book(&self, policy: &str) -> Arc<OverrideBook> {
+        let mut books = lock(&self.0.books);
+        if let Some(book) = books.get(policy) {
+            return book.clone();
+        }
+        let clock = self.0.clock.clone();
+        let book = Arc::new(OverrideBook::new(Arc::new(move || clock.now_unix_ms())));
+        books.insert(policy.to_owned(), book.clone());
+        book
+    }
+
     fn shard_of(&self, key: &str) -> (u64, std::sync::MutexGuard<'_, Shard>) {
         let shared = &*self.0;
         let hash = shared.hasher.hash_one(key);
@@ -334,6 +352,29 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn override_book(&self, policy: &str) -> Option<Arc<OverrideBook>> {
+        Some(self.book(policy))
+    }
+
+    fn set_override(
+        &self,
+        policy: &str,
+        over: StoredOverride,
+        lasting: Option<Duration>,
+    ) -> ActionFuture {
+        self.book(policy).set(over, lasting);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
+        self.book(policy).remove(whom);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn list_overrides(&self, policy: &str) -> ListFuture {
+        Box::pin(std::future::ready(Ok(self.book(policy).list())))
+    }
+
     fn pause_left(&self, request: &CheckRequest<'_>) -> PauseFuture {
         let now = self.0.clock.now_unix_ms();
         let (hash, shard) = self.shard_of(request.key);
@@ -393,12 +434,15 @@ impl MemoryStoreBuilder {
             quotas: Mutex::default(),
             claims: Mutex::default(),
             hasher: RandomState::default(),
-            clock: self.clock.unwrap_or_else(|| Box::new(SystemClock::new())),
+            clock: self
+                .clock
+                .map_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Clock>, Arc::from),
             max_keys_per_shard,
             max_keys: self.max_keys.max(1),
             evictions: AtomicU64::new(0),
             next_lease: AtomicU64::new(0),
             reset_listeners: Mutex::default(),
+            books: Mutex::default(),
         }))
     }
 }

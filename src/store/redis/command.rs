@@ -141,8 +141,13 @@ impl PackedCheck {
         };
         // The check's own keys share their stem, found once (see [`OwnKeys`]).
         let mut own = OwnKeys::of(request);
-        for rule in counted() {
-            write_rule_key(&mut own, &mut packed.data, request.algorithm, rule);
+        for (index, rule) in request.rules.iter().enumerate() {
+            if rule.is_duplicate_guard() {
+                continue;
+            }
+            // A run-time override's rule is kept in the counter of the policy's rule it shares.
+            let limit = request.counted_limit(index, rule);
+            write_rule_key(&mut own, &mut packed.data, request.algorithm, rule, limit);
             packed.end_key();
         }
         if let Some(guard) = guard {
@@ -547,12 +552,20 @@ pub(super) fn batch_command<'a>(
 /// key (a policy can't hold the same rule twice) and keeps rule sets that share a key apart, as in
 /// the memory store. A token bucket's burst is not part of it: its state (the time the bucket is
 /// full again) means the same whatever the burst, so a new burst keeps the count.
-fn write_rule_key(own: &mut OwnKeys<'_>, key: &mut String, algorithm: Algorithm, rule: &Rule) {
+/// `counted_as` is the limit the key names: the rule's own, or for a run-time override's rule
+/// the limit of the policy's rule whose counter it shares (`CheckRequest::counted_as`).
+fn write_rule_key(
+    own: &mut OwnKeys<'_>,
+    key: &mut String,
+    algorithm: Algorithm,
+    rule: &Rule,
+    counted_as: u64,
+) {
     let (mut period, mut limit) = (itoa::Buffer::new(), itoa::Buffer::new());
     let parts = [
         algorithm_code(algorithm),
         period.format(rule.period_ms()),
-        limit.format(rule.limit()),
+        limit.format(counted_as),
     ];
     // A metered rule counts apart from a rule of requests of the same limit and period.
     let parts = if rule.is_metered() {
