@@ -4,7 +4,7 @@
 -- algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua, sc:
 -- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/leases.lua (a concurrency limit's
 -- leases), lua/entry.lua (one check, its steps chosen by its shape), lua/fast.lua (the common checks, inline: lean functions that leave the rest
--- to lua/entry.lua) and lua/claims.lua (metered calls waiting their turn).
+-- to lua/entry.lua) and lua/claims.lua (metered calls waiting their turn) and lua/overrides.lua (overrides set at run time).
 --
 -- All of it is the function `batch(KEYS, ARGV)`: the store registers it as a Redis function
 -- (FUNCTION LOAD once, then FCALL: the helpers, the algorithms' parts and the shapes parsed are
@@ -62,8 +62,12 @@ local OPTIONS = {'max_delay', 'guard_window', 'block', 'quota_limit', 'quota_day
 
 -- A shape, parsed from its piece once (remembered, see lua/common.lua): everything lua/entry.lua
 -- reads of it, worked out here rather than per check. A release's shape is `rl|1`: its one key,
--- the leases.
-local shape_of = remembered(function(piece)
+-- the leases. A check's or a peek's may end `~<suffix>~<gate>`: its identity's run-time override
+-- applies (lua/overrides.lua), its key found by the first key's last <suffix> characters, and
+-- <gate>, when not empty, the policy's index of them.
+shape_of = remembered(function(whole)
+  local piece, suffix, gate = string.match(whole, '^([^~]*)~(%d+)~(.*)$')
+  piece = piece or whole
   local pieces = {}
   for text in string.gmatch(piece .. '|', '([^|]*)|') do
     pieces[#pieces + 1] = text
@@ -120,6 +124,11 @@ local shape_of = remembered(function(piece)
     error('malformed shape ' .. piece)
   end
   shape.rules = rules
+  if suffix and rules > 0 then
+    shape.override_suffix = tonumber(suffix)
+    shape.override_gate = gate ~= '' and gate or nil
+  end
+  shape.cost_text, shape.options_text = pieces[3], pieces[4]
   local function at(offset)
     return offset > 0 and rules + offset or 0
   end
@@ -233,9 +242,13 @@ local function run_checks()
     local claimed = type(receipt) == 'table' and receipt.claim ~= nil
     -- (A claim's key follows its shape's keys.)
     entry_keys = claimed and shape.keys + 1 or shape.keys
-    local lean = not claimed and shape.lean
+    local overridden = not claimed and shape.override_suffix
+      and overrides.run(shape, key_at, receipt, n)
+    local lean = not overridden and not claimed and shape.lean
       and shape.lean(batch_keys, key_at, shape, now, out, n, receipt)
-    if claimed then
+    if overridden then
+      n = overridden
+    elseif claimed then
       n = run_claimed(shape, key_at, receipt, n)
     elseif lean then
       n = lean
@@ -285,6 +298,7 @@ local function batch(KEYS, ARGV)
   forget_leases()
   forget_markers()
   forget_quotas()
+  overrides.begin()
   out[1], n = now, 1
   key_at, at = 0, 3 + tonumber(ARGV[2])
 
@@ -303,6 +317,8 @@ local function batch(KEYS, ARGV)
       batch_keys, batch_args = nil, nil
       return redis.error_reply('malformed batch: ' .. tostring(failure))
     end
+    -- (A check by a run-time override may have failed on keys of its own.)
+    batch_keys = KEYS
     if type(failure) == 'table' and failure.err ~= nil then
       failure = failure.err
     end

@@ -31,7 +31,17 @@ pub struct Decision {
     /// The lease of the concurrency slot this request took (admitted under a concurrency limit):
     /// the id to give [`Store::release`](crate::Store::release) when it is done.
     pub lease: Option<u64>,
+    /// An override set at run time that the store applied in the check itself (the Redis store
+    /// reads the identity's override in the check's own call): then `rules` are the override's.
+    /// `None` when none applied so; a store that builds decisions of its own sets `None` (the
+    /// memory store's overrides are applied by the limiter before it asks).
+    pub run_time_override: Option<AppliedOverride>,
 }
+
+/// An override set at run time, as a store applied it in a check ([`Decision::run_time_override`]):
+/// what the limiter reads to answer as the override says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedOverride(pub(crate) std::sync::Arc<str>);
 
 /// The state of one rule after a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +149,7 @@ mod tests {
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         };
         assert_eq!(decision.retry_after(), Some(Duration::from_millis(4_100)));
         assert_eq!(decision.violated().collect::<Vec<_>>(), vec![0, 2]);
@@ -153,6 +164,7 @@ mod tests {
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         };
         assert_eq!(decision.retry_after(), None);
         assert_eq!(decision.violated().count(), 0);
@@ -171,6 +183,7 @@ mod tests {
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         };
         assert_eq!(decision.most_limiting(), Some(2));
     }

@@ -46,7 +46,9 @@ impl RateLimiter {
     /// [`OperatorError::InvalidOverride`] for rules the policy refuses or a target its key
     /// can't yield, [`OperatorError::BadIdentity`] for an empty identity (nothing is stored
     /// then), or the store's error: [`StoreError::Config`](crate::StoreError::Config) from a
-    /// store that keeps no run-time overrides (the Redis store, for now).
+    /// store that keeps no run-time overrides, or from the Redis store for an address or a
+    /// network (it keeps identities' only: its check reads the identity's override in its own
+    /// call).
     pub async fn set_override(&self, over: Override) -> Result<(), OperatorError> {
         self.limiter.set_override(over, None).await
     }

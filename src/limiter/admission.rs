@@ -260,5 +260,6 @@ fn nothing_charged() -> Decision {
         delay: Duration::ZERO,
         quota_alerts: Vec::new(),
         lease: None,
+        run_time_override: None,
     }
 }

@@ -226,6 +226,7 @@ mod tests {
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         };
         let slice = slice_of(&take, &rules, 3);
         assert_eq!(slice.rules[0].bucket_full_at_us, Some(4_700_000));

@@ -211,6 +211,11 @@ fn after(limiter: &Arc<Limiter>, verdict: Verdict, ask: &mut Ask) -> Option<Deci
             refusal,
             protocol,
         })),
+        Verdict::RespondBy(by, refusal, protocol) => Decided::Now(Resolved::Answered(Answered {
+            by,
+            refusal,
+            protocol,
+        })),
         // Only delayed requests pay for the timer and the admission's box.
         Verdict::Delay(delay, admission) => Deciding::later(Step::Delaying {
             sleep: Box::pin(tokio::time::sleep(delay)),

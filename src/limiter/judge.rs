@@ -1,18 +1,19 @@
 //! Judging a request by the store's answer: the verdict, what it is counted and logged as, and
 //! what an admission holds (headers, slot, charge).
 
+use super::prepare::{Found, Overridden};
 use super::{Admission, Ask, Charged, Limiter, Refusal, Told, Verdict};
 use crate::limiter::refusals::Asking;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::decision::{Decision, RuleState};
+use crate::decision::{AppliedOverride, Decision, RuleState};
 use crate::limiter::slots::Lease;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::StateOf;
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Mode, OnStoreError, StorageKey};
+use crate::policy::{Mode, OnStoreError, StorageKey, StoredOverride, Whom};
 use crate::response::{LimitHeaders, TooManyRequests};
 use crate::store::StoreError;
 
@@ -40,6 +41,12 @@ impl Limiter {
         // span a subscriber doesn't want still costs its field lookups to record into).
         let span = (!ask.span.is_disabled()).then(|| ask.span.clone());
         let _entered = span.as_ref().map(tracing::Span::enter);
+        let mut result = result;
+        if let Ok(decision) = &mut result
+            && let Some(applied) = decision.run_time_override.take()
+        {
+            return self.judged_by_override(applied, result, ask, waited);
+        }
         let result = self.whole(result, ask.quota.is_some());
         self.count_store_call(result.as_ref().map(|_| ()), ask.started, &ask.span);
         // A take of units ahead: in hand if admitted; if not, ask for the cost alone. The charge
@@ -68,6 +75,48 @@ impl Limiter {
             return self.shadow_pass(decision, ask);
         }
         self.refused(decision, ask)
+    }
+
+    /// What to do with a request the store checked by the identity's override set at run time
+    /// (`applied`; the Redis store applies them in the check's call): answered as the override
+    /// says, its rules' decision judged by the limiter of those rules (whose headers and
+    /// give-backs are theirs).
+    fn judged_by_override(
+        self: &Arc<Self>,
+        applied: AppliedOverride,
+        result: Result<Decision, StoreError>,
+        ask: &mut Ask,
+        waited: Duration,
+    ) -> Verdict {
+        let Some(action) = applied.action() else {
+            let error = StoreError::Protocol("an unreadable run-time override".to_owned());
+            return self.store_failed(&error, ask);
+        };
+        let found = Found::RunTime(Arc::new(StoredOverride {
+            whom: Whom::Identity(ask.key.identity().to_owned()),
+            action,
+        }));
+        match self.overridden(found, &ask.key) {
+            Overridden::Unlimited => {
+                self.count_store_call(Ok(()), ask.started, &ask.span);
+                Verdict::Admit(Admission::let_through(self))
+            }
+            Overridden::Denied => {
+                self.count_store_call(Ok(()), ask.started, &ask.span);
+                Verdict::Respond(Refusal::Denied, ask.protocol.clone())
+            }
+            // (A limiter of its own waits for no slot: its wait would be this one's.)
+            Overridden::By(own) => match own.judge_after(result, ask, Duration::ZERO, waited) {
+                Verdict::Respond(refusal, protocol) => Verdict::RespondBy(own, refusal, protocol),
+                verdict => verdict,
+            },
+            Overridden::No => {
+                let error = StoreError::Protocol(
+                    "a run-time override with rules this policy can't take".to_owned(),
+                );
+                self.store_failed(&error, ask)
+            }
+        }
     }
 
     /// Counts the store's answer to a check asked at `started` (a remote store's; `None` for an

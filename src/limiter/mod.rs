@@ -89,6 +89,9 @@ pub(crate) struct Limiter {
     /// The overrides set at run time for its policy, as its store keeps them (none for an
     /// override's own limiter, or a store that keeps none).
     book: Option<Arc<OverrideBook>>,
+    /// How its checks read their identity's run-time override in the store's own call (the
+    /// Redis store's; [`Store::override_lookup`]); none under a run-time override's own rules.
+    override_lookup: Option<Box<str>>,
     /// The limiter of each rule set a run-time override counts by, made at its first request
     /// (forgotten, as `overriding` is, when the settings change).
     run_time: Arc<Mutex<RunTimeLimiters>>,
@@ -253,6 +256,8 @@ enum Verdict {
     AwaitSlot,
     /// Answer at once.
     Respond(Refusal, Protocol),
+    /// Answer at once, as the limiter of an override's rules (which the store applied).
+    RespondBy(Arc<Limiter>, Refusal, Protocol),
     /// A take of units ahead was refused: ask again for the request's cost alone.
     Retake,
 }
@@ -284,6 +289,7 @@ impl Limiter {
         };
         let prefetched = prefetch::Prefetched::of(&policy);
         let book = store.override_book(policy.key_base());
+        let override_lookup = store.override_lookup(&policy);
         Limiter {
             answers: AnswerPlan::new(&policy),
             plain: is_plain(&policy, prefetched.is_some()),
@@ -291,6 +297,7 @@ impl Limiter {
             policy,
             store,
             book,
+            override_lookup,
             run_time: Arc::default(),
             legacy_headers: false,
             on_rejected: None,
@@ -314,6 +321,7 @@ impl Limiter {
     /// differ, and a request of the same key may fall outside a network override).
     fn with_policy(&self, policy: Policy) -> Limiter {
         let prefetched = prefetch::Prefetched::of(&policy);
+        let override_lookup = self.store.override_lookup(&policy);
         Limiter {
             answers: AnswerPlan::new(&policy),
             plain: is_plain(&policy, prefetched.is_some()),
@@ -321,6 +329,7 @@ impl Limiter {
             policy,
             store: self.store.clone(),
             book: None,
+            override_lookup,
             run_time: Arc::default(),
             legacy_headers: self.legacy_headers,
             on_rejected: self.on_rejected.clone(),
@@ -367,7 +376,10 @@ impl Limiter {
                 if made.len() >= KEPT {
                     made.clear();
                 }
-                let limiter = Arc::new(self.with_policy(policy));
+                let mut limiter = self.with_policy(policy);
+                // (Its rules are the override's already.)
+                limiter.override_lookup = None;
+                let limiter = Arc::new(limiter);
                 made.insert(rules.into(), limiter.clone());
                 Some(limiter)
             }
@@ -522,6 +534,7 @@ impl Limiter {
             .quota(quota)
             .concurrency(policy.concurrency())
             .counted_as(policy.counted_as())
+            .override_lookup(self.override_lookup.as_deref())
     }
 }
 

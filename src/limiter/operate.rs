@@ -163,9 +163,7 @@ impl Limiter {
         }
         let whom = stored.whom().clone();
         let action = shown_action(stored.action());
-        self.store()
-            .set_override(policy.key_base(), stored, lasting)
-            .await?;
+        self.store().set_override(policy, stored, lasting).await?;
         self.forget_refusals_of(&whom);
         telemetry::override_changed(policy.name(), "set");
         tracing::info!(

@@ -23,7 +23,7 @@ pub(super) enum Found<'a> {
 }
 
 /// What an override does to a request.
-enum Overridden {
+pub(super) enum Overridden {
     /// Lets it through unlimited.
     Unlimited,
     /// Refuses it (403).
@@ -86,6 +86,7 @@ impl Limiter {
                 if decision.allowed
                     && decision.delay.is_zero()
                     && decision.lease.is_none()
+                    && decision.run_time_override.is_none()
                     && decision.rules.len() == self.policy.rules().len() =>
             {
                 let span = self.check_span(&key);
@@ -172,7 +173,7 @@ impl Limiter {
 
     /// What an override found for `key` does: decides the request (unlimited, denied), hands it
     /// to the limiter of its own rules, or nothing.
-    fn overridden(&self, found: Found<'_>, key: &StorageKey) -> Overridden {
+    pub(super) fn overridden(&self, found: Found<'_>, key: &StorageKey) -> Overridden {
         let policy = &self.policy;
         let (deny, unlimited) = match &found {
             Found::Static(_, applied) => (

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::decision::Decision;
 use crate::policy::ConcurrencyLimit;
 use crate::policy::quota::QuotaThreshold;
-use crate::policy::{Algorithm, Rule, StoredOverride, Whom};
+use crate::policy::{Algorithm, Policy, Rule, StoredOverride, Whom};
 
 mod check_future;
 pub(crate) mod gcra;
@@ -163,6 +163,10 @@ pub struct CheckRequest<'a> {
     /// (a run-time override's rule shares the counter of the policy's rule of its period): the
     /// counter's key names it, the check counts by the rule's own limit.
     pub(crate) counted_as: Option<&'a [u64]>,
+    /// How a check or a peek reads its identity's override set at run time in its own call
+    /// (a store that keeps them so: [`Store::override_lookup`]); none when the limiter finds it
+    /// before asking, or under an override's own rules.
+    pub(crate) override_lookup: Option<&'a str>,
 }
 
 /// A metered call's place in the line of calls waiting for room (`src/limiter/claim.rs`), which
@@ -302,6 +306,7 @@ impl<'a> CheckRequest<'a> {
             claim: None,
             past_burst: false,
             counted_as: None,
+            override_lookup: None,
         }
     }
 
@@ -309,6 +314,13 @@ impl<'a> CheckRequest<'a> {
     /// [`CheckRequest::counted_as`]).
     pub(crate) fn counted_as(mut self, counted_as: Option<&'a [u64]>) -> Self {
         self.counted_as = counted_as.filter(|limits| limits.len() == self.rules.len());
+        self
+    }
+
+    /// Reads its identity's run-time override in the store's call, as `lookup` says (see
+    /// [`Store::override_lookup`]).
+    pub(crate) fn override_lookup(mut self, lookup: Option<&'a str>) -> Self {
+        self.override_lookup = lookup;
         self
     }
 
@@ -701,13 +713,22 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Sets `over` for the policy whose keys start with `policy`, lasting `lasting` (`None`:
-    /// until removed), for every instance sharing the store. The default refuses with
-    /// [`StoreError::Config`].
+    /// How a check of `policy` reads its identity's override set at run time in the store's own
+    /// call ([`CheckRequest::override_lookup`]), for a store that keeps them so (the Redis
+    /// store: the ending of the check's shape, see `lua/overrides.lua`); `None` (the default):
+    /// the limiter finds them before it asks ([`Store::override_book`]), or there are none.
+    #[doc(hidden)]
+    fn override_lookup(&self, policy: &Policy) -> Option<Box<str>> {
+        let _ = policy;
+        None
+    }
+
+    /// Sets `over` for `policy`, lasting `lasting` (`None`: until removed), for every instance
+    /// sharing the store. The default refuses with [`StoreError::Config`].
     #[doc(hidden)]
     fn set_override(
         &self,
-        policy: &str,
+        policy: &Policy,
         over: StoredOverride,
         lasting: Option<Duration>,
     ) -> ActionFuture {
@@ -813,9 +834,13 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).override_book(policy)
     }
 
+    fn override_lookup(&self, policy: &Policy) -> Option<Box<str>> {
+        (**self).override_lookup(policy)
+    }
+
     fn set_override(
         &self,
-        policy: &str,
+        policy: &Policy,
         over: StoredOverride,
         lasting: Option<Duration>,
     ) -> ActionFuture {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ipnet::IpNet;
 
-use crate::policy::{StoredAction, StoredOverride, Whom};
+use crate::policy::{Rule, StoredAction, StoredOverride, Whom};
 
 /// What time it is for a book: the store's clock, in ms since the Unix epoch.
 pub(crate) type Now = Arc<dyn Fn() -> u64 + Send + Sync>;
@@ -235,5 +235,75 @@ impl std::fmt::Debug for OverrideBook {
         f.debug_struct("OverrideBook")
             .field("set", &self.set.load(Ordering::Relaxed))
             .finish_non_exhaustive()
+    }
+}
+
+/// An override's action as a store keeps it in text (the Redis store, after the script's own
+/// line, `lua/overrides.lua`): `d` (deny), `u` (unlimited) or `r`, then a line per rule,
+/// `<limit> <period ms> <burst> <m|r>[ <name>]` (`m`: metered; the name, printable ASCII, last,
+/// only when one was given).
+pub(crate) fn action_text(action: &StoredAction) -> String {
+    let rules = match action {
+        StoredAction::Deny => return "d".to_owned(),
+        StoredAction::Unlimited => return "u".to_owned(),
+        StoredAction::Rules(rules) => rules,
+    };
+    let mut text = String::from("r");
+    for rule in rules {
+        let metered = if rule.is_metered() { 'm' } else { 'r' };
+        text.push_str(&format!(
+            "\n{} {} {} {metered}",
+            rule.limit(),
+            rule.period_ms(),
+            rule.burst_size()
+        ));
+        let name = rule.name();
+        if name != Rule::new(rule.limit(), rule.period()).name() {
+            text.push(' ');
+            text.push_str(&name);
+        }
+    }
+    text
+}
+
+/// The action [`action_text`] wrote, if `text` is one.
+pub(crate) fn action_of_text(text: &str) -> Option<StoredAction> {
+    let mut lines = text.split('\n');
+    let rules = match lines.next()? {
+        "d" => return Some(StoredAction::Deny),
+        "u" => return Some(StoredAction::Unlimited),
+        "r" => lines,
+        _ => return None,
+    };
+    rules
+        .map(|line| {
+            let mut fields = line.splitn(5, ' ');
+            let limit = fields.next()?.parse().ok()?;
+            let period = Duration::from_millis(fields.next()?.parse().ok()?);
+            let burst: u64 = fields.next()?.parse().ok()?;
+            let mut rule = Rule::new(limit, period);
+            if burst != limit {
+                rule = rule.burst(burst);
+            }
+            match fields.next()? {
+                "m" => rule = rule.metered(),
+                "r" => {}
+                _ => return None,
+            }
+            if let Some(name) = fields.next() {
+                rule = rule.named(name.to_owned());
+            }
+            Some(rule)
+        })
+        .collect::<Option<Vec<_>>>()
+        .map(StoredAction::Rules)
+}
+
+impl crate::decision::AppliedOverride {
+    /// What the override does, read from what the store kept (its first line is the store's
+    /// own); `None` for text no crate wrote.
+    pub(crate) fn action(&self) -> Option<StoredAction> {
+        let (_, kept) = self.0.split_once('\n')?;
+        action_of_text(kept)
     }
 }

@@ -49,6 +49,7 @@ mod reset_units;
 mod responses;
 mod retry_after;
 mod run_time_overrides;
+mod run_time_overrides_redis;
 mod script_wire;
 #[cfg(feature = "sentinel")]
 mod sentinel;

@@ -28,6 +28,7 @@ fn script() -> redis::Script {
         include_str!("../../lua/entry.lua"),
         include_str!("../../lua/fast.lua"),
         include_str!("../../lua/claims.lua"),
+        include_str!("../../lua/overrides.lua"),
         include_str!("../../lua/batch.lua"),
         "return batch(KEYS, ARGV)\n"
     ))

@@ -33,6 +33,7 @@ impl Store for BrokenStore {
             delay: std::time::Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         }))
     }
 }

@@ -26,6 +26,7 @@ fn decision(remaining: u64) -> Decision {
         delay: Duration::ZERO,
         quota_alerts: Vec::new(),
         lease: None,
+        run_time_override: None,
     }
 }
 

@@ -274,6 +274,7 @@ impl Entry {
             delay: Duration::from_millis(delay),
             quota_alerts,
             lease,
+            run_time_override: None,
         }
     }
 
@@ -412,6 +413,7 @@ impl Entry {
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         }
     }
 

@@ -30,7 +30,7 @@ use super::{
     ResetListener, ResetWatch, Store,
 };
 use crate::decision::Decision;
-use crate::policy::{StoredOverride, Whom};
+use crate::policy::{Policy, StoredOverride, Whom};
 
 mod claims;
 mod clock;
@@ -358,11 +358,11 @@ impl Store for MemoryStore {
 
     fn set_override(
         &self,
-        policy: &str,
+        policy: &Policy,
         over: StoredOverride,
         lasting: Option<Duration>,
     ) -> ActionFuture {
-        self.book(policy).set(over, lasting);
+        self.book(policy.key_base()).set(over, lasting);
         Box::pin(std::future::ready(Ok(())))
     }
 

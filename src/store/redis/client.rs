@@ -80,6 +80,23 @@ impl RedisStore {
         }
     }
 
+    /// Runs the calls of a change to the run-time overrides, one after another (on a Cluster,
+    /// the index's first, then the identity's key).
+    pub(super) fn run_book_calls(&self, calls: Result<Vec<Cmd>, StoreError>) -> ActionFuture {
+        let calls = calls.map(|calls| {
+            calls
+                .into_iter()
+                .map(|call| self.run_script(call, &super::script::OVERRIDE_BOOK))
+                .collect::<Vec<_>>()
+        });
+        Box::pin(async move {
+            for call in calls? {
+                call.await?;
+            }
+            Ok(())
+        })
+    }
+
     /// Runs a store action (reset, pause, release): [`RedisStore::run_script`], its reply
     /// dropped.
     pub(super) fn run_action(&self, evalsha: Cmd, script: &'static ActionScript) -> ActionFuture {
@@ -168,10 +185,8 @@ impl Shared {
                 .await
                 .and_then(|(reply, acknowledged)| match reply {
                     Value::BulkString(packed) => {
-                        let shorts = checks
-                            .iter()
-                            .map(|check| reply::short_length(&check.limits));
-                        Ok((reply::read_batch_reply(&packed, shorts)?, acknowledged))
+                        let limits = checks.iter().map(|check| &check.limits[..]);
+                        Ok((reply::read_batch_reply(&packed, limits)?, acknowledged))
                     }
                     other => Err(StoreError::Protocol(format!(
                         "unexpected batch reply {other:?}"
@@ -581,6 +596,7 @@ mod tests {
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         }
     }
 

@@ -71,7 +71,8 @@ pub(super) struct Member {
 /// (`<counter key per counted rule> [<guard key>] [<quota key> <flag keys>] [<leases key>]
 /// [<block key>]`), then
 /// its shape: `<algorithm>|<key count>|<cost>|<options>|<limit>|<period>[|<burst>]…` (a limit,
-/// period and, for a token bucket, burst per counted rule), then what rides with its entry (its
+/// period and, for a token bucket, burst per counted rule; a check's or a peek's may end
+/// `~<suffix>~<gate>`, see `overrides.rs`), then what rides with its entry (its
 /// receipt), all back to back in one buffer, so a check costs one allocation whatever its rules,
 /// and a batch copies them once. Checks of one policy and cost have the same shape, which a
 /// batch sends once and the script parses once.
@@ -274,6 +275,13 @@ impl PackedCheck {
                 piece(data, rule.burst_size());
             }
         }
+        // A check or a peek reads its identity's run-time override in the same call
+        // (`lua/overrides.lua`).
+        if matches!(request.call, Call::Check | Call::Peek)
+            && let Some(lookup) = request.override_lookup
+        {
+            data.push_str(lookup);
+        }
         packed.receipt_at = packed.data.len();
         if let Call::GiveBack(charged) = request.call {
             write_receipt(&mut packed.data, request, charged);
@@ -474,7 +482,7 @@ pub(super) fn write_reset_marker(key: &mut String, request: &CheckRequest<'_>) {
 }
 
 /// The batch script's code of an algorithm (see `lua/batch.lua`).
-fn algorithm_code(algorithm: Algorithm) -> &'static str {
+pub(super) fn algorithm_code(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingLog => "sl",
@@ -561,6 +569,26 @@ fn write_rule_key(
     rule: &Rule,
     counted_as: u64,
 ) {
+    with_rule_key_parts(algorithm, rule, counted_as, |parts| own.write(key, parts));
+}
+
+/// The end of a counted rule's key after its stem, `:<algorithm>:<period ms>:<limit>[:m]` (see
+/// [`write_rule_key`]).
+pub(super) fn rule_counter(algorithm: Algorithm, rule: &Rule, counted_as: u64) -> String {
+    let mut counter = String::new();
+    with_rule_key_parts(algorithm, rule, counted_as, |parts| {
+        write_parts(&mut counter, parts);
+    });
+    counter
+}
+
+/// The parts of a counted rule's key after its stem, handed to `write`.
+fn with_rule_key_parts(
+    algorithm: Algorithm,
+    rule: &Rule,
+    counted_as: u64,
+    write: impl FnOnce(&[&str]),
+) {
     let (mut period, mut limit) = (itoa::Buffer::new(), itoa::Buffer::new());
     let parts = [
         algorithm_code(algorithm),
@@ -573,7 +601,7 @@ fn write_rule_key(
     } else {
         &parts[..]
     };
-    own.write(key, parts);
+    write(parts);
 }
 
 /// Writes the keys of one check's identity (its counters, guard, leases, block, reset marker,
@@ -615,7 +643,7 @@ impl<'a> OwnKeys<'a> {
 /// identity (every rule of every policy, and a quota keyed the same way) lands on one Redis
 /// Cluster slot. A `base` that doesn't end with `identity` is the tag whole:
 /// `<prefix>:{<base>}:<part>…`.
-fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
+pub(super) fn write_key(key: &mut String, base: &str, identity: &str, parts: &[&str]) {
     write_stem(key, base, identity);
     write_parts(key, parts);
 }
@@ -725,6 +753,7 @@ mod tests {
             delay: Duration::ZERO,
             quota_alerts: Vec::new(),
             lease: None,
+            run_time_override: None,
         };
         let request = CheckRequest::new("rl:api:global", &rules, Algorithm::FixedWindow)
             .cost(3)

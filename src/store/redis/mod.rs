@@ -31,13 +31,15 @@ use self::command::Member;
 use self::command::PackedCheck;
 use self::connection::{Connection, Connector};
 use self::error::store_error;
-use self::script::{LIBRARY, PAUSE, PAUSE_LEFT, RESET, block_key, evalsha};
+use self::script::{LIBRARY, OVERRIDE_BOOK, PAUSE, PAUSE_LEFT, RESET, block_key, evalsha};
 use self::topology::Target;
+use super::ListFuture;
 use super::{
     ActionFuture, CheckFuture, CheckRequest, PauseFuture, Released, ResetListener, ResetWatch,
     Store, StoreError,
 };
 use crate::decision::Decision;
+use crate::policy::{Policy, StoredOverride, Whom};
 
 mod batch;
 mod client;
@@ -47,6 +49,7 @@ mod command;
 mod connection;
 mod error;
 mod merge;
+mod overrides;
 mod reply;
 mod resets;
 mod script;
@@ -63,7 +66,11 @@ mod wire;
 /// The reader of batch replies, for `crate::fuzzing`: `true` if it read one entry per check.
 #[cfg(fuzzing)]
 pub(crate) fn read_batch_reply_for_fuzzing(packed: &[u8], short_lengths: &[usize]) -> bool {
-    reply::read_batch_reply(packed, short_lengths.iter().copied()).is_ok()
+    let limits: Vec<_> = short_lengths
+        .iter()
+        .map(|&length| reply::limits_of_short_length(length))
+        .collect();
+    reply::read_batch_reply(packed, limits.iter().map(|limits| &limits[..])).is_ok()
 }
 
 pub use self::client::BatchStats;
@@ -216,6 +223,36 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn override_lookup(&self, policy: &Policy) -> Option<Box<str>> {
+        overrides::lookup_of(policy, self.shared.connector.is_cluster())
+    }
+
+    fn set_override(
+        &self,
+        policy: &Policy,
+        over: StoredOverride,
+        lasting: Option<Duration>,
+    ) -> ActionFuture {
+        let cluster = self.shared.connector.is_cluster();
+        let calls = overrides::book_calls(
+            policy.key_base(),
+            over.whom(),
+            Some((policy, &over, lasting)),
+            cluster,
+        );
+        self.run_book_calls(calls)
+    }
+
+    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
+        let cluster = self.shared.connector.is_cluster();
+        self.run_book_calls(overrides::book_calls(policy, whom, None, cluster))
+    }
+
+    fn list_overrides(&self, policy: &str) -> ListFuture {
+        let reply = self.run_script(overrides::list_call(policy), &OVERRIDE_BOOK);
+        Box::pin(async move { overrides::listed_of(reply.await?) })
     }
 
     fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {

@@ -10,7 +10,7 @@ use super::command::PackedCheck;
 use crate::store::{CheckRequest, StoreError};
 
 /// The store's Lua: shared helpers, each algorithm's part, one check of a batch
-/// (`lua/entry.lua`), the lean functions of the common case, and `batch(KEYS, ARGV)`, the function
+/// (`lua/entry.lua`), the lean functions of the common case, overrides set at run time, and `batch(KEYS, ARGV)`, the function
 /// that runs a batch of checks (`lua/batch.lua`).
 macro_rules! library_body {
     () => {
@@ -24,6 +24,7 @@ macro_rules! library_body {
             include_str!("../../../lua/entry.lua"),
             include_str!("../../../lua/fast.lua"),
             include_str!("../../../lua/claims.lua"),
+            include_str!("../../../lua/overrides.lua"),
             include_str!("../../../lua/batch.lua")
         )
     };
@@ -80,6 +81,8 @@ macro_rules! action_script {
 
 /// Deletes an identity's keys (`lua/reset.lua`).
 pub(super) static RESET: ActionScript = action_script!("reset.lua");
+/// Sets, removes or lists a policy's overrides set at run time (`lua/override_book.lua`).
+pub(super) static OVERRIDE_BOOK: ActionScript = action_script!("override_book.lua");
 /// Pauses a key until a time in Redis's clock (`lua/pause.lua`).
 pub(super) static PAUSE: ActionScript = action_script!("pause.lua");
 /// Reads the time a pause has left (`lua/pause_left.lua`), before each outbound call that waited

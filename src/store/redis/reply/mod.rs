@@ -4,13 +4,14 @@
 //! one, whatever the batch's size.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmp::Marker;
 
 use super::super::StoreError;
 use super::error::fault_of;
-use crate::decision::{Decision, RuleState};
+use crate::decision::{AppliedOverride, Decision, RuleState};
 
 /// What the reply needs to know of a rule, in the request's rule order (the quota last).
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +41,56 @@ struct Entry {
     /// An admission's short form (two items per rule), or the check's full reply.
     short: bool,
     items: Range<usize>,
+    /// The run-time override it was checked by (`lua/overrides.lua`), if any.
+    overridden: Option<Overridden>,
+}
+
+/// The run-time override an entry was checked by: the override key's value, and what the reply
+/// needs to know of its rules (`None`: deny or unlimited, which have no entry).
+struct Overridden {
+    value: Arc<str>,
+    limits: Option<smallvec::SmallVec<[RuleLimit; 3]>>,
+    unlimited: bool,
+}
+
+impl Overridden {
+    /// The override of `value` (see `lua/overrides.lua`), in place of the counted rules of a
+    /// check of `limits`; `None` for a value no crate wrote.
+    fn of(value: String, limits: &[RuleLimit]) -> Option<Self> {
+        let (what, _) = value.split_once('\n')?;
+        let (limits, unlimited) = match what {
+            "d" => (None, false),
+            "u" => (None, true),
+            rules => {
+                let mut pieces = rules.split('|');
+                let (_, code, count) = (pieces.next()?, pieces.next()?, pieces.next()?);
+                let count: usize = count.parse().ok()?;
+                let bucket = code == "tb";
+                let params: Vec<u64> = pieces
+                    .skip(1)
+                    .take(count * if bucket { 3 } else { 2 })
+                    .map(|piece| piece.parse().ok())
+                    .collect::<Option<_>>()?;
+                let own = params
+                    .chunks(if bucket { 3 } else { 2 })
+                    .map(|params| RuleLimit {
+                        limit: params[0],
+                        guard: false,
+                        quota: false,
+                        concurrency: false,
+                        bucket,
+                    });
+                // The quota's and the concurrency limit's stay the request's.
+                let kept = limits.iter().filter(|rule| rule.quota || rule.concurrency);
+                (Some(own.chain(kept.copied()).collect()), false)
+            }
+        };
+        Some(Overridden {
+            value: value.into(),
+            limits,
+            unlimited,
+        })
+    }
 }
 
 impl BatchReply {
@@ -55,7 +106,30 @@ impl BatchReply {
         } = self;
         entries.into_iter().zip(limits).map(move |(entry, limits)| {
             let entry = entry?;
-            decision_from(&items[entry.items], entry.short, now_unix_ms, limits)
+            let Some(by) = entry.overridden else {
+                return decision_from(&items[entry.items], entry.short, now_unix_ms, limits);
+            };
+            let applied = Some(AppliedOverride(by.value));
+            match by.limits {
+                Some(limits) => {
+                    decision_from(&items[entry.items], entry.short, now_unix_ms, &limits).map(
+                        |decision| Decision {
+                            run_time_override: applied,
+                            ..decision
+                        },
+                    )
+                }
+                // Deny or unlimited: decided by the override alone, nothing counted.
+                None => Ok(Decision {
+                    allowed: by.unlimited,
+                    rules: Vec::new(),
+                    now_unix_ms,
+                    delay: Duration::ZERO,
+                    quota_alerts: Vec::new(),
+                    lease: None,
+                    run_time_override: applied,
+                }),
+            }
         })
     }
 }
@@ -69,15 +143,30 @@ pub(super) fn short_length(limits: &[RuleLimit]) -> usize {
     2 * limits.len() + leases + buckets
 }
 
+/// Plain rules whose admissions' short form is `length` items long (one rule a token bucket when
+/// it is odd): what tests and the fuzzer read replies for.
+#[cfg(any(test, fuzzing))]
+pub(super) fn limits_of_short_length(length: usize) -> Vec<RuleLimit> {
+    (0..length / 2)
+        .map(|index| RuleLimit {
+            limit: 10,
+            guard: false,
+            quota: false,
+            concurrency: false,
+            bucket: index == 0 && length % 2 == 1,
+        })
+        .collect()
+}
+
 /// At most this many bytes of an unreadable reply go into its error.
 const MAX_SHOWN: usize = 200;
 
-/// Reads the batch script's reply, `packed`, for checks whose short forms have these lengths
-/// (see [`short_length`]), in the batch's order. A reply that doesn't hold exactly one entry per
+/// Reads the batch script's reply, `packed`, for checks of these rules (see [`rule_limits`],
+/// `command.rs`), in the batch's order. A reply that doesn't hold exactly one entry per
 /// check is a [`StoreError::Protocol`].
-pub(super) fn read_batch_reply(
+pub(super) fn read_batch_reply<'a>(
     packed: &[u8],
-    short_lengths: impl ExactSizeIterator<Item = usize>,
+    checks: impl ExactSizeIterator<Item = &'a [RuleLimit]>,
 ) -> Result<BatchReply, StoreError> {
     let malformed = |what: &str| {
         // What Redis answered, as far as a log line should show it.
@@ -98,14 +187,38 @@ pub(super) fn read_batch_reply(
         Item::Number(now) => u64::try_from(now).map_err(|_| malformed("a negative time"))?,
         Item::Text(_) => return Err(malformed("no time")),
     };
-    let checks = short_lengths.len();
+    let count = checks.len();
     // Each item takes a byte at least: a length beyond what is left is a broken reply, not an
     // allocation to make (the fuzzer found one of 4 billion items aborting the process).
     let mut items = Vec::with_capacity(length.min(rest.len()));
-    let mut entries = Vec::with_capacity(checks);
-    for short_length in short_lengths {
+    let mut entries = Vec::with_capacity(count);
+    for limits in checks {
         let start = items.len();
-        let (short, count) = match next(&mut rest)? {
+        let mut first = next(&mut rest)?;
+        // Checked by a run-time override: its value first, then its entry (none for deny and
+        // unlimited).
+        let mut overridden = None;
+        if let Item::Text(value) = first {
+            let by = Overridden::of(value, limits)
+                .ok_or_else(|| malformed("an unreadable run-time override"))?;
+            if by.limits.is_none() {
+                entries.push(Ok(Entry {
+                    short: false,
+                    items: start..start,
+                    overridden: Some(by),
+                }));
+                continue;
+            }
+            first = next(&mut rest)?;
+            overridden = Some(by);
+        }
+        let short_length = short_length(
+            overridden
+                .as_ref()
+                .and_then(|by| by.limits.as_deref())
+                .unwrap_or(limits),
+        );
+        let (short, count) = match first {
             Item::Number(-1) => {
                 let Item::Text(error) = next(&mut rest)? else {
                     return Err(malformed("an error without its message"));
@@ -133,11 +246,12 @@ pub(super) fn read_batch_reply(
         entries.push(Ok(Entry {
             short,
             items: start..items.len(),
+            overridden,
         }));
     }
     if left > 0 || !rest.is_empty() {
         return Err(StoreError::Protocol(format!(
-            "a batch of {checks} checks answered more than {checks} entries"
+            "a batch of {count} checks answered more than {count} entries"
         )));
     }
     Ok(BatchReply {
@@ -305,6 +419,7 @@ fn decision_from(
         delay,
         quota_alerts,
         lease,
+        run_time_override: None,
     })
 }
 

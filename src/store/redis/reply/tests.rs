@@ -28,11 +28,18 @@ fn numbers(values: &[i64]) -> Vec<u8> {
     packed(&items)
 }
 
+/// `checks` checks of one plain rule each.
+fn one_rule_each(checks: usize) -> impl ExactSizeIterator<Item = &'static [RuleLimit]> {
+    static ONE: std::sync::LazyLock<Vec<RuleLimit>> =
+        std::sync::LazyLock::new(|| limits_of_short_length(2));
+    std::iter::repeat_n(&ONE[..], checks)
+}
+
 /// The decision of one check's reply `items` (its entry after the time), with `limits`.
 fn decision_of(items: &[i64], limits: &[RuleLimit]) -> Result<Decision, StoreError> {
     let reply = read_batch_reply(
         &numbers(&[[1_000].as_slice(), items].concat()),
-        std::iter::once(short_length(limits)),
+        std::iter::once(limits),
     )?;
     reply.into_decisions([limits]).next().expect("one decision")
 }
@@ -70,7 +77,7 @@ fn a_batch_reply_splits_into_each_checks_items_or_error() {
         Packed::Number(1_000),
         Packed::Number(3),
     ]);
-    let read = read_batch_reply(&reply, [2, 2, 2, 2].into_iter()).unwrap();
+    let read = read_batch_reply(&reply, one_rule_each(4)).unwrap();
     assert_eq!(read.now_unix_ms, 1_000);
     let limits = [
         [counted(5)],
@@ -118,7 +125,7 @@ fn a_reply_of_other_than_one_entry_per_check_is_a_protocol_error() {
     for (reply, checks) in cases {
         assert!(
             matches!(
-                read_batch_reply(reply, std::iter::repeat_n(2, checks)),
+                read_batch_reply(reply, one_rule_each(checks)),
                 Err(StoreError::Protocol(_))
             ),
             "{reply:?}"
@@ -129,9 +136,9 @@ fn a_reply_of_other_than_one_entry_per_check_is_a_protocol_error() {
         Packed::Number(4),
         Packed::Text("500"),
     ]);
-    assert!(read_batch_reply(&text, std::iter::once(2)).is_err());
+    assert!(read_batch_reply(&text, one_rule_each(1)).is_err());
     let text_time = packed(&[Packed::Text("now")]);
-    assert!(read_batch_reply(&text_time, std::iter::empty()).is_err());
+    assert!(read_batch_reply(&text_time, one_rule_each(0)).is_err());
 }
 
 #[test]
@@ -265,7 +272,7 @@ fn a_length_beyond_the_reply_is_an_error_not_an_allocation() {
     // asked the allocator for 32 GiB and aborted the process.
     let huge = [0xdd, 0xff, 0xff, 0xff, 0xff, 0x00, 0x01, 0x02];
     assert!(matches!(
-        read_batch_reply(&huge, [2].into_iter()),
+        read_batch_reply(&huge, one_rule_each(1)),
         Err(StoreError::Protocol(_))
     ));
 }

@@ -1,0 +1,162 @@
+//! Overrides set at run time on Redis (issue 61): kept in Redis, read by the check of the
+//! identity in its own call (`lua/overrides.lua`), so every instance applies one at its next
+//! check; two stores made from one URL (their own pools) stand for two instances.
+
+use crate::common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::redis_server::{TestRedis, unique_prefix};
+use common::redis_store::store;
+use tower_redis_ratelimit::operate::{OperatorError, OverrideAction};
+use tower_redis_ratelimit::policy::Override;
+use tower_redis_ratelimit::{Algorithm, Key, Policy, RateLimiter, Rule, StoreError};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn by_user(redis: &TestRedis, prefix: &str, window: Duration) -> RateLimiter {
+    let policy = Policy::builder("plans")
+        .prefix(prefix)
+        .key(Key::user())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::new(5, window))
+        .build()
+        .unwrap();
+    RateLimiter::new(policy, store(redis))
+}
+
+/// How many checks of `identity` `limiter` admits before its first refusal (at most 100).
+async fn admitted(limiter: &RateLimiter, identity: &str) -> usize {
+    for admitted in 0..100 {
+        if limiter.check(identity).await.is_err() {
+            return admitted;
+        }
+    }
+    100
+}
+
+/// Waits for the start of the next fixed window of `window` (Redis and this process share the
+/// machine's clock).
+async fn next_window(window: Duration) {
+    let period = window.as_millis();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let left = period - now % period;
+    tokio::time::sleep(Duration::from_millis(u64::try_from(left).unwrap() + 20)).await;
+}
+
+#[tokio::test]
+async fn a_raise_on_one_instance_carries_the_count_to_the_other_and_a_removal_ends_it() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtraise");
+    let window = Duration::from_secs(3);
+    let (one, other) = (
+        by_user(&redis, &prefix, window),
+        by_user(&redis, &prefix, window),
+    );
+    next_window(window).await;
+    for _ in 0..3 {
+        one.check("alice").await.unwrap();
+    }
+    one.set_override(Override::identity("alice").rules([Rule::new(20, window)]))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&other, "alice").await, 17);
+    assert_eq!(admitted(&other, "bob").await, 5);
+    // The headers' limit is the override's.
+    let peeked = one.peek("alice").await.unwrap();
+    assert_eq!((peeked.rules[0].limit, peeked.rules[0].remaining), (20, 0));
+
+    // Removed: alice has used 20 of her 5 again, refused until the window frees.
+    other
+        .remove_override(Override::identity("alice"))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&one, "alice").await, 0);
+    next_window(window).await;
+    assert_eq!(admitted(&one, "alice").await, 5);
+}
+
+#[tokio::test]
+async fn lowering_below_what_was_used_refuses_at_once() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtlower");
+    let (one, other) = (
+        by_user(&redis, &prefix, MINUTE),
+        by_user(&redis, &prefix, MINUTE),
+    );
+    for _ in 0..3 {
+        one.check("alice").await.unwrap();
+    }
+    one.set_override(Override::identity("alice").rules([Rule::new(2, MINUTE)]))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&other, "alice").await, 0);
+    assert_eq!(admitted(&other, "bob").await, 5);
+}
+
+#[tokio::test]
+async fn a_deny_for_a_while_refuses_everywhere_at_once_and_ends_by_itself() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtdeny");
+    let (one, other) = (
+        by_user(&redis, &prefix, MINUTE),
+        by_user(&redis, &prefix, MINUTE),
+    );
+    one.check("alice").await.unwrap();
+    one.set_override_for(Override::identity("alice").deny(), Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(other.check("alice").await.is_err());
+    let listed = other.overrides().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].action, OverrideAction::Deny);
+    assert!(listed[0].left_ms.is_some_and(|left| left <= 1_000));
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // Nothing was counted while denied: 4 of 5 left.
+    assert_eq!(admitted(&other, "alice").await, 4);
+    assert!(other.overrides().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn an_instance_made_after_the_override_applies_it_and_unlimited_counts_nothing() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtlater");
+    let one = by_user(&redis, &prefix, MINUTE);
+    one.set_override(Override::identity("alice").rules([Rule::new(8, MINUTE)]))
+        .await
+        .unwrap();
+    one.set_override(Override::identity("carol").unlimited())
+        .await
+        .unwrap();
+    let later = by_user(&redis, &prefix, MINUTE);
+    assert_eq!(admitted(&later, "alice").await, 8);
+    assert_eq!(admitted(&later, "carol").await, 100);
+    later
+        .remove_override(Override::identity("carol"))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&one, "carol").await, 5);
+}
+
+#[tokio::test]
+async fn an_address_or_a_network_is_refused_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnet");
+    let policy = Policy::builder("byip")
+        .prefix(&prefix)
+        .key(Key::ip())
+        .rule(Rule::per_minute(5))
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(policy, store(&redis));
+    let refused = limiter
+        .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
+        .await;
+    assert!(
+        matches!(refused, Err(OperatorError::Store(StoreError::Config(_)))),
+        "{refused:?}"
+    );
+}
