@@ -82,7 +82,12 @@ local function lookup(shape, key_at)
   end
   local value = seen[key]
   if value == nil then
-    value = call('GET', key)
+    -- (pcall: while a Cluster moves the identity's slot, a key that has left this node can't be
+    -- read here, and the check goes on by the policy's rules rather than failing.)
+    value = redis.pcall('GET', key)
+    if type(value) == 'table' then
+      value = false
+    end
     seen[key] = value
   end
   if not value then

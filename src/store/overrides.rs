@@ -242,6 +242,10 @@ impl std::fmt::Debug for OverrideBook {
 /// line, `lua/overrides.lua`): `d` (deny), `u` (unlimited) or `r`, then a line per rule,
 /// `<limit> <period ms> <burst> <m|r>[ <name>]` (`m`: metered; the name, printable ASCII, last,
 /// only when one was given).
+#[cfg_attr(
+    not(feature = "redis"),
+    allow(dead_code, reason = "only the Redis store writes it")
+)]
 pub(crate) fn action_text(action: &StoredAction) -> String {
     let rules = match action {
         StoredAction::Deny => return "d".to_owned(),

@@ -18,10 +18,11 @@ use common::redis_cluster::{TestCluster, node_client};
 use common::redis_server::unique_prefix;
 use common::{admitted_and_refused, app, limits, send};
 use http::{Request, StatusCode};
+use tower_redis_ratelimit::policy::Override;
 use tower_redis_ratelimit::store::ServerMode;
 use tower_redis_ratelimit::{
-    Algorithm, Key, OnStoreError, Policy, PolicyError, Quota, RateLimitLayer, RedisStore, Rule,
-    UserId,
+    Algorithm, Key, OnStoreError, Policy, PolicyError, Quota, RateLimitLayer, RateLimiter,
+    RedisStore, Rule, UserId,
 };
 
 /// A store of its own on the cluster; a generous timeout, since these tests check what Redis
@@ -89,6 +90,7 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
     a_slot_moved_between_primaries_keeps_its_count(&mut cluster, &prefix).await;
     a_reset_reaches_the_identitys_primary_through_either_store(&cluster, &prefix).await;
     a_reset_reaches_units_held_ahead_across_the_cluster(&cluster, &prefix).await;
+    run_time_overrides_apply_on_every_primary(&cluster, &prefix).await;
 
     // No key on any node lacks an expiry after all of that.
     let mut keys = 0;
@@ -272,6 +274,67 @@ async fn one_evalsha_per_request(cluster: &TestCluster, prefix: &str) {
     }
     assert_eq!(calls_on_primaries(cluster, "evalsha") - evalsha, requests);
     assert_eq!(calls_on_primaries(cluster, "eval") - eval, 0);
+}
+
+/// Overrides set at run time through one store apply at the next check through the other, for
+/// identities on every primary (each check reads its identity's override key in its own call);
+/// removed, they leave no key behind.
+async fn run_time_overrides_apply_on_every_primary(cluster: &TestCluster, prefix: &str) {
+    let users = cluster.users_on_every_primary(1);
+    let policy = Policy::builder("upgrades")
+        .prefix(prefix)
+        .key(Key::user())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_hour(5))
+        .build()
+        .unwrap();
+    let (one, other) = (
+        RateLimiter::new(policy.clone(), store(cluster)),
+        RateLimiter::new(policy, pool_store(cluster)),
+    );
+    let admitted = |limiter: &RateLimiter, user: &str| {
+        let (limiter, user) = (limiter.clone(), user.to_owned());
+        async move {
+            let mut admitted = 0;
+            while admitted < 100 && limiter.check(user.as_str()).await.is_ok() {
+                admitted += 1;
+            }
+            admitted
+        }
+    };
+    for user in users.values().flatten() {
+        for _ in 0..3 {
+            one.check(user.as_str()).await.unwrap();
+        }
+        one.set_override(Override::identity(user.as_str()).rules([Rule::per_hour(20)]))
+            .await
+            .unwrap();
+    }
+    assert_eq!(one.overrides().await.unwrap().len(), users.len());
+    for user in users.values().flatten() {
+        assert_eq!(admitted(&other, user).await, 17, "{user}");
+        other
+            .remove_override(Override::identity(user.as_str()))
+            .await
+            .unwrap();
+        assert_eq!(admitted(&one, user).await, 0, "{user}");
+    }
+    assert!(one.overrides().await.unwrap().is_empty());
+    // A denial for a while: at once on the other store, then gone by itself.
+    let user = users.values().flatten().next().unwrap();
+    one.set_override_for(
+        Override::identity(user.as_str()).deny(),
+        Duration::from_millis(300),
+    )
+    .await
+    .unwrap();
+    let denied = other.check(user.as_str()).await.err();
+    assert_eq!(
+        denied.map(|refused| refused.status()),
+        Some(StatusCode::FORBIDDEN)
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(other.overrides().await.unwrap().is_empty());
 }
 
 /// `SCRIPT FLUSH` on every node: the next request on each primary still gets its answer, with

@@ -109,7 +109,12 @@ async fn a_deny_for_a_while_refuses_everywhere_at_once_and_ends_by_itself() {
     one.set_override_for(Override::identity("alice").deny(), Duration::from_secs(1))
         .await
         .unwrap();
-    assert!(other.check("alice").await.is_err());
+    // Denied as a policy's own deny answers: 403.
+    let denied = other.check("alice").await.err();
+    assert_eq!(
+        denied.map(|refused| refused.status()),
+        Some(http::StatusCode::FORBIDDEN)
+    );
     let listed = other.overrides().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].action, OverrideAction::Deny);
