@@ -4,7 +4,8 @@
 -- algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua, sc:
 -- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/leases.lua (a concurrency limit's
 -- leases), lua/entry.lua (one check, its steps chosen by its shape), lua/fast.lua (the common checks, inline: lean functions that leave the rest
--- to lua/entry.lua) and lua/claims.lua (metered calls waiting their turn) and lua/overrides.lua (overrides set at run time).
+-- to lua/entry.lua), lua/claims.lua (metered calls waiting their turn) and lua/overrides.lua
+-- (an identity's override set at run time).
 --
 -- All of it is the function `batch(KEYS, ARGV)`: the store registers it as a Redis function
 -- (FUNCTION LOAD once, then FCALL: the helpers, the algorithms' parts and the shapes parsed are
@@ -28,7 +29,9 @@
 --                lua/entry.lua alone, the tests' generic form), then per alert
 --                threshold its percent and the count that reaches it; then per counted rule its
 --                limit, period (ms) and, for a token bucket, its burst. A lease's release has the
---                shape `rl|1`: its one key is the leases.
+--                shape `rl|1`: its one key is the leases. A check's or a peek's shape may end
+--                `~<suffix>[n]~<gate>`: its identity's run-time override applies
+--                (lua/overrides.lua).
 -- then per request, in order: the number of its shape (1-based); a give-back's is followed by
 --                `@` and its receipt, what its admission's check answered: `<time it was checked
 --                (ms)>,<its delay (ms)>` and, for a token bucket, `,<the bucket's full time after
@@ -62,11 +65,12 @@ local OPTIONS = {'max_delay', 'guard_window', 'block', 'quota_limit', 'quota_day
 
 -- A shape, parsed from its piece once (remembered, see lua/common.lua): everything lua/entry.lua
 -- reads of it, worked out here rather than per check. A release's shape is `rl|1`: its one key,
--- the leases. A check's or a peek's may end `~<suffix>~<gate>`: its identity's run-time override
--- applies (lua/overrides.lua), its key found by the first key's last <suffix> characters, and
--- <gate>, when not empty, the policy's index of them.
+-- the leases. A check's or a peek's may end `~<suffix>[n]~<gate>`: its identity's run-time
+-- override applies (lua/overrides.lua), its key found by the first key's last <suffix>
+-- characters; <gate>, when not empty, is the policy's index of them (its networks' hash), and
+-- `n` says the identity is a client address, which networks set at run time may hold.
 shape_of = remembered(function(whole)
-  local piece, suffix, gate = string.match(whole, '^([^~]*)~(%d+)~(.*)$')
+  local piece, suffix, by_network, gate = string.match(whole, '^([^~]*)~(%d+)(n?)~(.*)$')
   piece = piece or whole
   local pieces = {}
   for text in string.gmatch(piece .. '|', '([^|]*)|') do
@@ -127,6 +131,7 @@ shape_of = remembered(function(whole)
   if suffix and rules > 0 then
     shape.override_suffix = tonumber(suffix)
     shape.override_gate = gate ~= '' and gate or nil
+    shape.by_network = by_network == 'n' and shape.override_gate ~= nil
   end
   shape.cost_text, shape.options_text = pieces[3], pieces[4]
   local function at(offset)

@@ -1,21 +1,26 @@
 -- A policy's overrides set at run time (src/store/redis/overrides.rs): sets, removes or lists
--- them. Each identity's override lives in a key beside its counters (lua/overrides.lua reads it
--- in the check's call), and the policy's index lists them all: a hash from the identity to the
--- override key's value, and a sorted set from the identity to when it ends (ms; +inf: until
--- removed). The index lives as long as its longest override (both keys expire then), so while
--- none is set it doesn't exist, and a check finds that in one EXISTS per batch (the gate).
+-- them. An identity's override lives in a key beside its counters (lua/overrides.lua reads it in
+-- the check's call); a network's (an address is a network of one) in the policy's index, which a
+-- check of a policy keyed by client address reads once per batch. The index: a sorted set from
+-- each target to when it ends (ms; +inf: until removed; `net:<network>` for a network), a hash
+-- from each identity to its override key's value, and a hash from each network to `<order>
+-- <end ms, 0: none>\n<value>`, whose field `#` counts the changes (the gate: it exists while any
+-- override is set). The index lives as long as its longest override (its keys expire then), so
+-- while none is set it doesn't exist, and a check finds that in one read per batch.
 --
 -- ARGV[1]  which keys follow: `k` (the identity's override key), `i` (the index: its ends, its
---          values) or `ki` (both: one node; a Cluster keeps them in different slots, one call
---          each)
+--          identities' values, its networks) or `ki` (both: one node; a Cluster keeps them in
+--          different slots, one call each)
 -- ARGV[2]  `set`, `remove` or `list` (the index only)
--- ARGV[3]  the identity (set, remove)
--- ARGV[4]  the override key's value (set)
+-- ARGV[3]  the identity, or `net:<network>` for a network (set, remove)
+-- ARGV[4]  the override's value (set; see lua/overrides.lua)
 -- ARGV[5]  how long it lasts (ms; empty: until removed) (set)
 --
--- Reply: nothing; a list's, {Redis's time (ms), then per override that lasts, its identity, its
--- value and the time it has left (ms; -1: until removed)}.
-local which, action, identity, value, lasting = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+-- Reply: nothing; a list's, {Redis's time (ms), then per override that lasts, its target (an
+-- identity, or `net:<network>`), its value (a network's as its hash holds it, its order first)
+-- and the time it has left (ms; -1: until removed)}.
+local which, action, target, value, lasting = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local network = string.match(target, '^net:(.+)$')
 local at = 1
 if string.find(which, 'k', 1, true) then
   local key = KEYS[at]
@@ -31,14 +36,24 @@ end
 if not string.find(which, 'i', 1, true) then
   return nil
 end
-local ends, values = KEYS[at], KEYS[at + 1]
+local ends, values, networks = KEYS[at], KEYS[at + 1], KEYS[at + 2]
 local time = redis.call('TIME')
 local now = time[1] * 1000 + math.floor(time[2] / 1000)
+
+-- Takes `member` (a target as the sorted set names it) out of the index.
+local function drop(member)
+  local ended_network = string.match(member, '^net:(.+)$')
+  if ended_network then
+    redis.call('HDEL', networks, ended_network)
+  else
+    redis.call('HDEL', values, member)
+  end
+  redis.call('ZREM', ends, member)
+end
+
 -- The overrides that have ended leave the index.
-local ended = redis.call('ZRANGEBYSCORE', ends, '-inf', now)
-if #ended > 0 then
-  redis.call('HDEL', values, unpack(ended))
-  redis.call('ZREMRANGEBYSCORE', ends, '-inf', now)
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', ends, '-inf', now)) do
+  drop(member)
 end
 if action == 'list' then
   local listed = {now}
@@ -48,26 +63,45 @@ if action == 'list' then
     if all[i + 1] ~= 'inf' then
       left = tonumber(all[i + 1]) - now
     end
+    local kept
+    local listed_network = string.match(all[i], '^net:(.+)$')
+    if listed_network then
+      kept = redis.call('HGET', networks, listed_network)
+    else
+      kept = redis.call('HGET', values, all[i])
+    end
     listed[#listed + 1] = all[i]
-    listed[#listed + 1] = redis.call('HGET', values, all[i]) or ''
+    listed[#listed + 1] = kept or ''
     listed[#listed + 1] = left
   end
   return listed
 end
+drop(target)
 if action == 'set' then
-  redis.call('HSET', values, identity, value)
-  redis.call('ZADD', ends, lasting ~= '' and (now + tonumber(lasting)) or '+inf', identity)
-else
-  redis.call('HDEL', values, identity)
-  redis.call('ZREM', ends, identity)
+  local ending = lasting ~= '' and now + tonumber(lasting) or nil
+  redis.call('ZADD', ends, ending or '+inf', target)
+  if network then
+    -- In the order set (the first that holds an address applies), and when it ends.
+    local order = redis.call('HINCRBY', networks, '#', 1)
+    redis.call('HSET', networks, network,
+      string.format('%d %d\n', order, ending or 0) .. value)
+  else
+    redis.call('HSET', values, target, value)
+  end
 end
+-- Every change is counted: a batch that read the networks before reads them anew.
+redis.call('HINCRBY', networks, '#', 1)
 -- The index ends with its longest override.
 local last = redis.call('ZRANGE', ends, -1, -1, 'WITHSCORES')
-if last[2] == 'inf' then
+if last[2] == nil then
+  redis.call('DEL', ends, values, networks)
+elseif last[2] == 'inf' then
   redis.call('PERSIST', ends)
   redis.call('PERSIST', values)
-elseif last[2] ~= nil then
+  redis.call('PERSIST', networks)
+else
   redis.call('PEXPIREAT', ends, last[2])
   redis.call('PEXPIREAT', values, last[2])
+  redis.call('PEXPIREAT', networks, last[2])
 end
 return nil

@@ -13,10 +13,14 @@
 -- rule's counter, its key after the stem (the policy's rule of the same period and metering when
 -- it has one, so that what the identity has used carries over).
 --
--- The gate: on one node, a shape names the policy's index of run-time overrides, which exists
--- only while one is set (src/store/redis/overrides.rs keeps it); a batch reads it once per
+-- The gate: on one node, a shape names the policy's index of run-time overrides (its networks'
+-- hash, lua/override_book.lua), which exists only while one is set; a batch reads it once per
 -- shape, and while it is absent no check of that shape reads more. On a Cluster the index lies in
--- another slot, so the shape names none: each check reads its identity's key (once per batch).
+-- another slot, so the shape names none: each check reads its identity's key (once per batch),
+-- and no network applies. A policy keyed by client address (`n` in the shape) also matches its
+-- identity, the address (or its group, `/len`), against the addresses and networks set: an
+-- address first, then the first network set that holds it, when no override of the identity
+-- itself is set.
 --
 -- An overridden check's entry: the override key's value, then (for rules) the check's entry by
 -- the override's rules; deny and unlimited have no entry after it.
@@ -64,14 +68,149 @@ function overrides.begin()
   serial = serial + 1
 end
 
+-- An address or a network as text (`a.b.c.d`, an IPv6 address, either with `/len`), as
+-- {family (4 or 6), its units (bytes, or 16-bit groups), its prefix length}; nil for other text.
+local function network_of(text)
+  local address, length = string.match(text, '^([^/]+)/?(%d*)$')
+  if address == nil then
+    return nil
+  end
+  local units, family, width = {}, 4, 8
+  local a, b, c, d = string.match(address, '^(%d+)%.(%d+)%.(%d+)%.(%d+)$')
+  if a then
+    units = {tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
+  else
+    family, width = 6, 16
+    local head, tail = address, nil
+    local split = string.find(address, '::', 1, true)
+    if split then
+      head, tail = string.sub(address, 1, split - 1), string.sub(address, split + 2)
+    end
+    local function groups(part)
+      local found = {}
+      for group in string.gmatch(part, '[^:]+') do
+        local value = tonumber(group, 16)
+        if value == nil or #group > 4 then
+          return nil
+        end
+        found[#found + 1] = value
+      end
+      return found
+    end
+    local first, last = groups(head), tail and groups(tail) or {}
+    if first == nil or last == nil or #first + #last > 8 or (tail == nil and #first ~= 8) then
+      return nil
+    end
+    for i = 1, #first do
+      units[i] = first[i]
+    end
+    for i = #first + 1, 8 - #last do
+      units[i] = 0
+    end
+    for i = 1, #last do
+      units[8 - #last + i] = last[i]
+    end
+  end
+  local bits = #units * width
+  return {family = family, units = units, width = width,
+    length = length ~= '' and tonumber(length) or bits}
+end
+
+-- Whether network `net` holds `inner` (an address, or a client's group, a network itself).
+local function holds(net, inner)
+  if net.family ~= inner.family or inner.length < net.length then
+    return false
+  end
+  local left = net.length
+  for i = 1, #net.units do
+    if left <= 0 then
+      return true
+    end
+    local width = net.width
+    if left >= width then
+      if net.units[i] ~= inner.units[i] then
+        return false
+      end
+    else
+      local unit = 2 ^ (width - left)
+      return floor(net.units[i] / unit) == floor(inner.units[i] / unit)
+    end
+    left = left - width
+  end
+  return true
+end
+
+-- The networks of a gate's read (its HGETALL), parsed anew only when `#` (its changes) moved: in
+-- the order they were set, each {network, its end (ms; 0: none), its value}.
+local known_networks = {}
+local function networks_of(gate, all)
+  local changes
+  for i = 1, #all, 2 do
+    if all[i] == '#' then
+      changes = all[i + 1]
+    end
+  end
+  local known = known_networks[gate]
+  if known and known.changes == changes then
+    return known.list
+  end
+  local list = {}
+  for i = 1, #all, 2 do
+    if all[i] ~= '#' then
+      local order, ends, value = string.match(all[i + 1], '^(%d+) (%d+)\n(.*)$')
+      local net = network_of(all[i])
+      if order and net then
+        list[#list + 1] = {net = net, order = tonumber(order), ends = tonumber(ends),
+          value = value}
+      end
+    end
+  end
+  -- Addresses first (an address wins over a network, as an identity does), then networks in
+  -- the order they were set.
+  table.sort(list, function(x, y)
+    local x_address = x.net.length == #x.net.units * x.net.width
+    local y_address = y.net.length == #y.net.units * y.net.width
+    if x_address ~= y_address then
+      return x_address
+    end
+    return x.order < y.order
+  end)
+  known_networks[gate] = {changes = changes, list = list}
+  return list
+end
+
+-- The networks set for `shape`'s policy this batch (read once per shape and batch), or nil when
+-- none of its overrides is set.
+local function gate_of(shape)
+  if shape.gate_serial ~= serial then
+    local all = call('HGETALL', shape.override_gate)
+    shape.gate_serial = serial
+    shape.gate_networks = #all > 0 and networks_of(shape.override_gate, all) or nil
+  end
+  return shape.gate_networks
+end
+
+-- The override of the first network set that holds the client address `identity` names
+-- (`ip:<address>[/len]`), if one lasts.
+local function network_override(networks, identity)
+  local inner = network_of(string.match(identity, '^ip:(.+)$') or '')
+  if inner == nil then
+    return nil
+  end
+  for _, set in ipairs(networks) do
+    if (set.ends == 0 or set.ends > now) and holds(set.net, inner) then
+      return override_of(set.value)
+    end
+  end
+  return nil
+end
+
 -- The override of the check of `shape` whose keys follow KEYS[key_at], if one is set.
 local function lookup(shape, key_at)
-  local gate = shape.override_gate
-  if gate then
-    if shape.gate_serial ~= serial then
-      shape.gate_serial, shape.gate_open = serial, call('EXISTS', gate) == 1
-    end
-    if not shape.gate_open then
+  local networks
+  if shape.override_gate then
+    networks = gate_of(shape)
+    if networks == nil then
       return nil
     end
   end
@@ -90,10 +229,14 @@ local function lookup(shape, key_at)
     end
     seen[key] = value
   end
-  if not value then
-    return nil
+  if value then
+    return override_of(value)
   end
-  return override_of(value)
+  if shape.by_network and #networks > 0 then
+    -- (The identity is the hash tag: `<prefix>:{<identity>}:…`.)
+    return network_override(networks, string.match(first, '{([^}]*)}') or '')
+  end
+  return nil
 end
 
 -- The shape of `over`'s rules in place of the counted rules of `shape` (its cost, options and

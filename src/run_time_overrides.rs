@@ -47,8 +47,8 @@ impl RateLimiter {
     /// can't yield, [`OperatorError::BadIdentity`] for an empty identity (nothing is stored
     /// then), or the store's error: [`StoreError::Config`](crate::StoreError::Config) from a
     /// store that keeps no run-time overrides, or from the Redis store for an address or a
-    /// network (it keeps identities' only: its check reads the identity's override in its own
-    /// call).
+    /// network under a policy not keyed by client address, or on a Cluster (its check reads
+    /// the overrides in its own call, and has no client address then).
     pub async fn set_override(&self, over: Override) -> Result<(), OperatorError> {
         self.limiter.set_override(over, None).await
     }

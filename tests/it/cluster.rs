@@ -335,6 +335,26 @@ async fn run_time_overrides_apply_on_every_primary(cluster: &TestCluster, prefix
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(other.overrides().await.unwrap().is_empty());
+    // A network can't apply on a Cluster (the policy's networks lie in another slot than a
+    // check's keys): refused, even for a policy keyed by client address.
+    let by_address = Policy::builder("upgrades-ip")
+        .prefix(prefix)
+        .key(Key::ip())
+        .rule(Rule::per_hour(5))
+        .build()
+        .unwrap();
+    let refused = RateLimiter::new(by_address, store(cluster))
+        .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(tower_redis_ratelimit::operate::OperatorError::Store(
+                tower_redis_ratelimit::StoreError::Config(_)
+            ))
+        ),
+        "{refused:?}"
+    );
 }
 
 /// `SCRIPT FLUSH` on every node: the next request on each primary still gets its answer, with

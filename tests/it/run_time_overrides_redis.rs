@@ -8,9 +8,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::redis_server::{TestRedis, unique_prefix};
 use common::redis_store::store;
+use common::{request_from, send};
+use http::StatusCode;
 use tower_redis_ratelimit::operate::{OperatorError, OverrideAction};
 use tower_redis_ratelimit::policy::Override;
-use tower_redis_ratelimit::{Algorithm, Key, Policy, RateLimiter, Rule, StoreError};
+use tower_redis_ratelimit::{
+    Algorithm, Key, Policy, RateLimitLayer, RateLimiter, Rule, StoreError,
+};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -146,17 +150,90 @@ async fn an_instance_made_after_the_override_applies_it_and_unlimited_counts_not
     assert_eq!(admitted(&one, "carol").await, 5);
 }
 
-#[tokio::test]
-async fn an_address_or_a_network_is_refused_on_redis() {
-    let redis = TestRedis::shared();
-    let prefix = unique_prefix("rtnet");
+/// A policy keyed by client address, 2 a minute, behind a layer over its own store.
+fn by_address(redis: &TestRedis, prefix: &str) -> (RateLimitLayer, axum::Router) {
     let policy = Policy::builder("byip")
-        .prefix(&prefix)
+        .prefix(prefix)
         .key(Key::ip())
-        .rule(Rule::per_minute(5))
+        .rule(Rule::per_minute(2))
         .build()
         .unwrap();
-    let limiter = RateLimiter::new(policy, store(&redis));
+    let layer = RateLimitLayer::new(policy, store(redis));
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .layer(layer.clone());
+    (layer, app)
+}
+
+async fn status(app: &axum::Router, peer: &str) -> StatusCode {
+    send(app, request_from(peer, "/")).await.status()
+}
+
+#[tokio::test]
+async fn networks_apply_to_a_policy_keyed_by_address_and_an_identity_wins() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnet");
+    let (one, _) = by_address(&redis, &prefix);
+    let (other, app) = by_address(&redis, &prefix);
+    one.set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
+        .await
+        .unwrap();
+    one.set_override(Override::identity("10.1.2.3").unlimited())
+        .await
+        .unwrap();
+    one.set_override(Override::cidr("2001:db8::/32".parse().unwrap()).rules([Rule::per_minute(3)]))
+        .await
+        .unwrap();
+    assert_eq!(status(&app, "10.9.9.9:1").await, StatusCode::FORBIDDEN);
+    for _ in 0..4 {
+        assert_eq!(status(&app, "10.1.2.3:1").await, StatusCode::OK);
+    }
+    // An IPv6 client, counted by its /64, which the /32 holds: 3, not 2.
+    for _ in 0..3 {
+        assert_eq!(status(&app, "[2001:db8:1:2::5]:1").await, StatusCode::OK);
+    }
+    assert_eq!(
+        status(&app, "[2001:db8:1:2::6]:1").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(status(&app, "192.0.2.1:1").await, StatusCode::OK);
+    assert_eq!(status(&app, "192.0.2.1:1").await, StatusCode::OK);
+    assert_eq!(
+        status(&app, "192.0.2.1:1").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let listed = other.overrides().await.unwrap();
+    let targets: Vec<&str> = listed.iter().map(|set| set.target.as_str()).collect();
+    assert_eq!(targets, ["10.1.2.3", "10.0.0.0/8", "2001:db8::/32"]);
+    // Removed on one instance: the other counts 10.9.9.9 by the policy again.
+    one.remove_override(Override::cidr("10.0.0.0/8".parse().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(status(&app, "10.9.9.9:1").await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_network_for_a_while_ends_by_itself() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnetfor");
+    let (one, app) = by_address(&redis, &prefix);
+    one.set_override_for(
+        Override::cidr("198.51.100.0/24".parse().unwrap()).deny(),
+        Duration::from_millis(500),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status(&app, "198.51.100.7:1").await, StatusCode::FORBIDDEN);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(status(&app, "198.51.100.7:1").await, StatusCode::OK);
+    assert!(one.overrides().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_network_under_a_key_of_another_kind_is_refused_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnetuser");
+    let limiter = by_user(&redis, &prefix, MINUTE);
     let refused = limiter
         .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
         .await;
@@ -164,4 +241,5 @@ async fn an_address_or_a_network_is_refused_on_redis() {
         matches!(refused, Err(OperatorError::Store(StoreError::Config(_)))),
         "{refused:?}"
     );
+    assert!(limiter.overrides().await.unwrap().is_empty());
 }

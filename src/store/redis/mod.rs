@@ -239,6 +239,7 @@ impl Store for RedisStore {
         let calls = overrides::book_calls(
             policy.key_base(),
             over.whom(),
+            policy.key().is_ip(),
             Some((policy, &over, lasting)),
             cluster,
         );
@@ -247,7 +248,8 @@ impl Store for RedisStore {
 
     fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
         let cluster = self.shared.connector.is_cluster();
-        self.run_book_calls(overrides::book_calls(policy, whom, None, cluster))
+        // (Any address or network set was set under a policy keyed by client address.)
+        self.run_book_calls(overrides::book_calls(policy, whom, true, None, cluster))
     }
 
     fn list_overrides(&self, policy: &str) -> ListFuture {

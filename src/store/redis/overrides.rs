@@ -1,13 +1,15 @@
 //! Overrides set at run time, as the Redis store keeps them: each identity's in a key beside its
 //! counters, `<prefix>:{<identity>}:<policy>:override`, which a check reads in its own call
 //! (`lua/overrides.lua`), and the policy's index of them (`lua/override_book.lua`), which lists
-//! them and, on one node, is the gate a batch reads once per shape. Only identities (as the
-//! policy's key stores them) are kept so: an address or a network would need the client's address
-//! in the check, which the store is not sent.
+//! them and, on one node, is the gate a batch reads once per shape, holding the networks (an
+//! address is a network of one) a policy keyed by client address matches its identity against.
+//! A network can't apply otherwise: a policy keyed by something else sends no client address
+//! with its checks, and on a Cluster the index lies in another slot than the check's keys.
 
 use std::time::Duration;
 
 use ::redis::Value;
+use ipnet::IpNet;
 
 use super::command::{algorithm_code, rule_counter, write_key};
 use super::script::{OVERRIDE_BOOK, evalsha};
@@ -16,30 +18,33 @@ use crate::store::StoreError;
 use crate::store::overrides::{Listed, action_of_text, action_text};
 
 /// The ending of the shape of a check of `policy` that reads its identity's override
-/// (`~<suffix>~<gate>`, see `lua/batch.lua`): how many characters end its first key after the
-/// stem, and the index, the gate (none on a Cluster, where it lies in another slot).
+/// (`~<suffix>[n]~<gate>`, see `lua/batch.lua`): how many characters end its first key after
+/// the stem; whether its identity is a client address, which networks may hold; and the index's
+/// networks, the gate (none on a Cluster, where the index lies in another slot).
 pub(super) fn lookup_of(policy: &Policy, cluster: bool) -> Option<Box<str>> {
     let first = policy
         .rules()
         .iter()
         .find(|rule| !rule.is_duplicate_guard())?;
     let suffix = rule_counter(policy.algorithm(), first, first.limit()).len();
-    let gate = if cluster {
-        String::new()
-    } else {
-        index_keys(policy.key_base()).0
-    };
-    Some(format!("~{suffix}~{gate}").into())
+    if cluster {
+        return Some(format!("~{suffix}~").into());
+    }
+    let by_network = if policy.key().is_ip() { "n" } else { "" };
+    let [.., networks] = index_keys(policy.key_base());
+    Some(format!("~{suffix}{by_network}~{networks}").into())
 }
 
-/// The policy's index: when each override ends (a sorted set), and their values (a hash), both
-/// under the policy's own hash tag: `<prefix>:{<policy>}:overrides`, `…:overrides:values`.
-pub(super) fn index_keys(key_base: &str) -> (String, String) {
+/// The policy's index, under its own hash tag: when each override ends (a sorted set,
+/// `<prefix>:{<policy>}:overrides`), the identities' values (`…:values`) and the networks
+/// (`…:networks`, the gate).
+pub(super) fn index_keys(key_base: &str) -> [String; 3] {
     let base = key_base.strip_suffix(':').unwrap_or(key_base);
     let (prefix, name) = base.split_once(':').unwrap_or((base, ""));
     let ends = format!("{prefix}:{{{name}}}:overrides");
     let values = format!("{ends}:values");
-    (ends, values)
+    let networks = format!("{ends}:networks");
+    [ends, values, networks]
 }
 
 /// The key of `identity`'s override under the policy whose keys start with `key_base`.
@@ -54,16 +59,30 @@ fn override_key(key_base: &str, identity: &str) -> String {
     key
 }
 
-/// The identity an override of `whom` is kept under, or the error of one the store can't keep.
-fn identity_of(whom: &Whom) -> Result<&str, StoreError> {
-    match whom {
-        Whom::Identity(identity) => Ok(identity),
-        Whom::Address(_) | Whom::Network(_) => Err(StoreError::Config(
-            "the Redis store keeps run-time overrides of identities only: an address or a \
-             network needs the client's address in the check (set it in the policy instead)"
+/// Where an override is kept: an identity's key, or the index's networks.
+enum Kept {
+    Identity(String),
+    Network(IpNet),
+}
+
+/// Where an override of `whom` is kept under a policy keyed by client address (`by_ip`), or the
+/// error of one the store can't apply.
+fn kept_of(whom: &Whom, by_ip: bool, cluster: bool) -> Result<Kept, StoreError> {
+    let network = match whom {
+        Whom::Identity(identity) => return Ok(Kept::Identity(identity.clone())),
+        Whom::Address(address) => IpNet::from(*address),
+        Whom::Network(network) => *network,
+    };
+    if cluster || !by_ip {
+        return Err(StoreError::Config(
+            "the Redis store applies a run-time override of an address or a network to a policy \
+             keyed by client address, on one node (or Sentinel): a Cluster keeps the policy's \
+             networks in another slot than a check's keys, and another key sends no address \
+             (set it in the policy instead)"
                 .to_owned(),
-        )),
+        ));
     }
+    Ok(Kept::Network(network))
 }
 
 /// What the override key of `over` holds (see `lua/overrides.lua`): the script's line, then
@@ -122,12 +141,18 @@ fn value_of(policy: &Policy, over: &StoredOverride) -> Result<String, StoreError
 pub(super) fn book_calls(
     key_base: &str,
     whom: &Whom,
+    by_ip: bool,
     set: Option<(&Policy, &StoredOverride, Option<Duration>)>,
     cluster: bool,
 ) -> Result<Vec<::redis::Cmd>, StoreError> {
-    let identity = identity_of(whom)?;
-    let key = override_key(key_base, identity);
-    let (ends, values) = index_keys(key_base);
+    let [ends, values, networks] = index_keys(key_base);
+    let (target, key) = match kept_of(whom, by_ip, cluster)? {
+        Kept::Identity(identity) => {
+            let key = override_key(key_base, &identity);
+            (identity, Some(key))
+        }
+        Kept::Network(network) => (format!("net:{network}"), None),
+    };
     let (action, value, lasting) = match set {
         Some((policy, over, lasting)) => (
             "set",
@@ -147,23 +172,30 @@ pub(super) fn book_calls(
         command
             .arg(which)
             .arg(action)
-            .arg(identity)
+            .arg(&target)
             .arg(&value)
             .arg(&lasting);
         command
     };
-    Ok(if cluster {
-        vec![call("i", &[&ends, &values]), call("k", &[&key])]
-    } else {
-        vec![call("ki", &[&key, &ends, &values])]
+    let index = [ends.as_str(), values.as_str(), networks.as_str()];
+    Ok(match key {
+        None => vec![call("i", &index)],
+        Some(key) if cluster => vec![call("i", &index), call("k", &[&key])],
+        Some(key) => vec![call("ki", &[&key, &ends, &values, &networks])],
     })
 }
 
 /// The `lua/override_book.lua` call that lists the policy's overrides.
 pub(super) fn list_call(key_base: &str) -> ::redis::Cmd {
-    let (ends, values) = index_keys(key_base);
+    let [ends, values, networks] = index_keys(key_base);
     let mut command = evalsha(&OVERRIDE_BOOK);
-    command.arg(2).arg(ends).arg(values).arg("i").arg("list");
+    command
+        .arg(3)
+        .arg(ends)
+        .arg(values)
+        .arg(networks)
+        .arg("i")
+        .arg("list");
     command.arg("").arg("").arg("");
     command
 }
@@ -183,29 +215,58 @@ pub(super) fn listed_of(reply: Value) -> Result<Vec<Listed>, StoreError> {
         Value::Int(number) => Some(*number),
         _ => None,
     };
-    let mut listed = Vec::new();
+    // Identities and addresses by their text, then networks in the order they were set (as the
+    // memory store lists them).
+    let (mut exact, mut networks) = (Vec::new(), Vec::new());
     for entry in items.get(1..).unwrap_or_default().chunks(3) {
-        let [identity, value, left] = entry else {
+        let [target, value, left] = entry else {
             return Err(malformed());
         };
-        let (identity, value, left) = (
-            text(identity).ok_or_else(malformed)?,
+        let (target, value, left) = (
+            text(target).ok_or_else(malformed)?,
             text(value).ok_or_else(malformed)?,
             number(left).ok_or_else(malformed)?,
         );
+        let network = target
+            .strip_prefix("net:")
+            .and_then(|network| network.parse::<IpNet>().ok());
+        // A network's value starts with `<order> <end>`.
+        let (order, value) = match network {
+            Some(_) => {
+                let (head, value) = value.split_once('\n').ok_or_else(malformed)?;
+                let order: u64 = head
+                    .split(' ')
+                    .next()
+                    .and_then(|order| order.parse().ok())
+                    .ok_or_else(malformed)?;
+                (order, value)
+            }
+            None => (0, value.as_str()),
+        };
         let Some(action) = value
             .split_once('\n')
             .and_then(|(_, kept)| action_of_text(kept))
         else {
             continue;
         };
-        listed.push(Listed {
-            over: std::sync::Arc::new(StoredOverride {
-                whom: Whom::Identity(identity),
-                action,
-            }),
+        let whom = match network {
+            Some(network) if network.prefix_len() == network.max_prefix_len() => {
+                Whom::Address(network.addr())
+            }
+            Some(network) => Whom::Network(network),
+            None => Whom::Identity(target),
+        };
+        let listed = Listed {
+            over: std::sync::Arc::new(StoredOverride { whom, action }),
             left: u64::try_from(left).ok().map(Duration::from_millis),
-        });
+        };
+        match listed.whom() {
+            Whom::Network(_) => networks.push((order, listed)),
+            _ => exact.push(listed),
+        }
     }
-    Ok(listed)
+    exact.sort_by_key(|listed| listed.whom().shown());
+    networks.sort_by_key(|(order, _)| *order);
+    exact.extend(networks.into_iter().map(|(_, listed)| listed));
+    Ok(exact)
 }
