@@ -247,8 +247,8 @@ local function run_checks()
     local claimed = type(receipt) == 'table' and receipt.claim ~= nil
     -- (A claim's key follows its shape's keys.)
     entry_keys = claimed and shape.keys + 1 or shape.keys
-    local overridden = not claimed and shape.override_suffix
-      and overrides.run(shape, key_at, receipt, n)
+    local overridden = shape.override_suffix and shape.shut_in ~= overrides.batch
+      and not claimed and overrides.run(shape, key_at, receipt, n)
     local lean = not overridden and not claimed and shape.lean
       and shape.lean(batch_keys, key_at, shape, now, out, n, receipt)
     if overridden then

@@ -28,10 +28,13 @@
 -- The shapes' parser (set by lua/batch.lua).
 local shape_of
 
-local overrides = {}
+-- `batch`: the batch being run, a number per batch. A shape whose policy has no override set
+-- this batch (its gate read closed) holds it as `shut_in`, so its other checks of the batch cost
+-- lua/batch.lua one comparison, not a call here.
+local overrides = {batch = 0}
 
--- The batch being run (a number per batch), and the override keys it has read (false: none), by
--- key: made at the first read of a batch, so a batch without overrides makes no table.
+-- The batch being run, and the override keys it has read (false: none), by key: made at the
+-- first read of a batch, so a batch without overrides makes no table.
 local serial, seen_serial, seen = 0, -1, nil
 
 -- An override key's value, parsed once (remembered).
@@ -66,6 +69,7 @@ end)
 -- Starts a batch.
 function overrides.begin()
   serial = serial + 1
+  overrides.batch = serial
 end
 
 -- An address or a network as text (`a.b.c.d`, an IPv6 address, either with `/len`), as
@@ -183,9 +187,16 @@ end
 -- none of its overrides is set.
 local function gate_of(shape)
   if shape.gate_serial ~= serial then
-    local all = call('HGETALL', shape.override_gate)
+    local gate = shape.override_gate
     shape.gate_serial = serial
-    shape.gate_networks = #all > 0 and networks_of(shape.override_gate, all) or nil
+    shape.gate_networks = nil
+    -- (EXISTS first: while none is set, the common case, that is all it costs.)
+    if call('EXISTS', gate) == 1 then
+      shape.gate_networks = networks_of(gate, call('HGETALL', gate))
+    end
+    if shape.gate_networks == nil then
+      shape.shut_in = serial
+    end
   end
   return shape.gate_networks
 end
