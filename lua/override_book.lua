@@ -15,6 +15,9 @@
 -- ARGV[3]  the identity, or `net:<network>` for a network (set, remove)
 -- ARGV[4]  the override's value (set; see lua/overrides.lua)
 -- ARGV[5]  how long it lasts (ms; empty: until removed) (set)
+-- ARGV[6]  an identity's key as a check names it (set, remove, with `k`): every instance hears
+--          it, as a reset's (src/store/redis/resets.rs), and drops the units it took ahead of it
+--          under the rules before
 --
 -- Reply: nothing; a list's, {Redis's time (ms), then per override that lasts, its target (an
 -- identity, or `net:<network>`), its value (a network's as its hash holds it, its order first)
@@ -32,6 +35,9 @@ if string.find(which, 'k', 1, true) then
   else
     redis.call('DEL', key)
   end
+  -- (pcall: an ACL user without this channel still changes it; an instance that can't hear it
+  -- spends its units in hand first, as after a reset.)
+  redis.pcall('PUBLISH', 'tower-redis-ratelimit:resets', ARGV[6])
 end
 if not string.find(which, 'i', 1, true) then
   return nil

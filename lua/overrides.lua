@@ -171,11 +171,12 @@ local function networks_of(gate, all)
   end
   -- Addresses first (an address wins over a network, as an identity does), then networks in
   -- the order they were set.
+  for _, set in ipairs(list) do
+    set.address = set.net.length == #set.net.units * set.net.width
+  end
   table.sort(list, function(x, y)
-    local x_address = x.net.length == #x.net.units * x.net.width
-    local y_address = y.net.length == #y.net.units * y.net.width
-    if x_address ~= y_address then
-      return x_address
+    if x.address ~= y.address then
+      return x.address
     end
     return x.order < y.order
   end)
@@ -201,14 +202,17 @@ local function gate_of(shape)
   return shape.gate_networks
 end
 
--- The override of the first network set that holds the client address `identity` names
--- (`ip:<address>[/len]`), if one lasts.
-local function network_override(networks, identity)
+-- The override of the address, or the first network set, that holds the client address
+-- `identity` names (`ip:<address>[/len]`), if one lasts (`addresses_only`: of an address only).
+local function network_override(networks, identity, addresses_only)
   local inner = network_of(string.match(identity, '^ip:(.+)$') or '')
   if inner == nil then
     return nil
   end
   for _, set in ipairs(networks) do
+    if addresses_only and not set.address then
+      return nil
+    end
     if (set.ends == 0 or set.ends > now) and holds(set.net, inner) then
       return override_of(set.value)
     end
@@ -245,7 +249,8 @@ local function lookup(shape, key_at)
   end
   if shape.by_network and #networks > 0 then
     -- (The identity is the hash tag: `<prefix>:{<identity>}:…`.)
-    return network_override(networks, string.match(first, '{([^}]*)}') or '')
+    return network_override(networks, string.match(first, '{([^}]*)}') or '',
+      shape.addresses_only)
   end
   return nil
 end

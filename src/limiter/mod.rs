@@ -289,7 +289,7 @@ impl Limiter {
         };
         let prefetched = prefetch::Prefetched::of(&policy);
         let book = store.override_book(policy.key_base());
-        let override_lookup = store.override_lookup(&policy);
+        let override_lookup = store.override_lookup(&policy, true);
         Limiter {
             answers: AnswerPlan::new(&policy),
             plain: is_plain(&policy, prefetched.is_some()),
@@ -321,7 +321,7 @@ impl Limiter {
     /// differ, and a request of the same key may fall outside a network override).
     fn with_policy(&self, policy: Policy) -> Limiter {
         let prefetched = prefetch::Prefetched::of(&policy);
-        let override_lookup = self.store.override_lookup(&policy);
+        let override_lookup = self.store.override_lookup(&policy, true);
         Limiter {
             answers: AnswerPlan::new(&policy),
             plain: is_plain(&policy, prefetched.is_some()),
@@ -403,10 +403,20 @@ impl Limiter {
     pub(super) fn overriding(&self, index: usize) -> Option<Arc<Limiter>> {
         let limiters = self.overriding.get_or_init(|| {
             let applied = self.policy.overrides().applied();
+            let overrides = self.policy.overrides();
             applied
                 .iter()
-                .map(|applied| match applied {
-                    Applied::Rules(policy) => Some(Arc::new(self.with_policy(policy.clone()))),
+                .enumerate()
+                .map(|(index, applied)| match applied {
+                    Applied::Rules(policy) => {
+                        let mut limiter = self.with_policy(policy.clone());
+                        // A request of an identity the policy overrides: a network set at run
+                        // time doesn't apply to it (an identity wins over a network).
+                        if !overrides.is_network(index) {
+                            limiter.override_lookup = self.store.override_lookup(policy, false);
+                        }
+                        Some(Arc::new(limiter))
+                    }
                     Applied::Unlimited | Applied::Deny => None,
                 })
                 .collect()

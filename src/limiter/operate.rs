@@ -233,11 +233,20 @@ impl Limiter {
     /// its next check asks the store, under its new limits. A network's identities are not
     /// known here: their cached refusals stand until they expire.
     fn forget_refusals_of(&self, whom: &Whom) {
-        if let Whom::Identity(identity) = whom
-            && let Some(key) = self.policy.storage_key_of(identity)
-        {
-            self.refusals.forget_key(key.as_str());
-            super::prefetch::forget_key(self, key.as_str());
+        let key = match whom {
+            Whom::Identity(identity) => self.policy.storage_key_of(identity),
+            Whom::Address(address) => self.policy.storage_key_of_address(*address),
+            Whom::Network(_) => None,
+        };
+        let Some(key) = key else {
+            return;
+        };
+        // Its own, and those of the limiters of the policy's overrides, which answer for the
+        // identities they override.
+        let overriding = self.overriding.get().into_iter().flatten().flatten();
+        for limiter in std::iter::once(self).chain(overriding.map(|limiter| &**limiter)) {
+            limiter.refusals.forget_key(key.as_str());
+            super::prefetch::forget_key(limiter, key.as_str());
         }
     }
 

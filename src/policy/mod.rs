@@ -466,6 +466,12 @@ impl Policy {
         (self.0.scope != Scope::Route).then(|| self.unscoped_key_of(identity))
     }
 
+    /// The store key a layer's request from client `address` is counted under (its group, for a
+    /// policy keyed by client address), unless the key names the route too.
+    pub(crate) fn storage_key_of_address(&self, address: std::net::IpAddr) -> Option<StorageKey> {
+        (self.0.scope != Scope::Route).then(|| self.named_key(&address.to_string()))
+    }
+
     /// The store key of an identity the app names (a [`RateLimiter`](crate::RateLimiter)'s):
     /// `prefix:policy:identity`, whatever the policy's scope, the identity stored as the policy's
     /// key stores the value it reads (see [`Key::push_named`]), so a layer and a handle of one

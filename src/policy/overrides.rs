@@ -308,6 +308,11 @@ impl Overrides {
     pub(crate) fn applied(&self) -> &[Applied] {
         &self.applied
     }
+
+    /// Whether override `index` is a network's.
+    pub(crate) fn is_network(&self, index: usize) -> bool {
+        self.by_network.iter().any(|&(_, of)| of == index)
+    }
 }
 
 /// How an override's identity is matched.

@@ -717,9 +717,11 @@ pub trait Store: Send + Sync + 'static {
     /// call ([`CheckRequest::override_lookup`]), for a store that keeps them so (the Redis
     /// store: the ending of the check's shape, see `lua/overrides.lua`); `None` (the default):
     /// the limiter finds them before it asks ([`Store::override_book`]), or there are none.
+    /// `networks`: whether overrides of addresses and networks apply too (not to the requests
+    /// of an identity the policy itself overrides: an identity wins over a network).
     #[doc(hidden)]
-    fn override_lookup(&self, policy: &Policy) -> Option<Box<str>> {
-        let _ = policy;
+    fn override_lookup(&self, policy: &Policy, networks: bool) -> Option<Box<str>> {
+        let _ = (policy, networks);
         None
     }
 
@@ -834,8 +836,8 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).override_book(policy)
     }
 
-    fn override_lookup(&self, policy: &Policy) -> Option<Box<str>> {
-        (**self).override_lookup(policy)
+    fn override_lookup(&self, policy: &Policy, networks: bool) -> Option<Box<str>> {
+        (**self).override_lookup(policy, networks)
     }
 
     fn set_override(

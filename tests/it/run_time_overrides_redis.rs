@@ -105,10 +105,13 @@ async fn lowering_below_what_was_used_refuses_at_once() {
 async fn a_deny_for_a_while_refuses_everywhere_at_once_and_ends_by_itself() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("rtdeny");
+    // (All of it within one window: the count after the deny is the one before.)
+    let window = Duration::from_secs(3);
     let (one, other) = (
-        by_user(&redis, &prefix, MINUTE),
-        by_user(&redis, &prefix, MINUTE),
+        by_user(&redis, &prefix, window),
+        by_user(&redis, &prefix, window),
     );
+    next_window(window).await;
     one.check("alice").await.unwrap();
     one.set_override_for(Override::identity("alice").deny(), Duration::from_secs(1))
         .await
@@ -242,4 +245,75 @@ async fn a_network_under_a_key_of_another_kind_is_refused_on_redis() {
         "{refused:?}"
     );
     assert!(limiter.overrides().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn the_policys_own_override_of_an_address_wins_over_a_network_set_at_run_time() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnetstatic");
+    let policy = Policy::builder("byip")
+        .prefix(&prefix)
+        .key(Key::ip())
+        .rule(Rule::per_minute(2))
+        .overrides([Override::identity("10.1.2.3").rules([Rule::per_minute(4)])])
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(policy, store(&redis));
+    let app = axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .layer(layer.clone());
+    layer
+        .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
+        .await
+        .unwrap();
+    assert_eq!(status(&app, "10.9.9.9:1").await, StatusCode::FORBIDDEN);
+    // The address the policy overrides: counted by its 4, not denied by the network.
+    for _ in 0..4 {
+        assert_eq!(status(&app, "10.1.2.3:1").await, StatusCode::OK);
+    }
+    assert_eq!(
+        status(&app, "10.1.2.3:1").await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // An override of that address set at run time wins over the policy's own.
+    layer
+        .set_override(Override::identity("10.1.2.3").unlimited())
+        .await
+        .unwrap();
+    assert_eq!(status(&app, "10.1.2.3:1").await, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn units_held_ahead_go_when_another_instance_changes_the_identitys_override() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtprefetch");
+    let policy = || {
+        Policy::builder("hot")
+            .prefix(&prefix)
+            .key(Key::user())
+            .algorithm(Algorithm::FixedWindow)
+            .rule(Rule::per_hour(1_000))
+            .prefetch(10)
+            .build()
+            .unwrap()
+    };
+    let held = tower_redis_ratelimit::RedisStore::from_url(&redis.url).unwrap();
+    let holder = RateLimiter::new(policy(), held.clone());
+    let changer = RateLimiter::new(policy(), store(&redis));
+    // The holder takes units ahead: its next checks of alice don't ask Redis. (Its subscription
+    // to the notices starts with its first units.)
+    holder.check("alice").await.unwrap();
+    holder.check("alice").await.unwrap();
+    held.until_resets_live_for_tests(true).await;
+    changer
+        .set_override(Override::identity("alice").deny())
+        .await
+        .unwrap();
+    // The notice crosses Redis to the holder, which drops alice's units in hand.
+    held.until_reset_heard_for_tests(&prefix).await;
+    let denied = holder.check("alice").await.err();
+    assert_eq!(
+        denied.map(|refused| refused.status()),
+        Some(StatusCode::FORBIDDEN)
+    );
 }

@@ -225,8 +225,8 @@ impl Store for RedisStore {
         "redis"
     }
 
-    fn override_lookup(&self, policy: &Policy) -> Option<Box<str>> {
-        overrides::lookup_of(policy, self.shared.connector.is_cluster())
+    fn override_lookup(&self, policy: &Policy, networks: bool) -> Option<Box<str>> {
+        overrides::lookup_of(policy, networks, self.shared.connector.is_cluster())
     }
 
     fn set_override(

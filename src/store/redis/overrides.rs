@@ -18,10 +18,12 @@ use crate::store::StoreError;
 use crate::store::overrides::{Listed, action_of_text, action_text};
 
 /// The ending of the shape of a check of `policy` that reads its identity's override
-/// (`~<suffix>[n]~<gate>`, see `lua/batch.lua`): how many characters end its first key after
-/// the stem; whether its identity is a client address, which networks may hold; and the index's
+/// (`~<suffix>[n|a]~<gate>`, see `lua/batch.lua`): how many characters end its first key after
+/// the stem; whether its identity is a client address, which addresses and networks set may hold
+/// (`n`), or addresses only (`a`: `networks` false, for an identity the policy overrides itself);
+/// and the index's
 /// networks, the gate (none on a Cluster, where the index lies in another slot).
-pub(super) fn lookup_of(policy: &Policy, cluster: bool) -> Option<Box<str>> {
+pub(super) fn lookup_of(policy: &Policy, networks: bool, cluster: bool) -> Option<Box<str>> {
     let first = policy
         .rules()
         .iter()
@@ -30,7 +32,11 @@ pub(super) fn lookup_of(policy: &Policy, cluster: bool) -> Option<Box<str>> {
     if cluster {
         return Some(format!("~{suffix}~").into());
     }
-    let by_network = if policy.key().is_ip() { "n" } else { "" };
+    let by_network = match (policy.key().is_ip(), networks) {
+        (true, true) => "n",
+        (true, false) => "a",
+        (false, _) => "",
+    };
     let [.., networks] = index_keys(policy.key_base());
     Some(format!("~{suffix}{by_network}~{networks}").into())
 }
@@ -153,6 +159,8 @@ pub(super) fn book_calls(
         }
         Kept::Network(network) => (format!("net:{network}"), None),
     };
+    // The identity's key as a check names it: the notice every instance hears.
+    let checked = format!("{key_base}{target}");
     let (action, value, lasting) = match set {
         Some((policy, over, lasting)) => (
             "set",
@@ -174,7 +182,8 @@ pub(super) fn book_calls(
             .arg(action)
             .arg(&target)
             .arg(&value)
-            .arg(&lasting);
+            .arg(&lasting)
+            .arg(&checked);
         command
     };
     let index = [ends.as_str(), values.as_str(), networks.as_str()];
@@ -196,7 +205,7 @@ pub(super) fn list_call(key_base: &str) -> ::redis::Cmd {
         .arg(networks)
         .arg("i")
         .arg("list");
-    command.arg("").arg("").arg("");
+    command.arg("").arg("").arg("").arg("");
     command
 }
 
