@@ -21,10 +21,15 @@ pub(super) struct ChargedAt {
     pub(super) bucket_full_at_us: Option<u64>,
 }
 
-/// One rule's count on one key, in the layout of its algorithm, and whether it counts metered
-/// units (a rule of requests and a metered rule of the same limit and period count apart).
+/// One rule's count on one key, in the layout of its algorithm, and what it is: the limit and
+/// period it is kept under (the rule's own, or for a run-time override's rule those of the
+/// policy's rule whose count it shares, as the Redis store's key names them) and whether it
+/// counts metered units (a rule of requests and a metered rule of the same limit and period count
+/// apart).
 pub(super) struct Counter {
     metered: bool,
+    counted_as: u64,
+    period_ms: u64,
     tally: Tally,
 }
 
@@ -46,20 +51,36 @@ impl Counter {
     pub(super) fn new(algorithm: Algorithm, rule: &Rule, counted_as: u64) -> Self {
         Counter {
             metered: rule.is_metered(),
-            tally: Tally::new(algorithm, rule, counted_as),
+            counted_as: Counter::kept_under(rule, counted_as),
+            // Policies refuse zero periods; a rule passed to a store directly must not divide by
+            // zero.
+            period_ms: rule.period_ms().max(1),
+            tally: Tally::new(algorithm, rule),
         }
     }
 
     /// Whether this counter keeps the count of `rule` under `algorithm`, kept under the limit
     /// `counted_as`.
     pub(super) fn counts(&self, algorithm: Algorithm, rule: &Rule, counted_as: u64) -> bool {
-        self.metered == rule.is_metered() && self.tally.counts(algorithm, rule, counted_as)
+        self.metered == rule.is_metered()
+            && self.counted_as == Counter::kept_under(rule, counted_as)
+            && self.period_ms == rule.period_ms().max(1)
+            && self.tally.is_of(algorithm, rule)
+    }
+
+    /// The limit a counter of `rule` is kept under: `counted_as`, but a duplicate guard's own
+    /// (no override shares one).
+    fn kept_under(rule: &Rule, counted_as: u64) -> u64 {
+        if rule.is_duplicate_guard() {
+            rule.limit()
+        } else {
+            counted_as
+        }
     }
 }
 
 impl Tally {
-    fn new(algorithm: Algorithm, rule: &Rule, counted_as: u64) -> Self {
-        // Policies refuse zero periods; a rule passed to a store directly must not divide by zero.
+    fn new(algorithm: Algorithm, rule: &Rule) -> Self {
         let period_ms = rule.period_ms().max(1);
         let limit = rule.limit();
         if rule.is_duplicate_guard() {
@@ -67,42 +88,28 @@ impl Tally {
             return Tally::Log(SlidingLog::new(limit, period_ms));
         }
         match algorithm {
-            Algorithm::FixedWindow => {
-                Tally::Window(FixedWindow::new(limit, period_ms).counted_as(counted_as))
+            Algorithm::FixedWindow => Tally::Window(FixedWindow::new(limit, period_ms)),
+            Algorithm::SlidingLog => Tally::Log(SlidingLog::new(limit, period_ms)),
+            Algorithm::SlidingCounter => Tally::Weighted(SlidingCounter::new(limit, period_ms)),
+            Algorithm::TokenBucket => {
+                Tally::Bucket(TokenBucket::new(limit, period_ms, rule.burst_size()))
             }
-            Algorithm::SlidingLog => {
-                Tally::Log(SlidingLog::new(limit, period_ms).counted_as(counted_as))
-            }
-            Algorithm::SlidingCounter => {
-                Tally::Weighted(SlidingCounter::new(limit, period_ms).counted_as(counted_as))
-            }
-            Algorithm::TokenBucket => Tally::Bucket(
-                TokenBucket::new(limit, period_ms, rule.burst_size()).counted_as(counted_as),
-            ),
         }
     }
 
-    fn counts(&self, algorithm: Algorithm, rule: &Rule, counted_as: u64) -> bool {
-        // As `new` sets them.
-        let period_ms = rule.period_ms().max(1);
-        let limit = if rule.is_duplicate_guard() {
-            rule.limit()
-        } else {
-            counted_as
-        };
+    /// Whether it is the layout `new` makes for `rule` under `algorithm` (a token bucket of any
+    /// burst: a new burst keeps the count, see `fit_burst`).
+    fn is_of(&self, algorithm: Algorithm, rule: &Rule) -> bool {
         if rule.is_duplicate_guard() {
-            return matches!(self, Tally::Log(log) if log.counts(limit, period_ms));
+            return matches!(self, Tally::Log(_));
         }
-        match (self, algorithm) {
-            (Tally::Window(window), Algorithm::FixedWindow) => window.counts(limit, period_ms),
-            (Tally::Log(log), Algorithm::SlidingLog) => log.counts(limit, period_ms),
-            (Tally::Weighted(weighted), Algorithm::SlidingCounter) => {
-                weighted.counts(limit, period_ms)
-            }
-            // Whatever its burst: a new burst keeps the count (see `fit_burst`).
-            (Tally::Bucket(bucket), Algorithm::TokenBucket) => bucket.counts(limit, period_ms),
-            _ => false,
-        }
+        matches!(
+            (self, algorithm),
+            (Tally::Window(_), Algorithm::FixedWindow)
+                | (Tally::Log(_), Algorithm::SlidingLog)
+                | (Tally::Weighted(_), Algorithm::SlidingCounter)
+                | (Tally::Bucket(_), Algorithm::TokenBucket)
+        )
     }
 }
 
@@ -127,12 +134,7 @@ impl Counter {
     }
 
     pub(super) fn period_ms(&self) -> u64 {
-        match &self.tally {
-            Tally::Window(window) => window.period_ms(),
-            Tally::Log(log) => log.period_ms(),
-            Tally::Weighted(weighted) => weighted.period_ms(),
-            Tally::Bucket(bucket) => bucket.period_ms(),
-        }
+        self.period_ms
     }
 
     /// Drops what no longer counts at `now`: a past window, or admissions older than the period.

@@ -3,11 +3,9 @@
 
 /// A fixed window's count for one rule.
 pub(super) struct FixedWindow {
-    /// The limit of the rule this counter counts for (part of its identity, with the period).
+    /// The limit of the rule counting by it (a run-time override's may differ from the one it is
+    /// kept under: see `Counter`).
     limit: u64,
-    /// The limit its key names (the rule\'s own, or the policy rule\'s a run-time override
-    /// shares): with the period, what identifies it.
-    counted_as: u64,
     period_ms: u64,
     start_ms: u64,
     count: u64,
@@ -17,31 +15,15 @@ impl FixedWindow {
     pub(super) fn new(limit: u64, period_ms: u64) -> Self {
         FixedWindow {
             limit,
-            counted_as: limit,
             period_ms,
             start_ms: 0,
             count: 0,
         }
     }
 
-    /// Whether this counter counts for the rule of `limit` per `period_ms`.
-    pub(super) fn counts(&self, limit: u64, period_ms: u64) -> bool {
-        self.counted_as == limit && self.period_ms == period_ms
-    }
-
-    /// Kept under the limit `counted_as` (see `counts`), whatever it counts by.
-    pub(super) fn counted_as(mut self, counted_as: u64) -> Self {
-        self.counted_as = counted_as;
-        self
-    }
-
     /// Counts by `limit` from now on, keeping its state.
     pub(super) fn fit_limit(&mut self, limit: u64) {
         self.limit = limit;
-    }
-
-    pub(super) fn period_ms(&self) -> u64 {
-        self.period_ms
     }
 
     /// Drops a past window.

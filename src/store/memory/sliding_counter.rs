@@ -6,11 +6,9 @@ use super::weighted;
 
 /// A sliding-window counter for one rule.
 pub(super) struct SlidingCounter {
-    /// The limit of the rule this counter counts for (part of its identity, with the period).
+    /// The limit of the rule counting by it (a run-time override's may differ from the one it is
+    /// kept under: see `Counter`).
     limit: u64,
-    /// The limit its key names (the rule\'s own, or the policy rule\'s a run-time override
-    /// shares): with the period, what identifies it.
-    counted_as: u64,
     period_ms: u64,
     start_ms: u64,
     previous: u64,
@@ -21,7 +19,6 @@ impl SlidingCounter {
     pub(super) fn new(limit: u64, period_ms: u64) -> Self {
         SlidingCounter {
             limit,
-            counted_as: limit,
             period_ms,
             start_ms: 0,
             previous: 0,
@@ -29,24 +26,9 @@ impl SlidingCounter {
         }
     }
 
-    /// Whether this counter counts for the rule of `limit` per `period_ms`.
-    pub(super) fn counts(&self, limit: u64, period_ms: u64) -> bool {
-        self.counted_as == limit && self.period_ms == period_ms
-    }
-
-    /// Kept under the limit `counted_as` (see `counts`), whatever it counts by.
-    pub(super) fn counted_as(mut self, counted_as: u64) -> Self {
-        self.counted_as = counted_as;
-        self
-    }
-
     /// Counts by `limit` from now on, keeping its state.
     pub(super) fn fit_limit(&mut self, limit: u64) {
         self.limit = limit;
-    }
-
-    pub(super) fn period_ms(&self) -> u64 {
-        self.period_ms
     }
 
     /// Moves on to the window of `now`.

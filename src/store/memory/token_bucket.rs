@@ -5,12 +5,9 @@ use crate::store::gcra::{self, Bucket};
 
 /// A token bucket for one rule.
 pub(super) struct TokenBucket {
-    /// The limit of the rule this counter counts for (part of its identity, with the period;
-    /// the burst is not: see `fit_burst`).
+    /// The limit of the rule counting by it (a run-time override's may differ from the one it is
+    /// kept under: see `Counter`; nor is the burst part of what it is: see `fit_burst`).
     limit: u64,
-    /// The limit its key names (the rule\'s own, or the policy rule\'s a run-time override
-    /// shares): with the period, what identifies it.
-    counted_as: u64,
     period_ms: u64,
     burst: u64,
     bucket: Bucket,
@@ -22,17 +19,11 @@ impl TokenBucket {
     pub(super) fn new(limit: u64, period_ms: u64, burst: u64) -> Self {
         TokenBucket {
             limit,
-            counted_as: limit,
             period_ms,
             burst,
             bucket: Bucket::new(limit, period_ms, burst),
             tat_us: 0,
         }
-    }
-
-    /// Whether this counter counts for the rule of `limit` per `period_ms` (of any burst).
-    pub(super) fn counts(&self, limit: u64, period_ms: u64) -> bool {
-        self.counted_as == limit && self.period_ms == period_ms
     }
 
     /// Holds `burst` from now on, keeping its state.
@@ -43,22 +34,12 @@ impl TokenBucket {
         }
     }
 
-    /// Kept under the limit `counted_as` (see `counts`), whatever it counts by.
-    pub(super) fn counted_as(mut self, counted_as: u64) -> Self {
-        self.counted_as = counted_as;
-        self
-    }
-
     /// Counts by `limit` from now on, keeping its state.
     pub(super) fn fit_limit(&mut self, limit: u64) {
         if self.limit != limit {
             self.limit = limit;
             self.bucket = Bucket::new(limit, self.period_ms, self.burst);
         }
-    }
-
-    pub(super) fn period_ms(&self) -> u64 {
-        self.period_ms
     }
 
     pub(super) fn fits(&self, now: u64, cost: u64) -> bool {
