@@ -96,7 +96,9 @@ impl Limiter {
             whom: Whom::Identity(ask.key.identity().to_owned()),
             action,
         }));
-        match self.overridden(found, &ask.key) {
+        // (Its counters, as the store named them when it charged them.)
+        let counted = applied.counted_as();
+        match self.overridden(found, &ask.key, counted.as_deref()) {
             Overridden::Unlimited => {
                 self.count_store_call(Ok(()), ask.started, &ask.span);
                 Verdict::Admit(Admission::let_through(self))

@@ -111,7 +111,7 @@ pub(crate) struct Limiter {
 }
 
 /// The limiters of the rule sets run-time overrides count by.
-type RunTimeLimiters = HashMap<Box<[Rule]>, Arc<Limiter>>;
+type RunTimeLimiters = HashMap<(Box<[Rule]>, Option<Box<[u64]>>), Arc<Limiter>>;
 
 /// What a request costs: requests in the rules that count them, units in the metered ones.
 #[derive(Debug, Clone, Copy)]
@@ -363,15 +363,22 @@ impl Limiter {
 
     /// The limiter of a run-time override counting by `rules`: made at its first use, from
     /// this limiter's settings; `None` when its rules don't make a policy (refused when it was
-    /// set, so only a store written by another version could hold them).
-    pub(super) fn run_time_limiter(&self, rules: &[Rule]) -> Option<Arc<Limiter>> {
+    /// set, so only a store written by another version could hold them). `counted`: the limits
+    /// its counters are kept under, as the store that applied it named them (see
+    /// [`Policy::run_time_policy`]).
+    pub(super) fn run_time_limiter(
+        &self,
+        rules: &[Rule],
+        counted: Option<&[u64]>,
+    ) -> Option<Arc<Limiter>> {
         /// At most this many rule sets are kept: more are made again.
         const KEPT: usize = 1024;
+        let made_of = (Box::<[Rule]>::from(rules), counted.map(Box::<[u64]>::from));
         let mut made = self.run_time.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(limiter) = made.get(rules) {
+        if let Some(limiter) = made.get(&made_of) {
             return Some(limiter.clone());
         }
-        match self.policy.run_time_policy(rules) {
+        match self.policy.run_time_policy(rules, counted) {
             Ok(policy) => {
                 if made.len() >= KEPT {
                     made.clear();
@@ -380,7 +387,7 @@ impl Limiter {
                 // (Its rules are the override's already.)
                 limiter.override_lookup = None;
                 let limiter = Arc::new(limiter);
-                made.insert(rules.into(), limiter.clone());
+                made.insert(made_of, limiter.clone());
                 Some(limiter)
             }
             Err(error) => {

@@ -128,7 +128,7 @@ impl Limiter {
         let own = match self.find_override(key.identity(), None) {
             Some(Found::Static(index, Applied::Rules(_))) => self.overriding(index),
             Some(Found::RunTime(over)) => match over.action() {
-                StoredAction::Rules(rules) => self.run_time_limiter(rules),
+                StoredAction::Rules(rules) => self.run_time_limiter(rules, None),
                 StoredAction::Unlimited | StoredAction::Deny => None,
             },
             _ => None,
@@ -158,7 +158,7 @@ impl Limiter {
         if let StoredAction::Rules(rules) = stored.action() {
             // Refused as the policy refuses bad rules, before anything is stored.
             policy
-                .run_time_policy(rules)
+                .run_time_policy(rules, None)
                 .map_err(OperatorError::InvalidOverride)?;
         }
         let whom = stored.whom().clone();

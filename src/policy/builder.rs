@@ -48,6 +48,9 @@ pub struct PolicyBuilder {
     /// The rules of the policy whose run-time override this builds: each rule is counted in the
     /// counter of the one of its period there ([`Policy::run_time_policy`]).
     counted_as_of: Option<Box<[Rule]>>,
+    /// The limits a run-time override's counters are kept under, as a store that applied it
+    /// named them (else worked out from `counted_as_of`).
+    counted_as_given: Option<Box<[u64]>>,
 }
 
 impl fmt::Debug for PolicyBuilder {
@@ -87,6 +90,7 @@ impl PolicyBuilder {
             overrides: Vec::new(),
             meter: None,
             counted_as_of: None,
+            counted_as_given: None,
         }
     }
 
@@ -434,10 +438,13 @@ impl PolicyBuilder {
         }
         .check()?;
         self.rules = rules;
-        let counted_as = self
-            .counted_as_of
-            .as_deref()
-            .map(|base| counted_as(&self.rules, base));
+        let counted_as = match self.counted_as_given.take() {
+            Some(given) if given.len() == self.rules.len() => Some(given),
+            _ => self
+                .counted_as_of
+                .as_deref()
+                .map(|base| counted_as(&self.rules, base)),
+        };
         let concurrency = concurrency.map(|(n, lease)| {
             let limit = ConcurrencyLimit::new(n, lease);
             // `<n>-in-flight`: always a valid rule name.
@@ -521,9 +528,15 @@ impl PolicyBuilder {
 
     /// The policy of a run-time override with `rules`, over a policy of `base` rules: see
     /// [`Policy::run_time_policy`].
-    pub(super) fn run_time(mut self, rules: &[Rule], base: &[Rule]) -> Result<Policy, PolicyError> {
+    pub(super) fn run_time(
+        mut self,
+        rules: &[Rule],
+        base: &[Rule],
+        counted: Option<&[u64]>,
+    ) -> Result<Policy, PolicyError> {
         self.rules = rules.to_vec();
         self.counted_as_of = Some(base.into());
+        self.counted_as_given = counted.map(Into::into);
         self.build_quietly()
     }
 

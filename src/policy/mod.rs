@@ -382,8 +382,14 @@ impl Policy {
     /// The policy of an override set at run time with `rules`: this one with `rules` instead of
     /// its own, each rule counted in the counter of this policy's rule of the same period (and
     /// metering) when there is one, so that what an identity has used carries over. Refused as
-    /// [`build`](PolicyBuilder::build) refuses bad rules.
-    pub(crate) fn run_time_policy(&self, rules: &[Rule]) -> Result<Policy, PolicyError> {
+    /// [`build`](PolicyBuilder::build) refuses bad rules. `counted`: the limits its counters are
+    /// kept under as the store that applied it named them, when it did (the Redis store's
+    /// script charged those, whatever this policy's rules are now).
+    pub(crate) fn run_time_policy(
+        &self,
+        rules: &[Rule],
+        counted: Option<&[u64]>,
+    ) -> Result<Policy, PolicyError> {
         let Some(base) = self.0.run_time_base.as_deref() else {
             return Err(PolicyError::InvalidOverride {
                 policy: self.name().to_owned(),
@@ -391,7 +397,7 @@ impl Policy {
                 reason: "this policy is an override's own: set overrides on the policy".to_owned(),
             });
         };
-        base.clone().run_time(rules, &self.0.rules)
+        base.clone().run_time(rules, &self.0.rules, counted)
     }
 
     /// The limits the counters of the rules are kept under (see [`Policy::run_time_policy`]),

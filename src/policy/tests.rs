@@ -524,23 +524,26 @@ fn a_run_time_overrides_rules_are_counted_as_the_policys_rule_of_their_period() 
     let policy = build(vec![Rule::per_minute(5), Rule::per_hour(100)]).unwrap();
     assert_eq!(policy.counted_as(), None);
     let raised = policy
-        .run_time_policy(&[Rule::per_minute(20), Rule::per_day(1000)])
+        .run_time_policy(&[Rule::per_minute(20), Rule::per_day(1000)], None)
         .unwrap();
     // The minute's counter is the policy's; a day has none, so it starts afresh under its own.
     assert_eq!(raised.counted_as(), Some(&[5, 1000][..]));
     // An exactly equal rule takes its own counter first; each counter is taken once, so two
     // rules of one period never count in one counter.
     let two = policy
-        .run_time_policy(&[
-            Rule::per_minute(9),
-            Rule::per_minute(5),
-            Rule::per_minute(7),
-        ])
+        .run_time_policy(
+            &[
+                Rule::per_minute(9),
+                Rule::per_minute(5),
+                Rule::per_minute(7),
+            ],
+            None,
+        )
         .unwrap();
     assert_eq!(two.counted_as(), Some(&[9, 5, 7][..]));
     // Bad rules are refused as the policy refuses them (a metered rule needs the policy's
     // meter); an override's own policy takes none.
-    let metered = policy.run_time_policy(&[Rule::per_minute(50).metered()]);
+    let metered = policy.run_time_policy(&[Rule::per_minute(50).metered()], None);
     assert!(matches!(
         metered,
         Err(PolicyError::InvalidOption {
@@ -548,6 +551,14 @@ fn a_run_time_overrides_rules_are_counted_as_the_policys_rule_of_their_period() 
             ..
         })
     ));
-    assert!(policy.run_time_policy(&[Rule::per_minute(0)]).is_err());
-    assert!(raised.run_time_policy(&[Rule::per_minute(1)]).is_err());
+    assert!(
+        policy
+            .run_time_policy(&[Rule::per_minute(0)], None)
+            .is_err()
+    );
+    assert!(
+        raised
+            .run_time_policy(&[Rule::per_minute(1)], None)
+            .is_err()
+    );
 }

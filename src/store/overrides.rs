@@ -304,6 +304,29 @@ pub(crate) fn action_of_text(text: &str) -> Option<StoredAction> {
 }
 
 impl crate::decision::AppliedOverride {
+    /// The limits the counters of its rules are kept under, as its store line names them (the
+    /// Redis store's, `r|<code>|<n>|<flags>|<params>…|<counter>…`, each counter
+    /// `<algorithm>:<period>:<limit>[:m]`); `None` for deny and unlimited, or text no crate
+    /// wrote.
+    pub(crate) fn counted_as(&self) -> Option<Vec<u64>> {
+        let (line, _) = self.0.split_once('\n')?;
+        let mut pieces = line.split('|');
+        let (what, code, count) = (pieces.next()?, pieces.next()?, pieces.next()?);
+        let count: usize = count.parse().ok()?;
+        if what != "r" {
+            return None;
+        }
+        let arity = if code == "tb" { 3 } else { 2 };
+        let counters: Vec<&str> = pieces.skip(1 + arity * count).collect();
+        if counters.len() != count {
+            return None;
+        }
+        counters
+            .iter()
+            .map(|counter| counter.split(':').nth(2)?.parse().ok())
+            .collect()
+    }
+
     /// What the override does, read from what the store kept (its first line is the store's
     /// own); `None` for text no crate wrote.
     pub(crate) fn action(&self) -> Option<StoredAction> {

@@ -317,3 +317,28 @@ async fn units_held_ahead_go_when_another_instance_changes_the_identitys_overrid
         Some(StatusCode::FORBIDDEN)
     );
 }
+
+#[tokio::test]
+async fn a_give_back_under_a_run_time_override_goes_where_the_script_charged() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtgiveback");
+    // alice is the policy's own override (10 a minute); a run-time one raises her to 20, counted
+    // in the policy's counter of that period (its 5's), where the script charges her.
+    let policy = Policy::builder("plans")
+        .prefix(&prefix)
+        .key(Key::user())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_hour(5))
+        .overrides([Override::identity("alice").rules([Rule::per_hour(10)])])
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(policy, store(&redis));
+    limiter
+        .set_override(Override::identity("alice").rules([Rule::per_hour(20)]))
+        .await
+        .unwrap();
+    let charged = limiter.check("alice").await.unwrap();
+    charged.refund().await.unwrap();
+    // Given back to that counter: all 20 left.
+    assert_eq!(admitted(&limiter, "alice").await, 20);
+}

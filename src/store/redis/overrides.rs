@@ -99,7 +99,7 @@ fn value_of(policy: &Policy, over: &StoredOverride) -> Result<String, StoreError
         StoredAction::Unlimited => "u".to_owned(),
         StoredAction::Rules(rules) => {
             let own = policy
-                .run_time_policy(rules)
+                .run_time_policy(rules, None)
                 .map_err(|error| StoreError::Config(error.to_string()))?;
             if policy
                 .rules()
