@@ -72,12 +72,29 @@ impl Limiter {
     }
 
     /// See [`RateLimitLayer::reset`](crate::RateLimitLayer::reset).
-    pub(crate) async fn reset(&self, identity: &str) -> Result<(), OperatorError> {
+    pub(crate) async fn reset(self: &Arc<Self>, identity: &str) -> Result<(), OperatorError> {
         self.reset_key(&self.key_of(identity)?).await
     }
 
-    /// Forgets the counts and the block of `key`, and its cached refusal here.
-    pub(crate) async fn reset_key(&self, key: &StorageKey) -> Result<(), OperatorError> {
+    /// Forgets the counts and the block of `key`, and its cached refusal here: the policy's
+    /// counters, and those of an override's rules that count it apart (a period the policy
+    /// lacks).
+    pub(crate) async fn reset_key(self: &Arc<Self>, key: &StorageKey) -> Result<(), OperatorError> {
+        self.reset_own(key).await?;
+        let counting = self.counting_now(key).await?;
+        if !Arc::ptr_eq(&counting, self) {
+            counting.reset_own(key).await?;
+        }
+        tracing::info!(
+            policy = self.policy.name(),
+            key = key.identity(),
+            "rate-limit counts reset"
+        );
+        Ok(())
+    }
+
+    /// Forgets the counts and the block of `key` under this limiter's rules.
+    async fn reset_own(&self, key: &StorageKey) -> Result<(), OperatorError> {
         // Its concurrency slots too, and the policy's delay: how long the reset's marker lasts.
         let request = CheckRequest::new(key.as_str(), self.policy.rules(), self.policy.algorithm())
             .identity(key.identity())
@@ -88,11 +105,6 @@ impl Limiter {
         self.refusals.forget_key(key.as_str());
         // Units held ahead here go at once (other instances hear of it from the store).
         super::prefetch::forget_key(self, key.as_str());
-        tracing::info!(
-            policy = self.policy.name(),
-            key = key.identity(),
-            "rate-limit counts reset"
-        );
         Ok(())
     }
 
@@ -115,16 +127,18 @@ impl Limiter {
         cost: u64,
     ) -> Result<Decision, StoreError> {
         let (limiter, key, quota) = self.named(identity)?;
+        // Where its checks charge: by an override the store keeps and applies in its own call.
+        let limiter = limiter.counting_now(&key).await?;
         let request = limiter.store_request(&key, quota.as_ref()).cost(cost);
         let decision = limiter.store().refund(&request).await?;
         limiter.refusals.forget_key(key.as_str());
         Ok(decision)
     }
 
-    /// The limiter that counts `identity`: a `rules` override's (set at run time or the
-    /// policy's), or this one.
-    fn counting(self: &Arc<Self>, identity: &str) -> Arc<Limiter> {
-        let key = self.policy.named_key(identity);
+    /// The limiter that counts `key`: a `rules` override's (set at run time or the policy's),
+    /// or this one. Of the overrides set at run time, those the limiter reads before its check
+    /// (the memory store's book) only: see [`Limiter::counting_now`].
+    fn counting(self: &Arc<Self>, key: &StorageKey) -> Arc<Limiter> {
         let own = match self.find_override(key.identity(), None) {
             Some(Found::Static(index, Applied::Rules(_))) => self.overriding(index),
             Some(Found::RunTime(over)) => match over.action() {
@@ -134,6 +148,29 @@ impl Limiter {
             _ => None,
         };
         own.unwrap_or_else(|| self.clone())
+    }
+
+    /// [`Limiter::counting`] by what the store applies now: where a store reads an identity's
+    /// run-time override in its check's own call (the Redis store), a peek asks it (one round
+    /// trip, for an operator's call), and the limiter of the override it applied counts the key
+    /// (by the counters the store named).
+    async fn counting_now(self: &Arc<Self>, key: &StorageKey) -> Result<Arc<Limiter>, StoreError> {
+        let limiter = self.counting(key);
+        if limiter.override_lookup.is_none() {
+            return Ok(limiter);
+        }
+        let decision = limiter
+            .store()
+            .peek(&limiter.store_request(key, None))
+            .await?;
+        let own = decision.run_time_override.and_then(|applied| {
+            let counted = applied.counted_as();
+            match applied.action()? {
+                StoredAction::Rules(rules) => limiter.run_time_limiter(&rules, counted.as_deref()),
+                StoredAction::Unlimited | StoredAction::Deny => None,
+            }
+        });
+        Ok(own.unwrap_or(limiter))
     }
 
     /// See [`RateLimiter::set_override`](crate::RateLimiter::set_override): checked, then kept
@@ -260,7 +297,7 @@ impl Limiter {
                 "an empty identity names no rate-limit key".into(),
             ));
         }
-        let limiter = self.counting(identity);
+        let limiter = self.counting(&self.policy.named_key(identity));
         let policy = &limiter.policy;
         let key = policy.named_key(identity);
         let quota = policy.quota().map(|quota| quota.lookup_identity(identity));

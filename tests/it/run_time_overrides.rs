@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{clock, from_user, request_from, send, store_at};
+use common::{admitted, clock, from_user, request_from, send, store_at};
 use http::StatusCode;
 use tower_redis_ratelimit::operate::{OperatorError, OverrideAction};
 use tower_redis_ratelimit::policy::Override;
@@ -22,16 +22,6 @@ fn by_user(store: impl Store) -> RateLimiter {
         .build()
         .unwrap();
     RateLimiter::new(policy, store)
-}
-
-/// How many checks of `identity` `limiter` admits before its first refusal (at most 100).
-async fn admitted(limiter: &RateLimiter, identity: &str) -> usize {
-    for admitted in 0..100 {
-        if limiter.check(identity).await.is_err() {
-            return admitted;
-        }
-    }
-    100
 }
 
 #[tokio::test]
@@ -333,4 +323,23 @@ async fn counts_carry_over_under_every_algorithm() {
         };
         assert_eq!(admitted(&other, "alice").await, left, "{algorithm:?}");
     }
+}
+
+#[tokio::test]
+async fn an_operators_refund_and_reset_reach_the_counter_of_a_run_time_overrides_own_period() {
+    let limiter = by_user(MemoryStore::new());
+    // 2 an hour: a period the policy (5 a minute) lacks, counted apart.
+    limiter
+        .set_override(Override::identity("alice").rules([Rule::per_hour(2)]))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&limiter, "alice").await, 2);
+    let refunded = limiter.refund("alice", 1).await.unwrap();
+    assert_eq!(
+        (refunded.rules[0].limit, refunded.rules[0].remaining),
+        (2, 1)
+    );
+    assert_eq!(admitted(&limiter, "alice").await, 1);
+    limiter.reset("alice").await.unwrap();
+    assert_eq!(admitted(&limiter, "alice").await, 2);
 }

@@ -6,6 +6,7 @@ use crate::common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::admitted;
 use common::redis_server::{TestRedis, unique_prefix};
 use common::redis_store::store;
 use common::{request_from, send};
@@ -27,16 +28,6 @@ fn by_user(redis: &TestRedis, prefix: &str, window: Duration) -> RateLimiter {
         .build()
         .unwrap();
     RateLimiter::new(policy, store(redis))
-}
-
-/// How many checks of `identity` `limiter` admits before its first refusal (at most 100).
-async fn admitted(limiter: &RateLimiter, identity: &str) -> usize {
-    for admitted in 0..100 {
-        if limiter.check(identity).await.is_err() {
-            return admitted;
-        }
-    }
-    100
 }
 
 /// Waits for the start of the next fixed window of `window` (Redis and this process share the
@@ -341,4 +332,25 @@ async fn a_give_back_under_a_run_time_override_goes_where_the_script_charged() {
     charged.refund().await.unwrap();
     // Given back to that counter: all 20 left.
     assert_eq!(admitted(&limiter, "alice").await, 20);
+}
+
+#[tokio::test]
+async fn an_operators_refund_and_reset_reach_the_counter_of_a_run_time_overrides_own_period() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtoperate");
+    let limiter = by_user(&redis, &prefix, MINUTE);
+    // 2 an hour: a period the policy (5 a minute) lacks, counted apart.
+    limiter
+        .set_override(Override::identity("alice").rules([Rule::per_hour(2)]))
+        .await
+        .unwrap();
+    assert_eq!(admitted(&limiter, "alice").await, 2);
+    let refunded = limiter.refund("alice", 1).await.unwrap();
+    assert_eq!(
+        (refunded.rules[0].limit, refunded.rules[0].remaining),
+        (2, 1)
+    );
+    assert_eq!(admitted(&limiter, "alice").await, 1);
+    limiter.reset("alice").await.unwrap();
+    assert_eq!(admitted(&limiter, "alice").await, 2);
 }

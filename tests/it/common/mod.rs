@@ -20,6 +20,16 @@ use tower_redis_ratelimit::{
     PolicyError, Quota, RateLimitLayer, Rule, Store, UserId, policy::Cost, quota::Tier,
 };
 
+/// How many checks of `identity` `limiter` admits before its first refusal (at most 100).
+pub async fn admitted(limiter: &tower_redis_ratelimit::RateLimiter, identity: &str) -> usize {
+    for admitted in 0..100 {
+        if limiter.check(identity).await.is_err() {
+            return admitted;
+        }
+    }
+    100
+}
+
 /// A router with `GET /` answering "hello", limited by `policy` in `store`.
 pub fn app(policy: Policy, store: impl Store) -> Router {
     Router::new()
