@@ -30,8 +30,8 @@
 --                threshold its percent and the count that reaches it; then per counted rule its
 --                limit, period (ms) and, for a token bucket, its burst. A lease's release has the
 --                shape `rl|1`: its one key is the leases. A check's or a peek's shape may end
---                `~<suffix>[n|a]~<gate>`: its identity's run-time override applies
---                (lua/overrides.lua).
+--                `~<suffix>[n|a]~<gate>[~<value>]`: its identity's run-time override applies
+--                (lua/overrides.lua), or else <value>, an override the client carries.
 -- then per request, in order: the number of its shape (1-based); a give-back's is followed by
 --                `@` and its receipt, what its admission's check answered: `<time it was checked
 --                (ms)>,<its delay (ms)>` and, for a token bucket, `,<the bucket's full time after
@@ -65,13 +65,16 @@ local OPTIONS = {'max_delay', 'guard_window', 'block', 'quota_limit', 'quota_day
 
 -- A shape, parsed from its piece once (remembered, see lua/common.lua): everything lua/entry.lua
 -- reads of it, worked out here rather than per check. A release's shape is `rl|1`: its one key,
--- the leases. A check's or a peek's may end `~<suffix>[n|a]~<gate>`: its identity's run-time
--- override applies (lua/overrides.lua), its key found by the first key's last <suffix>
+-- the leases. A check's or a peek's may end `~<suffix>[n|a]~<gate>[~<value>]`: its identity's
+-- run-time override applies (lua/overrides.lua), its key found by the first key's last <suffix>
 -- characters; <gate>, when not empty, is the policy's index of them (its networks' hash); `n`
 -- says the identity is a client address, which addresses and networks set at run time may hold,
--- `a` the same for addresses only.
+-- `a` the same for addresses only; <value>, an override's value, applies when the identity has
+-- none (the client found it: a network holding the client's address, under a policy keyed by
+-- something else, or on a Cluster).
 shape_of = remembered(function(whole)
-  local piece, suffix, by_network, gate = string.match(whole, '^([^~]*)~(%d+)([na]?)~(.*)$')
+  local piece, suffix, by_network, gate, carried =
+    string.match(whole, '^([^~]*)~(%d+)([na]?)~([^~]*)~?(.*)$')
   piece = piece or whole
   local pieces = {}
   for text in string.gmatch(piece .. '|', '([^|]*)|') do
@@ -134,6 +137,7 @@ shape_of = remembered(function(whole)
     shape.override_gate = gate ~= '' and gate or nil
     shape.by_network = by_network ~= '' and shape.override_gate ~= nil
     shape.addresses_only = by_network == 'a'
+    shape.override_carried = carried ~= '' and carried or nil
   end
   shape.cost_text, shape.options_text = pieces[3], pieces[4]
   local function at(offset)

@@ -11,7 +11,9 @@
 -- ARGV[1]  which keys follow: `k` (the identity's override key), `i` (the index: its ends, its
 --          identities' values, its networks) or `ki` (both: one node; a Cluster keeps them in
 --          different slots, one call each)
--- ARGV[2]  `set`, `remove` or `list` (the index only)
+-- ARGV[2]  `set`, `remove`, `list` or `networks` (the index only; `networks`: the list of the
+--          networks and addresses only, which an instance keeps a copy of when its checks can't
+--          match them in their own call, src/store/redis/override_mirror.rs)
 -- ARGV[3]  the identity, or `net:<network>` for a network (set, remove)
 -- ARGV[4]  the override's value (set; see lua/overrides.lua)
 -- ARGV[5]  how long it lasts (ms; empty: until removed) (set)
@@ -22,6 +24,9 @@
 -- Reply: nothing; a list's, {Redis's time (ms), then per override that lasts, its target (an
 -- identity, or `net:<network>`), its value (a network's as its hash holds it, its order first)
 -- and the time it has left (ms; -1: until removed)}.
+--
+-- A change of a network is published on the same channel as the index's first key, the notice
+-- on which the instances keeping a copy of the networks read them anew.
 local which, action, target, value, lasting = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local network = string.match(target, '^net:(.+)$')
 local at = 1
@@ -45,6 +50,21 @@ end
 local ends, values, networks = KEYS[at], KEYS[at + 1], KEYS[at + 2]
 local time = redis.call('TIME')
 local now = time[1] * 1000 + math.floor(time[2] / 1000)
+
+if action == 'networks' then
+  -- (Read only: those that have ended are left out, and swept by the next change.)
+  local listed = {now}
+  local all = redis.call('HGETALL', networks)
+  for i = 1, #all, 2 do
+    local ending = all[i] ~= '#' and string.match(all[i + 1], '^%d+ (%d+)\n')
+    if ending and (ending == '0' or tonumber(ending) > now) then
+      listed[#listed + 1] = 'net:' .. all[i]
+      listed[#listed + 1] = all[i + 1]
+      listed[#listed + 1] = ending == '0' and -1 or tonumber(ending) - now
+    end
+  end
+  return listed
+end
 
 -- Takes `member` (a target as the sorted set names it) out of the index.
 local function drop(member)
@@ -97,6 +117,9 @@ if action == 'set' then
 end
 -- Every change is counted: a batch that read the networks before reads them anew.
 redis.call('HINCRBY', networks, '#', 1)
+if network then
+  redis.pcall('PUBLISH', 'tower-redis-ratelimit:resets', ends)
+end
 -- The index ends with its longest override.
 local last = redis.call('ZRANGE', ends, -1, -1, 'WITHSCORES')
 if last[2] == nil then

@@ -20,7 +20,10 @@
 -- and no network applies. A policy keyed by client address (`n` in the shape) also matches its
 -- identity, the address (or its group, `/len`), against the addresses and networks set: an
 -- address first, then the first network set that holds it, when no override of the identity
--- itself is set.
+-- itself is set. Under another key, or on a Cluster, the client matches the request's address
+-- against its own copy of the networks (src/store/redis/override_mirror.rs), and the shape of a
+-- check it found one for carries that override's value, which applies when no override of the
+-- identity is set (and, on one node, while the gate says any is).
 --
 -- An overridden check's entry: the override key's value, then (for rules) the check's entry by
 -- the override's rules; deny and unlimited have no entry after it.
@@ -246,6 +249,9 @@ local function lookup(shape, key_at)
   end
   if value then
     return override_of(value)
+  end
+  if shape.override_carried then
+    return override_of(shape.override_carried)
   end
   if shape.by_network and #networks > 0 then
     -- (The identity is the hash tag: `<prefix>:{<identity>}:…`.)

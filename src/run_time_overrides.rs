@@ -20,7 +20,9 @@ impl RateLimiter {
     /// same period (and metering), so raising 5 to 20 per minute after 3 leaves 17; a rule of a
     /// period the policy lacks starts afresh. It wins over the policy's own override of the same
     /// target, and an identity's over a network's. A refusal another instance cached stands at
-    /// most one second more. See the guide's
+    /// most one second more. (On Redis, an address or a network under a policy not keyed by
+    /// client address, or on a Cluster, reaches other instances within a notice's round trip.)
+    /// See the guide's
     /// [run-time overrides](crate::guide::policies#changing-one-identitys-limits-at-run-time).
     ///
     /// ```
@@ -46,9 +48,8 @@ impl RateLimiter {
     /// [`OperatorError::InvalidOverride`] for rules the policy refuses or a target its key
     /// can't yield, [`OperatorError::BadIdentity`] for an empty identity (nothing is stored
     /// then), or the store's error: [`StoreError::Config`](crate::StoreError::Config) from a
-    /// store that keeps no run-time overrides, or from the Redis store for an address or a
-    /// network under a policy not keyed by client address, or on a Cluster (its check reads
-    /// the overrides in its own call, and has no client address then).
+    /// store that keeps no run-time overrides, or from the Redis store for a policy with a
+    /// duplicate guard.
     pub async fn set_override(&self, over: Override) -> Result<(), OperatorError> {
         self.limiter.set_override(over, None).await
     }

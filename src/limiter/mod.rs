@@ -48,7 +48,9 @@ use crate::limiter::top_refused::{
 };
 use crate::operate::HeavyHitter;
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Applied, Mode, Policy, PolicyError, Rule, StorageKey};
+use crate::policy::{
+    Applied, Mode, Policy, PolicyError, Rule, StorageKey, StoredAction, StoredOverride,
+};
 use crate::response::{AnswerPlan, Protocol, TooManyRequests};
 use crate::store::{Abilities, CheckRequest, OverrideBook, QuotaRequest, Store};
 
@@ -89,6 +91,13 @@ pub(crate) struct Limiter {
     /// The overrides set at run time for its policy, as its store keeps them (none for an
     /// override's own limiter, or a store that keeps none).
     book: Option<Arc<OverrideBook>>,
+    /// The store's copy of the addresses and networks set at run time for its policy, when its
+    /// checks can't match a client's address in the store's own call
+    /// ([`Store::override_mirror`]): the override found there goes with the check.
+    mirror: Option<Arc<OverrideBook>>,
+    /// The limiter of each override a check carries (a network's, found in `mirror`), made at
+    /// its first request (forgotten, as `overriding` is, when the settings change).
+    carrying: Arc<Mutex<HashMap<StoredAction, Arc<Limiter>>>>,
     /// How its checks read their identity's run-time override in the store's own call (the
     /// Redis store's; [`Store::override_lookup`]); none under a run-time override's own rules.
     override_lookup: Option<Box<str>>,
@@ -289,6 +298,7 @@ impl Limiter {
         };
         let prefetched = prefetch::Prefetched::of(&policy);
         let book = store.override_book(policy.key_base());
+        let mirror = store.override_mirror(&policy);
         let override_lookup = store.override_lookup(&policy, true);
         Limiter {
             answers: AnswerPlan::new(&policy),
@@ -297,6 +307,8 @@ impl Limiter {
             policy,
             store,
             book,
+            mirror,
+            carrying: Arc::default(),
             override_lookup,
             run_time: Arc::default(),
             legacy_headers: false,
@@ -329,6 +341,8 @@ impl Limiter {
             policy,
             store: self.store.clone(),
             book: None,
+            mirror: None,
+            carrying: Arc::default(),
             override_lookup,
             run_time: Arc::default(),
             legacy_headers: self.legacy_headers,
@@ -359,6 +373,7 @@ impl Limiter {
     fn settings_changed(&mut self) {
         self.overriding = OnceLock::new();
         self.run_time = Arc::default();
+        self.carrying = Arc::default();
     }
 
     /// The limiter of a run-time override counting by `rules`: made at its first use, from
@@ -401,9 +416,37 @@ impl Limiter {
         }
     }
 
+    /// The limiter of a check that carries `over`, found for its client's address in the
+    /// store's copy of the networks ([`Limiter::mirror`]): this policy's rules, checked by
+    /// `over`'s unless the identity has an override of its own, which the store reads in the
+    /// same call. Made at its first use; `None` when the store can't carry it.
+    pub(super) fn carrying_limiter(&self, over: &StoredOverride) -> Option<Arc<Limiter>> {
+        /// At most this many are kept: more are made again.
+        const KEPT: usize = 1024;
+        let mut made = self.carrying.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(limiter) = made.get(over.action()) {
+            return Some(limiter.clone());
+        }
+        let lookup = self.store.override_lookup_carrying(&self.policy, over)?;
+        // (Its requests' overrides are found: it looks none up, see `Limiter::prepare`.)
+        let mut limiter = self.with_policy(self.policy.clone());
+        limiter.override_lookup = Some(lookup);
+        let limiter = Arc::new(limiter);
+        if made.len() >= KEPT {
+            made.clear();
+        }
+        made.insert(over.action().clone(), limiter.clone());
+        Some(limiter)
+    }
+
     /// The overrides set at run time for its policy, when any is set.
     pub(super) fn run_time_overrides(&self) -> Option<&OverrideBook> {
         self.book.as_deref().filter(|book| !book.is_empty())
+    }
+
+    /// The store's copy of the networks set at run time for its policy, when any is set.
+    pub(super) fn mirrored_overrides(&self) -> Option<&OverrideBook> {
+        self.mirror.as_deref().filter(|mirror| !mirror.is_empty())
     }
 
     /// The limiter of override `index`, when it has rules.

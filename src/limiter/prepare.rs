@@ -15,11 +15,13 @@ use crate::policy::quota::QuotaLookup;
 use crate::policy::{Applied, KeyLookup, Mode, StorageKey, StoredAction, StoredOverride};
 use crate::response::Protocol;
 
-/// The override a request falls under: one of the policy's (its index, what it does), or one
-/// set at run time.
+/// The override a request falls under: one of the policy's (its index, what it does), one set
+/// at run time, or one set at run time that the check carries to the store, which applies it
+/// unless the identity has its own ([`Limiter::carrying_limiter`]).
 pub(super) enum Found<'a> {
     Static(usize, &'a Applied),
     RunTime(Arc<StoredOverride>),
+    Carried(Arc<StoredOverride>),
 }
 
 /// What an override does to a request.
@@ -49,7 +51,8 @@ impl Limiter {
     /// rule admits, a store that answers later or fails) goes on in the flow from where it is.
     pub(crate) fn decide_layered(self: &Arc<Self>, parts: &mut http::request::Parts) -> Layered {
         // An override set at run time makes any policy's request go the whole way while it is.
-        if !self.plain || self.run_time_overrides().is_some() {
+        if !self.plain || self.run_time_overrides().is_some() || self.mirrored_overrides().is_some()
+        {
             return Layered::of(self.decide(parts), &mut parts.extensions);
         }
         // A plain policy's preparation: its key, its cost (one no rule admits, and a request
@@ -130,15 +133,36 @@ impl Limiter {
                 return Prepared::Respond(refusal, protocol.clone());
             }
         };
-        if (self.run_time_overrides().is_some() || !policy.overrides().is_empty())
+        if (self.run_time_overrides().is_some()
+            || self.mirrored_overrides().is_some()
+            || !policy.overrides().is_empty())
             && let Some(found) = self.find_override(key.identity(), Some(parts))
         {
-            let by_override =
-                self.prepare_overridden(found, &key, &protocol, |own| own.prepare(parts));
+            // (A carried override's limiter goes on from the key: the override is found.)
+            let carried = matches!(found, Found::Carried(_));
+            let by_override = self.prepare_overridden(found, &key, &protocol, |own| {
+                if carried {
+                    own.prepare_keyed(parts, key.clone(), protocol.clone())
+                } else {
+                    own.prepare(parts)
+                }
+            });
             if let Some(prepared) = by_override {
                 return prepared;
             }
         }
+        self.prepare_keyed(parts, key, protocol)
+    }
+
+    /// The rest of [`Limiter::prepare`] once the request's key and override are found: its
+    /// price and quota.
+    fn prepare_keyed(
+        self: &Arc<Self>,
+        parts: &http::request::Parts,
+        key: StorageKey,
+        protocol: Protocol,
+    ) -> Prepared {
+        let policy = &self.policy;
         let price = Price::new(policy.cost(parts), policy.estimate(parts));
         let quota = policy
             .quota()
@@ -194,6 +218,8 @@ impl Limiter {
                     matches!(over.action(), StoredAction::Unlimited),
                 )
             }
+            // (The store decides, after the identity's own.)
+            Found::Carried(_) => (false, false),
         };
         match found {
             _ if unlimited => {
@@ -231,13 +257,17 @@ impl Limiter {
                     .map_or(Overridden::No, Overridden::By),
                 StoredAction::Unlimited | StoredAction::Deny => Overridden::No,
             },
+            Found::Carried(over) => self
+                .carrying_limiter(&over)
+                .map_or(Overridden::No, Overridden::By),
         }
     }
 
     /// The override of a request whose key yielded `identity` (as store keys hold it; `parts`:
     /// the request, `None` for an identity a handle names, matched by that identity alone).
     /// Precedence, stated once: an identity (or client address) before a network; for each, an
-    /// override set at run time before the policy's own.
+    /// override set at run time before the policy's own. (One the store's copy holds goes with
+    /// the check, where the identity's own, set at run time, wins over it.)
     pub(super) fn find_override(
         &self,
         identity: &str,
@@ -251,8 +281,12 @@ impl Limiter {
                 .and_then(|parts| policy.client_ip().client_addr(parts))
                 .map(|address| address.to_canonical())
         };
+        let mirror = self.mirrored_overrides();
         if let Some(over) = run_time.and_then(|book| book.find_exact(identity, address)) {
             return Some(Found::RunTime(over));
+        }
+        if let Some(over) = mirror.and_then(|mirror| mirror.find_exact(identity, address)) {
+            return Some(Found::Carried(over));
         }
         if let Some((index, applied)) = statics.find_exact(identity, parts, policy.client_ip()) {
             return Some(Found::Static(index, applied));
@@ -263,6 +297,12 @@ impl Limiter {
             .and_then(|book| book.find_network(address))
         {
             return Some(Found::RunTime(over));
+        }
+        if let Some(over) = mirror
+            .filter(|mirror| mirror.has_networks())
+            .and_then(|mirror| mirror.find_network(address))
+        {
+            return Some(Found::Carried(over));
         }
         statics
             .find_network(parts, policy.client_ip())
@@ -425,7 +465,9 @@ impl Limiter {
             return Prepared::Respond(Refusal::ZeroCost, protocol.clone());
         }
         let key = policy.named_key(identity);
-        if (self.run_time_overrides().is_some() || !policy.overrides().is_empty())
+        if (self.run_time_overrides().is_some()
+            || self.mirrored_overrides().is_some()
+            || !policy.overrides().is_empty())
             && let Some(found) = self.find_override(key.identity(), None)
         {
             let by_override = self.prepare_overridden(found, &key, &protocol, |own| {

@@ -121,7 +121,7 @@ pub enum Whom {
 
 /// What a stored override does.
 #[doc(hidden)]
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StoredAction {
     /// Let through, counted nowhere.
     Unlimited,

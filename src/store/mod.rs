@@ -725,6 +725,26 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// A copy of the addresses and networks set at run time for `policy`, which a limiter
+    /// matches a request's client address against before its check when the store's call
+    /// can't (the Redis store: under a key other than the client address, or on a Cluster),
+    /// and whose override the check then carries ([`Store::override_lookup_carrying`]);
+    /// `None` (the default): the store matches them itself, or keeps none.
+    #[doc(hidden)]
+    fn override_mirror(&self, policy: &Policy) -> Option<Arc<OverrideBook>> {
+        let _ = policy;
+        None
+    }
+
+    /// [`Store::override_lookup`] for a check of `policy` whose client address falls under
+    /// `over` in the store's copy ([`Store::override_mirror`]): the store applies the
+    /// identity's own override, or else `over`. `None` (the default): none applies.
+    #[doc(hidden)]
+    fn override_lookup_carrying(&self, policy: &Policy, over: &StoredOverride) -> Option<Box<str>> {
+        let _ = (policy, over);
+        None
+    }
+
     /// Sets `over` for `policy`, lasting `lasting` (`None`: until removed), for every instance
     /// sharing the store. The default refuses with [`StoreError::Config`].
     #[doc(hidden)]
@@ -838,6 +858,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn override_lookup(&self, policy: &Policy, networks: bool) -> Option<Box<str>> {
         (**self).override_lookup(policy, networks)
+    }
+
+    fn override_mirror(&self, policy: &Policy) -> Option<Arc<OverrideBook>> {
+        (**self).override_mirror(policy)
+    }
+
+    fn override_lookup_carrying(&self, policy: &Policy, over: &StoredOverride) -> Option<Box<str>> {
+        (**self).override_lookup_carrying(policy, over)
     }
 
     fn set_override(

@@ -164,6 +164,38 @@ impl OverrideBook {
         removed
     }
 
+    /// Holds `listed` (as a store listed them, each with the time it had left) in place of
+    /// every override it held: a copy of what a store keeps elsewhere.
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "only the Redis store keeps copies")
+    )]
+    pub(crate) fn replace(&self, listed: Vec<Listed>) {
+        let now = (self.now)();
+        let mut table = Table::default();
+        for listed in listed {
+            let kept = Kept {
+                until_ms: listed.left.map(|left| {
+                    now.saturating_add(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+                }),
+                over: listed.over,
+            };
+            match kept.over.whom().clone() {
+                Whom::Identity(identity) => {
+                    table.by_identity.insert(identity, kept);
+                }
+                Whom::Address(address) => {
+                    table.by_address.insert(address, kept);
+                }
+                Whom::Network(network) => table.by_network.push((network, kept)),
+            }
+        }
+        table.sweep_at = (2 * table.len()).max(1024);
+        let mut held = self.write();
+        *held = table;
+        self.set.store(held.len(), Ordering::Relaxed);
+    }
+
     /// Every override that lasts, with the time it has left.
     pub(crate) fn list(&self) -> Vec<Listed> {
         let now = (self.now)();

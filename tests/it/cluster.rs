@@ -335,26 +335,72 @@ async fn run_time_overrides_apply_on_every_primary(cluster: &TestCluster, prefix
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(other.overrides().await.unwrap().is_empty());
-    // A network can't apply on a Cluster (the policy's networks lie in another slot than a
-    // check's keys): refused, even for a policy keyed by client address.
-    let by_address = Policy::builder("upgrades-ip")
+    // A network on a Cluster: each instance keeps a copy of the policy's networks (they lie in
+    // another slot than a check's keys), and a check carries the override of the network its
+    // client's address falls in; an identity's own wins over it, on the identity's primary.
+    let by_user = Policy::builder("upgrades-net")
         .prefix(prefix)
-        .key(Key::ip())
-        .rule(Rule::per_hour(5))
+        .key(Key::user())
+        .rule(Rule::per_hour(2))
         .build()
         .unwrap();
-    let refused = RateLimiter::new(by_address, store(cluster))
+    let setter = RateLimitLayer::new(by_user.clone(), store(cluster));
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(RateLimitLayer::new(by_user, store(cluster)));
+    let status = |user: &str, peer: &str| {
+        let mut request = user_request(user);
+        request.extensions_mut().insert(axum::extract::ConnectInfo(
+            peer.parse::<std::net::SocketAddr>().unwrap(),
+        ));
+        let app = app.clone();
+        async move { send(&app, request).await.status() }
+    };
+    setter
         .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
-        .await;
-    assert!(
-        matches!(
-            refused,
-            Err(tower_redis_ratelimit::operate::OperatorError::Store(
-                tower_redis_ratelimit::StoreError::Config(_)
-            ))
-        ),
-        "{refused:?}"
-    );
+        .await
+        .unwrap();
+    let mut users = users.values().flatten();
+    let lifted = users.next().unwrap();
+    setter
+        .set_override(Override::identity(lifted.as_str()).unlimited())
+        .await
+        .unwrap();
+    // The other instance hears of the network within a notice's round trip.
+    let mut heard = false;
+    for probe in 0..250 {
+        if status(&format!("probe-{probe}"), "10.9.9.9:1").await == StatusCode::FORBIDDEN {
+            heard = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(heard, "the network's deny never reached the other instance");
+    for user in users {
+        assert_eq!(
+            status(user, "10.1.1.1:1").await,
+            StatusCode::FORBIDDEN,
+            "{user}"
+        );
+        assert_eq!(status(user, "192.0.2.1:1").await, StatusCode::OK, "{user}");
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            status(lifted, "10.1.1.1:1").await,
+            StatusCode::OK,
+            "{lifted}"
+        );
+    }
+    // Removed, they leave no key behind.
+    setter
+        .remove_override(Override::cidr("10.0.0.0/8".parse().unwrap()))
+        .await
+        .unwrap();
+    setter
+        .remove_override(Override::identity(lifted.as_str()))
+        .await
+        .unwrap();
+    assert!(setter.overrides().await.unwrap().is_empty());
 }
 
 /// `SCRIPT FLUSH` on every node: the next request on each primary still gets its answer, with

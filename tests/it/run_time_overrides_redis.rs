@@ -11,11 +11,10 @@ use common::redis_server::{TestRedis, unique_prefix};
 use common::redis_store::store;
 use common::{request_from, send};
 use http::StatusCode;
-use tower_redis_ratelimit::operate::{OperatorError, OverrideAction};
+use tower_redis_ratelimit::headers;
+use tower_redis_ratelimit::operate::OverrideAction;
 use tower_redis_ratelimit::policy::Override;
-use tower_redis_ratelimit::{
-    Algorithm, Key, Policy, RateLimitLayer, RateLimiter, Rule, StoreError,
-};
+use tower_redis_ratelimit::{Algorithm, Key, Policy, RateLimitLayer, RateLimiter, Rule, UserId};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -144,11 +143,17 @@ async fn an_instance_made_after_the_override_applies_it_and_unlimited_counts_not
     assert_eq!(admitted(&one, "carol").await, 5);
 }
 
-/// A policy keyed by client address, 2 a minute, behind a layer over its own store.
-fn by_address(redis: &TestRedis, prefix: &str) -> (RateLimitLayer, axum::Router) {
-    let policy = Policy::builder("byip")
+/// An instance: a policy named `name` keyed by `key`, 2 a minute, behind a layer over its own
+/// store.
+fn instance(
+    redis: &TestRedis,
+    prefix: &str,
+    name: &str,
+    key: Key,
+) -> (RateLimitLayer, axum::Router) {
+    let policy = Policy::builder(name)
         .prefix(prefix)
-        .key(Key::ip())
+        .key(key)
         .rule(Rule::per_minute(2))
         .build()
         .unwrap();
@@ -157,6 +162,11 @@ fn by_address(redis: &TestRedis, prefix: &str) -> (RateLimitLayer, axum::Router)
         .route("/", axum::routing::get(|| async { "hello" }))
         .layer(layer.clone());
     (layer, app)
+}
+
+/// A policy keyed by client address, 2 a minute, behind a layer over its own store.
+fn by_address(redis: &TestRedis, prefix: &str) -> (RateLimitLayer, axum::Router) {
+    instance(redis, prefix, "byip", Key::ip())
 }
 
 async fn status(app: &axum::Router, peer: &str) -> StatusCode {
@@ -223,19 +233,125 @@ async fn a_network_for_a_while_ends_by_itself() {
     assert!(one.overrides().await.unwrap().is_empty());
 }
 
+/// A policy keyed by user, 2 a minute, behind a layer over its own store.
+fn by_user_layer(redis: &TestRedis, prefix: &str) -> (RateLimitLayer, axum::Router) {
+    instance(redis, prefix, "byuser", Key::user())
+}
+
+/// `user`'s request from `peer` through `app`.
+async fn sent_as(app: &axum::Router, user: &str, peer: &str) -> http::Response<axum::body::Body> {
+    let mut request = request_from(peer, "/");
+    request.extensions_mut().insert(UserId::new(user));
+    send(app, request).await
+}
+
+/// What `app` answers a new user's request from `peer`, once it is `expected` (an instance
+/// hears of a network's change within a notice's round trip): its status and its limit.
+async fn eventually(app: &axum::Router, peer: &str, expected: (StatusCode, u64)) {
+    let mut answered = (StatusCode::OK, 0);
+    for probe in 0..250 {
+        let response = sent_as(app, &format!("probe-{probe}"), peer).await;
+        let limit = headers::parse(response.headers())
+            .ok()
+            .and_then(|parsed| parsed.policies.first().map(|item| item.quota))
+            .unwrap_or(0);
+        answered = (response.status(), limit);
+        if answered == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{peer} answered {answered:?}, not {expected:?}, after 5 s");
+}
+
 #[tokio::test]
-async fn a_network_under_a_key_of_another_kind_is_refused_on_redis() {
+async fn networks_apply_under_a_key_of_another_kind_through_each_instances_copy() {
     let redis = TestRedis::shared();
     let prefix = unique_prefix("rtnetuser");
-    let limiter = by_user(&redis, &prefix, MINUTE);
-    let refused = limiter
-        .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
-        .await;
-    assert!(
-        matches!(refused, Err(OperatorError::Store(StoreError::Config(_)))),
-        "{refused:?}"
+    let (one, _) = by_user_layer(&redis, &prefix);
+    let (_other, app) = by_user_layer(&redis, &prefix);
+    // The other instance's copy is read (empty) before anything is set.
+    eventually(&app, "10.1.1.1:1", (StatusCode::OK, 2)).await;
+    one.set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
+        .await
+        .unwrap();
+    one.set_override(Override::cidr("192.0.2.0/24".parse().unwrap()).rules([Rule::per_minute(3)]))
+        .await
+        .unwrap();
+    one.set_override(Override::identity("alice").unlimited())
+        .await
+        .unwrap();
+    // The other instance hears of the networks, and applies them.
+    eventually(&app, "10.1.1.1:1", (StatusCode::FORBIDDEN, 0)).await;
+    eventually(&app, "192.0.2.9:1", (StatusCode::OK, 3)).await;
+    // alice's own override wins over her network's, in the same call.
+    for _ in 0..4 {
+        assert_eq!(
+            sent_as(&app, "alice", "10.1.1.1:1").await.status(),
+            StatusCode::OK
+        );
+    }
+    // bob counts by his network's rules, carol (elsewhere) by the policy's, in one counter.
+    for _ in 0..3 {
+        assert_eq!(
+            sent_as(&app, "bob", "192.0.2.5:1").await.status(),
+            StatusCode::OK
+        );
+    }
+    let refused = sent_as(&app, "bob", "192.0.2.5:1").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        sent_as(&app, "bob", "198.51.100.1:1").await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "3 used: over the policy's 2 outside the network"
     );
-    assert!(limiter.overrides().await.unwrap().is_empty());
+    for _ in 0..2 {
+        assert_eq!(
+            sent_as(&app, "carol", "198.51.100.1:1").await.status(),
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        sent_as(&app, "carol", "198.51.100.1:1").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // An instance made after they were set reads them when it is made.
+    let (_late, late_app) = by_user_layer(&redis, &prefix);
+    eventually(&late_app, "10.200.0.1:1", (StatusCode::FORBIDDEN, 0)).await;
+    // Removed on one instance: the others hear of it.
+    one.remove_override(Override::cidr("10.0.0.0/8".parse().unwrap()))
+        .await
+        .unwrap();
+    eventually(&app, "10.1.1.1:1", (StatusCode::OK, 2)).await;
+    eventually(&late_app, "10.1.1.1:1", (StatusCode::OK, 2)).await;
+    let listed = one.overrides().await.unwrap();
+    let targets: Vec<&str> = listed.iter().map(|set| set.target.as_str()).collect();
+    assert_eq!(targets, ["user:alice", "192.0.2.0/24"]);
+}
+
+#[tokio::test]
+async fn a_network_set_through_an_instance_applies_there_before_the_call_returns() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnetown");
+    let (one, app) = by_user_layer(&redis, &prefix);
+    eventually(&app, "10.1.1.1:1", (StatusCode::OK, 2)).await;
+    one.set_override_for(
+        Override::cidr("10.0.0.0/8".parse().unwrap()).deny(),
+        Duration::from_millis(400),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sent_as(&app, "dave", "10.3.3.3:1").await.status(),
+        StatusCode::FORBIDDEN
+    );
+    // It ends by itself, in the copy as in Redis.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        sent_as(&app, "dave", "10.3.3.3:1").await.status(),
+        StatusCode::OK
+    );
+    assert!(one.overrides().await.unwrap().is_empty());
 }
 
 #[tokio::test]

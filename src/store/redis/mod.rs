@@ -40,6 +40,7 @@ use super::{
 };
 use crate::decision::Decision;
 use crate::policy::{Policy, StoredOverride, Whom};
+use crate::store::overrides::OverrideBook;
 
 mod batch;
 mod client;
@@ -49,6 +50,7 @@ mod command;
 mod connection;
 mod error;
 mod merge;
+mod override_mirror;
 mod overrides;
 mod reply;
 mod resets;
@@ -124,6 +126,9 @@ struct Shared {
     resets: resets::ResetFeed,
     /// A client to subscribe with, given for a pool ([`RedisStore::reset_notices_from`]).
     notices_client: Option<::redis::Client>,
+    /// This instance's copies of the networks set at run time, by policy
+    /// (`override_mirror.rs`).
+    mirrors: override_mirror::Mirrors,
 }
 
 impl RedisStore {
@@ -229,6 +234,20 @@ impl Store for RedisStore {
         overrides::lookup_of(policy, networks, self.shared.connector.is_cluster())
     }
 
+    fn override_mirror(&self, policy: &Policy) -> Option<Arc<OverrideBook>> {
+        let cluster = self.shared.connector.is_cluster();
+        if overrides::networks_in_call(policy, cluster)
+            || overrides::lookup_of(policy, false, cluster).is_none()
+        {
+            return None;
+        }
+        Some(self.mirror_of(policy.key_base()))
+    }
+
+    fn override_lookup_carrying(&self, policy: &Policy, over: &StoredOverride) -> Option<Box<str>> {
+        overrides::carrying_lookup_of(policy, over, self.shared.connector.is_cluster())
+    }
+
     fn set_override(
         &self,
         policy: &Policy,
@@ -239,17 +258,40 @@ impl Store for RedisStore {
         let calls = overrides::book_calls(
             policy.key_base(),
             over.whom(),
-            policy.key().is_ip(),
             Some((policy, &over, lasting)),
             cluster,
         );
-        self.run_book_calls(calls)
+        let calls = self.run_book_calls(calls);
+        // This instance's copy of the networks, if it keeps one, holds the change at once.
+        let mirror = match over.whom() {
+            Whom::Identity(_) => None,
+            Whom::Address(_) | Whom::Network(_) => self.mirror_held(policy.key_base()),
+        };
+        Box::pin(async move {
+            calls.await?;
+            if let Some(mirror) = mirror {
+                mirror.set(over, lasting);
+            }
+            Ok(())
+        })
     }
 
     fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
         let cluster = self.shared.connector.is_cluster();
-        // (Any address or network set was set under a policy keyed by client address.)
-        self.run_book_calls(overrides::book_calls(policy, whom, true, None, cluster))
+        let calls = self.run_book_calls(overrides::book_calls(policy, whom, None, cluster));
+        let mirror = match whom {
+            Whom::Identity(_) => None,
+            Whom::Address(_) | Whom::Network(_) => self
+                .mirror_held(policy)
+                .map(|mirror| (mirror, whom.clone())),
+        };
+        Box::pin(async move {
+            calls.await?;
+            if let Some((mirror, whom)) = mirror {
+                mirror.remove(&whom);
+            }
+            Ok(())
+        })
     }
 
     fn list_overrides(&self, policy: &str) -> ListFuture {

@@ -2,9 +2,11 @@
 //! counters, `<prefix>:{<identity>}:<policy>:override`, which a check reads in its own call
 //! (`lua/overrides.lua`), and the policy's index of them (`lua/override_book.lua`), which lists
 //! them and, on one node, is the gate a batch reads once per shape, holding the networks (an
-//! address is a network of one) a policy keyed by client address matches its identity against.
-//! A network can't apply otherwise: a policy keyed by something else sends no client address
-//! with its checks, and on a Cluster the index lies in another slot than the check's keys.
+//! address is a network of one). A check of a policy keyed by client address on one node
+//! matches its identity against them in the same call; otherwise (a policy keyed by something
+//! else sends no address, and on a Cluster the index lies in another slot than a check's keys)
+//! each instance keeps a copy of them (`override_mirror.rs`), and a check carries the override
+//! of the network its client's address falls in.
 
 use std::time::Duration;
 
@@ -71,24 +73,32 @@ enum Kept {
     Network(IpNet),
 }
 
-/// Where an override of `whom` is kept under a policy keyed by client address (`by_ip`), or the
-/// error of one the store can't apply.
-fn kept_of(whom: &Whom, by_ip: bool, cluster: bool) -> Result<Kept, StoreError> {
-    let network = match whom {
-        Whom::Identity(identity) => return Ok(Kept::Identity(identity.clone())),
-        Whom::Address(address) => IpNet::from(*address),
-        Whom::Network(network) => *network,
-    };
-    if cluster || !by_ip {
-        return Err(StoreError::Config(
-            "the Redis store applies a run-time override of an address or a network to a policy \
-             keyed by client address, on one node (or Sentinel): a Cluster keeps the policy's \
-             networks in another slot than a check's keys, and another key sends no address \
-             (set it in the policy instead)"
-                .to_owned(),
-        ));
+/// Where an override of `whom` is kept.
+fn kept_of(whom: &Whom) -> Kept {
+    match whom {
+        Whom::Identity(identity) => Kept::Identity(identity.clone()),
+        Whom::Address(address) => Kept::Network(IpNet::from(*address)),
+        Whom::Network(network) => Kept::Network(*network),
     }
-    Ok(Kept::Network(network))
+}
+
+/// Whether a check of `policy` matches its client's address against the networks set in its
+/// own call (keyed by client address, on one node); if not, the instance keeps a copy of them.
+pub(super) fn networks_in_call(policy: &Policy, cluster: bool) -> bool {
+    policy.key().is_ip() && !cluster
+}
+
+/// The ending of the shape of a check of `policy` whose client's address or network has `over`
+/// set, found in the instance's copy: the identity's own override, or else `over`'s, which it
+/// carries (`~<suffix>~<gate>~<value>`).
+pub(super) fn carrying_lookup_of(
+    policy: &Policy,
+    over: &StoredOverride,
+    cluster: bool,
+) -> Option<Box<str>> {
+    let lookup = lookup_of(policy, false, cluster)?;
+    let value = value_of(policy, over).ok()?;
+    Some(format!("{lookup}~{value}").into())
 }
 
 /// What the override key of `over` holds (see `lua/overrides.lua`): the script's line, then
@@ -147,12 +157,11 @@ fn value_of(policy: &Policy, over: &StoredOverride) -> Result<String, StoreError
 pub(super) fn book_calls(
     key_base: &str,
     whom: &Whom,
-    by_ip: bool,
     set: Option<(&Policy, &StoredOverride, Option<Duration>)>,
     cluster: bool,
 ) -> Result<Vec<::redis::Cmd>, StoreError> {
     let [ends, values, networks] = index_keys(key_base);
-    let (target, key) = match kept_of(whom, by_ip, cluster)? {
+    let (target, key) = match kept_of(whom) {
         Kept::Identity(identity) => {
             let key = override_key(key_base, &identity);
             (identity, Some(key))
@@ -196,6 +205,16 @@ pub(super) fn book_calls(
 
 /// The `lua/override_book.lua` call that lists the policy's overrides.
 pub(super) fn list_call(key_base: &str) -> ::redis::Cmd {
+    index_call(key_base, "list")
+}
+
+/// The `lua/override_book.lua` call that lists the policy's networks and addresses only.
+pub(super) fn networks_call(key_base: &str) -> ::redis::Cmd {
+    index_call(key_base, "networks")
+}
+
+/// A `lua/override_book.lua` call that reads the policy's index.
+fn index_call(key_base: &str, action: &str) -> ::redis::Cmd {
     let [ends, values, networks] = index_keys(key_base);
     let mut command = evalsha(&OVERRIDE_BOOK);
     command
@@ -204,7 +223,7 @@ pub(super) fn list_call(key_base: &str) -> ::redis::Cmd {
         .arg(values)
         .arg(networks)
         .arg("i")
-        .arg("list");
+        .arg(action);
     command.arg("").arg("").arg("").arg("");
     command
 }

@@ -50,6 +50,7 @@ impl RedisStore {
                 server: Mutex::new(ServerCheck::default()),
                 resets: resets::ResetFeed::default(),
                 notices_client: None,
+                mirrors: Default::default(),
             }),
             timeout: DEFAULT_TIMEOUT,
             wait_for_replicas: None,
