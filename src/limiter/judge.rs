@@ -95,10 +95,10 @@ impl Limiter {
         let found = Found::RunTime(Arc::new(StoredOverride {
             whom: Whom::Identity(ask.key.identity().to_owned()),
             action,
+            // (Its counters, as the store named them when it charged them.)
+            counted_as: applied.counted_as().map(Into::into),
         }));
-        // (Its counters, as the store named them when it charged them.)
-        let counted = applied.counted_as();
-        match self.overridden(found, &ask.key, counted.as_deref()) {
+        match self.overridden(found, &ask.key) {
             Overridden::Unlimited => {
                 self.count_store_call(Ok(()), ask.started, &ask.span);
                 Verdict::Admit(Admission::let_through(self))

@@ -142,7 +142,7 @@ impl Limiter {
         let own = match self.find_override(key.identity(), None) {
             Some(Found::Static(index, Applied::Rules(_))) => self.overriding(index),
             Some(Found::RunTime(over)) => match over.action() {
-                StoredAction::Rules(rules) => self.run_time_limiter(rules, None),
+                StoredAction::Rules(rules) => self.run_time_limiter(rules, over.counted_as()),
                 StoredAction::Unlimited | StoredAction::Deny => None,
             },
             _ => None,

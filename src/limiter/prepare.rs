@@ -183,7 +183,7 @@ impl Limiter {
         protocol: &Protocol,
         prepare_by: impl FnOnce(&Arc<Limiter>) -> Prepared,
     ) -> Option<Prepared> {
-        match self.overridden(found, key, None) {
+        match self.overridden(found, key) {
             Overridden::Unlimited => Some(Prepared::Unlimited),
             Overridden::Denied => Some(Prepared::Respond(Refusal::Denied, protocol.clone())),
             Overridden::By(own) => Some(match prepare_by(&own) {
@@ -196,15 +196,9 @@ impl Limiter {
     }
 
     /// What an override found for `key` does: decides the request (unlimited, denied), hands it
-    /// to the limiter of its own rules, or nothing.
-    /// `counted`: the limits a run-time override's counters are kept under, as the store that
-    /// applied it named them (see [`Limiter::run_time_limiter`]).
-    pub(super) fn overridden(
-        &self,
-        found: Found<'_>,
-        key: &StorageKey,
-        counted: Option<&[u64]>,
-    ) -> Overridden {
+    /// to the limiter of its own rules (a run-time override's counting in the counters its
+    /// store fixed, if it did), or nothing.
+    pub(super) fn overridden(&self, found: Found<'_>, key: &StorageKey) -> Overridden {
         let policy = &self.policy;
         let (deny, unlimited) = match &found {
             Found::Static(_, applied) => (
@@ -253,7 +247,7 @@ impl Limiter {
                 .map_or(Overridden::No, Overridden::By),
             Found::RunTime(over) => match over.action() {
                 StoredAction::Rules(rules) => self
-                    .run_time_limiter(rules, counted)
+                    .run_time_limiter(rules, over.counted_as())
                     .map_or(Overridden::No, Overridden::By),
                 StoredAction::Unlimited | StoredAction::Deny => Overridden::No,
             },

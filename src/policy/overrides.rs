@@ -105,6 +105,10 @@ impl OverrideTarget {
 pub struct StoredOverride {
     pub(crate) whom: Whom,
     pub(crate) action: StoredAction,
+    /// The limits its rules' counters are kept under, as the store fixed them when it was set
+    /// ([`StoredOverride::pinned_to`]; the Redis store names them in the override's value), so
+    /// a reload of the policy doesn't move them; `None`: by the policy at each check.
+    pub(crate) counted_as: Option<Box<[u64]>>,
 }
 
 /// Whom a stored override is for.
@@ -162,7 +166,11 @@ impl Override {
             }
             Action::Rules(rules) => StoredAction::Rules(rules.clone()),
         };
-        Ok(StoredOverride { whom, action })
+        Ok(StoredOverride {
+            whom,
+            action,
+            counted_as: None,
+        })
     }
 }
 
@@ -193,6 +201,27 @@ impl StoredOverride {
     /// What it does.
     pub(crate) fn action(&self) -> &StoredAction {
         &self.action
+    }
+
+    /// The limits its rules' counters are kept under, when the store fixed them.
+    pub(crate) fn counted_as(&self) -> Option<&[u64]> {
+        self.counted_as.as_deref()
+    }
+
+    /// This override with its rules' counters fixed as `policy` names them now (the policy's
+    /// rule of the same period, see [`Policy::run_time_policy`]): where a store keeps them
+    /// until the override ends, whatever a reload makes of the policy.
+    pub(crate) fn pinned_to(mut self, policy: &super::Policy) -> Self {
+        if let StoredAction::Rules(rules) = &self.action
+            && let Ok(own) = policy.run_time_policy(rules, None)
+        {
+            let counted = own.counted_as().map_or_else(
+                || rules.iter().map(super::Rule::limit).collect(),
+                Box::<[u64]>::from,
+            );
+            self.counted_as = Some(counted);
+        }
+        self
     }
 }
 

@@ -19,7 +19,8 @@ use tokio::sync::Notify;
 use tower_redis_ratelimit::config::{
     ConfigLoader, ConfigWatcher, RateLimitConfig, ReloadSummary, RouteLimitsLayer,
 };
-use tower_redis_ratelimit::{MemoryStore, RedisStore, Store};
+use tower_redis_ratelimit::policy::Override;
+use tower_redis_ratelimit::{MemoryStore, RedisStore, Rule, Store};
 
 const PEER: &str = "192.0.2.7:4000";
 
@@ -147,6 +148,55 @@ async fn a_changed_limit_applies_to_the_next_request(store: Arc<dyn Store>, pref
         assert_eq!(response.status(), StatusCode::OK);
         assert!(response.headers().get("ratelimit-policy").is_none());
     }
+}
+
+/// An override set at run time through a route's layer (`RouteLimitsLayer::layers`) is the
+/// store's: the route's limiter after a reload applies it too, counting where it did (both
+/// stores fix an override's counters when it is set), and the layer from before the reload
+/// still removes it.
+async fn a_run_time_override_of_a_route_outlives_a_reload(store: Arc<dyn Store>, prefix: &str) {
+    let route = |limit: u64| {
+        format!("[[routes]]\npath = \"/a\"\nrules = [{{ limit = {limit}, period = \"1m\" }}]\n")
+    };
+    let limits = config(prefix, &route(2)).route_limits(store).unwrap();
+    let app = app(&limits);
+    let layer = limits.layers().into_iter().next().unwrap();
+    let client = Override::identity(PEER.split(':').next().unwrap());
+    layer
+        .set_override(client.clone().rules([Rule::per_minute(5)]))
+        .await
+        .unwrap();
+    let first = get_path(&app, "/a").await;
+    assert_eq!(quotas(&first), [("5-per-60s".to_owned(), 5)]);
+    for _ in 0..4 {
+        assert_eq!(get_path(&app, "/a").await.status(), StatusCode::OK);
+    }
+    common::assert_refused(get_path(&app, "/a").await, &["5-per-60s"]).await;
+
+    // The route's limit changed: the override counts on where it was set to (its store fixed
+    // its counters), and applies to the route's new limiter.
+    limits.reload(&config(prefix, &route(4))).unwrap();
+    common::assert_refused(get_path(&app, "/a").await, &["5-per-60s"]).await;
+    // Removed through the layer from before the reload: the route's own 4 again, in the
+    // counter of its new limit, which starts afresh.
+    layer.remove_override(client).await.unwrap();
+    for _ in 0..4 {
+        assert_eq!(get_path(&app, "/a").await.status(), StatusCode::OK);
+    }
+    common::assert_refused(get_path(&app, "/a").await, &["4-per-60s"]).await;
+}
+
+#[tokio::test]
+async fn a_run_time_override_of_a_route_outlives_a_reload_in_memory() {
+    a_run_time_override_of_a_route_outlives_a_reload(Arc::new(MemoryStore::new()), "rl").await;
+}
+
+#[tokio::test]
+async fn a_run_time_override_of_a_route_outlives_a_reload_in_redis() {
+    let redis = TestRedis::shared();
+    let store = RedisStore::from_url(&redis.url).unwrap();
+    let prefix = unique_prefix("reload-override");
+    a_run_time_override_of_a_route_outlives_a_reload(Arc::new(store), &prefix).await;
 }
 
 #[tokio::test]

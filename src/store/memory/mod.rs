@@ -362,7 +362,9 @@ impl Store for MemoryStore {
         over: StoredOverride,
         lasting: Option<Duration>,
     ) -> ActionFuture {
-        self.book(policy.key_base()).set(over, lasting);
+        // (Its counters as the policy names them now, as the Redis store keeps them.)
+        self.book(policy.key_base())
+            .set(over.pinned_to(policy), lasting);
         Box::pin(std::future::ready(Ok(())))
     }
 

@@ -285,7 +285,11 @@ pub(super) fn listed_of(reply: Value) -> Result<Vec<Listed>, StoreError> {
             None => Whom::Identity(target),
         };
         let listed = Listed {
-            over: std::sync::Arc::new(StoredOverride { whom, action }),
+            over: std::sync::Arc::new(StoredOverride {
+                whom,
+                action,
+                counted_as: None,
+            }),
             left: u64::try_from(left).ok().map(Duration::from_millis),
         };
         match listed.whom() {
