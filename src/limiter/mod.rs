@@ -119,8 +119,9 @@ pub(crate) struct Limiter {
     settling: Option<Arc<Settling>>,
 }
 
-/// The limiters of the rule sets run-time overrides count by.
-type RunTimeLimiters = HashMap<(Box<[Rule]>, Option<Box<[u64]>>), Arc<Limiter>>;
+/// The limiters of the rule sets run-time overrides count by, by rules, then by the limits their
+/// counters are kept under (when a store fixed them).
+type RunTimeLimiters = HashMap<Box<[Rule]>, Vec<(Option<Box<[u64]>>, Arc<Limiter>)>>;
 
 /// What a request costs: requests in the rules that count them, units in the metered ones.
 #[derive(Debug, Clone, Copy)]
@@ -388,9 +389,14 @@ impl Limiter {
     ) -> Option<Arc<Limiter>> {
         /// At most this many rule sets are kept: more are made again.
         const KEPT: usize = 1024;
-        let made_of = (Box::<[Rule]>::from(rules), counted.map(Box::<[u64]>::from));
         let mut made = self.run_time.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(limiter) = made.get(&made_of) {
+        // (Found without a key made: an overridden request allocates nothing here.)
+        let found = made.get(rules).and_then(|by_counters| {
+            by_counters
+                .iter()
+                .find(|(made_counted, _)| made_counted.as_deref() == counted)
+        });
+        if let Some((_, limiter)) = found {
             return Some(limiter.clone());
         }
         match self.policy.run_time_policy(rules, counted) {
@@ -402,7 +408,9 @@ impl Limiter {
                 // (Its rules are the override's already.)
                 limiter.override_lookup = None;
                 let limiter = Arc::new(limiter);
-                made.insert(made_of, limiter.clone());
+                made.entry(rules.into())
+                    .or_default()
+                    .push((counted.map(Into::into), limiter.clone()));
                 Some(limiter)
             }
             Err(error) => {
