@@ -11,8 +11,11 @@ use std::time::Duration;
 /// daily [`Quota`](crate::Quota) when the request had one, then one for its concurrency limit
 /// ([`PolicyBuilder::max_in_flight`](crate::PolicyBuilder::max_in_flight)) when it has one:
 /// `limit` the slots, `remaining` the free ones, `reset` the time until the earliest lease
-/// expires. When `allowed` is `true` the request was recorded in every rule; when it is
-/// `false` it was recorded in none (all-or-nothing).
+/// expires; then, under a budget shared fairly
+/// ([`PolicyBuilder::fair_share`](crate::PolicyBuilder::fair_share)), one for the budget and
+/// one for the identity's share of it (`limit` its share while the budget is saturated, else
+/// the budget's; `reset` the window's end). When `allowed` is `true` the request was recorded
+/// in every rule; when it is `false` it was recorded in none (all-or-nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     /// Whether every rule admitted the request.

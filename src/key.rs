@@ -338,6 +338,11 @@ impl Key {
         matches!(self.0, Source::Ip)
     }
 
+    /// Whether this key is one bucket for all requests ([`Key::global`]).
+    pub(crate) fn is_global(&self) -> bool {
+        matches!(self.0, Source::Global)
+    }
+
     /// The identity of a request under this key, or `None` when the request has none.
     pub fn extract(&self, parts: &Parts, client_ip: &ClientIp) -> Option<Identity> {
         let mut out = String::new();

@@ -99,6 +99,7 @@ pub mod concurrency;
 pub mod config;
 pub mod decision;
 pub mod extract;
+pub mod fair;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -47,6 +47,10 @@ pub(crate) enum Decided {
 
 /// What a layer does with a request: call its service, the response getting what the
 /// admission holds; answer it; or wait for the decision (see [`Limiter::decide_layered`]).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned at once and taken apart: boxing the wait would allocate per request"
+)]
 pub(crate) enum Layered {
     /// Admitted: call the service; its response gets this.
     Call(OnResponse),

@@ -144,9 +144,8 @@ impl Limiter {
         result: Result<Decision, StoreError>,
         with_quota: bool,
     ) -> Result<Decision, StoreError> {
-        let expected = self.policy.rules().len()
-            + usize::from(with_quota)
-            + usize::from(self.policy.concurrency().is_some());
+        let expected =
+            self.policy.rules().len() + usize::from(with_quota) + self.policy.states_after_quota();
         result.and_then(|decision| {
             if decision.rules.len() == expected {
                 Ok(decision)
@@ -283,9 +282,16 @@ impl Limiter {
         // answers under a block may wait longer than a cached one would say. Nor are refusals for
         // want of a concurrency slot: one frees when a request ends, long before the lease's
         // expiry that a cached refusal would wait for.
-        let slot_refused = self.policy.concurrency().is_some()
+        let states = decision.rules.len();
+        let slot_refused = self
+            .policy
+            .concurrency_state(states)
+            .and_then(|slot| decision.rules.get(slot))
+            .is_some_and(RuleState::refused);
+        // Nor a refusal for fairness: a share grows when others leave.
+        let share_refused = self.policy.fair_share().is_some()
             && decision.rules.last().is_some_and(RuleState::refused);
-        if self.policy.block_for().is_none() && !slot_refused {
+        if self.policy.block_for().is_none() && !slot_refused && !share_refused {
             let max_delay = self.policy.mode().max_delay();
             self.refusals.remember(ask.asking(), &decision, max_delay);
         }
@@ -387,14 +393,18 @@ impl Limiter {
     pub(super) fn only_slot_missing(&self, decision: &Decision, budget: Duration) -> bool {
         let states = decision.rules.len();
         self.may_wait_for_slots()
-            && decision.rules.last().is_some_and(RuleState::refused)
+            && self
+                .policy
+                .concurrency_state(states)
+                .and_then(|slot| decision.rules.get(slot))
+                .is_some_and(RuleState::refused)
             && decision.rules.iter().enumerate().all(|(index, state)| {
                 match (self.policy.state_of(index, states), state.retry_after) {
                     (_, None) | (StateOf::Concurrency, _) => true,
                     (StateOf::Rule(rule), Some(retry)) => {
                         !self.policy.rules()[rule].is_duplicate_guard() && retry <= budget
                     }
-                    (StateOf::Quota, Some(_)) => false,
+                    (StateOf::Quota | StateOf::Budget | StateOf::Share, Some(_)) => false,
                 }
             })
     }

@@ -52,7 +52,7 @@ use crate::policy::{
     Applied, Mode, Policy, PolicyError, Rule, StorageKey, StoredAction, StoredOverride,
 };
 use crate::response::{AnswerPlan, Protocol, TooManyRequests};
-use crate::store::{Abilities, CheckRequest, OverrideBook, QuotaRequest, Store};
+use crate::store::{Abilities, CheckRequest, FairRequest, OverrideBook, QuotaRequest, Store};
 
 pub(crate) type RejectHandler = Arc<dyn Fn(&TooManyRequests) -> Response<Body> + Send + Sync>;
 
@@ -134,6 +134,8 @@ pub(crate) struct Price {
     pub(crate) units: u64,
     /// Its meter's estimate: what its reservation stands at when nothing reports its usage.
     pub(crate) estimate: u64,
+    /// Its identity's weight in a budget shared fairly (1 without one).
+    pub(crate) weight: u32,
 }
 
 impl Price {
@@ -145,7 +147,13 @@ impl Price {
             cost,
             units: estimate.max(1),
             estimate,
+            weight: 1,
         }
+    }
+
+    /// This price, for an identity of `weight` in a budget shared fairly.
+    pub(crate) fn weighing(self, weight: u32) -> Price {
+        Price { weight, ..self }
     }
 
     /// Exactly `units` (a give-back's, an overdraw's, units taken ahead): nothing rounded up.
@@ -154,6 +162,7 @@ impl Price {
             cost,
             units,
             estimate: units,
+            weight: 1,
         }
     }
 }
@@ -569,11 +578,12 @@ impl Limiter {
         price: Price,
         max_delay: Duration,
     ) -> crate::store::CheckFuture {
-        let request = self
+        let mut request = self
             .store_request(key, quota)
             .cost(price.cost)
             .units(price.units)
             .max_delay(max_delay);
+        request.fair = request.fair.map(|fair| fair.weight(price.weight));
         self.store.check(&request)
     }
 
@@ -601,6 +611,11 @@ impl Limiter {
             .block_for(policy.block_for())
             .quota(quota)
             .concurrency(policy.concurrency())
+            .fair(
+                policy
+                    .fair_share()
+                    .map(|fairness| FairRequest::new(&fairness.key, fairness.fair.budget())),
+            )
             .counted_as(policy.counted_as())
             .override_lookup(self.override_lookup.as_deref())
     }
@@ -614,6 +629,7 @@ fn is_plain(policy: &Policy, prefetches: bool) -> bool {
         && policy.meter().is_none()
         && !prefetches
         && policy.concurrency().is_none()
+        && policy.fair_share().is_none()
         && !policy.counts_only_some()
         && policy.mode() == Mode::Enforce
 }
@@ -621,7 +637,7 @@ fn is_plain(policy: &Policy, prefetches: bool) -> bool {
 /// Refuses `policy` when it needs an ability `store` lacks ([`Abilities`]), naming the option
 /// that needs it and the ability.
 pub(crate) fn store_can_do(policy: &Policy, store: &dyn Store) -> Result<(), PolicyError> {
-    let needs: [(bool, &'static str, Abilities, &'static str); 4] = [
+    let needs: [(bool, &'static str, Abilities, &'static str); 5] = [
         (
             policy.counts_only_some(),
             "count_only",
@@ -646,6 +662,13 @@ pub(crate) fn store_can_do(policy: &Policy, store: &dyn Store) -> Result<(), Pol
             "max_in_flight",
             Abilities::RELEASE,
             "frees a request's slot when it ends: the store lacks release (Store::abilities)",
+        ),
+        (
+            policy.fair_share().is_some(),
+            "fair_share",
+            Abilities::FAIR_SHARE,
+            "shares a budget fairly: the store keeps no fair shares (Store::abilities; the \
+             memory store does, the Redis store not yet)",
         ),
     ];
     let has = store.abilities();

@@ -163,7 +163,10 @@ impl Limiter {
         protocol: Protocol,
     ) -> Prepared {
         let policy = &self.policy;
-        let price = Price::new(policy.cost(parts), policy.estimate(parts));
+        let mut price = Price::new(policy.cost(parts), policy.estimate(parts));
+        if let Some(fairness) = policy.fair_share() {
+            price = price.weighing(fairness.fair.weight(parts));
+        }
         let quota = policy
             .quota()
             .and_then(|quota| quota.lookup(parts, policy.client_ip()));

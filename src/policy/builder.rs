@@ -12,6 +12,7 @@ use crate::key::Key;
 
 use tower_redis_ratelimit_spec::{CheckedParts, PolicyParts, StatusSet};
 
+use super::fair_share::FairShare;
 use super::meter::Meter;
 use super::overrides::{Override, Overrides};
 use super::quota::Quota;
@@ -45,6 +46,7 @@ pub struct PolicyBuilder {
     lease: Option<Duration>,
     overrides: Vec<Override>,
     meter: Option<Meter>,
+    fair_share: Option<FairShare>,
     /// The rules of the policy whose run-time override this builds: each rule is counted in the
     /// counter of the one of its period there ([`Policy::run_time_policy`]).
     counted_as_of: Option<Box<[Rule]>>,
@@ -89,6 +91,7 @@ impl PolicyBuilder {
             lease: None,
             overrides: Vec::new(),
             meter: None,
+            fair_share: None,
             counted_as_of: None,
             counted_as_given: None,
         }
@@ -212,6 +215,24 @@ impl PolicyBuilder {
         F: Fn(&Parts) -> u64 + Send + Sync + 'static,
     {
         self.cost_fn = Some(Arc::new(cost));
+        self
+    }
+
+    /// Shares one budget fairly among the identities the policy's key names: counted across
+    /// all of them, and, once saturated, each admitted up to its weighted share, what one
+    /// leaves going to those who want more (see [`fair`](crate::fair)). The policy's own rules
+    /// (and quota) still apply to each identity. Its states come after the concurrency limit's
+    /// in a [`Decision`](crate::Decision): the budget's, then the identity's share (named
+    /// `<budget>-share`), which the headers describe as the identity's own limit while it
+    /// binds. A store must keep fair shares
+    /// ([`Abilities::FAIR_SHARE`](crate::store::Abilities::FAIR_SHARE)): the memory store does.
+    ///
+    /// Refused when built: a budget of limit 0 or of no period, a duplicate guard, a metered
+    /// budget without a [`meter`](Self::meter), a budget named as one of the rules, a policy
+    /// keyed by [`Key::global`](crate::Key::global) (one identity shares with nobody), or one
+    /// that takes units ahead ([`prefetch`](Self::prefetch): they would pass the shares).
+    pub fn fair_share(mut self, fair: FairShare) -> Self {
+        self.fair_share = Some(fair);
         self
     }
 
@@ -409,6 +430,7 @@ impl PolicyBuilder {
                 },
             });
         }
+        self.check_fair_share()?;
         let overrides = std::mem::take(&mut self.overrides);
         // What a `rules` override's policy is built from: this one, but for its rules.
         let base = (!overrides.is_empty()).then(|| self.clone());
@@ -451,6 +473,12 @@ impl PolicyBuilder {
             (limit, limit.name().into_boxed_str())
         });
         let key_base = format!("{}:{}:", self.prefix, self.name);
+        let fair_share = self.fair_share.take().map(|fair| super::Fairness {
+            key: format!("{key_base}fair").into(),
+            budget_name: fair.budget().name().into(),
+            share_name: format!("{}-share", fair.budget().name()).into(),
+            fair,
+        });
         // What one request may cost the rules of requests, and reserve in the metered ones.
         let capacity = |metered: bool| {
             self.rules[..counted_rules]
@@ -519,11 +547,43 @@ impl PolicyBuilder {
                     warned_two_reports: Default::default(),
                 }),
             key_base,
+            fair_share,
             overrides,
             run_time_base,
             counted_as,
             fell_back: std::sync::atomic::AtomicBool::new(false),
         })))
+    }
+
+    /// The error of a fair share this policy can't take (see [`PolicyBuilder::fair_share`]).
+    fn check_fair_share(&self) -> Result<(), PolicyError> {
+        let Some(fair) = &self.fair_share else {
+            return Ok(());
+        };
+        let budget = fair.budget();
+        let refused = if budget.limit() == 0 || budget.period_ms() == 0 {
+            Some("has a budget of limit 0 or of no period")
+        } else if budget.is_duplicate_guard() {
+            Some("has a duplicate guard for its budget: give it a rule")
+        } else if budget.is_metered() && self.meter.is_none() {
+            Some("has a metered budget without a meter: set the policy's meter")
+        } else if self.rules.iter().any(|rule| rule.name() == budget.name()) {
+            Some("names its budget as one of the rules: name it apart (Rule::named)")
+        } else if self.key.is_global() {
+            Some("is keyed by Key::global(): one identity shares its budget with nobody")
+        } else if self.prefetch.is_some_and(|units| units > 1) {
+            Some("takes units ahead (prefetch), which would pass the shares")
+        } else {
+            None
+        };
+        match refused {
+            Some(reason) => Err(PolicyError::InvalidOption {
+                policy: self.name.clone(),
+                option: "fair_share",
+                reason,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The policy of a run-time override with `rules`, over a policy of `base` rules: see

@@ -13,6 +13,7 @@
 
 mod builder;
 pub(crate) mod concurrency_limit;
+pub(crate) mod fair_share;
 mod footprint;
 pub(crate) mod meter;
 mod options;
@@ -103,6 +104,8 @@ pub(super) struct Inner {
     pub(super) metering: Option<Metering>,
     /// `prefix:name:`, the start of every store key of this policy, built once.
     pub(super) key_base: String,
+    /// The budget its identities share fairly, if any.
+    pub(super) fair_share: Option<Fairness>,
     /// Identities and networks treated apart.
     pub(super) overrides: Overrides,
     /// What the policy of an override set at run time is built from: this policy's builder
@@ -114,6 +117,16 @@ pub(super) struct Inner {
     /// Whether a request without its key has been counted by client IP yet: said once, at WARN
     /// (the limiter often runs before the layer that sets the key).
     pub(super) fell_back: std::sync::atomic::AtomicBool,
+}
+
+/// A policy's fair share of a budget, with what its build made of it once.
+pub(crate) struct Fairness {
+    pub(crate) fair: fair_share::FairShare,
+    /// The budget's store key (`prefix:name:fair`).
+    pub(crate) key: Box<str>,
+    /// The budget's state's name (the budget rule's), and the share's (`<budget>-share`).
+    pub(crate) budget_name: Box<str>,
+    pub(crate) share_name: Box<str>,
 }
 
 /// A policy's meter, with the bounds its build found.
@@ -161,6 +174,10 @@ pub(crate) enum StateOf {
     Quota,
     /// The concurrency limit.
     Concurrency,
+    /// The budget shared fairly.
+    Budget,
+    /// The identity's share of it.
+    Share,
 }
 
 impl Policy {
@@ -312,6 +329,7 @@ impl Policy {
             prefetch: inner.prefetch,
             quota: None,
             concurrency: None,
+            fair_share: None,
             max_cost: inner.max_cost,
             metering: inner.metering.as_ref().map(|metering| Metering {
                 meter: metering.meter.clone(),
@@ -350,13 +368,39 @@ impl Policy {
     /// What the state at `index` of a decision of `states` states describes (see
     /// [`Decision`](crate::Decision)): a rule, the quota, or the concurrency limit.
     pub(crate) fn state_of(&self, index: usize, states: usize) -> StateOf {
+        let fair = if self.0.fair_share.is_some() { 2 } else { 0 };
         if index < self.0.rules.len() {
             StateOf::Rule(index)
-        } else if self.0.concurrency.is_some() && index + 1 == states {
+        } else if fair > 0 && index + 2 == states {
+            StateOf::Budget
+        } else if fair > 0 && index + 1 == states {
+            StateOf::Share
+        } else if self.0.concurrency.is_some() && index + 1 + fair == states {
             StateOf::Concurrency
         } else {
             StateOf::Quota
         }
+    }
+
+    /// The index of the concurrency limit's state in a decision of `states` states, if the
+    /// policy has one.
+    pub(crate) fn concurrency_state(&self, states: usize) -> Option<usize> {
+        let fair = if self.0.fair_share.is_some() { 2 } else { 0 };
+        self.0
+            .concurrency
+            .as_ref()
+            .and_then(|_| states.checked_sub(1 + fair))
+    }
+
+    /// How many states a decision of this policy has after its quota's: the concurrency
+    /// limit's, the budget's and the share's, as it has them.
+    pub(crate) fn states_after_quota(&self) -> usize {
+        usize::from(self.0.concurrency.is_some()) + if self.0.fair_share.is_some() { 2 } else { 0 }
+    }
+
+    /// The budget its identities share fairly, if any.
+    pub(crate) fn fair_share(&self) -> Option<&Fairness> {
+        self.0.fair_share.as_ref()
     }
 
     /// The name clients see of the state at `index` of a decision of `states` states.
@@ -365,6 +409,8 @@ impl Policy {
             StateOf::Rule(index) => self.0.rule_names.get(index).map(|name| &**name),
             StateOf::Quota => self.quota().map(Quota::name),
             StateOf::Concurrency => self.0.concurrency.as_ref().map(|(_, name)| &**name),
+            StateOf::Budget => self.fair_share().map(|fair| &*fair.budget_name),
+            StateOf::Share => self.fair_share().map(|fair| &*fair.share_name),
         }
     }
 

@@ -37,10 +37,24 @@ impl LimitHeaders {
         // A quota's state follows the rules' when the request had one, then the concurrency
         // limit's when the policy has one.
         let with_quota = policy.quota().is_some()
-            && decision.rules.len() > policy.rules().len() + usize::from(plan.has_concurrency());
+            && decision.rules.len() > policy.rules().len() + policy.states_after_quota();
+        // A budget shared fairly: its share, last, is described while it binds (less than the
+        // budget) as the identity's own limit.
+        let share = plan
+            .has_fair_share()
+            .then(|| decision.rules.len().checked_sub(2))
+            .flatten()
+            .and_then(|budget| {
+                let (budget, share) =
+                    (decision.rules.get(budget)?, decision.rules.get(budget + 1)?);
+                Some(share.limit).filter(|&share| share < budget.limit)
+            });
+        let shown = decision.rules.len()
+            - usize::from(plan.has_fair_share() && share.is_none() && !decision.rules.is_empty());
         let items = plan
             .state_names(with_quota)
             .zip(&decision.rules)
+            .take(shown)
             .map(|(name, state)| RuleEntry {
                 name,
                 remaining: state.remaining,
@@ -58,11 +72,14 @@ impl LimitHeaders {
                     reset_unix_secs: HeaderValue::from(ceil_secs(now + state.reset)),
                 })
             });
-        let policy_header = match decision.rules.get(policy.rules().len()) {
+        let mut policy_header = match decision.rules.get(policy.rules().len()) {
             Some(quota) if with_quota => plan.policy_with_quota(quota.limit),
             // Static bytes (see `interned.rs`): a clone writes nothing shared.
             _ => plan.policy().clone(),
         };
+        if let Some(share) = share {
+            policy_header = plan.with_share(&policy_header, share);
+        }
         let status = match decision.allowed {
             true => headers::ratelimit_header_value(items),
             // A flood's refusals repeat their value: this thread's last one may be it.

@@ -28,6 +28,10 @@ struct Inner {
     /// The concurrency limit's name as an sf-string and its `RateLimit-Policy` item
     /// (`"1-in-flight";q=1`).
     concurrency: Option<(SfName, Box<str>)>,
+    /// A budget shared fairly: its name and its share's as sf-strings, the budget's
+    /// `RateLimit-Policy` item, and its window in whole seconds (the share's item, whose quota
+    /// is the identity's, is made per answer while it binds).
+    fair: Option<Fair>,
     /// `RateLimit-Policy` of the rules alone.
     rules_policy: HeaderValue,
     /// `RateLimit-Policy` of a request without a quota: the rules' items, then the concurrency
@@ -39,6 +43,15 @@ struct Inner {
     /// The 429 body of a refusal by one state alone: each rule, then the quota, then the
     /// concurrency limit. The common refusal is answered without serialising anything.
     bodies: Box<[Bytes]>,
+}
+
+/// What a plan prepares of a budget shared fairly.
+#[derive(Debug)]
+struct Fair {
+    budget_name: SfName,
+    share_name: SfName,
+    budget_item: Box<str>,
+    window_secs: u64,
 }
 
 impl AnswerPlan {
@@ -82,10 +95,33 @@ impl AnswerPlan {
             let item = format!("{};q={}", name.as_str(), limit.max_in_flight());
             (name, item.into_boxed_str())
         });
-        let policy_value = match &concurrency {
-            None => rules_policy.clone(),
-            Some((_, item)) => joined(&rules_policy, [&**item]),
-        };
+        let fair = policy.fair_share().map(|fairness| {
+            let budget = fairness.fair.budget();
+            let budget_name = SfName::of_checked(&fairness.budget_name);
+            let window_secs = ceil_secs(budget.period());
+            let mut budget_item = headers::policy_header_value(&[PolicyItem {
+                name: &budget_name,
+                quota: budget.limit(),
+                window_secs,
+            }])
+            .to_str()
+            .unwrap_or_default()
+            .to_owned();
+            if let Some(unit) = unit.filter(|_| budget.is_metered()) {
+                with_unit(&mut budget_item, unit);
+            }
+            Fair {
+                share_name: SfName::of_checked(&fairness.share_name),
+                budget_name,
+                budget_item: budget_item.into(),
+                window_secs,
+            }
+        });
+        let after_quota = concurrency
+            .iter()
+            .map(|(_, item)| &**item)
+            .chain(fair.iter().map(|fair| &*fair.budget_item));
+        let policy_value = joined(&rules_policy, after_quota);
         let quota = policy.quota().map(|quota| {
             let unit = unit.filter(|_| quota.is_metered()).map(Box::from);
             (
@@ -96,7 +132,7 @@ impl AnswerPlan {
         });
         let states = policy.rules().len()
             + usize::from(policy.quota().is_some())
-            + usize::from(policy.concurrency().is_some());
+            + policy.states_after_quota();
         let bodies = (0..states)
             .filter_map(|index| policy.state_name(index, states))
             .map(|name| static_bytes(refusal_body(policy.message(), &[name])))
@@ -105,6 +141,7 @@ impl AnswerPlan {
             rule_names,
             quota,
             concurrency,
+            fair,
             rules_policy: static_header(&rules_policy),
             policy: static_header(&policy_value),
             quota_policies: Box::default(),
@@ -126,6 +163,12 @@ impl AnswerPlan {
             StateOf::Rule(index) => index,
             StateOf::Quota => rules,
             StateOf::Concurrency => rules + usize::from(policy.quota().is_some()),
+            StateOf::Budget | StateOf::Share => {
+                let before = rules
+                    + usize::from(policy.quota().is_some())
+                    + usize::from(policy.concurrency().is_some());
+                before + usize::from(matches!(policy.state_of(index, states), StateOf::Share))
+            }
         };
         self.0.bodies.get(at)
     }
@@ -159,11 +202,31 @@ impl AnswerPlan {
                     .map(|(name, _, _)| name),
             )
             .chain(self.0.concurrency.as_ref().map(|(name, _)| name))
+            .chain(
+                self.0
+                    .fair
+                    .iter()
+                    .flat_map(|fair| [&fair.budget_name, &fair.share_name]),
+            )
     }
 
-    /// Whether the policy has a concurrency limit.
-    pub(super) fn has_concurrency(&self) -> bool {
-        self.0.concurrency.is_some()
+    /// `policy` (a `RateLimit-Policy` value of this plan) with the item of an identity's share
+    /// of the budget, `share` a window, appended: while it binds.
+    pub(super) fn with_share(&self, policy: &HeaderValue, share: u64) -> HeaderValue {
+        let Some(fair) = &self.0.fair else {
+            return policy.clone();
+        };
+        let item = headers::policy_header_value(&[PolicyItem {
+            name: &fair.share_name,
+            quota: share,
+            window_secs: fair.window_secs,
+        }]);
+        joined(policy, [item.to_str().unwrap_or_default()])
+    }
+
+    /// Whether the policy shares a budget fairly.
+    pub(super) fn has_fair_share(&self) -> bool {
+        self.0.fair.is_some()
     }
 
     /// `RateLimit-Policy` of a request whose quota tier allows `quota_limit` a day: the rules'
@@ -197,9 +260,10 @@ impl Inner {
             with_unit(&mut quota, unit);
         }
         let concurrency = self.concurrency.as_ref().map(|(_, item)| &**item);
+        let budget = self.fair.as_ref().map(|fair| &*fair.budget_item);
         joined(
             &self.rules_policy,
-            std::iter::once(&*quota).chain(concurrency),
+            std::iter::once(&*quota).chain(concurrency).chain(budget),
         )
     }
 }

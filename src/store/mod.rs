@@ -18,6 +18,7 @@ use crate::policy::quota::QuotaThreshold;
 use crate::policy::{Algorithm, Policy, Rule, StoredOverride, Whom};
 
 mod check_future;
+mod fair_request;
 pub(crate) mod gcra;
 mod memory;
 pub(crate) mod overrides;
@@ -27,6 +28,7 @@ pub(crate) mod redis;
 pub use self::check_future::CheckFuture;
 #[cfg(feature = "redis")]
 pub(crate) use self::check_future::{Answered, Deferred};
+pub use self::fair_request::FairRequest;
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[doc(hidden)]
 pub use self::overrides::{Listed, OverrideBook};
@@ -72,8 +74,10 @@ impl Abilities {
     pub const PAUSE: Abilities = Abilities(1 << 5);
     /// [`Store::release`].
     pub const RELEASE: Abilities = Abilities(1 << 6);
-    /// Every one: the crate's stores.
-    pub const ALL: Abilities = Abilities((1 << 7) - 1);
+    /// Fair shares of a budget ([`CheckRequest::fair`]).
+    pub const FAIR_SHARE: Abilities = Abilities(1 << 7);
+    /// Every one: the memory store's.
+    pub const ALL: Abilities = Abilities(u8::MAX);
 
     /// These and `other`'s (as `|`, in a `const`).
     pub const fn union(self, other: Abilities) -> Abilities {
@@ -150,6 +154,11 @@ pub struct CheckRequest<'a> {
     /// (all or nothing with the rules). Its state is reported after the quota's, and the lease's id
     /// is [`Decision::lease`]: give it to [`Store::release`] when the request is done.
     pub concurrency: Option<ConcurrencyLimit>,
+    /// A budget shared fairly by the identities of the policy
+    /// ([`PolicyBuilder::fair_share`](crate::PolicyBuilder::fair_share)), checked and recorded
+    /// with the rules; its states (the budget's, then the identity's share) are reported after
+    /// the concurrency limit's. A store without [`Abilities::FAIR_SHARE`] is never sent one.
+    pub fair: Option<FairRequest<'a>>,
     /// What the store does with the request: check it (and record it), peek, refund or give
     /// back.
     pub(crate) call: Call<'a>,
@@ -302,6 +311,7 @@ impl<'a> CheckRequest<'a> {
             block_for: None,
             quota: None,
             concurrency: None,
+            fair: None,
             call: Call::Check,
             claim: None,
             past_burst: false,
@@ -429,6 +439,13 @@ impl<'a> CheckRequest<'a> {
     /// Sets the penalty block.
     pub fn block_for(mut self, block_for: Option<Duration>) -> Self {
         self.block_for = block_for;
+        self
+    }
+
+    /// Sets the budget shared fairly.
+    #[must_use]
+    pub fn fair(mut self, fair: Option<FairRequest<'a>>) -> Self {
+        self.fair = fair;
         self
     }
 

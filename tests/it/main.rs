@@ -25,6 +25,7 @@ mod count_only;
 #[allow(clippy::duplicated_attributes)]
 #[cfg(feature = "macros")]
 mod derive;
+mod fair_share;
 mod give_back;
 mod grpc;
 mod keys;

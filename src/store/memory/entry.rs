@@ -108,6 +108,7 @@ impl Entry {
         now: u64,
         quota: Option<&mut (&mut QuotaCounter, QuotaRequest<'_>)>,
         lease_id: u64,
+        refused_outside: bool,
     ) -> Decision {
         self.last_seen_ms = now;
         if self.blocked_until_ms > now {
@@ -147,6 +148,11 @@ impl Entry {
         if slot_refused {
             allowed = false;
         }
+        // A budget shared fairly, kept apart (`fair.rs`), may refuse too: then nothing is
+        // recorded here, and no reservation waits for a share.
+        if refused_outside {
+            allowed = false;
+        }
         // A reservation: the request is recorded when it fits, and waits until then (never for a
         // slot, whose end isn't known).
         let delay = match wait {
@@ -156,6 +162,7 @@ impl Entry {
                     && !guard_refused
                     && !quota_refused
                     && !slot_refused
+                    && !refused_outside
                     && request.algorithm.can_reserve()
                     && u128::from(wait) <= request.max_delay.as_millis() =>
             {

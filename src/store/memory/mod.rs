@@ -36,6 +36,7 @@ mod claims;
 mod clock;
 mod counter;
 mod entry;
+mod fair;
 mod fixed_window;
 mod quota;
 mod sliding_counter;
@@ -68,6 +69,8 @@ struct Shared {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     /// Daily quota counters, by quota key; locked after a shard, never before.
     quotas: Mutex<QuotaTable>,
+    /// The budgets shared fairly (`fair.rs`).
+    budgets: Mutex<fair::Budgets>,
     /// Metered calls waiting for room ([`claims`]); locked before a shard, never after.
     claims: Mutex<claims::Claims>,
     hasher: RandomState,
@@ -168,6 +171,43 @@ impl MemoryStore {
     }
 
     fn check_now(&self, request: &CheckRequest<'_>) -> Decision {
+        let Some(fair) = request.fair else {
+            return self.check_entry(request, false);
+        };
+        // The budget shared fairly: locked before the identity's shard (always in that order),
+        // so the budget, the share and the identity's own limits are checked and recorded as
+        // one step.
+        let shared = &*self.0;
+        let mut budgets = lock(&shared.budgets);
+        let (budget, now) = budgets.budget(&fair, request.algorithm, shared.clock.now_unix_ms());
+        match request.call {
+            Call::Check | Call::Peek => {
+                let gate = budget.gate(request, &fair, now);
+                let mut decision = self.check_entry(request, gate.refuses());
+                budget.settle(request, gate, &mut decision);
+                decision
+            }
+            Call::Refund => {
+                let mut decision = self.check_entry(request, false);
+                budget.refund(request, &fair, &mut decision);
+                decision
+            }
+            Call::GiveBack(charged) => {
+                let mut decision = self.check_entry(request, false);
+                budget.give_back(request, &fair, charged, &mut decision);
+                decision
+            }
+            Call::Overdraw => {
+                let mut decision = self.check_entry(request, false);
+                budget.overdraw(request, &fair, &mut decision);
+                decision
+            }
+        }
+    }
+
+    /// [`MemoryStore::check_now`] of the identity's own limits (`refused_outside`: a budget
+    /// shared fairly refuses it).
+    fn check_entry(&self, request: &CheckRequest<'_>, refused_outside: bool) -> Decision {
         let shared = &*self.0;
         let now = shared.clock.now_unix_ms();
         let (hash, mut shard) = self.shard_of(request.key);
@@ -207,11 +247,12 @@ impl MemoryStore {
                 Call::Refund => entry.refund(request, now, quota.as_mut()),
                 Call::Overdraw => fired = entry.overdraw(request, now, quota.as_mut()),
                 Call::Check | Call::Peek => {
-                    return entry.check(request, now, quota.as_mut(), lease_id);
+                    return entry.check(request, now, quota.as_mut(), lease_id, refused_outside);
                 }
             }
             // Units given back or charged, the answer is a peek's of one unit.
-            let mut decision = entry.check(&request.one_unit(), now, quota.as_mut(), lease_id);
+            let mut decision =
+                entry.check(&request.one_unit(), now, quota.as_mut(), lease_id, false);
             decision.quota_alerts = fired;
             return decision;
         }
@@ -225,10 +266,16 @@ impl MemoryStore {
                 }
             }
             let request = request.one_unit();
-            return Entry::new(&request, hash).check(&request, now, quota.as_mut(), lease_id);
+            return Entry::new(&request, hash).check(
+                &request,
+                now,
+                quota.as_mut(),
+                lease_id,
+                false,
+            );
         }
         let mut entry = Entry::new(request, hash);
-        let decision = entry.check(request, now, quota.as_mut(), lease_id);
+        let decision = entry.check(request, now, quota.as_mut(), lease_id, refused_outside);
         // A refused request leaves nothing behind, except the penalty block it started; nor does a
         // free one (cost 0, no duplicate guard, which counts requests): an operator's inspection.
         let recorded = request.cost > 0
@@ -434,6 +481,7 @@ impl MemoryStoreBuilder {
         MemoryStore(Arc::new(Shared {
             shards: (0..shards).map(|_| CachePadded::default()).collect(),
             quotas: Mutex::default(),
+            budgets: Mutex::default(),
             claims: Mutex::default(),
             hasher: RandomState::default(),
             clock: self

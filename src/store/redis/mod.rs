@@ -223,7 +223,10 @@ impl Store for RedisStore {
     }
 
     fn abilities(&self) -> crate::store::Abilities {
-        crate::store::Abilities::ALL
+        // (Fair shares are the memory store's alone for now: issue 62.)
+        crate::store::Abilities(
+            crate::store::Abilities::ALL.0 & !crate::store::Abilities::FAIR_SHARE.0,
+        )
     }
 
     fn name(&self) -> &'static str {
