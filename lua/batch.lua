@@ -30,8 +30,9 @@
 --                threshold its percent and the count that reaches it; then per counted rule its
 --                limit, period (ms) and, for a token bucket, its burst. A lease's release has the
 --                shape `rl|1`: its one key is the leases. A check's or a peek's shape may end
---                `~<suffix>[n|a]~<gate>[~<value>]`: its identity's run-time override applies
---                (lua/overrides.lua), or else <value>, an override the client carries.
+--                `~<suffix>[n|a][c<length>]~<gate>[<value>]`: its identity's run-time override
+--                applies (lua/overrides.lua), or else <value>, the last <length> bytes, an
+--                override the client carries.
 -- then per request, in order: the number of its shape (1-based); a give-back's is followed by
 --                `@` and its receipt, what its admission's check answered: `<time it was checked
 --                (ms)>,<its delay (ms)>` and, for a token bucket, `,<the bucket's full time after
@@ -65,16 +66,22 @@ local OPTIONS = {'max_delay', 'guard_window', 'block', 'quota_limit', 'quota_day
 
 -- A shape, parsed from its piece once (remembered, see lua/common.lua): everything lua/entry.lua
 -- reads of it, worked out here rather than per check. A release's shape is `rl|1`: its one key,
--- the leases. A check's or a peek's may end `~<suffix>[n|a]~<gate>[~<value>]`: its identity's
--- run-time override applies (lua/overrides.lua), its key found by the first key's last <suffix>
--- characters; <gate>, when not empty, is the policy's index of them (its networks' hash); `n`
--- says the identity is a client address, which addresses and networks set at run time may hold,
--- `a` the same for addresses only; <value>, an override's value, applies when the identity has
--- none (the client found it: a network holding the client's address, under a policy keyed by
--- something else, or on a Cluster).
+-- the leases. A check's or a peek's may end `~<suffix>[n|a][c<length>]~<gate>[<value>]`: its
+-- identity's run-time override applies (lua/overrides.lua), its key found by the first key's
+-- last <suffix> characters; <gate>, when not empty, is the policy's index of them (its networks'
+-- hash; a policy's name or prefix may hold `~`, so nothing after it is found by a separator);
+-- `n` says the identity is a client address, which addresses and networks set at run time may
+-- hold, `a` the same for addresses only; <value>, the last <length> bytes, an override's value,
+-- applies when the identity has none (the client found it: a network holding the client's
+-- address, under a policy keyed by something else, or on a Cluster).
 shape_of = remembered(function(whole)
-  local piece, suffix, by_network, gate, carried =
-    string.match(whole, '^([^~]*)~(%d+)([na]?)~([^~]*)~?(.*)$')
+  local piece, suffix, by_network, carried_length, gate =
+    string.match(whole, '^([^~]*)~(%d+)([na]?)c?(%d*)~(.*)$')
+  local carried = ''
+  if carried_length and carried_length ~= '' then
+    local cut = #gate - tonumber(carried_length)
+    gate, carried = string.sub(gate, 1, cut), string.sub(gate, cut + 1)
+  end
   piece = piece or whole
   local pieces = {}
   for text in string.gmatch(piece .. '|', '([^|]*)|') do

@@ -187,6 +187,9 @@ local function networks_of(gate, all)
   return list
 end
 
+-- What a gate holds for a shape that matches no network.
+local NO_NETWORKS = {}
+
 -- The networks set for `shape`'s policy this batch (read once per shape and batch), or nil when
 -- none of its overrides is set.
 local function gate_of(shape)
@@ -194,9 +197,11 @@ local function gate_of(shape)
     local gate = shape.override_gate
     shape.gate_serial = serial
     shape.gate_networks = nil
-    -- (EXISTS first: while none is set, the common case, that is all it costs.)
+    -- (EXISTS first: while none is set, the common case, that is all it costs; a shape whose
+    -- identity is no client address reads no network.)
     if call('EXISTS', gate) == 1 then
-      shape.gate_networks = networks_of(gate, call('HGETALL', gate))
+      shape.gate_networks = shape.by_network and networks_of(gate, call('HGETALL', gate))
+        or NO_NETWORKS
     end
     if shape.gate_networks == nil then
       shape.shut_in = serial

@@ -21,7 +21,8 @@ impl RateLimiter {
     /// period the policy lacks starts afresh. It wins over the policy's own override of the same
     /// target, and an identity's over a network's. A refusal another instance cached stands at
     /// most one second more. (On Redis, an address or a network under a policy not keyed by
-    /// client address, or on a Cluster, reaches other instances within a notice's round trip.)
+    /// client address, or on a Cluster, reaches other instances within a notice's round trip,
+    /// or within 10 seconds on a store that hears no notices: see the guide.)
     /// See the guide's
     /// [run-time overrides](crate::guide::policies#changing-one-identitys-limits-at-run-time).
     ///

@@ -97,7 +97,7 @@ pub(crate) struct Limiter {
     mirror: Option<Arc<OverrideBook>>,
     /// The limiter of each override a check carries (a network's, found in `mirror`), made at
     /// its first request (forgotten, as `overriding` is, when the settings change).
-    carrying: Arc<Mutex<HashMap<StoredAction, Arc<Limiter>>>>,
+    carrying: Arc<Mutex<CarryingLimiters>>,
     /// How its checks read their identity's run-time override in the store's own call (the
     /// Redis store's; [`Store::override_lookup`]); none under a run-time override's own rules.
     override_lookup: Option<Box<str>>,
@@ -118,6 +118,9 @@ pub(crate) struct Limiter {
     /// calls waiting for room listen: [`outgoing`]).
     settling: Option<Arc<Settling>>,
 }
+
+/// The limiters of the overrides checks carry, by what they do and where they count.
+type CarryingLimiters = HashMap<(StoredAction, Option<Box<[u64]>>), Arc<Limiter>>;
 
 /// The limiters of the rule sets run-time overrides count by, by rules, then by the limits their
 /// counters are kept under (when a store fixed them).
@@ -308,7 +311,11 @@ impl Limiter {
         };
         let prefetched = prefetch::Prefetched::of(&policy);
         let book = store.override_book(policy.key_base());
-        let mirror = store.override_mirror(&policy);
+        // (A copy costs a read and a subscription: only where overrides may be set.)
+        let mirror = policy
+            .takes_run_time_overrides()
+            .then(|| store.override_mirror(&policy))
+            .flatten();
         let override_lookup = store.override_lookup(&policy, true);
         Limiter {
             answers: AnswerPlan::new(&policy),
@@ -441,7 +448,8 @@ impl Limiter {
         /// At most this many are kept: more are made again.
         const KEPT: usize = 1024;
         let mut made = self.carrying.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(limiter) = made.get(over.action()) {
+        let made_of = (over.action().clone(), over.counted_as().map(Into::into));
+        if let Some(limiter) = made.get(&made_of) {
             return Some(limiter.clone());
         }
         let lookup = self.store.override_lookup_carrying(&self.policy, over)?;
@@ -452,7 +460,7 @@ impl Limiter {
         if made.len() >= KEPT {
             made.clear();
         }
-        made.insert(over.action().clone(), limiter.clone());
+        made.insert(made_of, limiter.clone());
         Some(limiter)
     }
 

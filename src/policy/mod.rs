@@ -446,6 +446,12 @@ impl Policy {
         base.clone().run_time(rules, &self.0.rules, counted)
     }
 
+    /// Whether overrides may be set for it at run time: not for an outbound layer's policy,
+    /// nor for an override's own.
+    pub(crate) fn takes_run_time_overrides(&self) -> bool {
+        self.0.run_time_base.is_some()
+    }
+
     /// The limits the counters of the rules are kept under (see [`Policy::run_time_policy`]),
     /// when they differ from the rules' own.
     pub(crate) fn counted_as(&self) -> Option<&[u64]> {

@@ -22,6 +22,9 @@ pub(crate) type Now = Arc<dyn Fn() -> u64 + Send + Sync>;
 pub struct OverrideBook {
     /// How many are set (expired ones included until they are swept): 0 skips every lookup.
     set: AtomicUsize,
+    /// How many times one was set or removed here: a copy read before a change made here is
+    /// not put in its place ([`OverrideBook::replace`]).
+    changes: AtomicUsize,
     now: Now,
     table: RwLock<Table>,
 }
@@ -64,6 +67,7 @@ impl OverrideBook {
     pub(crate) fn new(now: Now) -> Self {
         OverrideBook {
             set: AtomicUsize::new(0),
+            changes: AtomicUsize::new(0),
             now,
             table: RwLock::default(),
         }
@@ -146,6 +150,7 @@ impl OverrideBook {
             }
         }
         self.set.store(table.len(), Ordering::Relaxed);
+        self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Removes the override of `whom`; whether one was set.
@@ -161,16 +166,28 @@ impl OverrideBook {
             }
         };
         self.set.store(table.len(), Ordering::Relaxed);
+        self.changes.fetch_add(1, Ordering::Relaxed);
         removed
     }
 
-    /// Holds `listed` (as a store listed them, each with the time it had left) in place of
-    /// every override it held: a copy of what a store keeps elsewhere.
+    /// How many changes were made here so far: what [`OverrideBook::replace`] is given.
     #[cfg_attr(
         not(feature = "redis"),
         allow(dead_code, reason = "only the Redis store keeps copies")
     )]
-    pub(crate) fn replace(&self, listed: Vec<Listed>) {
+    pub(crate) fn changes(&self) -> usize {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    /// Holds `listed` (as a store listed them, each with the time it had left) in place of
+    /// every override it held: a copy of what a store keeps elsewhere, read when this book had
+    /// seen `changes` ([`OverrideBook::changes`]). `false`, holding nothing new, when a change
+    /// was made here since: the read may have missed it, and must be made again.
+    #[cfg_attr(
+        not(feature = "redis"),
+        allow(dead_code, reason = "only the Redis store keeps copies")
+    )]
+    pub(crate) fn replace(&self, listed: Vec<Listed>, changes: usize) -> bool {
         let now = (self.now)();
         let mut table = Table::default();
         for listed in listed {
@@ -192,8 +209,13 @@ impl OverrideBook {
         }
         table.sweep_at = (2 * table.len()).max(1024);
         let mut held = self.write();
+        // (Changes are counted under the lock: one made here after the read is seen.)
+        if self.changes.load(Ordering::Relaxed) != changes {
+            return false;
+        }
         *held = table;
         self.set.store(held.len(), Ordering::Relaxed);
+        true
     }
 
     /// Every override that lasts, with the time it has left.

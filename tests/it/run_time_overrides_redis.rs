@@ -143,6 +143,23 @@ async fn an_instance_made_after_the_override_applies_it_and_unlimited_counts_not
     assert_eq!(admitted(&one, "carol").await, 5);
 }
 
+/// A policy named `name` keyed by `key`, `per_minute` a minute.
+fn policy_of(prefix: &str, name: &str, key: Key, per_minute: u64) -> Policy {
+    Policy::builder(name)
+        .prefix(prefix)
+        .key(key)
+        .rule(Rule::per_minute(per_minute))
+        .build()
+        .unwrap()
+}
+
+/// `GET /` behind `layer`.
+fn app_of(layer: RateLimitLayer) -> axum::Router {
+    axum::Router::new()
+        .route("/", axum::routing::get(|| async { "hello" }))
+        .layer(layer)
+}
+
 /// An instance: a policy named `name` keyed by `key`, 2 a minute, behind a layer over its own
 /// store.
 fn instance(
@@ -151,17 +168,8 @@ fn instance(
     name: &str,
     key: Key,
 ) -> (RateLimitLayer, axum::Router) {
-    let policy = Policy::builder(name)
-        .prefix(prefix)
-        .key(key)
-        .rule(Rule::per_minute(2))
-        .build()
-        .unwrap();
-    let layer = RateLimitLayer::new(policy, store(redis));
-    let app = axum::Router::new()
-        .route("/", axum::routing::get(|| async { "hello" }))
-        .layer(layer.clone());
-    (layer, app)
+    let layer = RateLimitLayer::new(policy_of(prefix, name, key, 2), store(redis));
+    (layer.clone(), app_of(layer))
 }
 
 /// A policy keyed by client address, 2 a minute, behind a layer over its own store.
@@ -469,4 +477,100 @@ async fn an_operators_refund_and_reset_reach_the_counter_of_a_run_time_overrides
     assert_eq!(admitted(&limiter, "alice").await, 1);
     limiter.reset("alice").await.unwrap();
     assert_eq!(admitted(&limiter, "alice").await, 2);
+}
+
+#[tokio::test]
+async fn a_policy_named_with_a_tilde_applies_identities_and_networks_alike() {
+    let redis = TestRedis::shared();
+    let prefix = format!("{}~t", unique_prefix("rttilde"));
+    let (one, app) = instance(&redis, &prefix, "api~v2", Key::user());
+    eventually(&app, "10.1.1.1:1", (StatusCode::OK, 2)).await;
+    one.set_override(Override::identity("erin").rules([Rule::per_minute(7)]))
+        .await
+        .unwrap();
+    one.set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).rules([Rule::per_minute(3)]))
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    while admitted < 20 && sent_as(&app, "erin", "192.0.2.1:1").await.status() == StatusCode::OK {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 7);
+    let mut admitted = 0;
+    while admitted < 20 && sent_as(&app, "frank", "10.2.2.2:1").await.status() == StatusCode::OK {
+        admitted += 1;
+    }
+    assert_eq!(admitted, 3);
+}
+
+#[tokio::test]
+async fn a_network_counts_where_it_was_set_on_an_instance_of_another_policy_version() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnetversion");
+    // The old version: 2 a minute; the new one, rolling out beside it: 4.
+    let (old, old_app) = instance(&redis, &prefix, "byuser", Key::user());
+    let new_policy = policy_of(&prefix, "byuser", Key::user(), 4);
+    let new_app = app_of(RateLimitLayer::new(new_policy, store(&redis)));
+    eventually(&new_app, "10.1.1.1:1", (StatusCode::OK, 4)).await;
+    old.set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).rules([Rule::per_minute(5)]))
+        .await
+        .unwrap();
+    eventually(&new_app, "10.1.1.1:1", (StatusCode::OK, 5)).await;
+    for _ in 0..5 {
+        assert_eq!(
+            sent_as(&old_app, "gina", "10.3.3.3:1").await.status(),
+            StatusCode::OK
+        );
+    }
+    // The new version counts the network where it was set to count: gina has used her 5.
+    assert_eq!(
+        sent_as(&new_app, "gina", "10.3.3.3:1").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_read_before_a_change_made_here_never_undoes_it() {
+    let redis = TestRedis::shared();
+    for round in 0..20 {
+        let prefix = unique_prefix(&format!("rtnetrace{round}"));
+        // A store over a pool of yours hears no notice: only its own reads refresh its copy.
+        let pool = deadpool_redis::Config::from_url(redis.url.clone())
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap();
+        let policy = policy_of(&prefix, "byuser", Key::user(), 2);
+        // The copy's first read starts as the layer is made, racing the change.
+        let layer = RateLimitLayer::new(policy, tower_redis_ratelimit::RedisStore::new(pool));
+        let app = app_of(layer.clone());
+        layer
+            .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(
+            sent_as(&app, "hana", "10.4.4.4:1").await.status(),
+            StatusCode::FORBIDDEN,
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn a_limiter_made_outside_a_runtime_leaves_later_ones_their_copy() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("rtnetnort");
+    let shared = store(&redis);
+    let policy = policy_of(&prefix, "byuser", Key::user(), 2);
+    // Outside any runtime: its copy is never read.
+    let _outside = RateLimitLayer::new(policy.clone(), shared.clone());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let setter = RateLimitLayer::new(policy.clone(), store(&redis));
+        setter
+            .set_override(Override::cidr("10.0.0.0/8".parse().unwrap()).deny())
+            .await
+            .unwrap();
+        let app = app_of(RateLimitLayer::new(policy, shared));
+        eventually(&app, "10.5.5.5:1", (StatusCode::FORBIDDEN, 0)).await;
+    });
 }

@@ -270,6 +270,8 @@ impl Store for RedisStore {
             Whom::Identity(_) => None,
             Whom::Address(_) | Whom::Network(_) => self.mirror_held(policy.key_base()),
         };
+        // (Counting where the store's value says: the policy's counters now.)
+        let over = over.pinned_to(policy);
         Box::pin(async move {
             calls.await?;
             if let Some(mirror) = mirror {

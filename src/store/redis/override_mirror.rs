@@ -64,9 +64,8 @@ impl RedisStore {
             return book;
         }
         let book = Arc::new(OverrideBook::new(Arc::new(now_ms)));
-        mirrors.insert(key_base.to_owned(), Arc::downgrade(&book));
-        drop(mirrors);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // (Not kept: a limiter made inside a runtime later gets a copy that is read.)
             tracing::warn!(
                 key_base,
                 "a rate limiter made outside a Tokio runtime can't read the networks set at run \
@@ -74,6 +73,8 @@ impl RedisStore {
             );
             return book;
         };
+        mirrors.insert(key_base.to_owned(), Arc::downgrade(&book));
+        drop(mirrors);
         let [notice, ..] = index_keys(key_base);
         let listener = Arc::new(Listener {
             notice,
@@ -111,10 +112,11 @@ async fn keep(
     book: Weak<OverrideBook>,
     listener: Arc<Listener>,
 ) {
+    let mut failing = false;
     loop {
-        if book.strong_count() == 0 {
+        let Some(changes) = book.upgrade().map(|book| book.changes()) else {
             return;
-        }
+        };
         let read = store
             .run_script(networks_call(&key_base), &OVERRIDE_BOOK)
             .await;
@@ -123,13 +125,22 @@ async fn keep(
                 let Some(book) = book.upgrade() else {
                     return;
                 };
-                book.replace(listed);
+                failing = false;
+                // A change made here meanwhile: the read may have missed it, read again.
+                if !book.replace(listed, changes) {
+                    continue;
+                }
             }
-            Err(error) => tracing::warn!(
-                key_base,
-                %error,
-                "can't read the networks set at run time: the copy held stays as it is"
-            ),
+            // (Said once per outage, not every REREAD_EVERY.)
+            Err(error) if !failing => {
+                failing = true;
+                tracing::warn!(
+                    key_base,
+                    %error,
+                    "can't read the networks set at run time: the copy held stays as it is"
+                );
+            }
+            Err(_) => {}
         }
         // (A notice heard while reading wakes the next wait at once: `notify_one` keeps it.)
         let _ = tokio::time::timeout(REREAD_EVERY, listener.wake.notified()).await;

@@ -90,7 +90,7 @@ pub(super) fn networks_in_call(policy: &Policy, cluster: bool) -> bool {
 
 /// The ending of the shape of a check of `policy` whose client's address or network has `over`
 /// set, found in the instance's copy: the identity's own override, or else `over`'s, which it
-/// carries (`~<suffix>~<gate>~<value>`).
+/// carries (`~<suffix>c<length>~<gate><value>`, the value last: a gate may hold `~`).
 pub(super) fn carrying_lookup_of(
     policy: &Policy,
     over: &StoredOverride,
@@ -98,7 +98,10 @@ pub(super) fn carrying_lookup_of(
 ) -> Option<Box<str>> {
     let lookup = lookup_of(policy, false, cluster)?;
     let value = value_of(policy, over).ok()?;
-    Some(format!("{lookup}~{value}").into())
+    // (`~<suffix>` holds no other `~`.)
+    let gate_at = 1 + lookup[1..].find('~')?;
+    let (head, gate) = lookup.split_at(gate_at);
+    Some(format!("{head}c{}{gate}{value}", value.len()).into())
 }
 
 /// What the override key of `over` holds (see `lua/overrides.lua`): the script's line, then
@@ -108,8 +111,9 @@ fn value_of(policy: &Policy, over: &StoredOverride) -> Result<String, StoreError
         StoredAction::Deny => "d".to_owned(),
         StoredAction::Unlimited => "u".to_owned(),
         StoredAction::Rules(rules) => {
+            // (Counted where the store fixed it when it was set, if it did: see `listed_of`.)
             let own = policy
-                .run_time_policy(rules, None)
+                .run_time_policy(rules, over.counted_as())
                 .map_err(|error| StoreError::Config(error.to_string()))?;
             if policy
                 .rules()
@@ -277,6 +281,11 @@ pub(super) fn listed_of(reply: Value) -> Result<Vec<Listed>, StoreError> {
         else {
             continue;
         };
+        // The counters its value names, fixed when it was set: an instance's copy carries the
+        // override as it was set, whatever its own policy's rules are now.
+        let counted_as = crate::decision::AppliedOverride(value.into())
+            .counted_as()
+            .map(Into::into);
         let whom = match network {
             Some(network) if network.prefix_len() == network.max_prefix_len() => {
                 Whom::Address(network.addr())
@@ -288,7 +297,7 @@ pub(super) fn listed_of(reply: Value) -> Result<Vec<Listed>, StoreError> {
             over: std::sync::Arc::new(StoredOverride {
                 whom,
                 action,
-                counted_as: None,
+                counted_as,
             }),
             left: u64::try_from(left).ok().map(Duration::from_millis),
         };

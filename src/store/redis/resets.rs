@@ -172,7 +172,8 @@ pub(super) async fn serve(store: Weak<Shared>) {
                     %error,
                     channel = RESETS_CHANNEL,
                     "the rate-limit store can't subscribe to its reset notices (an ACL without \
-                     this channel?): prefetching policies take no units ahead until it can; \
+                     this channel?): prefetching policies take no units ahead until it can, and \
+                     networks set at run time reach this instance's copy every 10 seconds; \
                      retrying every second"
                 );
             }
