@@ -65,6 +65,7 @@ impl Limiter {
             Err(error) => return self.store_failed(&error, ask),
         };
         self.alert_quota(&decision, ask.quota.as_ref());
+        self.watch_saturation(&decision);
         if decision.allowed {
             return self.admitted(decision, ask, charged, waited);
         }
@@ -259,7 +260,7 @@ impl Limiter {
     fn shadow_pass(&self, decision: Decision, ask: &Ask) -> Verdict {
         self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
         let outcome = self.outcome(&ask.span, Outcome::ShadowRefused);
-        self.count_refusal(outcome, &ask.key, decision.violated());
+        self.count_refusal(outcome, &ask.key, self.refused_states(&decision));
         let headers = self.limit_headers(&decision);
         let rejected =
             TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
@@ -296,7 +297,7 @@ impl Limiter {
             self.refusals.remember(ask.asking(), &decision, max_delay);
         }
         let outcome = self.outcome(&ask.span, Outcome::Refused);
-        let now = self.count_refusal(outcome, &ask.key, decision.violated());
+        let now = self.count_refusal(outcome, &ask.key, self.refused_states(&decision));
         if self.refusals.may_log(now) {
             let rejected =
                 TooManyRequests::new(self.policy.clone(), decision.clone(), self.answers.clone());
@@ -352,14 +353,41 @@ impl Limiter {
         &self,
         outcome: Outcome,
         key: &StorageKey,
-        rules: impl Iterator<Item = usize>,
+        refused: impl Iterator<Item = StateOf>,
     ) -> tokio::time::Instant {
         let metrics = self.metrics();
         metrics.request(outcome);
-        metrics.rule_refusals(rules);
+        metrics.rule_refusals(refused);
         let now = tokio::time::Instant::now();
         self.top_refused.record(key.kind(), key.identity(), now);
         now
+    }
+
+    /// Under a budget shared fairly: notes whether `decision` saw it saturated (its share, the
+    /// last state, less than the budget), counting each window once the next one comes.
+    fn watch_saturation(&self, decision: &Decision) {
+        let Some(fairness) = self.policy.fair_share() else {
+            return;
+        };
+        let [.., budget, share] = &decision.rules[..] else {
+            return;
+        };
+        let period = fairness.fair.budget().period_ms().max(1);
+        let window = decision.now_unix_ms / period;
+        if let Some(saturated) = self.saturation.saw(window, share.limit < budget.limit) {
+            self.metrics().fair_window(saturated);
+        }
+    }
+
+    /// What each state of `decision` that refused it describes.
+    pub(super) fn refused_states<'a>(
+        &'a self,
+        decision: &'a Decision,
+    ) -> impl Iterator<Item = StateOf> + 'a {
+        let states = decision.rules.len();
+        decision
+            .violated()
+            .map(move |index| self.policy.state_of(index, states))
     }
 
     /// Logs a refusal at `info`, with the count of refusals not logged since the last line.

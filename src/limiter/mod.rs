@@ -78,6 +78,9 @@ pub(crate) struct Limiter {
     /// The store-failure log and its budget per kind (shared with the override limiters: they
     /// are the same policy).
     store_errors: Arc<StoreErrorLog>,
+    /// Under a budget shared fairly: the window the latest decision saw, for the saturation
+    /// metric.
+    saturation: Arc<telemetry::SaturationWatch>,
     /// Metric handles, registered at the first request (see [`crate::limiter::telemetry`]).
     /// Padded: every request reads it, and a line shared with a neighbour written by another
     /// core would miss on each read.
@@ -337,6 +340,7 @@ impl Limiter {
                 DEFAULT_TOP_REFUSED_GENERATION,
             )),
             store_errors: Arc::default(),
+            saturation: Arc::default(),
             metrics: Arc::default(),
             slot_queues: Arc::default(),
             overriding: OnceLock::new(),
@@ -368,6 +372,7 @@ impl Limiter {
             refusals: Arc::new(Refusals::new(self.refusals.capacity())),
             top_refused: self.top_refused.clone(),
             store_errors: self.store_errors.clone(),
+            saturation: self.saturation.clone(),
             metrics: Arc::default(),
             slot_queues: self.slot_queues.clone(),
             overriding: OnceLock::new(),

@@ -12,7 +12,7 @@ use http::StatusCode;
 use crate::limiter::refusals::Asking;
 use crate::limiter::telemetry::Outcome;
 use crate::policy::quota::QuotaLookup;
-use crate::policy::{Applied, KeyLookup, Mode, StorageKey, StoredAction, StoredOverride};
+use crate::policy::{Applied, KeyLookup, Mode, StateOf, StorageKey, StoredAction, StoredOverride};
 use crate::response::Protocol;
 
 /// The override a request falls under: one of the policy's (its index, what it does), one set
@@ -338,7 +338,13 @@ impl Limiter {
             } else {
                 Outcome::TooCostly
             };
-            self.count_refusal(outcome, &key, std::iter::once(index));
+            // (`index` past the rules is the quota's.)
+            let state = if index < policy.rules().len() {
+                StateOf::Rule(index)
+            } else {
+                StateOf::Quota
+            };
+            self.count_refusal(outcome, &key, std::iter::once(state));
             if policy.mode() == Mode::Shadow {
                 // Shadow mode refuses nothing, not even this; the store has nothing to say about it.
                 self.shadow_refusals.fetch_add(1, Ordering::Relaxed);
@@ -431,7 +437,7 @@ impl Limiter {
         }
         let decision = self.refusals.answer(asking)?;
         self.refusals.count_unlogged();
-        self.count_refusal(Outcome::CachedRefusal, key, decision.violated());
+        self.count_refusal(Outcome::CachedRefusal, key, self.refused_states(&decision));
         Some(Refusal::Limited(decision))
     }
 

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use crate::decision::Decision;
-use crate::policy::Policy;
+use crate::policy::{Policy, StateOf};
 use crate::store::StoreError;
 
 /// What became of a request (`ratelimit_requests_total`'s `outcome` label).
@@ -78,6 +78,38 @@ impl Outcome {
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 const STORE_OUTCOMES: [&str; 3] = ["ok", "error", "timeout"];
 
+/// The latest window of a budget shared fairly that a decision saw, and whether one saw it
+/// saturated: counted (`ratelimit_fair_windows_total`) when a later window's first decision
+/// comes.
+#[derive(Debug, Default)]
+pub(crate) struct SaturationWatch {
+    window: std::sync::atomic::AtomicU64,
+    saturated: std::sync::atomic::AtomicBool,
+}
+
+impl SaturationWatch {
+    /// Notes a decision in `window` that saw the budget `saturated`; the window before's
+    /// saturation when this is the first decision seen of a later window (none before the
+    /// first).
+    pub(crate) fn saw(&self, window: u64, saturated: bool) -> Option<bool> {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+        let last = self.window.load(Acquire);
+        if window > last
+            && self
+                .window
+                .compare_exchange(last, window, AcqRel, Acquire)
+                .is_ok()
+        {
+            let before = self.saturated.swap(saturated, AcqRel);
+            return (last != 0).then_some(before);
+        }
+        if saturated && window == self.window.load(Acquire) {
+            self.saturated.store(true, Release);
+        }
+        None
+    }
+}
+
 /// How a store call ended, as an index into [`STORE_OUTCOMES`].
 #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 fn store_outcome(result: Result<(), &StoreError>) -> usize {
@@ -118,8 +150,14 @@ mod handles {
     #[derive(Clone)]
     pub(crate) struct PolicyMetrics {
         requests: [Counter; Outcome::ALL.len()],
-        /// Per rule in policy order, then the daily quota's, if any.
+        /// Per rule in policy order, then the daily quota's, the budget's and the share's, as
+        /// the policy has them.
         rule_refusals: Vec<Counter>,
+        /// How many rules the policy has, and whether a quota: where the others' counters are.
+        rules: usize,
+        has_quota: bool,
+        /// Under a budget shared fairly: the windows a request saw, not saturated and saturated.
+        fair_windows: Option<[Counter; 2]>,
         near_limit: Vec<Counter>,
         delay: Histogram,
         store_durations: [Histogram; 3],
@@ -144,6 +182,12 @@ mod handles {
                 .iter()
                 .map(|rule| rule.to_string())
                 .chain(policy.quota().map(|quota| quota.name().to_owned()))
+                .chain(policy.fair_share().into_iter().flat_map(|fairness| {
+                    [
+                        fairness.budget_name.to_string(),
+                        fairness.share_name.to_string(),
+                    ]
+                }))
                 .collect();
             let per_rule = |metric: &'static str| -> Vec<Counter> {
                 rules
@@ -154,6 +198,17 @@ mod handles {
             PolicyMetrics {
                 requests,
                 rule_refusals: per_rule("ratelimit_rule_refusals_total"),
+                rules: policy.rules().len(),
+                has_quota: policy.quota().is_some(),
+                fair_windows: policy.fair_share().map(|_| {
+                    ["false", "true"].map(|saturated| {
+                        counter!(
+                            "ratelimit_fair_windows_total",
+                            "policy" => name.clone(),
+                            "saturated" => saturated
+                        )
+                    })
+                }),
                 overrides_applied: counter!("ratelimit_overrides_applied_total", "policy" => name.clone()),
                 near_limit: per_rule("ratelimit_near_limit_total"),
                 delay: histogram!("ratelimit_delay_seconds", "policy" => name.clone()),
@@ -208,13 +263,29 @@ mod handles {
             self.overrides_applied.increment(1);
         }
 
-        /// Counts a refusal against each rule that refused (a rule index past the rules is the
-        /// quota's).
-        pub(crate) fn rule_refusals(&self, rules: impl Iterator<Item = usize>) {
-            for rule in rules {
-                if let Some(counter) = self.rule_refusals.get(rule) {
+        /// Counts a refusal against each state that refused: a rule, the quota, the budget
+        /// shared fairly or the identity's share of it (not the concurrency limit).
+        pub(crate) fn rule_refusals(&self, refused: impl Iterator<Item = StateOf>) {
+            let quota = usize::from(self.has_quota);
+            for state in refused {
+                let at = match state {
+                    StateOf::Rule(rule) => rule,
+                    StateOf::Quota => self.rules,
+                    StateOf::Budget => self.rules + quota,
+                    StateOf::Share => self.rules + quota + 1,
+                    StateOf::Concurrency => continue,
+                };
+                if let Some(counter) = self.rule_refusals.get(at) {
                     counter.increment(1);
                 }
+            }
+        }
+
+        /// Counts a window of the budget shared fairly that requests saw, once it has ended,
+        /// and whether one saw it saturated.
+        pub(crate) fn fair_window(&self, saturated: bool) {
+            if let Some(counters) = &self.fair_windows {
+                counters[usize::from(saturated)].increment(1);
             }
         }
 
@@ -284,7 +355,8 @@ mod handles {
         }
         pub(crate) fn request(&self, _outcome: Outcome) {}
         pub(crate) fn override_applied(&self) {}
-        pub(crate) fn rule_refusals(&self, _rules: impl Iterator<Item = usize>) {}
+        pub(crate) fn rule_refusals(&self, _refused: impl Iterator<Item = StateOf>) {}
+        pub(crate) fn fair_window(&self, _saturated: bool) {}
         pub(crate) fn admitted(&self, _decision: &Decision) {}
         pub(crate) fn delay(&self, _delay: Duration) {}
         pub(crate) fn store_call(&self, _took: Duration, _result: Result<(), &StoreError>) {}

@@ -266,3 +266,53 @@ fn a_store_without_fair_shares_refuses_the_policy() {
         "{refused:?}"
     );
 }
+
+#[tokio::test]
+async fn refusals_for_fairness_are_counted_apart_from_the_budgets_and_saturated_windows_too() {
+    use common::prometheus::{prometheus, value};
+    prometheus();
+    let policy = Policy::builder("fair-metrics")
+        .key(Key::header("x-tenant"))
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_second(10_000))
+        .fair_share(FairShare::new(Rule::per_second(300).named("budget")))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(policy, MemoryStore::new()));
+    let refusals = |rule: &str| {
+        value(
+            "ratelimit_rule_refusals_total",
+            &[("policy", "fair-metrics"), ("rule", rule)],
+        )
+    };
+    next_second().await;
+    // 400 asked in one window: 300 admitted, 150 each; the rest refused by the budget, and by
+    // the shares once it saturated.
+    for n in 0..400 {
+        send(&app, request(if n % 2 == 0 { "a" } else { "b" }, 1)).await;
+    }
+    assert_eq!(
+        (refusals("budget"), refusals("budget-share")),
+        (100.0, 100.0)
+    );
+    // The next window: a has its 150, then its share alone refuses it.
+    next_second().await;
+    for _ in 0..151 {
+        send(&app, request("a", 1)).await;
+    }
+    assert_eq!(
+        (refusals("budget"), refusals("budget-share")),
+        (100.0, 101.0)
+    );
+    next_second().await;
+    send(&app, request("a", 1)).await;
+    let windows = |saturated: &str| {
+        value(
+            "ratelimit_fair_windows_total",
+            &[("policy", "fair-metrics"), ("saturated", saturated)],
+        )
+    };
+    assert_eq!((windows("true"), windows("false")), (2.0, 0.0));
+}
