@@ -39,5 +39,10 @@
 //!
 //! How far a tenant can pass its share within a window: by what it was admitted before the
 //! window saturated (the requests admitted, or in flight, at that moment), never by more.
+//!
+//! In delay mode ([`Mode::Delay`](crate::Mode::Delay)) a request may wait for room in the
+//! policy's own rules, never for a share: a refusal for fairness (or by the budget) is answered
+//! at once. The outbound layer counts its calls by the policy's rules alone, without its fair
+//! share, for now.
 
 pub use crate::policy::fair_share::FairShare;

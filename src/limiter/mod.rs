@@ -111,7 +111,7 @@ pub(crate) struct Limiter {
     prefetched: Option<Arc<prefetch::Prefetched>>,
     /// Whether its policy is plain: none of the options a request's flow has steps for beyond
     /// the store's check (an override, a quota, a meter, units taken ahead, a concurrency limit,
-    /// `count_only`, a mode other than enforce). Decided when it is built, so a layer's
+    /// a fair share, `count_only`, a mode other than enforce). Decided when it is built, so a layer's
     /// admission under it skips those steps ([`Limiter::decide_layered`]).
     plain: bool,
     /// Whether its store is remote ([`Store::is_remote`]): only a remote store's checks are
