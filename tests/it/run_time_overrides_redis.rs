@@ -463,20 +463,7 @@ async fn an_operators_refund_and_reset_reach_the_counter_of_a_run_time_overrides
     let redis = TestRedis::shared();
     let prefix = unique_prefix("rtoperate");
     let limiter = by_user(&redis, &prefix, MINUTE);
-    // 2 an hour: a period the policy (5 a minute) lacks, counted apart.
-    limiter
-        .set_override(Override::identity("alice").rules([Rule::per_hour(2)]))
-        .await
-        .unwrap();
-    assert_eq!(admitted(&limiter, "alice").await, 2);
-    let refunded = limiter.refund("alice", 1).await.unwrap();
-    assert_eq!(
-        (refunded.rules[0].limit, refunded.rules[0].remaining),
-        (2, 1)
-    );
-    assert_eq!(admitted(&limiter, "alice").await, 1);
-    limiter.reset("alice").await.unwrap();
-    assert_eq!(admitted(&limiter, "alice").await, 2);
+    common::operators_reach_a_run_time_overrides_own_period(&limiter).await;
 }
 
 #[tokio::test]

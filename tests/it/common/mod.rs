@@ -30,6 +30,28 @@ pub async fn admitted(limiter: &tower_redis_ratelimit::RateLimiter, identity: &s
     100
 }
 
+/// An operator's refund and reset of alice, under a run-time override of 2 an hour (a period
+/// `limiter`'s policy of 5 a minute lacks), reach the override's own counter.
+pub async fn operators_reach_a_run_time_overrides_own_period(
+    limiter: &tower_redis_ratelimit::RateLimiter,
+) {
+    use tower_redis_ratelimit::policy::Override;
+    // 2 an hour: a period the policy (5 a minute) lacks, counted apart.
+    limiter
+        .set_override(Override::identity("alice").rules([Rule::per_hour(2)]))
+        .await
+        .unwrap();
+    assert_eq!(admitted(limiter, "alice").await, 2);
+    let refunded = limiter.refund("alice", 1).await.unwrap();
+    assert_eq!(
+        (refunded.rules[0].limit, refunded.rules[0].remaining),
+        (2, 1)
+    );
+    assert_eq!(admitted(limiter, "alice").await, 1);
+    limiter.reset("alice").await.unwrap();
+    assert_eq!(admitted(limiter, "alice").await, 2);
+}
+
 /// A router with `GET /` answering "hello", limited by `policy` in `store`.
 pub fn app(policy: Policy, store: impl Store) -> Router {
     Router::new()
