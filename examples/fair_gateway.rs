@@ -6,10 +6,12 @@
 //! authentication layer would set from the API key; here the client sends it.
 //!
 //! ```text
-//! cargo run --example fair_gateway       # serves 127.0.0.1:3008 (the memory store)
+//! cargo run --example fair_gateway       # serves 127.0.0.1:3008 (REDIS_URL: shared in Redis)
 //! for i in $(seq 1 61); do curl -s -o /dev/null -w "%{http_code} " -H 'x-api-key: a' -H 'x-plan: free' 127.0.0.1:3008/v1/chat; done
 //! # alone, a tenant may use the whole budget: 60 × 200, then 429 (within one second)
 //! ```
+//!
+//! With `REDIS_URL`, every instance of the gateway shares the one budget and its shares.
 
 use std::net::SocketAddr;
 
@@ -17,7 +19,7 @@ use axum::Router;
 use axum::routing::get;
 use http::request::Parts;
 use tower_redis_ratelimit::fair::FairShare;
-use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, Rule, Store};
+use tower_redis_ratelimit::{Key, MemoryStore, Policy, RateLimitLayer, RedisStore, Rule, Store};
 
 /// A tenant's weight by its plan (`x-plan`): what its share of a saturated budget is in
 /// proportion to.
@@ -46,8 +48,10 @@ fn app(store: impl Store) -> Router {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    // (Fair shares are kept by the memory store: the Redis store has them from a later version.)
-    let app = app(MemoryStore::new());
+    let app = match std::env::var("REDIS_URL") {
+        Ok(url) => app(RedisStore::from_url(&url).expect("a valid REDIS_URL")),
+        Err(_) => app(MemoryStore::new()),
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3008").await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(

@@ -3,7 +3,7 @@
 -- call and of TIME is paid once per batch). Before this part the store puts lua/common.lua, each
 -- algorithm's part (fw: lua/fixed_window.lua, sl: lua/sliding_log.lua, sc:
 -- lua/sliding_counter.lua, tb: lua/token_bucket.lua), lua/leases.lua (a concurrency limit's
--- leases), lua/entry.lua (one check, its steps chosen by its shape), lua/fast.lua (the common checks, inline: lean functions that leave the rest
+-- leases), lua/fair.lua (a budget's fair shares), lua/entry.lua (one check, its steps chosen by its shape), lua/fast.lua (the common checks, inline: lean functions that leave the rest
 -- to lua/entry.lua), lua/claims.lua (metered calls waiting their turn) and lua/overrides.lua
 -- (an identity's override set at run time).
 --
@@ -26,7 +26,9 @@
 --                where quota days start after epoch-aligned ones (ms), most requests in flight at
 --                once (0: no concurrency limit), a lease's length (ms), what this is (0: a check,
 --                1: a peek, 2: a refund, 3: a give-back, 4: an overdraw; plus 8: decided by
---                lua/entry.lua alone, the tests' generic form), then per alert
+--                lua/entry.lua alone, the tests' generic form), a budget shared fairly's limit
+--                (0: none), period (ms) and burst, the request's cost in it and its identity's
+--                weight (lua/fair.lua), then per alert
 --                threshold its percent and the count that reaches it; then per counted rule its
 --                limit, period (ms) and, for a token bucket, its burst. A lease's release has the
 --                shape `rl|1`: its one key is the leases. A check's or a peek's shape may end
@@ -62,7 +64,8 @@ local algorithms = {fw = fixed_window, sl = sliding_log, sc = sliding_counter, t
 
 -- Each option's name, in the order of the options piece (see lua/entry.lua).
 local OPTIONS = {'max_delay', 'guard_window', 'block', 'quota_limit', 'quota_day', 'quota_offset',
-                 'max_in_flight', 'lease', 'kind'}
+                 'max_in_flight', 'lease', 'kind', 'fair_limit', 'fair_period', 'fair_burst',
+                 'fair_cost', 'fair_weight'}
 
 -- A shape, parsed from its piece once (remembered, see lua/common.lua): everything lua/entry.lua
 -- reads of it, worked out here rather than per check. A release's shape is `rl|1`: its one key,
@@ -133,6 +136,8 @@ shape_of = remembered(function(whole)
   local in_flight = next_key(shape.max_in_flight > 0)
   local block = next_key(shape.block > 0)
   local marker = next_key(shape.kind == 3)
+  local fair = shape.fair_limit > 0
+  local budget, shares, tenant = next_key(fair), next_key(fair), next_key(fair)
   local rules = keys - extra
   local arity = code == 'tb' and 3 or 2
   if rules < 0 or #pieces ~= 4 + arity * rules then
@@ -152,6 +157,7 @@ shape_of = remembered(function(whole)
   end
   shape.guard_at, shape.quota_at = at(guard), at(quota)
   shape.in_flight_at, shape.block_at, shape.marker_at = at(in_flight), at(block), at(marker)
+  shape.budget_at, shape.shares_at, shape.tenant_at = at(budget), at(shares), at(tenant)
   local costs = costs_of(pieces[3])
   shape.costs, shape.limits, shape.periods, shape.bursts = {}, {}, {}, {}
   for i = 1, rules do
@@ -161,6 +167,16 @@ shape_of = remembered(function(whole)
     shape.bursts[i] = arity == 3 and tonumber(pieces[base + 3]) or shape.limits[i]
   end
   shape.quota_cost = costs[rules + 1]
+  -- A budget shared fairly: its numbers one past the last counted rule's (lua/entry.lua).
+  shape.fair_at = 0
+  if fair then
+    local budget_at = rules + 1
+    shape.fair_at = budget_at
+    shape.limits[budget_at] = shape.fair_limit
+    shape.periods[budget_at] = math.max(shape.fair_period, 1)
+    shape.bursts[budget_at] = shape.fair_burst > 0 and shape.fair_burst or shape.fair_limit
+    shape.fair_weight = math.max(shape.fair_weight, 1)
+  end
   -- The cost piece whole (its request cost, units and flags: lua/claims.lua).
   shape.cost_piece = costs
   -- A unit in every rule and the quota: what a refund's or an overdraw's answer peeks.
@@ -171,7 +187,7 @@ shape_of = remembered(function(whole)
   -- fixed window with a quota, a block or a lease; another algorithm with a quota, a block or a
   -- max delay (fast.admit).
   shape.options = pieces[4] ~= ''
-  if entry_only then
+  if entry_only or fair then
     shape.lean = nil
   elseif fast[code] and not shape.options then
     shape.lean = fast[code]
@@ -286,14 +302,15 @@ end
 
 -- Writes what the batch's checks counted and Redis doesn't hold yet: the logs' admissions
 -- (log_flush, lua/common.lua), the buckets' and the sliding counters' charges (their flush), the
--- leases taken (leases_flush, lua/leases.lua) and the quotas' charges (quota_flush,
--- lua/entry.lua).
+-- leases taken (leases_flush, lua/leases.lua), the quotas' charges (quota_flush,
+-- lua/entry.lua) and the fair shares' counts (flush_fair, lua/fair.lua).
 local function flush_batch()
   flush_logs()
   token_bucket.flush()
   sliding_counter.flush()
   flush_leases()
   flush_quotas()
+  flush_fair()
 end
 
 local function batch(KEYS, ARGV)
@@ -316,6 +333,7 @@ local function batch(KEYS, ARGV)
   forget_leases()
   forget_markers()
   forget_quotas()
+  forget_fair()
   overrides.begin()
   out[1], n = now, 1
   key_at, at = 0, 3 + tonumber(ARGV[2])

@@ -18,9 +18,12 @@
 --                  that reaches each)
 --   max_in_flight  0: no concurrency limit; lease (a lease's length, ms)
 --   kind           what this is: 0 a check, 1 a peek, 2 a refund, 3 a give-back, 4 an overdraw
+--   fair_at        0: no budget shared fairly; else the budget's index among the counted rules'
+--                  limits, periods and bursts (one past the last rule's), fair_cost (the
+--                  request's cost in it), fair_weight (its identity's weight)
 --   where its keys are, counted from `base` (the key before its first): counted rule i at i, then
---   guard_at, quota_at, in_flight_at, block_at, marker_at (0 for
---   those it lacks)
+--   guard_at, quota_at, in_flight_at, block_at, marker_at, budget_at, shares_at, tenant_at (0
+--   for those it lacks)
 -- Its keys (KEYS[base + ...]), in this order, those that apply:
 --   the counter of counted rule i (i = 1..rules), in the algorithm's own layout
 --   the duplicate guard: a string holding the admission time (ms)
@@ -29,8 +32,11 @@
 --   the concurrency limit's leases: a list of lease ids in expiry order (lua/leases.lua)
 --   the penalty block: a string holding the block's end (ms)
 --   a give-back's reset marker: the time (ms) the identity was last reset (lua/reset.lua)
+--   a budget shared fairly (lua/fair.lua): its counter, in the algorithm's layout; its shares; the
+--     tenant's field among them, a key never read as one
 --   All keys of one identity share a hash tag, so the script runs on Redis Cluster (a quota keyed
---   like its policy shares it too).
+--   like its policy shares it too); under a budget shared fairly, every key of the check has the
+--   budget's tag.
 -- receipt          a give-back's: where its admission was charged (see lua/batch.lua), nil for
 --                  every other kind: {checked (ms), delay (ms), then per counted rule a token
 --                  bucket's full time after the charge (µs)}
@@ -47,10 +53,13 @@
 -- length negated, {allowed (1|0), delay (ms to wait before going on), then
 -- per rule (the counted rules, then the guard, then the quota): remaining, reset (ms), retry (ms,
 -- -1 if this rule admits the request), then, with a concurrency limit, its item (remaining slots,
--- ms until the earliest lease expires, retry) and the lease taken (its id, 0 for none), then, when
--- admitted, per counted rule its receipt mark if the algorithm has one (a token bucket's full
--- time, µs), then the percents of the quota alerts this request fired}. Every number is an integer
--- below 2^53, so Lua's doubles hold it exactly.
+-- ms until the earliest lease expires, retry), then, with a budget shared fairly, its item and
+-- the share's (remaining within the share, and the budget; ms until the window ends; retry), then
+-- the lease taken (its id, 0 for none) with a concurrency limit, then the share's limit with a
+-- budget (what the identity may use this window while the budget is saturated, else the
+-- budget's), then, when admitted, per counted rule and the budget its receipt mark if the
+-- algorithm has one (a token bucket's full time, µs), then the percents of the quota alerts this
+-- request fired}. Every number is an integer below 2^53, so Lua's doubles hold it exactly.
 
 -- The batch being run (lua/batch.lua sets them): its keys, and its reply so far.
 local batch_keys, out
@@ -68,6 +77,14 @@ local given = {}
 local blocked_waits = {}
 -- The quota's alerts the check fired.
 local fired, fired_count = {}, 0
+-- Under a budget shared fairly, what the check found (written by write_fair): whether it asked
+-- for its own units (a check or a peek; else a peek of one unit after a give-back), whether the
+-- budget fits and its wait when not, the identity's share (its cap, nil while the budget isn't
+-- saturated; what it used; ms until the window ends) and whether the request fits in it.
+local fair_asking, budget_fits, budget_wait = false, true, 0
+local share_cap, share_used, share_resets, share_fits = nil, 0, 0, true
+-- (Defined after write_item.)
+local write_fair, write_share_limit
 -- The end (ms) of each penalty block the batch has read or set (0: none), by key: a flood's checks
 -- of one batch read it once (why that holds: logs_known, lua/common.lua). Forgotten at each
 -- batch.
@@ -282,9 +299,15 @@ local function write_blocked(shape, blocked_for, own_waits, n)
     out[n + 1], out[n + 2], out[n + 3] = 0, until_free, until_free
     n = n + 3
   end
+  if shape.fair_at > 0 then
+    n = write_fair(shape, n, false, 0)
+  end
   if shape.max_in_flight > 0 then
     out[n + 1] = 0
     n = n + 1
+  end
+  if shape.fair_at > 0 then
+    n = write_share_limit(shape, n)
   end
   -- (With the alerts an overdraw fired before the block answered.)
   return end_entry(start, n)
@@ -310,6 +333,32 @@ local function write_item(n, short, remaining, reset, retry)
   return n + 3
 end
 
+-- Under a budget shared fairly (shape.fair_at > 0), writes its item and the share's after out[n]
+-- (see above: the share's remaining is within the budget's too), for a check answered `allowed`;
+-- returns the index of the last number.
+function write_fair(shape, n, short, allowed)
+  local at = shape.fair_at
+  local remaining, reset = shape.algorithm.report(shape, at)
+  local refused = allowed == 0 and fair_asking
+  n = write_item(n, short, remaining, reset, (refused and not budget_fits) and budget_wait or -1)
+  local left = remaining
+  if share_cap then
+    -- (What a check admitted used; a peek, as the rules' reports, says what is left.)
+    local used = share_used + (allowed == 1 and shape.kind == KIND_CHECK and shape.fair_cost or 0)
+    left = math.min(math.max(share_cap - used, 0), remaining)
+  end
+  return write_item(n, short, left, share_resets, (refused and not share_fits) and share_resets
+                    or -1)
+end
+
+-- Under a budget shared fairly, writes the share's limit after out[n] (what the identity may
+-- use this window, or the budget's while it isn't saturated); returns the index of the last
+-- number.
+function write_share_limit(shape, n)
+  out[n + 1] = share_cap or shape.limits[shape.fair_at]
+  return n + 1
+end
+
 -- Runs the check of `shape` whose keys follow KEYS[base], writing its entry after out[n];
 -- returns the index of its last item.
 local function run_entry(shape, base, receipt, n)
@@ -322,6 +371,14 @@ local function run_entry(shape, base, receipt, n)
   fired_count = 0
   local handed_rule, handed_day = handed_count, handed_quota
   handed_count, handed_quota = nil, nil
+  -- A budget shared fairly (lua/fair.lua): its index among the rules' numbers, its keys, the
+  -- request's cost in it; what it gave back for a peek of one unit (nil: to be read).
+  local fair_at, fair_cost = shape.fair_at, shape.fair_cost
+  local budget_key, shares_key, tenant, budget_given
+  if fair_at > 0 then
+    budget_key, shares_key = keys[base + shape.budget_at], keys[base + shape.shares_at]
+    tenant = keys[base + shape.tenant_at]
+  end
 
   -- Whether the counted rules get anything back: not after a reset that came at or after the
   -- charge (their counts since hold nothing of it; the quota, never reset, still may).
@@ -366,6 +423,13 @@ local function run_entry(shape, base, receipt, n)
                       or quota_day_start(shape, receipt[1]) == quota_day_start(shape, now)) then
       quota_take_back(shape, quota_key, quota_day_start(shape, now), quota_cost)
     end
+    -- The budget's, where they were charged (a reset of the identity doesn't reach it), and the
+    -- share's of this window.
+    if fair_at > 0 then
+      budget_given = algorithm.give_back(shape, fair_at, budget_key, fair_cost, receipt)
+      fair_give_back(shares_key, tenant, shape.periods[fair_at], fair_cost,
+                     giving_back and receipt[1] or now)
+    end
     costs, quota_cost = shape.ones, 1
   elseif kind == KIND_OVERDRAW then
     -- Every counted rule and the quota charged in their current windows without a check, each
@@ -384,6 +448,16 @@ local function run_entry(shape, base, receipt, n)
         local start = quota_day_start(shape, now)
         local after = quota_add(shape, quota_key, start, units)
         quota_alerts(shape, quota_key, start, after - units, after)
+      end
+    end
+    if fair_at > 0 then
+      local units = math.min(fair_cost, shape.bursts[fair_at])
+      if units > 0 then
+        algorithm.inspect(shape, fair_at, budget_key, units, false)
+        algorithm.commit(shape, fair_at, budget_key, units, now, now_us)
+        local _, _, _, shares = fair_share(shares_key, tenant, shape.limits[fair_at],
+                                           shape.periods[fair_at], shape.fair_weight, 0)
+        fair_count(shares, tenant, units, true)
       end
     end
     costs, quota_cost = shape.ones, 1
@@ -417,6 +491,31 @@ local function run_entry(shape, base, receipt, n)
     end
   end
 
+  -- A budget shared fairly and the identity's share of it (lua/fair.lua): a check or a peek asks
+  -- for its own units, any other call peeks at one. Either refusing refuses the request, and no
+  -- reservation waits for them.
+  local fair_refused, shares = false, nil
+  if fair_at > 0 then
+    fair_asking = kind == KIND_CHECK or kind == KIND_PEEK
+    local asked = fair_asking and fair_cost or 0
+    share_cap, share_used, share_resets, shares = fair_share(shares_key, tenant,
+      shape.limits[fair_at], shape.periods[fair_at], shape.fair_weight, asked)
+    if budget_given ~= nil then
+      budget_fits = budget_given
+    else
+      budget_fits = algorithm.inspect(shape, fair_at, budget_key, fair_asking and fair_cost or 1,
+                                      peeking)
+    end
+    share_fits = not share_cap or share_used + asked <= share_cap
+    if fair_asking and not budget_fits then
+      budget_wait = algorithm.wait(shape, fair_at, fair_cost, budget_key) or shape.periods[fair_at]
+    end
+    if fair_asking and not (budget_fits and share_fits) then
+      allowed = 0
+      fair_refused = true
+    end
+  end
+
   -- The daily quota: a fixed window of one day, starting at the quota's midnight. A check that
   -- may still be admitted (now, or after a delay) charges it at once (one command, as a fixed
   -- window's rule), and takes the charge back if the request is refused; one refused already (a
@@ -425,7 +524,7 @@ local function run_entry(shape, base, receipt, n)
   if quota_key then
     quota_start = quota_day_start(shape, now)
     local admissible = allowed == 1
-      or (not guard_stamp and longest_wait and longest_wait <= shape.max_delay)
+      or (not guard_stamp and not fair_refused and longest_wait and longest_wait <= shape.max_delay)
     if handed_day then
       -- (Charged by the lean function, whose rules admitted the request: it is admissible.)
       quota_count, quota_charged = handed_day - quota_cost, true
@@ -473,6 +572,9 @@ local function run_entry(shape, base, receipt, n)
       own_waits[i] = fits[i] and 0 or (waits[i] or shape.periods[i])
       algorithm.undo(shape, i, keys[base + i], costs[i], peeking)
     end
+    if fair_at > 0 then
+      algorithm.undo(shape, fair_at, budget_key, fair_asking and fair_cost or 1, peeking)
+    end
     local at = rules
     if shape.guard_window > 0 then
       at = at + 1
@@ -494,7 +596,7 @@ local function run_entry(shape, base, receipt, n)
   -- known).
   local delay = 0
   if allowed == 0 and not peeking and not guard_stamp and quota_fits and slot_fits
-      and longest_wait and longest_wait <= shape.max_delay then
+      and not fair_refused and longest_wait and longest_wait <= shape.max_delay then
     allowed = 1
     delay = longest_wait
   end
@@ -519,12 +621,24 @@ local function run_entry(shape, base, receipt, n)
       quota_alerts(shape, quota_key, quota_start, quota_count, quota_count + quota_cost)
       quota_count = quota_count + quota_cost
     end
+    if fair_at > 0 then
+      algorithm.commit(shape, fair_at, budget_key, fair_cost, now + delay, now_us + delay * 1000)
+      fair_count(shares, tenant, fair_cost, true)
+    end
   else
     for i = 1, rules do
       algorithm.undo(shape, i, keys[base + i], costs[i], peeking)
     end
     if quota_charged then
       quota_add(shape, quota_key, quota_start, 0 - quota_cost)
+    end
+    if fair_at > 0 then
+      algorithm.undo(shape, fair_at, budget_key, fair_asking and fair_cost or 1, peeking)
+      -- Refused by the budget or the share alone, a check still asked: demand counts.
+      if kind == KIND_CHECK and not refused_by_rules and not guard_stamp and quota_fits
+          and slot_fits then
+        fair_count(shares, tenant, fair_cost, false)
+      end
     end
     if shape.block > 0 and not peeking and (refused_by_rules or not quota_fits) then
       block_until = now + shape.block
@@ -567,12 +681,24 @@ local function run_entry(shape, base, receipt, n)
     local frees = earliest and math.max(earliest - now, 0) or 0
     n = write_item(n, short, math.max(max_in_flight - held, 0), frees,
                    slot_fits and -1 or retry_of(frees, block))
+  end
+  if fair_at > 0 then
+    n = write_fair(shape, n, short, allowed)
+  end
+  if in_flight_key then
     out[n + 1] = lease_id
     n = n + 1
+  end
+  if fair_at > 0 then
+    n = write_share_limit(shape, n)
   end
   if marks then
     for i = 1, rules do
       out[n + 1] = algorithm.mark(i)
+      n = n + 1
+    end
+    if fair_at > 0 then
+      out[n + 1] = algorithm.mark(fair_at)
       n = n + 1
     end
   end

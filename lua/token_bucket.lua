@@ -65,7 +65,8 @@ end
 
 function token_bucket.prepare(shape)
   shape.intervals, shape.tolerances = {}, {}
-  for i = 1, shape.rules do
+  -- (A budget shared fairly's too, one past the last rule: lua/entry.lua.)
+  for i = 1, shape.rules + (shape.fair_at > 0 and 1 or 0) do
     local limit = shape.limits[i]
     local interval = div(shape.periods[i] * 1000 + limit - 1, limit)
     shape.intervals[i] = interval

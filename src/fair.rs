@@ -40,6 +40,10 @@
 //! How far a tenant can pass its share within a window: by what it was admitted before the
 //! window saturated (the requests admitted, or in flight, at that moment), never by more.
 //!
+//! Both stores keep them, across instances, in the request's one store call; on Redis every key
+//! of such a policy's checks has the policy's hash tag, so one budget and its tenants live on
+//! one Cluster slot (see the [guide](crate::guide::policies#sharing-one-budget-fairly)).
+//!
 //! In delay mode ([`Mode::Delay`](crate::Mode::Delay)) a request may wait for room in the
 //! policy's own rules, never for a share: a refusal for fairness (or by the budget) is answered
 //! at once. The outbound layer counts its calls by the policy's rules alone, without its fair

@@ -289,10 +289,12 @@ impl Limiter {
             .concurrency_state(states)
             .and_then(|slot| decision.rules.get(slot))
             .is_some_and(RuleState::refused);
-        // Nor a refusal for fairness: a share grows when others leave.
-        let share_refused = self.policy.fair_share().is_some()
-            && decision.rules.last().is_some_and(RuleState::refused);
-        if self.policy.block_for().is_none() && !slot_refused && !share_refused {
+        // Nor a refusal by a budget shared fairly or the share of it: a share grows when others
+        // leave, the budget when any tenant gives back, and a refused request counts there, in
+        // what its tenant asked (the shares of the next window are set by it).
+        let fair_refused = self.policy.fair_share().is_some()
+            && decision.rules.iter().rev().take(2).any(RuleState::refused);
+        if self.policy.block_for().is_none() && !slot_refused && !fair_refused {
             let max_delay = self.policy.mode().max_delay();
             self.refusals.remember(ask.asking(), &decision, max_delay);
         }

@@ -47,6 +47,7 @@ impl Limiter {
         // is, metered or not.
         let request = CheckRequest::new(key.as_str(), &rules, self.policy.algorithm())
             .identity(key.identity())
+            .sharing(self.policy.fair_key())
             .cost(0)
             .units(0);
         let decision = self.store().check(&request).await?;
@@ -98,6 +99,7 @@ impl Limiter {
         // Its concurrency slots too, and the policy's delay: how long the reset's marker lasts.
         let request = CheckRequest::new(key.as_str(), self.policy.rules(), self.policy.algorithm())
             .identity(key.identity())
+            .sharing(self.policy.fair_key())
             .block_for(self.policy.block_for())
             .concurrency(self.policy.concurrency())
             .max_delay(self.policy.mode().max_delay());
@@ -225,9 +227,7 @@ impl Limiter {
         let whom = target
             .stored(policy.key())
             .map_err(|reason| self.invalid_override(reason))?;
-        self.store()
-            .remove_override(policy.key_base(), &whom)
-            .await?;
+        self.store().remove_override(policy, &whom).await?;
         self.forget_refusals_of(&whom);
         telemetry::override_changed(policy.name(), "removed");
         tracing::info!(

@@ -403,6 +403,11 @@ impl Policy {
         self.0.fair_share.as_ref()
     }
 
+    /// The store key of the budget its identities share fairly, if any.
+    pub(crate) fn fair_key(&self) -> Option<&str> {
+        self.fair_share().map(|fairness| &*fairness.key)
+    }
+
     /// The name clients see of the state at `index` of a decision of `states` states.
     pub(crate) fn state_name(&self, index: usize, states: usize) -> Option<&str> {
         match self.state_of(index, states) {

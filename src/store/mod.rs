@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use crate::decision::Decision;
 use crate::policy::ConcurrencyLimit;
-use crate::policy::quota::QuotaThreshold;
 use crate::policy::{Algorithm, Policy, Rule, StoredOverride, Whom};
 
 mod check_future;
 mod fair_request;
+mod quota_request;
 pub(crate) mod gcra;
 mod memory;
 pub(crate) mod overrides;
@@ -29,6 +29,7 @@ pub use self::check_future::CheckFuture;
 #[cfg(feature = "redis")]
 pub(crate) use self::check_future::{Answered, Deferred};
 pub use self::fair_request::FairRequest;
+pub use self::quota_request::QuotaRequest;
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[doc(hidden)]
 pub use self::overrides::{Listed, OverrideBook};
@@ -176,6 +177,10 @@ pub struct CheckRequest<'a> {
     /// (a store that keeps them so: [`Store::override_lookup`]); none when the limiter finds it
     /// before asking, or under an override's own rules.
     pub(crate) override_lookup: Option<&'a str>,
+    /// The key of the budget the identity shares fairly, for a call that doesn't check it (a
+    /// reset, an inspection, a lease's release): the store keeps the identity's counts where the
+    /// budget's checks do (on Redis, under the budget's hash tag).
+    pub(crate) sharing: Option<&'a str>,
 }
 
 /// A metered call's place in the line of calls waiting for room (`src/limiter/claim.rs`), which
@@ -232,71 +237,6 @@ impl Call<'_> {
     }
 }
 
-/// The daily quota of one request: a window of `day_ms` starting `day_start_offset_ms` after each
-/// epoch-aligned day (midnight of the quota's UTC offset), counted under its own key.
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct QuotaRequest<'a> {
-    /// The quota's key (`prefix:quota:identity`): braces-free, so a store may wrap it in a hash tag.
-    pub key: &'a str,
-    /// The identity at the end of `key`, as [`CheckRequest::identity`]; [`QuotaRequest::new`]
-    /// takes the whole key.
-    pub identity: &'a str,
-    /// The request's tier's limit per day.
-    pub limit: u64,
-    /// The length of a day, in ms (86 400 000 but in tests).
-    pub day_ms: u64,
-    /// Where days start, in `[0, day_ms)`: midnight at UTC+07:00 is 61 200 000 (17:00 UTC).
-    pub day_start_offset_ms: u64,
-    /// The alert thresholds: when an admitted request takes the day's count from below `used` to
-    /// `used` or more, and no alert of that percent fired this day for this key, it fires (see
-    /// [`Decision::quota_alerts`]).
-    pub thresholds: &'a [QuotaThreshold],
-    /// Whether the quota counts the request's metered units ([`CheckRequest::units`]) rather
-    /// than its cost.
-    pub metered: bool,
-}
-
-impl<'a> QuotaRequest<'a> {
-    /// The quota of `limit` per `day_ms` under `key`, days starting at epoch-aligned midnights
-    /// plus `day_start_offset_ms`, with these alert thresholds.
-    pub fn new(
-        key: &'a str,
-        limit: u64,
-        day_ms: u64,
-        day_start_offset_ms: u64,
-        thresholds: &'a [QuotaThreshold],
-    ) -> Self {
-        QuotaRequest {
-            key,
-            identity: key,
-            limit,
-            day_ms,
-            day_start_offset_ms,
-            thresholds,
-            metered: false,
-        }
-    }
-
-    /// Sets whether the quota counts metered units.
-    pub fn metered(mut self, metered: bool) -> Self {
-        self.metered = metered;
-        self
-    }
-
-    /// Sets the identity at the end of the key.
-    pub fn identity(mut self, identity: &'a str) -> Self {
-        self.identity = identity;
-        self
-    }
-
-    /// The start of the day that `now` (ms) falls in.
-    pub fn day_start(&self, now: u64) -> u64 {
-        let day = self.day_ms.max(1);
-        now - (now + day - self.day_start_offset_ms % day) % day
-    }
-}
-
 impl<'a> CheckRequest<'a> {
     /// A request of cost 1, refused when it doesn't fit now, without a penalty block.
     pub fn new(key: &'a str, rules: &'a [Rule], algorithm: Algorithm) -> Self {
@@ -317,7 +257,21 @@ impl<'a> CheckRequest<'a> {
             past_burst: false,
             counted_as: None,
             override_lookup: None,
+            sharing: None,
         }
+    }
+
+    /// Keeps its identity's counts where the checks of the budget of key `budget` do (see
+    /// [`CheckRequest::sharing`]).
+    pub(crate) fn sharing(mut self, budget: Option<&'a str>) -> Self {
+        self.sharing = budget;
+        self
+    }
+
+    /// The key of the budget its identity shares fairly, checked or not.
+    #[cfg(feature = "redis")]
+    pub(crate) fn shared_budget(&self) -> Option<&'a str> {
+        self.fair.map(|fair| fair.key).or(self.sharing)
     }
 
     /// Keeps each rule's counter under the limit of the same index in `counted_as` (see
@@ -775,10 +729,10 @@ pub trait Store: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(no_overrides(self.name()))))
     }
 
-    /// Removes the override of `whom` under the policy whose keys start with `policy`. The
-    /// default refuses with [`StoreError::Config`].
+    /// Removes the override of `whom` under `policy`. The default refuses with
+    /// [`StoreError::Config`].
     #[doc(hidden)]
-    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
+    fn remove_override(&self, policy: &Policy, whom: &Whom) -> ActionFuture {
         let _ = (policy, whom);
         Box::pin(std::future::ready(Err(no_overrides(self.name()))))
     }
@@ -894,7 +848,7 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         (**self).set_override(policy, over, lasting)
     }
 
-    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
+    fn remove_override(&self, policy: &Policy, whom: &Whom) -> ActionFuture {
         (**self).remove_override(policy, whom)
     }
 

@@ -91,6 +91,7 @@ async fn a_cluster_limits_exactly_in_one_call_per_request() {
     a_reset_reaches_the_identitys_primary_through_either_store(&cluster, &prefix).await;
     a_reset_reaches_units_held_ahead_across_the_cluster(&cluster, &prefix).await;
     run_time_overrides_apply_on_every_primary(&cluster, &prefix).await;
+    crate::fair_share::fair_shares_on_a_cluster(&cluster, &prefix).await;
 
     // No key on any node lacks an expiry after all of that.
     let mut keys = 0;

@@ -1,7 +1,7 @@
 //! Fair shares of one budget (issue 62): once the budget is saturated, each tenant is admitted
 //! up to its weighted share, what one leaves goes to the others, and one that arrives has its
 //! share within a window. Real tenants: 8 concurrent loops each, as fast as they can, through
-//! a layer over one store, on the real clock.
+//! two instances (a layer each) over one store, on the real clock; on both stores.
 
 use crate::common;
 
@@ -19,15 +19,19 @@ use tower_redis_ratelimit::{
     Algorithm, Key, MemoryStore, Policy, PolicyError, RateLimitLayer, Rule, Store,
 };
 
+use common::redis_server::{TestRedis, unique_prefix};
+use common::redis_store;
+
 /// A gateway: 300 requests a second shared by the tenants of `x-tenant`, each weighing its
 /// `x-weight`; each tenant may send up to 10 000 a second on its own.
-fn gateway(store: impl Store) -> Router {
-    gateway_counting(store, Algorithm::default())
+fn gateway(store: impl Store, prefix: &str) -> Router {
+    gateway_counting(store, Algorithm::default(), prefix)
 }
 
 /// [`gateway`] counting with `algorithm`.
-fn gateway_counting(store: impl Store, algorithm: Algorithm) -> Router {
+fn gateway_counting(store: impl Store, algorithm: Algorithm, prefix: &str) -> Router {
     let policy = Policy::builder("gateway")
+        .prefix(prefix)
         .key(Key::header("x-tenant"))
         .algorithm(algorithm)
         .rule(Rule::per_second(10_000))
@@ -63,12 +67,14 @@ struct Tenant {
 }
 
 impl Tenant {
-    fn start(app: &Router, name: &'static str, weight: u32) -> Tenant {
+    /// Its loops take turns among `apps` (the instances).
+    fn start(apps: &[Router], name: &'static str, weight: u32) -> Tenant {
         let admitted = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let loops = (0..8)
-            .map(|_| {
-                let (app, admitted, stop) = (app.clone(), admitted.clone(), stop.clone());
+            .map(|index| {
+                let app = apps[index % apps.len()].clone();
+                let (admitted, stop) = (admitted.clone(), stop.clone());
                 tokio::spawn(async move {
                     while !stop.load(Ordering::Relaxed) {
                         let response = send(&app, request(name, weight)).await;
@@ -129,12 +135,14 @@ fn assert_near(rates: &HashMap<String, f64>, tenant: &str, share: f64) {
     );
 }
 
-async fn shares_hold_as_tenants_stop_and_arrive(store: impl Store + Clone) {
-    let app = gateway(store);
+/// Three tenants through two instances (each a layer over `stores`' own client of the store).
+async fn shares_hold_as_tenants_stop_and_arrive(stores: [impl Store; 2], prefix: &str) {
+    let [one, two] = stores;
+    let apps = [gateway(one, prefix), gateway(two, prefix)];
     let (a, b, c) = (
-        Tenant::start(&app, "a", 1),
-        Tenant::start(&app, "b", 1),
-        Tenant::start(&app, "c", 2),
+        Tenant::start(&apps, "a", 1),
+        Tenant::start(&apps, "b", 1),
+        Tenant::start(&apps, "c", 2),
     );
     // The first window saturates while running: shares from the next one.
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -154,7 +162,7 @@ async fn shares_hold_as_tenants_stop_and_arrive(store: impl Store + Clone) {
     assert_near(&measured, "b", 150.0);
 
     // d arrives while a and b saturate the budget: within a second it has its share.
-    let d = Tenant::start(&app, "d", 1);
+    let d = Tenant::start(&apps, "d", 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let three = HashMap::from([("a", &a), ("b", &b), ("d", &d)]);
     let measured = rates(&three, 2).await;
@@ -170,7 +178,21 @@ async fn shares_hold_as_tenants_stop_and_arrive(store: impl Store + Clone) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shares_hold_as_tenants_stop_and_arrive_in_memory() {
-    shares_hold_as_tenants_stop_and_arrive(MemoryStore::new()).await;
+    let store = MemoryStore::new();
+    shares_hold_as_tenants_stop_and_arrive([store.clone(), store], "rl").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_hold_as_tenants_stop_and_arrive_on_redis() {
+    let redis = TestRedis::shared();
+    let prefix = unique_prefix("fair-load");
+    shares_hold_as_tenants_stop_and_arrive(
+        [redis_store::store(&redis), redis_store::store(&redis)],
+        &prefix,
+    )
+    .await;
+    // Nothing of the budget, the shares or the tenants outlives its use.
+    assert!(redis_store::assert_every_key_expires(&redis, &prefix) > 0);
 }
 
 /// Waits for the start of the next second (the budget's windows), and 5 ms more.
@@ -183,9 +205,11 @@ async fn next_second() {
     tokio::time::sleep(Duration::from_millis(left + 5)).await;
 }
 
-#[tokio::test]
-async fn a_binding_share_is_the_identitys_own_limit_in_the_headers_and_its_refusal_names_it() {
-    let app = gateway_counting(MemoryStore::new(), Algorithm::FixedWindow);
+async fn a_binding_share_is_the_identitys_own_limit_in_the_headers_and_its_refusal_names_it(
+    store: impl Store,
+    prefix: &str,
+) {
+    let app = gateway_counting(store, Algorithm::FixedWindow, prefix);
     next_second().await;
     // a and b ask 400 together in one window: the budget admits 300, and is saturated.
     let mut admitted = 0;
@@ -214,6 +238,27 @@ async fn a_binding_share_is_the_identitys_own_limit_in_the_headers_and_its_refus
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(common::retry_after_secs(&refused) <= 1);
     common::assert_refused(refused, &["budget-share"]).await;
+}
+
+#[tokio::test]
+async fn a_binding_share_is_the_identitys_own_limit_in_the_headers_and_its_refusal_names_it_in_memory()
+ {
+    a_binding_share_is_the_identitys_own_limit_in_the_headers_and_its_refusal_names_it(
+        MemoryStore::new(),
+        "rl",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_binding_share_is_the_identitys_own_limit_in_the_headers_and_its_refusal_names_it_on_redis()
+ {
+    let redis = TestRedis::shared();
+    a_binding_share_is_the_identitys_own_limit_in_the_headers_and_its_refusal_names_it(
+        redis_store::store(&redis),
+        &unique_prefix("fair-headers"),
+    )
+    .await;
 }
 
 #[test]
@@ -247,7 +292,8 @@ fn bad_fair_shares_are_refused_when_the_policy_is_built() {
 
 #[test]
 fn a_store_without_fair_shares_refuses_the_policy() {
-    let store = tower_redis_ratelimit::RedisStore::from_url("redis://127.0.0.1:1").unwrap();
+    // (A store of your own says only that it checks.)
+    let store = common::DownStore;
     let policy = Policy::builder("p")
         .key(Key::header("x-tenant"))
         .rule(Rule::per_minute(10))
@@ -315,4 +361,255 @@ async fn refusals_for_fairness_are_counted_apart_from_the_budgets_and_saturated_
         )
     };
     assert_eq!((windows("true"), windows("false")), (2.0, 0.0));
+}
+
+/// On a Redis Cluster (a scenario of `cluster.rs`, whose cluster serves them all): tenants whose
+/// own keys would lie on every primary share one budget, in one call a request. The budget and
+/// every tenant's keys have the policy's hash tag, so they live on one node; the budget is never
+/// passed, and once it saturates each tenant has its share.
+pub(crate) async fn fair_shares_on_a_cluster(
+    cluster: &common::redis_cluster::TestCluster,
+    prefix: &str,
+) {
+    use common::redis_cluster::node_client;
+    let users: Vec<String> = cluster
+        .users_on_every_primary(1)
+        .into_values()
+        .flatten()
+        .collect();
+    assert_eq!(users.len(), 3, "a user on each primary");
+    // (Daily windows: the test never runs across a window's end.)
+    let policy = Policy::builder("shared")
+        .prefix(prefix)
+        .key(Key::user())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_day(1_000))
+        .fair_share(FairShare::new(Rule::per_day(30).named("budget")))
+        .build()
+        .unwrap();
+    let store = tower_redis_ratelimit::RedisStore::cluster(cluster.urls())
+        .unwrap()
+        .timeout(Duration::from_secs(10));
+    let app = common::app(policy, store);
+    let evalsha = || -> u64 {
+        cluster
+            .primaries()
+            .into_iter()
+            .map(|port| {
+                common::redis_server::command_calls(&mut node_client(port))
+                    .get("evalsha")
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    // (The first request of a node may load the script there.)
+    let user_request = |user: &str| {
+        let mut request = Request::get("/").body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(tower_redis_ratelimit::UserId::new(user));
+        request
+    };
+    assert_eq!(
+        send(&app, user_request(&users[0])).await.status(),
+        StatusCode::OK
+    );
+    let before = evalsha();
+    let mut admitted: HashMap<&str, u64> = HashMap::from([(users[0].as_str(), 1)]);
+    let mut sent = 0;
+    for round in 0..20 {
+        for user in &users {
+            if round == 0 && user == &users[0] {
+                continue;
+            }
+            sent += 1;
+            let response = send(&app, user_request(user)).await;
+            match response.status() {
+                StatusCode::OK => *admitted.entry(user).or_default() += 1,
+                StatusCode::TOO_MANY_REQUESTS => {}
+                other => panic!("{user}: {other}"),
+            }
+        }
+    }
+    assert_eq!(evalsha() - before, sent, "one call a request");
+    // Round after round, each asks as much: the budget saturates with 10 each, then holds them
+    // to that.
+    for user in &users {
+        assert_eq!(admitted.get(user.as_str()), Some(&10), "{admitted:?}");
+    }
+    let on_nodes: Vec<usize> = cluster
+        .primaries()
+        .into_iter()
+        .map(|port| {
+            let mut client = node_client(port);
+            redis::Commands::scan_match::<_, String>(&mut client, format!("{prefix}:{{shared}}:*"))
+                .unwrap()
+                .count()
+        })
+        .collect();
+    assert_eq!(
+        on_nodes.iter().filter(|&&keys| keys > 0).count(),
+        1,
+        "every key of the budget's checks on one node: {on_nodes:?}"
+    );
+    // The budget's counter, its shares, and a counter per tenant.
+    assert_eq!(on_nodes.iter().sum::<usize>(), 2 + users.len());
+}
+
+/// What a decision said: admitted, and each state's limit, remaining and whether it refused.
+type Said = (bool, Vec<(u64, u64, bool)>);
+
+fn said(decision: &tower_redis_ratelimit::Decision) -> Said {
+    (
+        decision.allowed,
+        decision
+            .rules
+            .iter()
+            .map(|state| (state.limit, state.remaining, state.retry_after.is_some()))
+            .collect(),
+    )
+}
+
+/// A budget of 10 a second shared by `a` and `b` through a handle over `store`, whose clock
+/// `at` sets (ms), call after call: checks, a refund, a peek, a give-back and a reset, across
+/// two windows. What each call said, and how many of each tenant's checks were admitted per window.
+async fn a_budgets_calls_one_after_another(
+    store: impl Store,
+    at: impl Fn(u64),
+    prefix: &str,
+) -> (Vec<Said>, [[u64; 2]; 2]) {
+    use tower_redis_ratelimit::RateLimiter;
+    let policy = Policy::builder("calls")
+        .prefix(prefix)
+        .key(Key::user())
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_second(100))
+        .fair_share(FairShare::new(Rule::per_second(10).named("budget")))
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(policy, store);
+    // (Real time, at a second's start: Redis expires keys by its own clock.)
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let start = u64::try_from(now - now % 1000 + 1000).unwrap();
+    let mut trace = Vec::new();
+    let mut admitted = [[0; 2]; 2];
+    let check = |tenant: &'static str| {
+        let limiter = &limiter;
+        async move {
+            match limiter.check(tenant).await {
+                Ok(admission) => (said(admission.decision().unwrap()), Some(admission)),
+                Err(refused) => (said(refused.decision().unwrap()), None),
+            }
+        }
+    };
+    at(start);
+    // a asks 6, then b 6: the budget admits 10, then refuses b twice.
+    for (index, tenant) in ["a", "b"].into_iter().enumerate() {
+        for _ in 0..6 {
+            let (decision, admission) = check(tenant).await;
+            admitted[0][index] += u64::from(admission.is_some());
+            trace.push(decision);
+        }
+    }
+    // a's refund makes room: b is held to its share (5: it asked 8, a 6), then refused by it.
+    at(start + 100);
+    trace.push(said(&limiter.refund("a", 1).await.unwrap()));
+    for _ in 0..2 {
+        let (decision, admission) = check("b").await;
+        admitted[0][1] += u64::from(admission.is_some());
+        trace.push(decision);
+    }
+    trace.push(said(&limiter.peek("a").await.unwrap()));
+    // The next window is saturated from its start: 5 each. a's first admission, given back,
+    // leaves its share whole.
+    at(start + 1_000);
+    let (decision, admission) = check("a").await;
+    trace.push(decision);
+    trace.push(said(&admission.unwrap().refund().await.unwrap()));
+    for _ in 0..6 {
+        let (decision, admission) = check("a").await;
+        admitted[1][0] += u64::from(admission.is_some());
+        trace.push(decision);
+    }
+    // A reset of a clears its own counters, not what it used of the budget and its share.
+    limiter.reset("a").await.unwrap();
+    let (decision, admission) = check("a").await;
+    assert!(admission.is_none(), "{decision:?}");
+    trace.push(decision);
+    (trace, admitted)
+}
+
+#[tokio::test]
+async fn a_budgets_checks_refunds_peeks_give_backs_and_resets_say_the_same_on_both_stores() {
+    let clock = tower_redis_ratelimit::store::ManualClock::new(0);
+    let memory = common::store_at(&clock);
+    let (in_memory, admitted) =
+        a_budgets_calls_one_after_another(memory, |ms| clock.set(ms), "rl").await;
+    assert_eq!(admitted, [[6, 5], [5, 0]]);
+    let redis = TestRedis::shared();
+    let store = redis_store::store(&redis);
+    let fixed = store.clone();
+    let (on_redis, admitted) = a_budgets_calls_one_after_another(
+        store,
+        move |ms| fixed.fix_time_for_tests(Some(ms * 1_000)),
+        &unique_prefix("fair-calls"),
+    )
+    .await;
+    assert_eq!(admitted, [[6, 5], [5, 0]]);
+    for (step, (memory, redis)) in in_memory.iter().zip(&on_redis).enumerate() {
+        assert_eq!(memory, redis, "step {step}");
+    }
+    assert_eq!(in_memory.len(), on_redis.len());
+}
+
+/// A slot of a policy with a fair share, released, is free again, and an inspection reads the
+/// identity's own counts: both find its keys where its checks keep them (on Redis, under the
+/// budget's hash tag).
+async fn slots_and_inspections_find_the_keys_of_a_budgets_checks(
+    store: impl Store + Clone,
+    prefix: &str,
+) {
+    use tower_redis_ratelimit::RateLimiter;
+    // (A sliding log: the count is exact whenever the test runs.)
+    let policy = Policy::builder("slots")
+        .prefix(prefix)
+        .key(Key::user())
+        .algorithm(Algorithm::SlidingLog)
+        .rule(Rule::per_hour(100).named("own"))
+        .max_in_flight(1)
+        .lease(Duration::from_secs(600))
+        .fair_share(FairShare::new(Rule::per_hour(1_000)))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::new(policy.clone(), store.clone());
+    let limiter = RateLimiter::new(policy, store);
+    for _ in 0..3 {
+        let permit = limiter.acquire("a").await.expect("the one slot is free");
+        assert!(permit.holds_slot());
+        assert!(limiter.acquire("a").await.is_err(), "the slot is held");
+        permit.release().await.unwrap();
+    }
+    // Three slots taken, each refused once more: three admissions.
+    let usage = layer.inspect("user:a").await.unwrap();
+    let own = usage.iter().find(|rule| rule.rule == "own").unwrap();
+    assert_eq!((own.limit, own.remaining), (100, 97), "{usage:?}");
+}
+
+#[tokio::test]
+async fn slots_and_inspections_find_the_keys_of_a_budgets_checks_in_memory() {
+    slots_and_inspections_find_the_keys_of_a_budgets_checks(MemoryStore::new(), "rl").await;
+}
+
+#[tokio::test]
+async fn slots_and_inspections_find_the_keys_of_a_budgets_checks_on_redis() {
+    let redis = TestRedis::shared();
+    slots_and_inspections_find_the_keys_of_a_budgets_checks(
+        redis_store::store(&redis),
+        &unique_prefix("fair-slots"),
+    )
+    .await;
 }

@@ -25,6 +25,7 @@ fn script() -> redis::Script {
         include_str!("../../lua/sliding_counter.lua"),
         include_str!("../../lua/token_bucket.lua"),
         include_str!("../../lua/leases.lua"),
+        include_str!("../../lua/fair.lua"),
         include_str!("../../lua/entry.lua"),
         include_str!("../../lua/fast.lua"),
         include_str!("../../lua/claims.lua"),

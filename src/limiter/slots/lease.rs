@@ -48,6 +48,7 @@ impl Lease {
         let policy = &self.policy;
         CheckRequest::new(self.key.as_str(), policy.rules(), policy.algorithm())
             .identity(self.key.identity())
+            .sharing(policy.fair_key())
             .concurrency(policy.concurrency())
     }
 

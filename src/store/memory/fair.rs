@@ -168,9 +168,9 @@ impl Budget {
                 .unwrap_or(self.counter.period_ms());
             Duration::from_millis(wait)
         });
-        let used = share
-            .used
-            .saturating_add(if decision.allowed { cost } else { 0 });
+        // (What a check admitted used; a peek, as the rules' states, says what is left.)
+        let recorded = decision.allowed && request.call.records();
+        let used = share.used.saturating_add(if recorded { cost } else { 0 });
         let resets = Duration::from_millis(share.resets_in_ms);
         let (limit, remaining) = match share.cap {
             Some(cap) => (cap, cap.saturating_sub(used).min(budget_left)),

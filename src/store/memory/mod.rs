@@ -415,8 +415,8 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
-        self.book(policy).remove(whom);
+    fn remove_override(&self, policy: &Policy, whom: &Whom) -> ActionFuture {
+        self.book(policy.key_base()).remove(whom);
         Box::pin(std::future::ready(Ok(())))
     }
 

@@ -7,6 +7,7 @@ use ::redis::Cmd;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
+use super::fair_tag::{FAIR_KEYS, FairTag};
 use super::reply::RuleLimit;
 use crate::policy::{Algorithm, Rule};
 use crate::store::{Call, CheckRequest};
@@ -17,30 +18,34 @@ fn rule_limits(request: &CheckRequest<'_>) -> RuleLimits {
         .rules
         .iter()
         .map(|rule| RuleLimit {
-            limit: rule.limit(),
             guard: rule.is_duplicate_guard(),
-            quota: false,
-            concurrency: false,
             bucket: request.algorithm == Algorithm::TokenBucket && !rule.is_duplicate_guard(),
+            ..RuleLimit::of(rule.limit())
         })
         .collect();
     if let Some(quota) = request.quota {
         limits.push(RuleLimit {
-            limit: quota.limit,
-            guard: false,
             quota: true,
-            concurrency: false,
-            bucket: false,
+            ..RuleLimit::of(quota.limit)
         });
     }
     if let Some(concurrency) = request.concurrency {
-        // Its state comes last, after the quota's, as it does in the reply.
+        // Its state comes after the quota's, as it does in the reply.
         limits.push(RuleLimit {
-            limit: concurrency.max_in_flight(),
-            guard: false,
-            quota: false,
             concurrency: true,
-            bucket: false,
+            ..RuleLimit::of(concurrency.max_in_flight())
+        });
+    }
+    if let Some(fair) = request.fair {
+        // The budget's and the share's come last (the share's limit is the reply's).
+        limits.push(RuleLimit {
+            budget: true,
+            bucket: request.algorithm == Algorithm::TokenBucket,
+            ..RuleLimit::of(fair.budget.limit())
+        });
+        limits.push(RuleLimit {
+            share: true,
+            ..RuleLimit::of(fair.budget.limit())
         });
     }
     limits
@@ -125,7 +130,8 @@ impl PackedCheck {
             + usize::from(quota.is_some())
             + usize::from(concurrency.is_some())
             + usize::from(block_ms > 0)
-            + usize::from(matches!(request.call, Call::GiveBack(_)));
+            + usize::from(matches!(request.call, Call::GiveBack(_)))
+            + if request.fair.is_some() { FAIR_KEYS } else { 0 };
         // A receipt: two numbers, and a full time per token bucket rule; a claim: two numbers.
         let receipt = match request.call {
             Call::GiveBack(_) => 44 + rules * 21,
@@ -162,12 +168,20 @@ impl PackedCheck {
                 day.format(quota.day_ms),
                 offset.format(quota.day_start_offset_ms),
             );
-            write_key(
-                &mut packed.data,
-                quota.key,
-                quota.identity,
-                &["q", day, offset],
-            );
+            match request.shared_budget() {
+                // (Under a budget shared fairly, every key of the check has its tag.)
+                Some(budget) => FairTag::of(budget).write_tenant(
+                    &mut packed.data,
+                    quota.key,
+                    &["q", day, offset],
+                ),
+                None => write_key(
+                    &mut packed.data,
+                    quota.key,
+                    quota.identity,
+                    &["q", day, offset],
+                ),
+            }
             packed.end_key();
         }
         if concurrency.is_some() {
@@ -180,6 +194,22 @@ impl PackedCheck {
         }
         if let Call::GiveBack(_) = request.call {
             own.write(&mut packed.data, &["reset"]);
+            packed.end_key();
+        }
+        if let Some(fair) = request.fair {
+            let tag = FairTag::of(fair.key);
+            with_rule_key_parts(
+                request.algorithm,
+                fair.budget,
+                fair.budget.limit(),
+                |parts| {
+                    tag.write(&mut packed.data, "budget", parts);
+                },
+            );
+            packed.end_key();
+            tag.write(&mut packed.data, "shares", &[]);
+            packed.end_key();
+            tag.write(&mut packed.data, "s", &[request.identity]);
             packed.end_key();
         }
         // A claim's key follows the shape's keys, outside its count: a check with a claim has
@@ -220,6 +250,7 @@ impl PackedCheck {
             && guard.is_none()
             && concurrency.is_none()
             && request.claim.is_none()
+            && request.fair.is_none()
         {
             packed.merging = Merging::AddsUp(cost_start..data.len());
         }
@@ -234,6 +265,7 @@ impl PackedCheck {
             || block_ms > 0
             || quota.is_some()
             || concurrency.is_some()
+            || request.fair.is_some()
             || !request.call.records()
         {
             let options = [
@@ -251,11 +283,25 @@ impl PackedCheck {
                 // (lua/entry.lua); plus 8 in the generic form, which lua/entry.lua decides
                 // alone, never a lean function of lua/fast.lua (tests compare the two).
                 request.call.code() + if generic { 8 } else { 0 },
+                // A budget shared fairly: its limit (0: none), period, burst, the request's
+                // cost in it and the identity's weight (lua/fair.lua).
+                request.fair.map_or(0, |fair| fair.budget.limit()),
+                request.fair.map_or(0, |fair| fair.budget.period_ms()),
+                request.fair.map_or(0, |fair| fair.budget.burst_size()),
+                request.fair.map_or(0, |fair| fair.cost_of(request)),
+                request.fair.map_or(0, |fair| u64::from(fair.weight)),
             ];
             let alerts = thresholds
                 .iter()
                 .flat_map(|threshold| [threshold.percent.into(), threshold.used]);
-            for (index, option) in options.into_iter().chain(alerts).enumerate() {
+            // (Without a budget or alerts after them, the budget's zeros go unsaid: the script
+            // reads an option left out as 0.)
+            let said = if request.fair.is_none() && thresholds.is_empty() {
+                options.len() - 5
+            } else {
+                options.len()
+            };
+            for (index, option) in options.into_iter().take(said).chain(alerts).enumerate() {
                 if index > 0 {
                     data.push(',');
                 }
@@ -466,19 +512,32 @@ fn write_receipt(
             receipt.push(',');
             receipt.push_str(number.format(state.bucket_full_at_us.unwrap_or(0)));
         }
+        // A budget shared fairly's, after the rules' (its state the second last).
+        if request.fair.is_some() {
+            let budget = charged.rules.len().checked_sub(2);
+            let full_at = budget.and_then(|at| charged.rules.get(at));
+            receipt.push(',');
+            receipt.push_str(
+                number.format(
+                    full_at
+                        .and_then(|state| state.bucket_full_at_us)
+                        .unwrap_or(0),
+                ),
+            );
+        }
     }
 }
 
 /// Appends the key of `request`'s concurrency leases: a list of lease ids in expiry order
 /// (`lua/leases.lua`).
 fn write_leases_key(key: &mut String, request: &CheckRequest<'_>) {
-    write_key(key, request.key, request.identity, &["leases"]);
+    OwnKeys::of(request).write(key, &["leases"]);
 }
 
 /// Appends the key of `request`'s reset marker: when its identity was last reset
 /// (`lua/reset.lua`), which a give-back of an earlier admission reads (`lua/entry.lua`).
 pub(super) fn write_reset_marker(key: &mut String, request: &CheckRequest<'_>) {
-    write_key(key, request.key, request.identity, &["reset"]);
+    OwnKeys::of(request).write(key, &["reset"]);
 }
 
 /// The batch script's code of an algorithm (see `lua/batch.lua`).
@@ -610,6 +669,8 @@ fn with_rule_key_parts(
 struct OwnKeys<'a> {
     base: &'a str,
     identity: &'a str,
+    /// Under a budget shared fairly, its tag (see [`FairTag`]).
+    fair: Option<FairTag<'a>>,
     /// Where the first key's stem lies in the packing, once written.
     stem: Option<std::ops::Range<usize>>,
 }
@@ -619,6 +680,7 @@ impl<'a> OwnKeys<'a> {
         OwnKeys {
             base: request.key,
             identity: request.identity,
+            fair: request.shared_budget().map(FairTag::of),
             stem: None,
         }
     }
@@ -629,7 +691,10 @@ impl<'a> OwnKeys<'a> {
             Some(stem) => key.extend_from_within(stem.clone()),
             None => {
                 let start = key.len();
-                write_stem(key, self.base, self.identity);
+                match &self.fair {
+                    Some(tag) => tag.write_tenant(key, self.base, &[]),
+                    None => write_stem(key, self.base, self.identity),
+                }
                 self.stem = Some(start..key.len());
             }
         }
@@ -687,6 +752,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::policy::quota::QuotaThreshold;
+    use crate::store::FairRequest;
 
     #[test]
     fn keys_share_the_identity_hash_tag_and_name_algorithm_and_period() {
@@ -870,10 +936,44 @@ mod tests {
                 "rl:{user:ann}:daily:q:86400000:61200000",
                 "",
                 "1",
-                "sl|2|1|0,0,0,100,86400000,61200000,0,0,0,80,80,100,100|20|60000",
+                // (A budget's five options, zero, before the alerts.)
+                "sl|2|1|0,0,0,100,86400000,61200000,0,0,0,0,0,0,0,0,80,80,100,100|20|60000",
                 "1"
             ]
         );
+    }
+
+    #[test]
+    fn under_a_budget_shared_fairly_every_key_has_the_policys_tag_and_the_budgets_come_last() {
+        let rules = [Rule::per_minute(20)];
+        let budget = Rule::per_second(300);
+        let quota = crate::store::QuotaRequest::new("rl:daily:user:ann", 100, 86_400_000, 0, &[])
+            .identity("user:ann");
+        let request = CheckRequest::new("rl:llm:user:ann", &rules, Algorithm::FixedWindow)
+            .identity("user:ann")
+            .quota(Some(quota))
+            .fair(Some(FairRequest::new("rl:llm:fair", &budget).weight(2)));
+        assert_eq!(
+            args_of(&command_of("abc", &request)),
+            [
+                "EVALSHA",
+                "abc",
+                "5",
+                "rl:{llm}:fair:t:llm:user:ann:fw:60000:20",
+                "rl:{llm}:fair:t:daily:user:ann:q:86400000:0",
+                "rl:{llm}:fair:budget:fw:1000:300",
+                "rl:{llm}:fair:shares",
+                "rl:{llm}:fair:s:user:ann",
+                "",
+                "1",
+                "fw|5|1|0,0,0,100,86400000,0,0,0,0,300,1000,300,1,2|20|60000",
+                "1"
+            ]
+        );
+        // A reset deletes the tenant's keys alone, under the same tag; so does its override.
+        let mut marker = String::new();
+        write_reset_marker(&mut marker, &request);
+        assert_eq!(marker, "rl:{llm}:fair:t:llm:user:ann:reset");
     }
 
     #[test]

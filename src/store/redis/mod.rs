@@ -49,6 +49,7 @@ mod cluster;
 mod command;
 mod connection;
 mod error;
+mod fair_tag;
 mod merge;
 mod override_mirror;
 mod overrides;
@@ -223,10 +224,7 @@ impl Store for RedisStore {
     }
 
     fn abilities(&self) -> crate::store::Abilities {
-        // (Fair shares are the memory store's alone for now: issue 62.)
-        crate::store::Abilities(
-            crate::store::Abilities::ALL.0 & !crate::store::Abilities::FAIR_SHARE.0,
-        )
+        crate::store::Abilities::ALL
     }
 
     fn name(&self) -> &'static str {
@@ -258,12 +256,7 @@ impl Store for RedisStore {
         lasting: Option<Duration>,
     ) -> ActionFuture {
         let cluster = self.shared.connector.is_cluster();
-        let calls = overrides::book_calls(
-            policy.key_base(),
-            over.whom(),
-            Some((policy, &over, lasting)),
-            cluster,
-        );
+        let calls = overrides::book_calls(policy, over.whom(), Some((&over, lasting)), cluster);
         let calls = self.run_book_calls(calls);
         // This instance's copy of the networks, if it keeps one, holds the change at once.
         let mirror = match over.whom() {
@@ -281,13 +274,13 @@ impl Store for RedisStore {
         })
     }
 
-    fn remove_override(&self, policy: &str, whom: &Whom) -> ActionFuture {
+    fn remove_override(&self, policy: &Policy, whom: &Whom) -> ActionFuture {
         let cluster = self.shared.connector.is_cluster();
         let calls = self.run_book_calls(overrides::book_calls(policy, whom, None, cluster));
         let mirror = match whom {
             Whom::Identity(_) => None,
             Whom::Address(_) | Whom::Network(_) => self
-                .mirror_held(policy)
+                .mirror_held(policy.key_base())
                 .map(|mirror| (mirror, whom.clone())),
         };
         Box::pin(async move {
@@ -305,19 +298,26 @@ impl Store for RedisStore {
     }
 
     fn reset(&self, request: &CheckRequest<'_>) -> ActionFuture {
-        // The keys a check of the same request writes, but the quota's.
+        // The keys a check of the same request writes, but the quota's and a budget's shared
+        // fairly (its last keys): the identity's alone.
         let request = CheckRequest {
             quota: None,
             ..*request
         };
         let packed = PackedCheck::new(&request, true);
+        let own = packed.key_count()
+            - if request.fair.is_some() {
+                fair_tag::FAIR_KEYS
+            } else {
+                0
+            };
         // A script rather than DEL: its first key is where a cluster router looks for the slot
         // (all of them share the identity's hash tag).
         let mut marker = String::with_capacity(request.key.len() + 16);
         command::write_reset_marker(&mut marker, &request);
         let mut command = evalsha(&RESET);
-        command.arg(packed.key_count() + 1);
-        for key in packed.keys() {
+        command.arg(own + 1);
+        for key in packed.keys().take(own) {
             command.arg(key);
         }
         command.arg(marker);

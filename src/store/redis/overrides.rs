@@ -14,6 +14,7 @@ use ::redis::Value;
 use ipnet::IpNet;
 
 use super::command::{algorithm_code, rule_counter, write_key};
+use super::fair_tag::FairTag;
 use super::script::{OVERRIDE_BOOK, evalsha};
 use crate::policy::{Policy, Rule, StoredAction, StoredOverride, Whom};
 use crate::store::StoreError;
@@ -34,7 +35,7 @@ pub(super) fn lookup_of(policy: &Policy, networks: bool, cluster: bool) -> Optio
     if cluster {
         return Some(format!("~{suffix}~").into());
     }
-    let by_network = match (policy.key().is_ip(), networks) {
+    let by_network = match (networks_in_call(policy, false), networks) {
         (true, true) => "n",
         (true, false) => "a",
         (false, _) => "",
@@ -55,15 +56,15 @@ pub(super) fn index_keys(key_base: &str) -> [String; 3] {
     [ends, values, networks]
 }
 
-/// The key of `identity`'s override under the policy whose keys start with `key_base`.
-fn override_key(key_base: &str, identity: &str) -> String {
+/// The key of `identity`'s override under the policy whose keys start with `key_base`, beside
+/// the identity's counters (under the tag of the budget it shares fairly, `fair_key`, if any).
+fn override_key(key_base: &str, identity: &str, fair_key: Option<&str>) -> String {
     let mut key = String::new();
-    write_key(
-        &mut key,
-        &format!("{key_base}{identity}"),
-        identity,
-        &["override"],
-    );
+    let base = format!("{key_base}{identity}");
+    match fair_key {
+        Some(fair_key) => FairTag::of(fair_key).write_tenant(&mut key, &base, &["override"]),
+        None => write_key(&mut key, &base, identity, &["override"]),
+    }
     key
 }
 
@@ -83,9 +84,10 @@ fn kept_of(whom: &Whom) -> Kept {
 }
 
 /// Whether a check of `policy` matches its client's address against the networks set in its
-/// own call (keyed by client address, on one node); if not, the instance keeps a copy of them.
+/// own call (keyed by client address, on one node, its keys tagged by the identity: not under a
+/// budget shared fairly); if not, the instance keeps a copy of them.
 pub(super) fn networks_in_call(policy: &Policy, cluster: bool) -> bool {
-    policy.key().is_ip() && !cluster
+    policy.key().is_ip() && !cluster && policy.fair_share().is_none()
 }
 
 /// The ending of the shape of a check of `policy` whose client's address or network has `over`
@@ -159,15 +161,17 @@ fn value_of(policy: &Policy, over: &StoredOverride) -> Result<String, StoreError
 /// The `lua/override_book.lua` call(s) that set or remove the override of `identity`: one on one
 /// node; on a Cluster, one for its key and one for the index, which lie in different slots.
 pub(super) fn book_calls(
-    key_base: &str,
+    policy: &Policy,
     whom: &Whom,
-    set: Option<(&Policy, &StoredOverride, Option<Duration>)>,
+    set: Option<(&StoredOverride, Option<Duration>)>,
     cluster: bool,
 ) -> Result<Vec<::redis::Cmd>, StoreError> {
+    let key_base = policy.key_base();
     let [ends, values, networks] = index_keys(key_base);
     let (target, key) = match kept_of(whom) {
         Kept::Identity(identity) => {
-            let key = override_key(key_base, &identity);
+            let fair_key = policy.fair_share().map(|fairness| &*fairness.key);
+            let key = override_key(key_base, &identity, fair_key);
             (identity, Some(key))
         }
         Kept::Network(network) => (format!("net:{network}"), None),
@@ -175,7 +179,7 @@ pub(super) fn book_calls(
     // The identity's key as a check names it: the notice every instance hears.
     let checked = format!("{key_base}{target}");
     let (action, value, lasting) = match set {
-        Some((policy, over, lasting)) => (
+        Some((over, lasting)) => (
             "set",
             value_of(policy, over)?,
             lasting.map_or(String::new(), |lasting| {

@@ -13,8 +13,9 @@ use super::super::StoreError;
 use super::error::fault_of;
 use crate::decision::{AppliedOverride, Decision, RuleState};
 
-/// What the reply needs to know of a rule, in the request's rule order (the quota last).
-#[derive(Debug, Clone, Copy)]
+/// What the reply needs to know of a rule, in the request's rule order (the counted rules and the
+/// guard, then the quota, the concurrency limit, a budget shared fairly and the share).
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) struct RuleLimit {
     pub(super) limit: u64,
     /// The duplicate guard, whose state the script sends after the counted rules'.
@@ -23,9 +24,30 @@ pub(super) struct RuleLimit {
     pub(super) quota: bool,
     /// The concurrency limit, whose state comes after the quota's and is followed by the lease.
     pub(super) concurrency: bool,
-    /// A token bucket's counted rule: an admission's full reply says its bucket's full time
-    /// after the lease.
+    /// A token bucket's counted rule (or budget): an admission's full reply says its bucket's
+    /// full time after the lease.
     pub(super) bucket: bool,
+    /// A budget shared fairly, whose state comes after the concurrency limit's.
+    pub(super) budget: bool,
+    /// The identity's share of it, whose state comes last, and whose limit the reply says after
+    /// the lease (it moves with the budget's saturation).
+    pub(super) share: bool,
+}
+
+impl RuleLimit {
+    /// A counted rule of `limit`.
+    pub(super) fn of(limit: u64) -> Self {
+        RuleLimit {
+            limit,
+            ..RuleLimit::default()
+        }
+    }
+
+    /// Whether its state comes after the guard's (the quota, the concurrency limit, a budget
+    /// shared fairly, the share), kept when a run-time override replaces the counted rules.
+    fn after_guard(&self) -> bool {
+        self.quota || self.concurrency || self.budget || self.share
+    }
 }
 
 /// The batch reply read: the batch's time (ms since the Unix epoch), its numbers, and where each
@@ -74,14 +96,11 @@ impl Overridden {
                 let own = params
                     .chunks(if bucket { 3 } else { 2 })
                     .map(|params| RuleLimit {
-                        limit: params[0],
-                        guard: false,
-                        quota: false,
-                        concurrency: false,
                         bucket,
+                        ..RuleLimit::of(params[0])
                     });
-                // The quota's and the concurrency limit's stay the request's.
-                let kept = limits.iter().filter(|rule| rule.quota || rule.concurrency);
+                // The quota's, the concurrency limit's and a budget's stay the request's.
+                let kept = limits.iter().filter(|rule| rule.after_guard());
                 (Some(own.chain(kept.copied()).collect()), false)
             }
         };
@@ -135,12 +154,13 @@ impl BatchReply {
 }
 
 /// The length of an admission's short form for a check of these rules (see `lua/batch.lua`):
-/// remaining and reset per rule, then the lease taken when it has a concurrency limit, then each
-/// token bucket's full time.
+/// remaining and reset per rule, then the lease taken when it has a concurrency limit, the
+/// share's limit when it has a budget shared fairly, then each token bucket's full time.
 pub(super) fn short_length(limits: &[RuleLimit]) -> usize {
-    let leases = usize::from(limits.last().is_some_and(|rule| rule.concurrency));
+    let leases = usize::from(limits.iter().any(|rule| rule.concurrency));
+    let shares = usize::from(limits.iter().any(|rule| rule.share));
     let buckets = limits.iter().filter(|rule| rule.bucket).count();
-    2 * limits.len() + leases + buckets
+    2 * limits.len() + leases + shares + buckets
 }
 
 /// Plain rules whose admissions' short form is `length` items long (one rule a token bucket when
@@ -149,11 +169,8 @@ pub(super) fn short_length(limits: &[RuleLimit]) -> usize {
 pub(super) fn limits_of_short_length(length: usize) -> Vec<RuleLimit> {
     (0..length / 2)
         .map(|index| RuleLimit {
-            limit: 10,
-            guard: false,
-            quota: false,
-            concurrency: false,
             bucket: index == 0 && length % 2 == 1,
+            ..RuleLimit::of(10)
         })
         .collect()
 }
@@ -323,8 +340,9 @@ fn text(rest: &mut &[u8], length: usize) -> Option<Item> {
 /// admission's short form (`short`: `remaining, reset` per rule: admitted, no delay, no retry, no
 /// alert; then the lease taken, and each token bucket's full time), or the check's reply
 /// (`allowed, delay, then remaining, reset, retry` per rule, the counted rules, then the guard,
-/// then the quota, then the concurrency limit and the lease taken (0: none), then, when admitted,
-/// each token bucket's full time, then the percents of the alerts that fired).
+/// then the quota, then the concurrency limit, a budget shared fairly and the share, then the lease
+/// taken (0: none), then the share's limit, then, when admitted, each token bucket's full time,
+/// then the percents of the alerts that fired).
 fn decision_from(
     entry: &[i64],
     short: bool,
@@ -356,14 +374,14 @@ fn decision_from(
     };
     let counted = limits
         .iter()
-        .filter(|rule| !rule.guard && !rule.quota && !rule.concurrency)
+        .filter(|rule| !rule.guard && !rule.after_guard())
         .count();
     let guards = limits.iter().filter(|rule| rule.guard).count();
     let (mut next_counted, mut next_guard, mut next_quota) = (0, counted, counted + guards);
     let mut rules = limits
         .iter()
         .map(|rule| {
-            let slot = if rule.quota || rule.concurrency {
+            let slot = if rule.after_guard() {
                 &mut next_quota
             } else if rule.guard {
                 &mut next_guard
@@ -384,13 +402,16 @@ fn decision_from(
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let (lease, mut alerts_start) = match limits.last() {
-        Some(last) if last.concurrency => {
-            let id = unsigned(*entry.get(states_end).ok_or_else(malformed)?)?;
-            (Some(id).filter(|&id| id > 0), states_end + 1)
-        }
-        _ => (None, states_end),
+    let (lease, mut alerts_start) = if limits.iter().any(|rule| rule.concurrency) {
+        let id = unsigned(*entry.get(states_end).ok_or_else(malformed)?)?;
+        (Some(id).filter(|&id| id > 0), states_end + 1)
+    } else {
+        (None, states_end)
     };
+    if let Some(share) = limits.iter().position(|rule| rule.share) {
+        rules[share].limit = unsigned(*entry.get(alerts_start).ok_or_else(malformed)?)?;
+        alerts_start += 1;
+    }
     // An admission's token buckets: each counted rule's full time, in the counted rules' order.
     if allowed {
         for (state, _) in rules

@@ -45,13 +45,7 @@ fn decision_of(items: &[i64], limits: &[RuleLimit]) -> Result<Decision, StoreErr
 }
 
 fn counted(limit: u64) -> RuleLimit {
-    RuleLimit {
-        limit,
-        guard: false,
-        quota: false,
-        concurrency: false,
-        bucket: false,
-    }
+    RuleLimit::of(limit)
 }
 
 #[test]
@@ -226,11 +220,8 @@ fn a_short_form_carries_the_lease_then_each_buckets_full_time() {
 #[test]
 fn the_quota_state_comes_last_then_the_alerts_fired() {
     let quota = RuleLimit {
-        limit: 100,
-        guard: false,
         quota: true,
-        concurrency: false,
-        bucket: false,
+        ..counted(100)
     };
     let decision = decision_of(
         &[-9, 1, 0, 19, 60_000, -1, 20, 5_000, -1, 80],
@@ -246,11 +237,8 @@ fn the_guard_state_comes_last_and_goes_back_to_its_rule() {
     // A guard that isn't the last rule (a hand-made request) still gets its own state.
     let limits = [
         RuleLimit {
-            limit: 1,
             guard: true,
-            quota: false,
-            concurrency: false,
-            bucket: false,
+            ..counted(1)
         },
         counted(5),
     ];
@@ -297,4 +285,66 @@ fn malformed_entries_are_protocol_errors() {
             "{entry:?}"
         );
     }
+}
+
+#[test]
+fn a_budgets_and_a_shares_states_come_after_the_slots_and_the_shares_limit_after_the_lease() {
+    let slots = RuleLimit {
+        concurrency: true,
+        ..counted(3)
+    };
+    let budget = RuleLimit {
+        budget: true,
+        bucket: true,
+        ..counted(300)
+    };
+    let share = RuleLimit {
+        share: true,
+        ..counted(300)
+    };
+    let limits = [counted(10), slots, budget, share];
+    // Short: remaining and reset per state, the lease, the share's limit, the budget's full time.
+    assert_eq!(short_length(&limits), 2 * 4 + 1 + 1 + 1);
+    let decision = decision_of(
+        &[
+            9,
+            100,
+            2,
+            60_000,
+            250,
+            1_000,
+            40,
+            1_000,
+            77,
+            75,
+            1_000_100_000,
+        ],
+        &limits,
+    )
+    .unwrap();
+    assert_eq!(decision.lease, Some(77));
+    assert_eq!(
+        (decision.rules[2].limit, decision.rules[2].remaining),
+        (300, 250)
+    );
+    assert_eq!(decision.rules[2].bucket_full_at_us, Some(1_000_100_000));
+    assert_eq!(
+        (decision.rules[3].limit, decision.rules[3].remaining),
+        (75, 40)
+    );
+    // Full: refused by the share, whose retry is the window's end.
+    let refused = decision_of(
+        &[
+            -16, 0, 0, 9, 100, -1, 2, 60_000, -1, 250, 1_000, -1, 0, 400, 400, 0, 75,
+        ],
+        &limits,
+    )
+    .unwrap();
+    assert!(!refused.allowed);
+    assert_eq!(refused.rules[3].limit, 75);
+    assert_eq!(
+        refused.rules[3].retry_after,
+        Some(Duration::from_millis(400))
+    );
+    assert_eq!(refused.rules[2].retry_after, None);
 }
