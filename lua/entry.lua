@@ -456,7 +456,7 @@ local function run_entry(shape, base, receipt, n)
         algorithm.inspect(shape, fair_at, budget_key, units, false)
         algorithm.commit(shape, fair_at, budget_key, units, now, now_us)
         local _, _, _, shares = fair_share(shares_key, tenant, shape.limits[fair_at],
-                                           shape.periods[fair_at], shape.fair_weight, 0)
+                                           shape.periods[fair_at], nil, 0)
         fair_count(shares, tenant, units, true)
       end
     end
@@ -499,7 +499,8 @@ local function run_entry(shape, base, receipt, n)
     fair_asking = kind == KIND_CHECK or kind == KIND_PEEK
     local asked = fair_asking and fair_cost or 0
     share_cap, share_used, share_resets, shares = fair_share(shares_key, tenant,
-      shape.limits[fair_at], shape.periods[fair_at], shape.fair_weight, asked)
+      shape.limits[fair_at], shape.periods[fair_at], fair_asking and shape.fair_weight or nil,
+      asked)
     if budget_given ~= nil then
       budget_fits = budget_given
     else

@@ -170,7 +170,9 @@ local function fair_roll(shares, key, budget, window)
 end
 
 -- Tenant `field`'s share of the budget (`budget` units per `period` ms) under `key` at `now`, of
--- weight `weight`, for a request of `cost` units (share in src/store/memory/fair.rs): what it may
+-- weight `weight` (nil for a call that doesn't weigh, as a give-back: the weight its latest check
+-- gave, 1 for a new tenant), for a request of `cost` units (share in src/store/memory/fair.rs):
+-- what it may
 -- use this window (nil while the budget isn't saturated), what it has used, and the time until
 -- the window ends (ms); and the shares.
 local function fair_share(key, field, budget, period, weight, cost)
@@ -185,9 +187,9 @@ local function fair_share(key, field, budget, period, weight, cost)
       local asked, before = asked_in(tenant, window)
       tenant[2], tenant[3], tenant[4], tenant[5] = window, asked, before, 0
     end
-    tenant[1] = weight
+    tenant[1] = weight or tenant[1]
   else
-    tenant = {weight, window, 0, 0, 0}
+    tenant = {weight or 1, window, 0, 0, 0}
     shares.tenants[field] = tenant
     shares.gone[field] = nil
   end
@@ -199,7 +201,7 @@ local function fair_share(key, field, budget, period, weight, cost)
   if not shares.level and shares.asked + cost >= budget then
     shares.level = level_now(shares, key, budget, field, cost, false)
   end
-  local cap = shares.level and floor(weight * shares.level) or nil
+  local cap = shares.level and floor(tenant[1] * shares.level) or nil
   return cap, tenant[5], period - into, shares
 end
 

@@ -45,6 +45,14 @@ impl FairShare {
         &self.budget
     }
 
+    /// The same, its budget's period longer by `margin` (see `Rule::widened`).
+    pub(crate) fn widened(&self, margin: std::time::Duration) -> FairShare {
+        FairShare {
+            budget: self.budget.widened(margin),
+            weight: self.weight.clone(),
+        }
+    }
+
     /// The weight of the identity of the request of `parts` (1 without `weight_from_fn`).
     pub(crate) fn weight(&self, parts: &Parts) -> u32 {
         self.weight

@@ -129,6 +129,18 @@ pub(crate) struct Fairness {
     pub(crate) share_name: Box<str>,
 }
 
+impl Fairness {
+    /// The same, its budget's period longer by `margin` (the outbound layer's counting).
+    fn widened(&self, margin: Duration) -> Fairness {
+        Fairness {
+            fair: self.fair.widened(margin),
+            key: self.key.clone(),
+            budget_name: self.budget_name.clone(),
+            share_name: self.share_name.clone(),
+        }
+    }
+}
+
 /// A policy's meter, with the bounds its build found.
 pub(crate) struct Metering {
     pub(crate) meter: Meter,
@@ -329,7 +341,10 @@ impl Policy {
             prefetch: inner.prefetch,
             quota: None,
             concurrency: None,
-            fair_share: None,
+            fair_share: inner
+                .fair_share
+                .as_ref()
+                .map(|fairness| fairness.widened(margin)),
             max_cost: inner.max_cost,
             metering: inner.metering.as_ref().map(|metering| Metering {
                 meter: metering.meter.clone(),

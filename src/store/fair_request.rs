@@ -16,6 +16,9 @@ pub struct FairRequest<'a> {
     pub budget: &'a Rule,
     /// The identity's weight (at least 1).
     pub weight: u32,
+    /// Whose share the request is of, when not its identity's ([`CheckRequest::identity`]): the
+    /// outbound layer's checks are keyed by upstream, and name the caller here.
+    pub tenant: Option<&'a str>,
 }
 
 impl<'a> FairRequest<'a> {
@@ -25,7 +28,15 @@ impl<'a> FairRequest<'a> {
             key,
             budget,
             weight: 1,
+            tenant: None,
         }
+    }
+
+    /// Counts the request in the share of `tenant` rather than its identity's.
+    #[must_use]
+    pub fn tenant(mut self, tenant: Option<&'a str>) -> Self {
+        self.tenant = tenant;
+        self
     }
 
     /// Sets the identity's weight (0 counts as 1).
@@ -33,6 +44,11 @@ impl<'a> FairRequest<'a> {
     pub fn weight(mut self, weight: u32) -> Self {
         self.weight = weight.max(1);
         self
+    }
+
+    /// Whose share `request` is of: its tenant's, or its identity's.
+    pub(crate) fn tenant_of(&self, request: &CheckRequest<'a>) -> &'a str {
+        self.tenant.unwrap_or(request.identity)
     }
 
     /// What the request costs the budget: its units when the budget is metered.

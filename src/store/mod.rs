@@ -18,10 +18,10 @@ use crate::policy::{Algorithm, Policy, Rule, StoredOverride, Whom};
 
 mod check_future;
 mod fair_request;
-mod quota_request;
 pub(crate) mod gcra;
 mod memory;
 pub(crate) mod overrides;
+mod quota_request;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
@@ -29,10 +29,10 @@ pub use self::check_future::CheckFuture;
 #[cfg(feature = "redis")]
 pub(crate) use self::check_future::{Answered, Deferred};
 pub use self::fair_request::FairRequest;
-pub use self::quota_request::QuotaRequest;
 pub use self::memory::{Clock, ManualClock, MemoryStore, MemoryStoreBuilder, SystemClock};
 #[doc(hidden)]
 pub use self::overrides::{Listed, OverrideBook};
+pub use self::quota_request::QuotaRequest;
 #[cfg(feature = "tls")]
 pub use self::redis::TlsOptions;
 #[cfg(feature = "redis")]

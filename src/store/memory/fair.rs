@@ -115,7 +115,9 @@ impl Budget {
         let cost = fair.cost_of(request);
         self.counter.forget_before(now);
         Gate {
-            share: self.shares.share(request.identity, fair.weight, cost, now),
+            share: self
+                .shares
+                .share(fair.tenant_of(request), Some(fair.weight), cost, now),
             budget_fits: self.counter.fits(now, cost),
             cost,
             now,
@@ -136,8 +138,12 @@ impl Budget {
             .rules
             .iter()
             .all(|state| state.retry_after.is_none());
-        if request.call.records() && own_limits_admit {
-            self.shares.count(request.identity, cost, decision.allowed);
+        if request.call.records()
+            && own_limits_admit
+            && let Some(fair) = request.fair
+        {
+            self.shares
+                .count(fair.tenant_of(request), cost, decision.allowed);
             if decision.allowed {
                 self.counter
                     .record(now.saturating_add(millis(decision.delay)), cost);
@@ -207,7 +213,7 @@ impl Budget {
         let cost = fair.cost_of(request);
         self.counter.forget_before(now);
         self.counter.refund(now, cost);
-        self.shares.give_back(request.identity, cost, now);
+        self.shares.give_back(fair.tenant_of(request), cost, now);
         self.report_now(request, fair, decision);
     }
 
@@ -239,7 +245,8 @@ impl Budget {
                 bucket_full_at_us,
             },
         );
-        self.shares.give_back(request.identity, cost, checked_ms);
+        self.shares
+            .give_back(fair.tenant_of(request), cost, checked_ms);
         self.report_now(request, fair, decision);
     }
 
@@ -256,8 +263,9 @@ impl Budget {
         self.counter.forget_before(now);
         if cost > 0 {
             self.counter.record(now, cost);
-            self.shares.share(request.identity, fair.weight, 0, now);
-            self.shares.count(request.identity, cost, true);
+            let tenant = fair.tenant_of(request);
+            self.shares.share(tenant, None, 0, now);
+            self.shares.count(tenant, cost, true);
         }
         self.report_now(request, fair, decision);
     }
@@ -270,7 +278,7 @@ impl Budget {
         decision: &mut Decision,
     ) {
         let now = self.latest_ms;
-        let share = self.shares.share(request.identity, fair.weight, 0, now);
+        let share = self.shares.share(fair.tenant_of(request), None, 0, now);
         self.report(request, share, false, false, decision);
     }
 }
@@ -366,23 +374,31 @@ impl Shares {
         }
     }
 
-    /// `tenant`'s share at `now` (ms), of weight `weight` (at least 1), for a request of `cost`
-    /// units: the level is set first, if this window has none yet, or saturates with it.
-    pub(super) fn share(&mut self, tenant: &str, weight: u32, cost: u64, now: u64) -> Share {
+    /// `tenant`'s share at `now` (ms), of weight `weight` (at least 1; `None`, a call that
+    /// doesn't weigh, as a give-back: the one its latest check gave, 1 for a new tenant), for a
+    /// request of `cost` units: the level is set first, if this window has none yet, or
+    /// saturates with it.
+    pub(super) fn share(
+        &mut self,
+        tenant: &str,
+        weight: Option<u32>,
+        cost: u64,
+        now: u64,
+    ) -> Share {
         let window = now / self.period_ms;
         if window != self.window {
             self.roll(window);
         }
-        let weight = weight.max(1);
+        let weight = weight.map(|weight| weight.max(1));
         let own = match self.tenants.get_mut(tenant) {
             Some(own) => {
                 *own = own.in_window(window);
-                own.weight = weight;
+                own.weight = weight.unwrap_or(own.weight);
                 *own
             }
             None => {
                 let own = Tenant {
-                    weight,
+                    weight: weight.unwrap_or(1),
                     window,
                     asked: 0,
                     asked_before: 0,
@@ -403,7 +419,7 @@ impl Shares {
         Share {
             cap: self
                 .level
-                .map(|level| (f64::from(weight) * level).floor() as u64),
+                .map(|level| (f64::from(own.weight) * level).floor() as u64),
             used: own.used,
             resets_in_ms: self.period_ms - into_window,
         }
@@ -547,7 +563,7 @@ mod tests {
                         if ms < from || ms >= until {
                             continue;
                         }
-                        let share = shares.share(tenant, weight, 1, ms);
+                        let share = shares.share(tenant, Some(weight), 1, ms);
                         let admit = share.fits(1) && budget_used < 300;
                         shares.count(tenant, 1, admit);
                         if admit {
@@ -610,7 +626,7 @@ mod tests {
             let mut budget_used = 0;
             for ms in window * 1000..(window + 1) * 1000 {
                 for _ in 0..2 {
-                    let share = shares.share("heavy", 1, 1, ms);
+                    let share = shares.share("heavy", Some(1), 1, ms);
                     let admit = share.fits(1) && budget_used < 300;
                     shares.count("heavy", 1, admit);
                     if admit {
@@ -619,7 +635,7 @@ mod tests {
                     }
                 }
                 if ms % 20 == 10 {
-                    let share = shares.share("light", 1, 1, ms);
+                    let share = shares.share("light", Some(1), 1, ms);
                     let admit = share.fits(1) && budget_used < 300;
                     shares.count("light", 1, admit);
                     if admit {
@@ -636,17 +652,30 @@ mod tests {
     }
 
     #[test]
+    fn a_call_that_doesnt_weigh_keeps_the_tenants_weight() {
+        let mut shares = Shares::new(300, 1000);
+        let tenants = [("a", 1, 0, u64::MAX), ("c", 2, 0, u64::MAX)];
+        run(&mut shares, &tenants, 2, 0..2);
+        // A give-back's report, say: c still weighs 2, and its share is twice a's.
+        let (a, c) = (
+            shares.share("a", None, 0, 2_050),
+            shares.share("c", None, 0, 2_050),
+        );
+        assert_eq!((a.cap, c.cap), (Some(100), Some(200)));
+    }
+
+    #[test]
     fn an_unsaturated_budget_holds_nobody_and_quiet_tenants_are_forgotten() {
         let mut shares = Shares::new(300, 1000);
         for ms in 0..100 {
-            let share = shares.share("a", 1, 1, ms);
+            let share = shares.share("a", Some(1), 1, ms);
             assert_eq!(share.cap, None);
             shares.count("a", 1, true);
         }
-        shares.share("b", 1, 1, 1500);
+        shares.share("b", Some(1), 1, 1500);
         assert_eq!(shares.len(), 2);
         // Two windows later, `a` (last asked in window 0) is gone.
-        shares.share("b", 1, 1, 2500);
+        shares.share("b", Some(1), 1, 2500);
         assert_eq!(shares.len(), 1);
         assert!(!shares.is_saturated());
     }

@@ -209,7 +209,7 @@ impl PackedCheck {
             packed.end_key();
             tag.write(&mut packed.data, "shares", &[]);
             packed.end_key();
-            tag.write(&mut packed.data, "s", &[request.identity]);
+            tag.write(&mut packed.data, "s", &[fair.tenant_of(request)]);
             packed.end_key();
         }
         // A claim's key follows the shape's keys, outside its count: a check with a claim has
