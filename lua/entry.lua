@@ -510,6 +510,11 @@ local function run_entry(shape, base, receipt, n)
     share_fits = not share_cap or share_used + asked <= share_cap
     if fair_asking and not budget_fits then
       budget_wait = algorithm.wait(shape, fair_at, fair_cost, budget_key) or shape.periods[fair_at]
+      -- While shares bind, no later than the window's end: a tenant held back asks again when
+      -- the next window's shares are set (a caller that waits for room included).
+      if share_cap and budget_wait > share_resets then
+        budget_wait = share_resets
+      end
     end
     if fair_asking and not (budget_fits and share_fits) then
       allowed = 0

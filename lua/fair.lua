@@ -11,8 +11,10 @@
 --   a, b       units asked this window, and in the window before (0 when that one saw none)
 --   l          the level shares stand at this window ('' while the budget isn't saturated)
 --   r          1 once the absent tenants' shares were let go this window
---   <tenant>   `<weight> <window> <asked> <asked before> <used>`: the last window it asked in,
---              what it asked then and in the window before, what it was admitted then; the field
+--   <tenant>   `<weight> <window> <asked> <asked before> <used> <held> <held before>`: the last
+--              window it asked in, what it asked then and in the window before, what it was
+--              admitted then, and whether it was held back (a request refused: 1, else 0) then and before;
+--              the field
 --              is the tenant's key (`…:fair:s:<identity>`), a key of the check that is never
 --              read as one
 -- It lives to the end of the window after the last it was written in: after that, nothing in it
@@ -24,7 +26,8 @@
 -- batch cost Redis two commands more than they would without it, not two each.
 
 -- The shares the batch has read, by key: {window, asked, asked_before, level (false: none),
--- released, tenants (by field: {weight, window, asked, asked_before, used}, false: none), all
+-- released, tenants (by field: {weight, window, asked, asked_before, used, held, held_before},
+-- false: none), all
 -- (every tenant read), changed (the fields to write), gone (the fields to delete), period, dirty}.
 local fair_known = {}
 -- The needs of a level being worked out ({need, weight} each), kept from call to call.
@@ -41,12 +44,13 @@ local function tenant_of_text(text)
   if not text then
     return nil
   end
-  local weight, window, asked, before, used =
-    string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+  local weight, window, asked, before, used, held, held_before =
+    string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+) ([01]) ([01])$')
   if weight == nil then
     return nil
   end
-  return {tonumber(weight), tonumber(window), tonumber(asked), tonumber(before), tonumber(used)}
+  return {tonumber(weight), tonumber(window), tonumber(asked), tonumber(before), tonumber(used),
+          tonumber(held), tonumber(held_before)}
 end
 
 -- The shares under `key`, for a budget of period `period` (ms), with tenant `field` read too.
@@ -84,16 +88,16 @@ local function read_all(shares, key)
   shares.all = true
 end
 
--- What `tenant` asked in `window` and the window before, seen from `window` (a later one than its
--- own, or its own).
+-- What `tenant` asked in `window` and the window before, and whether it was held back in either
+-- (1 or 0), seen from `window` (a later one than its own, or its own).
 local function asked_in(tenant, window)
   local since = window - tenant[2]
   if since <= 0 then
-    return tenant[3], tenant[4]
+    return tenant[3], tenant[4], math.max(tenant[6], tenant[7])
   elseif since == 1 then
-    return 0, tenant[3]
+    return 0, tenant[3], tenant[6]
   end
-  return 0, 0
+  return 0, 0, 0
 end
 
 -- The level `L` at which Σ min(need, weight × L) over the needs is `budget` (false when every
@@ -123,19 +127,19 @@ end
 
 -- The level now (level_now in src/store/memory/fair.rs): each active tenant needs what it asked
 -- in the window before, or so far in this one when more (`asking`, `cost`: the request being
--- judged); with `release`, a tenant that asked for more than its share before and hasn't asked
--- this window needs nothing.
+-- judged), or, held back in either, more than any share; with `release`, a tenant that
+-- asked for more than its share before and hasn't asked this window needs nothing.
 local function level_now(shares, key, budget, asking, cost, release)
   read_all(shares, key)
   local window, count = shares.window, 0
   for field, tenant in pairs(shares.tenants) do
     if tenant then
-      local asked_now, before = asked_in(tenant, window)
+      local asked_now, before, held = asked_in(tenant, window)
       if field == asking then
         asked_now = asked_now + cost
       end
       local weight = tenant[1]
-      local need = math.max(before, asked_now)
+      local need = held == 1 and math.huge or math.max(before, asked_now)
       if release and asked_now == 0 and shares.level and need >= weight * shares.level then
         need = 0
       end
@@ -185,11 +189,13 @@ local function fair_share(key, field, budget, period, weight, cost)
   if tenant then
     if tenant[2] ~= window then
       local asked, before = asked_in(tenant, window)
+      local held_before = window - tenant[2] == 1 and tenant[6] or 0
       tenant[2], tenant[3], tenant[4], tenant[5] = window, asked, before, 0
+      tenant[6], tenant[7] = 0, held_before
     end
     tenant[1] = weight or tenant[1]
   else
-    tenant = {weight or 1, window, 0, 0, 0}
+    tenant = {weight or 1, window, 0, 0, 0, 0, 0}
     shares.tenants[field] = tenant
     shares.gone[field] = nil
   end
@@ -206,7 +212,7 @@ local function fair_share(key, field, budget, period, weight, cost)
 end
 
 -- Counts a request of tenant `field` of `cost` units that reached the budget (its own limits
--- admitted it), admitted or not: what it asked, and what it used.
+-- admitted it), `admitted` or not: what it asked, what it used, and whether it was held back.
 local function fair_count(shares, field, cost, admitted)
   shares.asked = shares.asked + cost
   local tenant = shares.tenants[field]
@@ -214,6 +220,8 @@ local function fair_count(shares, field, cost, admitted)
     tenant[3] = tenant[3] + cost
     if admitted then
       tenant[5] = tenant[5] + cost
+    else
+      tenant[6] = 1
     end
     shares.changed[field] = true
   end
@@ -245,8 +253,8 @@ local function flush_fair()
         local tenant = shares.tenants[field]
         if tenant then
           fields[#fields + 1] = field
-          fields[#fields + 1] = string.format('%d %d %d %d %d', tenant[1], tenant[2], tenant[3],
-                                              tenant[4], tenant[5])
+          fields[#fields + 1] = string.format('%d %d %d %d %d %d %d', tenant[1], tenant[2],
+                                              tenant[3], tenant[4], tenant[5], tenant[6], tenant[7])
         end
       end
       call(unpack(fields))

@@ -28,8 +28,10 @@
 //!   the window before, or so far in this one), each identity active in this window or the one
 //!   before is admitted up to its share: `budget × weight / Σ weights` when all want more than
 //!   that; max-min fair by weight otherwise, so an identity that asked less (in the window
-//!   before) is held to nothing it doesn't use, and what it leaves goes to the others. Shares
-//!   are set at a window's first request, so they hold from its first millisecond.
+//!   before) is held to nothing it doesn't use, and what it leaves goes to the others. An
+//!   identity refused in the window before wanted more than it got, whatever it asked: it needs
+//!   more than any share. Shares are set at a window's first request, so they hold from its
+//!   first millisecond.
 //! - **An identity that arrives** is held to the level the others' shares stand at, and counted
 //!   in the next window's shares: it has its share within one window. One that stops lets its
 //!   share go a tenth into the next window.
@@ -46,7 +48,13 @@
 //!
 //! In delay mode ([`Mode::Delay`](crate::Mode::Delay)) a request may wait for room in the
 //! policy's own rules, never for a share: a refusal for fairness (or by the budget) is answered
-//! at once. The outbound layer counts its calls by the policy's rules alone, without its fair
-//! share, for now.
+//! at once, its `Retry-After` no later than the window's end while shares bind.
+//!
+//! On the way out, an [`OutboundLayer`](crate::outbound::OutboundLayer) of a policy with a fair
+//! share shares its budget among the callers of one vendor: its calls are counted by upstream
+//! as always, and the policy's key names each call's caller on the outgoing request (a header
+//! your code sets, such as `Key::header("x-tenant")`, or a `UserId` in its extensions; calls it
+//! names no caller for share one, `-`). A call past its caller's share waits for the next
+//! window within the layer's maximum wait, as any call waits for room.
 
 pub use crate::policy::fair_share::FairShare;

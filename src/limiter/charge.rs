@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
+use super::caller::Caller;
 use super::settling::InFlight;
 use super::{Limiter, Price};
 use crate::decision::Decision;
@@ -27,6 +28,9 @@ pub(crate) struct Charge {
     decision: Decision,
     /// Which answer says where the units went.
     charged: Charged,
+    /// Whose share of a budget shared fairly it was charged to, when not its key's identity's
+    /// (an outgoing call's caller).
+    caller: Option<Caller>,
 }
 
 /// Which of the store's answers says where a charge's units went: what a give-back reads.
@@ -60,6 +64,7 @@ impl Charge {
             quota,
             decision,
             charged,
+            caller: None,
         }
     }
 
@@ -132,6 +137,12 @@ impl Charge {
         self.price
     }
 
+    /// Charged to `caller`'s share of a budget shared fairly (see [`Caller`]).
+    pub(crate) fn for_caller(mut self, caller: Option<Caller>) -> Self {
+        self.caller = caller;
+        self
+    }
+
     /// The store's overdraw of `units` more to the charge's key (and quota), in their current
     /// windows: a settle's debt.
     pub(super) fn overdraw(&self, units: u64) -> CheckFuture {
@@ -140,6 +151,7 @@ impl Charge {
             .store_request(&self.key, self.quota.as_ref())
             .cost(0)
             .units(units);
+        let request = Caller::applied(self.caller.as_ref(), request);
         self.limiter.store().overdraw(&request)
     }
 
@@ -158,6 +170,7 @@ impl Charge {
             .store_request(&self.key, self.quota.as_ref())
             .cost(price.cost)
             .units(price.units);
+        let request = Caller::applied(self.caller.as_ref(), request);
         let Some(charged) = self.receipt() else {
             return limiter.store().peek(&request.cost(1).units(1));
         };

@@ -15,6 +15,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use super::Limiter;
+use super::caller::Caller;
 use crate::policy::StorageKey;
 use crate::store::{CheckFuture, Claim};
 
@@ -27,18 +28,26 @@ pub(crate) struct WaitingTurn {
     limiter: Arc<Limiter>,
     key: StorageKey,
     units: u64,
+    /// Whose share of a budget shared fairly the call is of (see [`Caller`]).
+    caller: Option<Caller>,
     id: u64,
     /// Whether the store may hold its claim: asked, and not yet served.
     held: bool,
 }
 
 impl WaitingTurn {
-    /// The turn of a call needing `units` of `key`'s metered rules.
-    pub(crate) fn new(limiter: Arc<Limiter>, key: StorageKey, units: u64) -> Self {
+    /// The turn of a call of `caller` needing `units` of `key`'s metered rules.
+    pub(crate) fn new(
+        limiter: Arc<Limiter>,
+        key: StorageKey,
+        units: u64,
+        caller: Option<Caller>,
+    ) -> Self {
         WaitingTurn {
             limiter,
             key,
             units,
+            caller,
             id: claim_id(),
             held: false,
         }
@@ -54,6 +63,7 @@ impl WaitingTurn {
                 .limiter
                 .store_request(&self.key, None)
                 .units(self.units);
+            let request = Caller::applied(self.caller.as_ref(), request);
             return self.limiter.store().check(&request);
         }
         self.held = true;
@@ -79,6 +89,7 @@ impl WaitingTurn {
             .store_request(&self.key, None)
             .units(self.units)
             .claiming(claim);
+        let request = Caller::applied(self.caller.as_ref(), request);
         self.limiter.store().check(&request)
     }
 }

@@ -4,6 +4,7 @@
 
 mod admission;
 mod answer;
+pub(crate) mod caller;
 mod charge;
 mod claim;
 mod flow;
@@ -681,7 +682,7 @@ pub(crate) fn store_can_do(policy: &Policy, store: &dyn Store) -> Result<(), Pol
             "fair_share",
             Abilities::FAIR_SHARE,
             "shares a budget fairly: the store keeps no fair shares (Store::abilities; the \
-             memory store does, the Redis store not yet)",
+             crate's stores do)",
         ),
     ];
     let has = store.abilities();

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::caller::Caller;
 use super::claim::WaitingTurn;
 use super::metered::Tab;
 use super::{Charge, Charged, Limiter, Price, Settling};
@@ -54,17 +55,28 @@ pub(crate) enum NotSent {
 
 /// Waits until a call of `units` (its meter's estimate; 1 without a meter) to `key` may go,
 /// within `max_wait`: `Ok` when it may, with a metered call's reservation (which its answer
-/// settles; none when the store failed and the policy let the call through).
+/// settles; none when the store failed and the policy let the call through). Under a budget
+/// shared fairly, the call is of `caller`'s share.
 pub(crate) async fn send_when_free(
     limiter: &Arc<Limiter>,
     key: StorageKey,
     units: u64,
     max_wait: Duration,
     upstream: &dyn Upstream,
+    caller: Option<Caller>,
 ) -> Result<Option<Tab>, NotSent> {
     let deadline = Instant::now() + max_wait;
     if limiter.policy.metering().is_some() {
-        return wait_for_room(limiter, key, units, deadline, max_wait, upstream).await;
+        let turn = WaitingTurn::new(limiter.clone(), key.clone(), units.max(1), caller.clone());
+        return wait_for_room(
+            limiter,
+            key,
+            units,
+            (deadline, max_wait),
+            upstream,
+            (turn, caller),
+        )
+        .await;
     }
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -74,7 +86,8 @@ pub(crate) async fn send_when_free(
             hold(wait, left).await?;
             continue;
         }
-        let request = limiter.store_request(&key, None).max_delay(left);
+        let request =
+            Caller::applied(caller.as_ref(), limiter.store_request(&key, None)).max_delay(left);
         match limiter.store.check(&request).await {
             Ok(decision) if decision.allowed => {
                 // Not delayed: the check saw every pause, just now.
@@ -112,15 +125,15 @@ async fn wait_for_room(
     limiter: &Arc<Limiter>,
     key: StorageKey,
     units: u64,
-    deadline: Instant,
-    max_wait: Duration,
+    (deadline, max_wait): (Instant, Duration),
     upstream: &dyn Upstream,
+    (mut turn, caller): (WaitingTurn, Option<Caller>),
 ) -> Result<Option<Tab>, NotSent> {
     // Every metered limiter of an outgoing door counts its settles (see `Limiter::outgoing`).
     let settling: Arc<Settling> = limiter.settling.clone().unwrap_or_default();
-    // (An estimate of 0 is charged a unit, given back when it settles: it needs room too.)
+    // (An estimate of 0 is charged a unit, given back when it settles: it needs room too; the
+    // turn asks for as many.)
     let price = Price::new(1, units);
-    let mut turn = WaitingTurn::new(limiter.clone(), key.clone(), price.units);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         // Paused, or less left than it needs by the upstream's last word to this instance.
@@ -139,7 +152,7 @@ async fn wait_for_room(
         if decision.allowed {
             turn.served();
             upstream.sent(key.as_str(), Some(units));
-            return Ok(Some(reservation(limiter, key, price, decision)));
+            return Ok(Some(reservation(limiter, key, price, decision, caller)));
         }
         let retry_after = decision.retry_after().unwrap_or(max_wait);
         if retry_after < left {
@@ -154,16 +167,23 @@ async fn wait_for_room(
     }
 }
 
-/// The reservation of `price` to `key`, which the store answered `decision`: the charge owns its
-/// receipt from the store's answer on.
-fn reservation(limiter: &Arc<Limiter>, key: StorageKey, price: Price, decision: Decision) -> Tab {
+/// The reservation of `price` to `key` (in `caller`'s share), which the store answered
+/// `decision`: the charge owns its receipt from the store's answer on.
+fn reservation(
+    limiter: &Arc<Limiter>,
+    key: StorageKey,
+    price: Price,
+    decision: Decision,
+    caller: Option<Caller>,
+) -> Tab {
     let unit = limiter
         .policy
         .meter()
         .map(|meter| meter.unit_arc().clone())
         .unwrap_or_default();
     limiter.count_reserved(price.units);
-    let charge = Charge::new(limiter.clone(), key, price, None, decision, Charged::Own);
+    let charge =
+        Charge::new(limiter.clone(), key, price, None, decision, Charged::Own).for_caller(caller);
     Tab::new(charge, unit)
 }
 

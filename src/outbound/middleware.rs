@@ -56,12 +56,16 @@ impl Middleware for OutboundLayer {
         let upstream = shared
             .upstream_of(&uri, request.headers())
             .map_err(Error::middleware)?;
-        let units = match shared.policy.metering() {
-            Some(_) => shared.estimate(&head_of(&request, uri, extensions)),
-            None => 1,
+        // (The head only when a meter or a fair share reads it.)
+        let head = (shared.policy.metering().is_some() || shared.policy.fair_share().is_some())
+            .then(|| head_of(&request, uri, extensions));
+        let units = match (&head, shared.policy.metering()) {
+            (Some(head), Some(_)) => shared.estimate(head),
+            _ => 1,
         };
+        let caller = head.as_ref().and_then(|head| shared.caller_of(head));
         let reservation = shared
-            .admit(&upstream, units)
+            .admit(&upstream, units, caller)
             .await
             .map_err(Error::middleware)?;
         let mut response = match next.run(request, extensions).await {

@@ -198,9 +198,10 @@ use tokio::time::Instant;
 use tower::{BoxError, Layer, Service};
 
 use crate::limiter::Limiter;
+use crate::limiter::caller::Caller;
 use crate::limiter::metered::{Reserved, Tab, Usage};
 use crate::limiter::outgoing::{self, NotSent, Upstream};
-use crate::policy::{Policy, PolicyError, StorageKey, is_storable_identity};
+use crate::policy::{KeyLookup, Policy, PolicyError, StorageKey, is_storable_identity};
 use crate::store::{Store, StoreError};
 
 mod announced;
@@ -433,12 +434,13 @@ where
         let upstream = shared.upstream_of(request.uri(), request.headers());
         let (parts, body) = request.into_parts();
         let units = shared.estimate(&parts);
+        let caller = shared.caller_of(&parts);
         let request = Request::from_parts(parts, body);
         Box::pin(async move {
             let upstream = upstream?;
             // A metered call's reservation: held until the answer (a call sent without one
             // keeps it), then handed to the response.
-            let reservation = shared.admit(&upstream, units).await?;
+            let reservation = shared.admit(&upstream, units, caller).await?;
             let response = match inner.call(request).await {
                 Ok(response) => response,
                 Err(error) => {
@@ -526,12 +528,28 @@ impl Shared {
         self.policy.estimate(parts)
     }
 
+    /// Under a budget shared fairly, whose share a call of `parts` is of: its caller, named by
+    /// the policy's key on the outgoing request (`-` when it names none), and its weight.
+    fn caller_of(&self, parts: &http::request::Parts) -> Option<Caller> {
+        let fairness = self.policy.fair_share()?;
+        let weight = fairness.fair.weight(parts);
+        Some(match self.policy.storage_key(parts) {
+            KeyLookup::Found(key) => Caller::new(key.identity(), weight),
+            _ => Caller::new("-", weight),
+        })
+    }
+
     /// Waits until a call of `units` to `upstream` may go (the one door's admission, for the
     /// tower service and the reqwest middleware alike): `Ok` with a metered call's reservation,
     /// which [`Shared::answered`] hands to the response.
-    async fn admit(&self, upstream: &str, units: u64) -> Result<Option<Tab>, OutboundError> {
+    async fn admit(
+        &self,
+        upstream: &str,
+        units: u64,
+        caller: Option<Caller>,
+    ) -> Result<Option<Tab>, OutboundError> {
         let key = self.key_of(upstream);
-        outgoing::send_when_free(&self.limiter, key, units, self.max_wait, self)
+        outgoing::send_when_free(&self.limiter, key, units, self.max_wait, self, caller)
             .await
             .map_err(|not_sent| match not_sent {
                 NotSent::WouldWait(retry_after) => OutboundError::WouldWait {

@@ -26,6 +26,7 @@ mod count_only;
 #[cfg(feature = "macros")]
 mod derive;
 mod fair_share;
+mod fair_share_outbound;
 mod give_back;
 mod grpc;
 mod keys;

@@ -167,11 +167,17 @@ impl Budget {
         let now = self.latest_ms;
         let cost = request.fair.map_or(1, |fair| fair.cost_of(request));
         let budget_left = self.counter.remaining(now);
+        // While shares bind, no later than the window's end: a tenant held back asks again when
+        // the next window's shares are set (a caller that waits for room included).
         let budget_retry = budget_refused.then(|| {
             let wait = self
                 .counter
                 .admits_after(now, cost, false)
                 .unwrap_or(self.counter.period_ms());
+            let wait = match share.cap {
+                Some(_) => wait.min(share.resets_in_ms),
+                None => wait,
+            };
             Duration::from_millis(wait)
         });
         // (What a check admitted used; a peek, as the rules' states, says what is left.)
@@ -310,6 +316,12 @@ struct Tenant {
     asked_before: u64,
     /// Units it was admitted in that window.
     used: u64,
+    /// Whether it was held back (a request of it refused by the budget or its share, the
+    /// budget saturated) in that window, and in the one before: it wanted more than it got,
+    /// whatever it asked (a caller that waits for room, as the outbound layer's, asks once per
+    /// wait, not as often as it would send).
+    held: bool,
+    held_before: bool,
 }
 
 /// A tenant's share of the budget now.
@@ -341,6 +353,8 @@ impl Tenant {
                 asked: 0,
                 asked_before: self.asked,
                 used: 0,
+                held: false,
+                held_before: self.held,
                 ..self
             },
             _ => Tenant {
@@ -348,6 +362,8 @@ impl Tenant {
                 asked: 0,
                 asked_before: 0,
                 used: 0,
+                held: false,
+                held_before: false,
                 ..self
             },
         }
@@ -403,6 +419,8 @@ impl Shares {
                     asked: 0,
                     asked_before: 0,
                     used: 0,
+                    held: false,
+                    held_before: false,
                 };
                 self.tenants.insert(tenant.into(), own);
                 own
@@ -426,13 +444,16 @@ impl Shares {
     }
 
     /// Counts a request of `tenant` of `cost` units that reached the budget (its other limits
-    /// admitted it), admitted or not: what it asked, and what it used.
+    /// admitted it), `admitted` or not: what it asked, what it used, and whether it was held
+    /// back.
     pub(super) fn count(&mut self, tenant: &str, cost: u64, admitted: bool) {
         self.asked = self.asked.saturating_add(cost);
         if let Some(own) = self.tenants.get_mut(tenant) {
             own.asked = own.asked.saturating_add(cost);
             if admitted {
                 own.used = own.used.saturating_add(cost);
+            } else {
+                own.held = true;
             }
         }
     }
@@ -480,7 +501,8 @@ impl Shares {
     }
 
     /// The level now: each active tenant needs what it asked in the window before, or so far
-    /// in this one when more (`asking`, with the units of the request being judged); with
+    /// in this one when more (`asking`, with the units of the request being judged), or, held
+    /// back in either, more than any share (it wanted more than it got); with
     /// `release`, a tenant that asked for more than its share before and hasn't asked this
     /// window needs nothing. `None` when the needs fit in the budget.
     fn level_now(&self, asking: Option<(&str, u64)>, release: bool) -> Option<f64> {
@@ -495,7 +517,11 @@ impl Shares {
                 asked_now = asked_now.saturating_add(cost);
             }
             let weight = f64::from(tenant.weight);
-            let mut need = tenant.asked_before.max(asked_now) as f64;
+            let mut need = if tenant.held || tenant.held_before {
+                f64::INFINITY
+            } else {
+                tenant.asked_before.max(asked_now) as f64
+            };
             if release
                 && asked_now == 0
                 && let Some(level) = self.level
@@ -645,10 +671,29 @@ mod tests {
                 }
             }
         }
-        for window in 1..5 {
+        // In the first window `heavy` took the budget before it saturated, and `light` was held
+        // back: the window after, its whole share (150) is kept for it, of which it uses 50.
+        assert_eq!((light_admitted[1], heavy_admitted[1]), (50, 150));
+        for window in 2..5 {
             assert_eq!(light_admitted[window], 50, "window {window}");
             assert_eq!(heavy_admitted[window], 250, "window {window}");
         }
+    }
+
+    #[test]
+    fn a_tenant_held_back_needs_more_than_any_share_whatever_it_asked() {
+        let mut shares = Shares::new(40, 1000);
+        // `waiting` asks once per wait (a caller that waits for room): 10 a window, of which 5
+        // are refused; `eager` asks 60 and is admitted 35.
+        for (tenant, asked, admitted) in [("waiting", 10, 5), ("eager", 60, 35)] {
+            for n in 0..asked {
+                shares.share(tenant, Some(3), 1, 500);
+                shares.count(tenant, 1, n < admitted);
+            }
+        }
+        // Both were held back: each needs more than its share, by weight 3:3.
+        let next = shares.share("waiting", Some(3), 1, 1_010);
+        assert_eq!(next.cap, Some(20));
     }
 
     #[test]
