@@ -35,20 +35,23 @@ fn gateway_counting(store: impl Store, algorithm: Algorithm, prefix: &str) -> Ro
         .key(Key::header("x-tenant"))
         .algorithm(algorithm)
         .rule(Rule::per_second(10_000))
-        .fair_share(
-            FairShare::new(Rule::per_second(300).named("budget")).weight_from_fn(|parts| {
-                parts
-                    .headers
-                    .get("x-weight")
-                    .and_then(|weight| weight.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            }),
-        )
+        .fair_share(weighed_by_header(Rule::per_second(300).named("budget")))
         .build()
         .unwrap();
     Router::new()
         .route("/", axum::routing::get(|| async { "ok" }))
         .layer(RateLimitLayer::new(policy, store))
+}
+
+/// `budget` shared by tenants each weighing its request's `x-weight` (1 without one).
+pub(crate) fn weighed_by_header(budget: Rule) -> FairShare {
+    FairShare::new(budget).weight_from_fn(|parts| {
+        parts
+            .headers
+            .get("x-weight")
+            .and_then(|weight| weight.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    })
 }
 
 fn request(tenant: &str, weight: u32) -> Request<Body> {

@@ -13,55 +13,53 @@ use std::time::{Duration, Instant};
 
 use common::redis_server::{TestRedis, unique_prefix};
 use common::redis_store;
-use http::{Request, Response};
-use tower::util::BoxCloneSyncService;
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_redis_ratelimit::fair::FairShare;
+use http::Request;
+use tower::{Service, ServiceExt};
 use tower_redis_ratelimit::outbound::OutboundLayer;
-use tower_redis_ratelimit::{Key, MemoryStore, Policy, Rule, Store};
+use tower_redis_ratelimit::{Algorithm, Key, MemoryStore, Policy, Rule, Store};
 
-type Client = BoxCloneSyncService<Request<String>, Response<String>, BoxError>;
+use crate::fair_share::weighed_by_header;
+use crate::outbound::{Client, client_of, second_client_of};
 
-/// The vendor: what each tenant's calls reached it.
-type Arrivals = Arc<Mutex<HashMap<String, u64>>>;
+/// The vendor, on a free port: what each tenant's calls reached it (by `x-tenant`), and its URL.
+async fn vendor() -> (Arc<Mutex<HashMap<String, u64>>>, String) {
+    let arrivals = Arc::new(Mutex::new(HashMap::new()));
+    let noted = arrivals.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat",
+        axum::routing::get(move |headers: http::HeaderMap| {
+            let tenant = headers["x-tenant"].to_str().unwrap().to_owned();
+            *noted.lock().unwrap().entry(tenant).or_default() += 1;
+            async { "ok" }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/chat", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (arrivals, url)
+}
 
-/// An instance's client of the vendor, limited by a budget of 40 calls a second shared by the
-/// tenants of `x-tenant`, each weighing its `x-weight` (the vendor itself takes 10 000 a second).
-fn client(store: impl Store, prefix: &str, vendor: Arrivals) -> Client {
+/// An instance's layer for the vendor: a budget of 40 calls a second shared by the tenants of
+/// `x-tenant`, each weighing its `x-weight` (the vendor itself takes 10 000 a second).
+fn layer(store: impl Store, prefix: &str) -> OutboundLayer {
     let policy = Policy::builder("vendor")
         .prefix(prefix)
         .key(Key::header("x-tenant"))
-        .algorithm(tower_redis_ratelimit::Algorithm::SlidingLog)
+        .algorithm(Algorithm::SlidingLog)
         .rule(Rule::per_second(10_000))
-        .fair_share(
-            FairShare::new(Rule::per_second(40).named("budget")).weight_from_fn(|parts| {
-                parts
-                    .headers
-                    .get("x-weight")
-                    .and_then(|weight| weight.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            }),
-        )
+        .fair_share(weighed_by_header(Rule::per_second(40).named("budget")))
         .build()
         .unwrap();
-    let send = service_fn(move |request: Request<String>| {
-        let vendor = vendor.clone();
-        async move {
-            let tenant = request.headers()["x-tenant"].to_str()?.to_owned();
-            *vendor.lock().unwrap().entry(tenant).or_default() += 1;
-            Ok::<_, BoxError>(Response::new(String::from("ok")))
-        }
-    });
     // (No margin: the budget's windows are whole seconds.)
-    let layer = OutboundLayer::new(policy, store)
+    OutboundLayer::new(policy, store)
         .max_wait(Duration::from_secs(30))
-        .margin(Duration::ZERO);
-    BoxCloneSyncService::new(ServiceBuilder::new().layer(layer).service(send))
+        .margin(Duration::ZERO)
 }
 
 /// A tenant calling from 6 loops, taking turns among the instances, until told to stop.
 fn start(
     clients: &[Client],
+    url: &str,
     tenant: &'static str,
     weight: u32,
     stop: &Arc<AtomicBool>,
@@ -69,10 +67,10 @@ fn start(
     let sent = Arc::new(AtomicU64::new(0));
     for index in 0..6 {
         let mut client = clients[index % clients.len()].clone();
-        let (sent, stop) = (sent.clone(), stop.clone());
+        let (sent, stop, url) = (sent.clone(), stop.clone(), url.to_owned());
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
-                let request = Request::get("http://vendor.test/v1/chat")
+                let request = Request::get(&url)
                     .header("x-tenant", tenant)
                     .header("x-weight", weight.to_string())
                     .body(String::new())
@@ -86,16 +84,18 @@ fn start(
     sent
 }
 
+/// Two instances: one a tower client, the other (with `reqwest-middleware`) a reqwest
+/// middleware, so both doors name their calls' callers.
 async fn tenants_share_a_vendors_budget_by_weight(stores: [impl Store; 2], prefix: &str) {
-    let vendor = Arrivals::default();
+    let (vendor, url) = vendor().await;
     let [one, two] = stores;
     let clients = [
-        client(one, prefix, vendor.clone()),
-        client(two, prefix, vendor.clone()),
+        client_of(layer(one, prefix)),
+        second_client_of(layer(two, prefix)),
     ];
     let stop = Arc::new(AtomicBool::new(false));
-    let light = start(&clients, "light", 1, &stop);
-    let heavy = start(&clients, "heavy", 3, &stop);
+    let light = start(&clients, &url, "light", 1, &stop);
+    let heavy = start(&clients, &url, "heavy", 3, &stop);
     // The first window saturates while running: shares from the next one.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let before = (light.load(Ordering::Relaxed), heavy.load(Ordering::Relaxed));
