@@ -27,8 +27,9 @@
 --                once (0: no concurrency limit), a lease's length (ms), what this is (0: a check,
 --                1: a peek, 2: a refund, 3: a give-back, 4: an overdraw; plus 8: decided by
 --                lua/entry.lua alone, the tests' generic form), a budget shared fairly's limit
---                (0: none), period (ms) and burst, the request's cost in it and its identity's
---                weight (lua/fair.lua), then per alert
+--                (0: none), period (ms) and burst, the request's cost in it, its identity's
+--                weight and whether it counts metered units (1, else 0; lua/fair.lua), then per
+--                alert
 --                threshold its percent and the count that reaches it; then per counted rule its
 --                limit, period (ms) and, for a token bucket, its burst. A lease's release has the
 --                shape `rl|1`: its one key is the leases. A check's or a peek's shape may end
@@ -65,7 +66,7 @@ local algorithms = {fw = fixed_window, sl = sliding_log, sc = sliding_counter, t
 -- Each option's name, in the order of the options piece (see lua/entry.lua).
 local OPTIONS = {'max_delay', 'guard_window', 'block', 'quota_limit', 'quota_day', 'quota_offset',
                  'max_in_flight', 'lease', 'kind', 'fair_limit', 'fair_period', 'fair_burst',
-                 'fair_cost', 'fair_weight'}
+                 'fair_cost', 'fair_weight', 'fair_metered'}
 
 -- A shape, parsed from its piece once (remembered, see lua/common.lua): everything lua/entry.lua
 -- reads of it, worked out here rather than per check. A release's shape is `rl|1`: its one key,

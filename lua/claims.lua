@@ -46,8 +46,10 @@ local function peek_with_more(shape, more)
   if flags ~= nil then
     costs = costs_of(string.format('%d:%d:%s', piece.request, piece.units + more, flags))
   end
+  -- (A metered budget shared fairly counts the units ahead too, as the rules do.)
+  local fair_cost = shape.fair_metered == 1 and shape.fair_cost + more or shape.fair_cost
   return setmetatable({kind = KIND_PEEK, costs = costs, quota_cost = costs[shape.rules + 1],
-                       past_burst = true}, {__index = shape})
+                       fair_cost = fair_cost, past_burst = true}, {__index = shape})
 end
 
 -- Makes `claim` of a check of `shape` (refused, with none yet): placed after every claim made

@@ -42,7 +42,9 @@
 --                  bucket's full time after the charge (µs)}
 --
 -- A peek (RateLimiter::peek) finds what a check would and writes nothing: no charge, no key, no
--- expiry moved, no block, nothing removed. A refund (RateLimiter::refund) gives back `cost` units
+-- expiry moved, no block, nothing removed (but what it works out of a budget's shares, its window
+-- rolled or its level set, which are the budget's and a check would work out the same: a level is
+-- set by whoever asks first, lua/fair.lua). A refund (RateLimiter::refund) gives back `cost` units
 -- of the current windows, then answers as a peek of one unit; a give-back (Admitted::refund, a
 -- count_only settle, units taken ahead) gives them back only where its receipt says they were
 -- charged, and only what is still held of them there. An overdraw (a settle's units used beyond
@@ -499,8 +501,8 @@ local function run_entry(shape, base, receipt, n)
     fair_asking = kind == KIND_CHECK or kind == KIND_PEEK
     local asked = fair_asking and fair_cost or 0
     share_cap, share_used, share_resets, shares = fair_share(shares_key, tenant,
-      shape.limits[fair_at], shape.periods[fair_at], fair_asking and shape.fair_weight or nil,
-      asked)
+      shape.limits[fair_at], shape.periods[fair_at],
+      kind == KIND_CHECK and shape.fair_weight or nil, asked)
     if budget_given ~= nil then
       budget_fits = budget_given
     else

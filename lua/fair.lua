@@ -207,6 +207,10 @@ local function fair_share(key, field, budget, period, weight, cost)
   if not shares.level and shares.asked + cost >= budget then
     shares.level = level_now(shares, key, budget, field, cost, false)
   end
+  -- (What it rolled, set or met is kept, whatever the call: a peek's too, as the memory store
+  -- keeps it; a level is set by whoever asks first.)
+  shares.dirty = true
+  shares.changed[field] = true
   local cap = shares.level and floor(tenant[1] * shares.level) or nil
   return cap, tenant[5], period - into, shares
 end
@@ -240,8 +244,7 @@ local function fair_give_back(key, field, period, cost, charged)
   end
 end
 
--- Writes what the batch changed of the shares it counted in (a peek's reads change nothing
--- Redis holds: a later check works them out again).
+-- Writes what the batch's calls changed of the shares.
 local function flush_fair()
   for key, shares in pairs(fair_known) do
     if shares.dirty then

@@ -269,7 +269,6 @@ impl<'a> CheckRequest<'a> {
     }
 
     /// The key of the budget its identity shares fairly, checked or not.
-    #[cfg(feature = "redis")]
     pub(crate) fn shared_budget(&self) -> Option<&'a str> {
         self.fair.map(|fair| fair.key).or(self.sharing)
     }
@@ -620,9 +619,12 @@ pub trait Store: Send + Sync + 'static {
             max_delay: Duration::ZERO,
             quota: None,
             concurrency: None,
+            // (Nor a budget shared fairly: an inspection is not a tenant's demand.)
+            fair: None,
             counted_as: None,
             ..*request
-        };
+        }
+        .sharing(request.shared_budget());
         let check = self.check(&inspection);
         Box::pin(async move {
             let decision = check.await?;

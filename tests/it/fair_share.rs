@@ -150,6 +150,7 @@ async fn shares_hold_as_tenants_stop_and_arrive(stores: [impl Store; 2], prefix:
     // The first window saturates while running: shares from the next one.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let all = HashMap::from([("a", &a), ("b", &b), ("c", &c)]);
+    mid_second().await;
     let measured = rates(&all, 5).await;
     assert_near(&measured, "a", 75.0);
     assert_near(&measured, "b", 75.0);
@@ -160,11 +161,16 @@ async fn shares_hold_as_tenants_stop_and_arrive(stores: [impl Store; 2], prefix:
     // c stops: a and b share what it leaves.
     c.stop().await;
     let two = HashMap::from([("a", &a), ("b", &b)]);
+    // (Its share is let go a tenth into the window after the one it stopped in.)
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    mid_second().await;
     let measured = rates(&two, 5).await;
     assert_near(&measured, "a", 150.0);
     assert_near(&measured, "b", 150.0);
 
     // d arrives while a and b saturate the budget: within a second it has its share.
+    // (From the middle of a second: the measure, a second later, holds whole windows.)
+    mid_second().await;
     let d = Tenant::start(&apps, "d", 1);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let three = HashMap::from([("a", &a), ("b", &b), ("d", &d)]);
@@ -199,6 +205,17 @@ async fn shares_hold_as_tenants_stop_and_arrive_on_redis() {
 }
 
 /// Waits for the start of the next second (the budget's windows), and 5 ms more.
+/// Waits for the middle of the next second: a measure of whole seconds from there holds each
+/// of the budget's windows once, however a tenant's admissions bunch within them.
+pub(crate) async fn mid_second() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let left = u64::try_from(1500 - now % 1000).unwrap();
+    tokio::time::sleep(Duration::from_millis(left % 1000)).await;
+}
+
 async fn next_second() {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -615,4 +632,69 @@ async fn slots_and_inspections_find_the_keys_of_a_budgets_checks_on_redis() {
         &unique_prefix("fair-slots"),
     )
     .await;
+}
+
+/// An operator's peek at a tenant (which has no request to weigh) leaves its weight as its
+/// requests gave it: the shares after it are by weight still.
+async fn an_operators_peek_keeps_the_tenants_weight(
+    store: impl Store + Clone,
+    at: impl Fn(u64),
+    prefix: &str,
+) -> u64 {
+    let policy = Policy::builder("peeked")
+        .prefix(prefix)
+        .key(Key::header("x-tenant"))
+        .algorithm(Algorithm::FixedWindow)
+        .rule(Rule::per_second(1_000))
+        .fair_share(weighed_by_header(Rule::per_second(12).named("budget")))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(policy.clone(), store.clone()));
+    let operator = tower_redis_ratelimit::RateLimiter::new(policy, store);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let start = u64::try_from(now - now % 1000 + 1000).unwrap();
+    // a (weight 1) and c (weight 2) both ask for more than the budget: both held back.
+    at(start);
+    for _ in 0..12 {
+        send(&app, request("a", 1)).await;
+        send(&app, request("c", 2)).await;
+    }
+    // The next window c asks, the operator peeks at it, and past the tenth (where the shares
+    // are worked out again) a is held to a third of 12.
+    at(start + 1_000 + 50);
+    send(&app, request("c", 2)).await;
+    at(start + 1_000 + 60);
+    operator.peek("c").await.unwrap();
+    at(start + 1_000 + 150);
+    let mut admitted = 0;
+    for _ in 0..12 {
+        if send(&app, request("a", 1)).await.status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn an_operators_peek_keeps_the_tenants_weight_on_both_stores() {
+    let clock = tower_redis_ratelimit::store::ManualClock::new(0);
+    let memory = common::store_at(&clock);
+    let in_memory =
+        an_operators_peek_keeps_the_tenants_weight(memory, |ms| clock.set(ms), "rl").await;
+    assert_eq!(in_memory, 4);
+    let redis = TestRedis::shared();
+    let store = redis_store::store(&redis);
+    let fixed = store.clone();
+    let on_redis = an_operators_peek_keeps_the_tenants_weight(
+        store,
+        move |ms| fixed.fix_time_for_tests(Some(ms * 1_000)),
+        &unique_prefix("fair-peek"),
+    )
+    .await;
+    assert_eq!(on_redis, 4);
 }

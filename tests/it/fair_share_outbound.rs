@@ -15,7 +15,7 @@ use common::redis_server::{TestRedis, unique_prefix};
 use common::redis_store;
 use http::Request;
 use tower::{Service, ServiceExt};
-use tower_redis_ratelimit::outbound::OutboundLayer;
+use tower_redis_ratelimit::outbound::{OutboundError, OutboundLayer};
 use tower_redis_ratelimit::{Algorithm, Key, MemoryStore, Policy, Rule, Store};
 
 use crate::fair_share::weighed_by_header;
@@ -98,6 +98,7 @@ async fn tenants_share_a_vendors_budget_by_weight(stores: [impl Store; 2], prefi
     let heavy = start(&clients, &url, "heavy", 3, &stop);
     // The first window saturates while running: shares from the next one.
     tokio::time::sleep(Duration::from_millis(1200)).await;
+    crate::fair_share::mid_second().await;
     let before = (light.load(Ordering::Relaxed), heavy.load(Ordering::Relaxed));
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -132,6 +133,73 @@ async fn tenants_share_a_vendors_budget_by_weight_on_redis() {
     tenants_share_a_vendors_budget_by_weight(
         [redis_store::store(&redis), redis_store::store(&redis)],
         &unique_prefix("fair-outbound"),
+    )
+    .await;
+}
+
+/// A request of `tenant` to `url`.
+fn call_of(url: &str, tenant: &str) -> Request<String> {
+    Request::get(url)
+        .header("x-tenant", tenant)
+        .body(String::new())
+        .unwrap()
+}
+
+/// A pause the vendor announces to one instance holds the other's calls, under a fair share
+/// too: the pause is kept where the calls' checks see it (on Redis, under the budget's tag).
+async fn a_pause_holds_every_instances_calls(stores: [impl Store; 2], prefix: &str) {
+    let app = axum::Router::new().route(
+        "/v1/chat",
+        axum::routing::get(|| async {
+            (
+                http::StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", "30")],
+                "slow down",
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/chat", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let [one, two] = stores;
+    let mut first = client_of(layer(one, prefix));
+    let mut second = client_of(layer(two, prefix).max_wait(Duration::from_secs(1)));
+    let answer = first
+        .ready()
+        .await
+        .unwrap()
+        .call(call_of(&url, "a"))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), http::StatusCode::TOO_MANY_REQUESTS);
+    let held = second
+        .ready()
+        .await
+        .unwrap()
+        .call(call_of(&url, "b"))
+        .await
+        .expect_err("the pause holds the other instance's call");
+    assert!(
+        matches!(
+            held.downcast_ref::<OutboundError>(),
+            Some(OutboundError::WouldWait { retry_after, .. }) if *retry_after > Duration::from_secs(20)
+        ),
+        "{held}"
+    );
+}
+
+#[tokio::test]
+async fn a_pause_holds_every_instances_calls_in_memory() {
+    let store = MemoryStore::new();
+    a_pause_holds_every_instances_calls([store.clone(), store], "rl").await;
+}
+
+#[tokio::test]
+async fn a_pause_holds_every_instances_calls_on_redis() {
+    let redis = TestRedis::shared();
+    a_pause_holds_every_instances_calls(
+        [redis_store::store(&redis), redis_store::store(&redis)],
+        &unique_prefix("fair-pause"),
     )
     .await;
 }

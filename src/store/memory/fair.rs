@@ -115,9 +115,13 @@ impl Budget {
         let cost = fair.cost_of(request);
         self.counter.forget_before(now);
         Gate {
-            share: self
-                .shares
-                .share(fair.tenant_of(request), Some(fair.weight), cost, now),
+            // (A peek weighs nothing: an operator's has no request to weigh.)
+            share: self.shares.share(
+                fair.tenant_of(request),
+                request.call.records().then_some(fair.weight),
+                cost,
+                now,
+            ),
             budget_fits: self.counter.fits(now, cost),
             cost,
             now,

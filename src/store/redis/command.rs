@@ -55,6 +55,9 @@ fn rule_limits(request: &CheckRequest<'_>) -> RuleLimits {
 /// to three rules, the quota and the concurrency limit counted): no allocation of its own.
 pub(super) type RuleLimits = SmallVec<[RuleLimit; 3]>;
 
+/// How many options a budget shared fairly has, the last ones (see `lua/batch.lua`).
+const FAIR_OPTIONS: usize = 6;
+
 /// Where a check's keys end in its packing, kept in place for up to four keys.
 type KeyEnds = SmallVec<[usize; 4]>;
 
@@ -198,17 +201,17 @@ impl PackedCheck {
         }
         if let Some(fair) = request.fair {
             let tag = FairTag::of(fair.key);
-            with_rule_key_parts(
-                request.algorithm,
-                fair.budget,
-                fair.budget.limit(),
-                |parts| {
-                    tag.write(&mut packed.data, "budget", parts);
-                },
-            );
-            packed.end_key();
-            tag.write(&mut packed.data, "shares", &[]);
-            packed.end_key();
+            // (The shares, as the budget's counter, are the budget rule's: a changed rule starts
+            // afresh, as in the memory store.)
+            for what in ["budget", "shares"] {
+                with_rule_key_parts(
+                    request.algorithm,
+                    fair.budget,
+                    fair.budget.limit(),
+                    |parts| tag.write(&mut packed.data, what, parts),
+                );
+                packed.end_key();
+            }
             tag.write(&mut packed.data, "s", &[fair.tenant_of(request)]);
             packed.end_key();
         }
@@ -284,12 +287,16 @@ impl PackedCheck {
                 // alone, never a lean function of lua/fast.lua (tests compare the two).
                 request.call.code() + if generic { 8 } else { 0 },
                 // A budget shared fairly: its limit (0: none), period, burst, the request's
-                // cost in it and the identity's weight (lua/fair.lua).
+                // cost in it, the identity's weight and whether it counts metered units
+                // (lua/fair.lua).
                 request.fair.map_or(0, |fair| fair.budget.limit()),
                 request.fair.map_or(0, |fair| fair.budget.period_ms()),
                 request.fair.map_or(0, |fair| fair.budget.burst_size()),
                 request.fair.map_or(0, |fair| fair.cost_of(request)),
                 request.fair.map_or(0, |fair| u64::from(fair.weight)),
+                request
+                    .fair
+                    .map_or(0, |fair| u64::from(fair.budget.is_metered())),
             ];
             let alerts = thresholds
                 .iter()
@@ -297,7 +304,7 @@ impl PackedCheck {
             // (Without a budget or alerts after them, the budget's zeros go unsaid: the script
             // reads an option left out as 0.)
             let said = if request.fair.is_none() && thresholds.is_empty() {
-                options.len() - 5
+                options.len() - FAIR_OPTIONS
             } else {
                 options.len()
             };
@@ -936,8 +943,8 @@ mod tests {
                 "rl:{user:ann}:daily:q:86400000:61200000",
                 "",
                 "1",
-                // (A budget's five options, zero, before the alerts.)
-                "sl|2|1|0,0,0,100,86400000,61200000,0,0,0,0,0,0,0,0,80,80,100,100|20|60000",
+                // (A budget's six options, zero, before the alerts.)
+                "sl|2|1|0,0,0,100,86400000,61200000,0,0,0,0,0,0,0,0,0,80,80,100,100|20|60000",
                 "1"
             ]
         );
@@ -962,11 +969,11 @@ mod tests {
                 "rl:{llm}:fair:t:llm:user:ann:fw:60000:20",
                 "rl:{llm}:fair:t:daily:user:ann:q:86400000:0",
                 "rl:{llm}:fair:budget:fw:1000:300",
-                "rl:{llm}:fair:shares",
+                "rl:{llm}:fair:shares:fw:1000:300",
                 "rl:{llm}:fair:s:user:ann",
                 "",
                 "1",
-                "fw|5|1|0,0,0,100,86400000,0,0,0,0,300,1000,300,1,2|20|60000",
+                "fw|5|1|0,0,0,100,86400000,0,0,0,0,300,1000,300,1,2,0|20|60000",
                 "1"
             ]
         );

@@ -9,7 +9,7 @@ pub(super) const FAIR_KEYS: usize = 3;
 /// The hash tag of a budget shared fairly and of every key of its checks (its policy's name, as
 /// its index of run-time overrides has): one budget's tenants live on one Cluster slot, so its
 /// checks stay one call. Its keys are `<prefix>:{<policy>}:fair:budget:<algorithm>:<period
-/// ms>:<limit>[:m]`, `…:fair:shares`, and a tenant's field among them `…:fair:s:<identity>`; a
+/// ms>:<limit>[:m]`, its shares `…:fair:shares:<the same>`, and a tenant's field among them `…:fair:s:<identity>`; a
 /// tenant's own keys are `<prefix>:{<policy>}:fair:t:<its key after the prefix>:<part>…`.
 #[derive(Clone, Copy)]
 pub(super) struct FairTag<'a> {

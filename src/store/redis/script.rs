@@ -100,11 +100,14 @@ pub(super) fn evalsha(script: &ActionScript) -> Cmd {
 /// The block key of `request`: the last key of a check of it with a block (see `lua/entry.lua`),
 /// where a penalty block and a pause are kept.
 pub(super) fn block_key(request: &CheckRequest<'_>) -> Result<Vec<u8>, StoreError> {
+    // (Without a budget shared fairly, whose keys come after the block's: under its tag still.)
     let request = CheckRequest {
         quota: None,
         block_for: Some(Duration::from_millis(1)),
+        fair: None,
         ..*request
-    };
+    }
+    .sharing(request.shared_budget());
     PackedCheck::new(&request, true)
         .keys()
         .last()
